@@ -1,0 +1,174 @@
+"""hccl-sim: an emulator of Huawei's HCCL/hcomm collective-communication stack.
+
+Run real collectives on real numpy data among emulated NPU ranks, get correct results, and learn
+how long each op would take on a modelled Ascend cluster.
+
+    import numpy as np, hccl_sim
+    topo = hccl_sim.topology("atlas800t-a2", servers=2)
+    def step(comm, n):
+        y = comm.all_reduce(np.full(n, comm.rank + 1, dtype=np.float32))
+        return y, comm.last_op
+    results = hccl_sim.run(step, topology=topo, args=(1024,))
+    est = hccl_sim.simulate("allreduce", 1 << 30, topology=topo, algo="ring")
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import topologies
+from topologies import Topology
+from topologies.errors import HCCL_RESULT, HcclError
+
+from .communicator import Communicator, OpRecord
+from .env import Config
+from .planner import Signature, make_plan
+from .types import DTYPES, ReduceOp, dtype_name, numpy_dtype
+
+__all__ = ["topology", "run", "simulate", "Cluster", "Communicator", "ReduceOp", "HcclError", "HCCL_RESULT",
+           "Topology", "Estimate", "OpRecord", "ENGINES", "busbw_factor"]
+__version__ = "0.1.0"
+
+ENGINES = ("local", "timing")
+OPS = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall")
+_OP_ALIASES = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
+               "all_to_all": "alltoall", "alltoall": "alltoall", "bcast": "broadcast"}
+
+
+def topology(spec, **params) -> Topology:
+    """A preset ("atlas800t-a2", "atlas800-910a", "fullmesh", "ring") or an HCCL rank-table path."""
+    return topologies.load(spec, **params)
+
+
+def _topology(topology_arg) -> Topology:
+    if isinstance(topology_arg, Topology):
+        return topology_arg
+    if topology_arg is None:
+        return topologies.load("atlas800t-a2", servers=1)
+    return topologies.load(topology_arg)
+
+
+def _engine(engine):
+    if engine == "local":
+        return engine
+    if engine in ("ray", "mpi"):
+        raise HcclError("E_NOT_SUPPORT", f"engine {engine!r} is not available in this version; "
+                        f"available engines: {', '.join(ENGINES)}")
+    raise HcclError("E_PARA", f"unknown engine {engine!r}; expected one of local, ray, mpi (run) or timing (simulate)")
+
+
+def run(fn, topology=None, engine: str = "local", args=(), kwargs=None, env: dict | None = None,
+        trace: bool = False):
+    """Run fn(comm, *args, **kwargs) once on every rank; return the results indexed by rank.
+
+    An exception on any rank releases the others and reaches the caller as an HcclError naming
+    the rank (the original exception is its __cause__).
+    """
+    from .engines.local import run_local
+    topo = _topology(topology)
+    _engine(engine)
+    return run_local(fn, topo, Config.from_env(env), args=args, kwargs=kwargs, trace=trace)
+
+
+class Cluster:
+    """A set of ranks kept across runs (`with Cluster(topo) as c: c.run(fn)`)."""
+
+    def __init__(self, topology=None, engine: str = "local", env: dict | None = None):
+        self.topology = _topology(topology)
+        self.engine = _engine(engine)
+        self.config = Config.from_env(env)
+        self._open = True
+
+    def run(self, fn, args=(), kwargs=None, trace: bool = False):
+        if not self._open:
+            raise HcclError("E_IN_STATUS", "the cluster is closed")
+        from .engines.local import run_local
+        return run_local(fn, self.topology, self.config, args=args, kwargs=kwargs, trace=trace)
+
+    def close(self):
+        self._open = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def busbw_factor(op: str, p: int) -> float:
+    """nccl-tests' bus-bandwidth factor (PERFORMANCE.md)."""
+    if op == "allreduce":
+        return 2 * (p - 1) / p
+    if op in ("allgather", "reducescatter", "alltoall"):
+        return (p - 1) / p
+    return 1.0
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A payload-free simulation of one op."""
+    op: str
+    nbytes: int
+    count: int
+    dtype: str
+    algo: str
+    ranks: int
+    times: tuple          # every rank's simulated duration, s
+
+    @property
+    def time(self) -> float:
+        """The op's makespan: the slowest rank's duration, s."""
+        return max(self.times) if self.times else 0.0
+
+    @property
+    def mean_time(self) -> float:
+        return sum(self.times) / len(self.times) if self.times else 0.0
+
+    @property
+    def algbw(self) -> float:
+        return self.nbytes / self.time / 1e9 if self.time else 0.0
+
+    @property
+    def busbw(self) -> float:
+        return self.algbw * busbw_factor(self.op, self.ranks)
+
+
+def canonical_op(op: str) -> str:
+    name = _OP_ALIASES.get(op.lower(), op.lower()) if isinstance(op, str) else None
+    if name not in OPS:
+        raise HcclError("E_PARA", f"unknown collective {op!r}; expected one of {', '.join(OPS)}")
+    return name
+
+
+def op_count(op: str, nbytes: int, p: int, itemsize: int) -> int:
+    """Element count of the op's buffer for a size in bytes (nccl-tests: block ops round to p)."""
+    count = nbytes // itemsize
+    if op in ("allgather", "reducescatter", "alltoall"):
+        count -= count % p
+    return count
+
+
+def simulate(op: str, nbytes: int, topology=None, algo: str | None = None, dtype="float32", redop="sum",
+             root: int = 0, env: dict | None = None, trace: bool = False):
+    """Replay `op` on `nbytes` without payload and return an Estimate (`.time`, `.algo`, `.busbw`).
+
+    `nbytes` is the op's size as nccl-tests counts it: the AllReduce/Broadcast/Reduce buffer, the
+    whole AllGather output, the whole ReduceScatter input, the whole AlltoAll send buffer.
+    """
+    topo = _topology(topology)
+    name = canonical_op(op)
+    dname = dtype_name(dtype)
+    itemsize = numpy_dtype(dname).itemsize
+    p = topo.num_ranks
+    if not isinstance(nbytes, int) or nbytes < 0:
+        raise HcclError("E_PARA", f"nbytes must be a non-negative integer, got {nbytes!r}")
+    if not 0 <= root < p:
+        raise HcclError("E_PARA", f"root must be a rank in [0, {p}), got {root}")
+    count = op_count(name, nbytes, p, itemsize)
+    shape = (count // p,) if name == "allgather" else (count,)
+    red = ReduceOp(redop).value if name in ("allreduce", "reducescatter", "reduce") else None
+    sig = Signature(name, shape, dname, red, root if name in ("broadcast", "reduce") else None, algo)
+    plan = make_plan(sig, topo, Config.from_env(env), [0] * p, itemsize, trace=trace)
+    est = Estimate(name, count * itemsize, count, dname, plan.algo, p,
+                   tuple((e - s) / 1e9 for s, e in zip(plan.entry, plan.exits)))
+    return (est, plan) if trace else est

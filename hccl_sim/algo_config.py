@@ -1,0 +1,100 @@
+"""HCCL_ALGO, parsed as HCCL parses it (hcomm alg_env_config.cc; reference/hccl.md §3.1).
+
+Two forms:
+  global  "level0:NA;level1:<algo>[;level2:<algo>]"
+  per-op  "<op>=level0:NA;level1:<algo>/<op>=level0:NA;level1:<algo>"
+Tokens are case-sensitive: null ring pipeline fullmesh H-D_R pairwise NHR NHR_V1 AHC AHC_BROKE NB NA.
+Errors, as in HCCL: an empty entry (leading, trailing or doubled ';' or '/'), a duplicated level or
+op, a level outside level0..level3, an unknown token or op, mixing the two forms, more than one
+global configuration, and level0 "null" in a per-op configuration. Every error is an HcclError
+naming HCCL_ALGO and the expected form (HCCL reports EI0001).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from topologies.errors import HcclError
+
+ALGO_TOKENS = ("null", "ring", "pipeline", "fullmesh", "H-D_R", "pairwise", "NHR", "NHR_V1",
+               "AHC", "AHC_BROKE", "NB", "NA")
+OP_NAMES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "scatter", "alltoall",
+            "send", "receive", "gather", "sendrecv", "others")
+EXPECTED = ("level0:NA;level1:<algo> or "
+            "<op0>=level0:NA;level1:<algo0>/<op1>=level0:NA;level1:<algo1>")
+MAX_LEVELS = 4
+
+
+def _error(source: str, value: str, problem: str) -> HcclError:
+    return HcclError("E_PARA", f"{source}={value!r} is invalid: {problem}; expected {EXPECTED}")
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    """Parsed HCCL_ALGO: level -> token, globally or per op (empty = adaptive selection)."""
+    global_levels: tuple = ()
+    per_op: tuple = ()
+    text: str = ""
+
+    def levels_for(self, op: str) -> dict:
+        """level -> token for collective `op` ("allreduce", ...); {} when nothing is configured."""
+        if self.global_levels:
+            return dict(self.global_levels)
+        table = dict(self.per_op)
+        if op in table:
+            return dict(table[op])
+        if "others" in table:
+            return dict(table["others"])
+        return {}
+
+    def __bool__(self):
+        return bool(self.global_levels or self.per_op)
+
+
+def _parse_levels(text: str, source: str, value: str, per_op: bool) -> tuple:
+    levels = {}
+    entries = text.split(";")
+    if len(entries) > MAX_LEVELS:
+        raise _error(source, value, f"{len(entries)} level entries in {text!r}; at most {MAX_LEVELS}")
+    for entry in entries:
+        if entry == "":
+            raise _error(source, value, f"empty level entry in {text!r} (leading, trailing or doubled ';')")
+        level, sep, token = entry.partition(":")
+        if not sep:
+            raise _error(source, value, f"entry {entry!r} is not level<N>:<algo>")
+        if level not in ("level0", "level1", "level2", "level3"):
+            raise _error(source, value, f"unknown level {level!r}; levels are level0..level3")
+        if level in levels:
+            raise _error(source, value, f"{level} is given twice")
+        if token not in ALGO_TOKENS:
+            raise _error(source, value, f"unknown algorithm {token!r} (tokens are case-sensitive: "
+                         f"{', '.join(ALGO_TOKENS)})")
+        if per_op and level == "level0" and token == "null":
+            raise _error(source, value, "level0 may not be null in a per-op configuration")
+        levels[level] = token
+    return tuple(sorted(levels.items()))
+
+
+def parse_hccl_algo(value: str, source: str = "HCCL_ALGO") -> AlgoConfig:
+    if not isinstance(value, str):
+        raise _error(source, str(value), "not a string")
+    if value == "":
+        raise _error(source, value, "empty value")
+    parts = value.split("/")
+    with_op = ["=" in part for part in parts]
+    if any(with_op) and not all(with_op):
+        raise _error(source, value, "the global form and the per-op form are mixed")
+    if not any(with_op):
+        if len(parts) > 1:
+            raise _error(source, value, "more than one global configuration")
+        return AlgoConfig(global_levels=_parse_levels(value, source, value, per_op=False), text=value)
+    per_op = {}
+    for part in parts:
+        if part == "":
+            raise _error(source, value, "empty op entry (leading, trailing or doubled '/')")
+        op, _, levels = part.partition("=")
+        if op not in OP_NAMES:
+            raise _error(source, value, f"unknown op {op!r}; ops are {', '.join(OP_NAMES)}")
+        if op in per_op:
+            raise _error(source, value, f"op {op!r} is configured twice")
+        per_op[op] = _parse_levels(levels, source, value, per_op=True)
+    return AlgoConfig(per_op=tuple(sorted(per_op.items())), text=value)

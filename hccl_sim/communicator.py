@@ -1,0 +1,234 @@
+"""The Communicator: what a rank's code calls (all_reduce, all_gather, ..., send, recv, barrier).
+
+A collective call (1) checks its arguments locally, (2) meets the other ranks at a rendezvous
+that compares every rank's call and entry clock (a mismatch is an HcclError on every rank, never
+a hang) and yields the shared plan (algorithm, loops, schedules, simulated exit clocks), then
+(3) moves the data by executing this rank's schedule over the group's zero-copy transport.
+Engines differ only in the group object they hand the communicator (rendezvous + transport).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from hcomm.executor import execute
+from topologies.errors import HcclError
+
+from . import algorithms
+from .planner import COLLECTIVE_NAMES, Signature
+from .types import ReduceOp, dtype_name, parse_reduce_op, reducer
+
+COLLECTIVE_TAG = "coll"
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """What the last operation did on this rank, in simulated time."""
+    name: str
+    algo: str
+    nbytes: int
+    count: int
+    dtype: str
+    start: int          # this rank's clock at entry, ns
+    end: int            # this rank's clock at exit, ns
+    retries: int = 0
+
+    @property
+    def time(self) -> float:
+        """This rank's simulated duration of the op, seconds."""
+        return (self.end - self.start) / 1e9
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """The simulated NPU a rank owns (the full device and runtime model arrives with the Ray engine)."""
+    rank: int
+    server: int
+    device_id: int
+    type: str
+    hbm_bytes: int
+
+
+class Communicator:
+    """One rank's handle on a group of ranks."""
+
+    def __init__(self, rank: int, group):
+        self.rank = rank
+        self.size = group.size
+        self.topology = group.topo
+        self.config = group.config
+        self._group = group
+        self._transport = group.transport
+        self._clock = 0
+        self._seq = 0
+        self.last_op: OpRecord | None = None
+        topo = group.topo
+        self.device = DeviceInfo(rank, topo.server_of[rank], topo.device_of[rank], topo.device,
+                                 topo.device_model.hbm_bytes)
+
+    @property
+    def clock(self) -> int:
+        """This rank's simulated clock, ns."""
+        return self._clock
+
+    def __repr__(self):
+        return f"<Communicator rank {self.rank}/{self.size} on {self.topology.name}, clock {self._clock} ns>"
+
+    # argument checks ---------------------------------------------------------------------------
+    def _array(self, x, opname: str, min_ndim: int = 0) -> np.ndarray:
+        if not isinstance(x, np.ndarray):
+            try:
+                x = np.asarray(x)
+            except Exception as exc:
+                raise HcclError("E_PARA", f"input is not an array: {exc}", rank=self.rank, op=opname)
+        try:
+            dtype_name(x.dtype)
+        except HcclError as exc:
+            raise HcclError("E_PARA", exc.reason, rank=self.rank, op=opname)
+        if x.ndim < min_ndim:
+            raise HcclError("E_PARA", f"input must have at least {min_ndim} dimension(s), got shape {x.shape}",
+                            rank=self.rank, op=opname)
+        return x
+
+    def _root(self, root, opname):
+        if not isinstance(root, (int, np.integer)) or isinstance(root, bool) or not 0 <= root < self.size:
+            raise HcclError("E_PARA", f"root must be a rank in [0, {self.size}), got {root!r}", rank=self.rank, op=opname)
+        return int(root)
+
+    def _redop(self, op, opname):
+        try:
+            return parse_reduce_op(op)
+        except HcclError as exc:
+            raise HcclError("E_PARA", exc.reason, rank=self.rank, op=opname)
+
+    def _divisible(self, x, opname):
+        if x.shape[0] % self.size:
+            raise HcclError("E_PARA", f"input's first dimension ({x.shape[0]}) must be divisible by the number "
+                            f"of ranks ({self.size})", rank=self.rank, op=opname)
+
+    # collectives ----------------------------------------------------------------------------------
+    def all_reduce(self, x, op="sum", algo=None) -> np.ndarray:
+        x = self._array(x, "all_reduce")
+        redop = self._redop(op, "all_reduce")
+        out = np.empty_like(x, order="C")
+        self._collective(Signature("allreduce", x.shape, dtype_name(x.dtype), redop.value, None, algo), x, out, redop)
+        return out
+
+    def all_gather(self, x, algo=None) -> np.ndarray:
+        """Inputs of every rank concatenated along axis 0 in rank order."""
+        x = self._array(x, "all_gather", min_ndim=1)
+        out = np.empty((self.size * x.shape[0],) + x.shape[1:], dtype=x.dtype)
+        self._collective(Signature("allgather", x.shape, dtype_name(x.dtype), None, None, algo), x, out, None)
+        return out
+
+    def reduce_scatter(self, x, op="sum", algo=None) -> np.ndarray:
+        """Block `rank` of the reduction of every rank's x (x.shape[0] divisible by size)."""
+        x = self._array(x, "reduce_scatter", min_ndim=1)
+        self._divisible(x, "reduce_scatter")
+        redop = self._redop(op, "reduce_scatter")
+        out = np.empty((x.shape[0] // self.size,) + x.shape[1:], dtype=x.dtype)
+        self._collective(Signature("reducescatter", x.shape, dtype_name(x.dtype), redop.value, None, algo),
+                         x, out, redop)
+        return out
+
+    def broadcast(self, x, root: int = 0, algo=None) -> np.ndarray:
+        """The root's x on every rank (x gives the shape and dtype elsewhere)."""
+        x = self._array(x, "broadcast")
+        root = self._root(root, "broadcast")
+        out = np.empty_like(x, order="C")
+        self._collective(Signature("broadcast", x.shape, dtype_name(x.dtype), None, root, algo), x, out, None)
+        return out
+
+    def reduce(self, x, root: int = 0, op="sum", algo=None):
+        """The reduction at the root; None on the other ranks."""
+        x = self._array(x, "reduce")
+        root = self._root(root, "reduce")
+        redop = self._redop(op, "reduce")
+        out = np.empty_like(x, order="C")
+        self._collective(Signature("reduce", x.shape, dtype_name(x.dtype), redop.value, root, algo), x, out, redop)
+        return out if self.rank == root else None
+
+    def all_to_all(self, x, algo=None) -> np.ndarray:
+        """Block j of x goes to rank j; received blocks concatenated in rank order."""
+        x = self._array(x, "all_to_all", min_ndim=1)
+        self._divisible(x, "all_to_all")
+        out = np.empty_like(x, order="C")
+        self._collective(Signature("alltoall", x.shape, dtype_name(x.dtype), None, None, algo), x, out, None)
+        return out
+
+    def barrier(self) -> None:
+        self._collective(Signature("barrier", (), "uint8", None, None, None), None, None, None)
+
+    # point to point ------------------------------------------------------------------------------
+    def _peer(self, peer, opname, what):
+        if not isinstance(peer, (int, np.integer)) or isinstance(peer, bool) or not 0 <= peer < self.size:
+            raise HcclError("E_PARA", f"{what} must be a rank in [0, {self.size}), got {peer!r}", rank=self.rank, op=opname)
+        if peer == self.rank:
+            raise HcclError("E_PARA", f"{what} is this rank itself", rank=self.rank, op=opname)
+        return int(peer)
+
+    def send(self, x, dst: int, tag: int = 0) -> None:
+        x = self._array(x, "send")
+        dst = self._peer(dst, "send", "dst")
+        start = self._clock
+        msg = self._transport.post_view(self.rank, dst, ("p2p", tag), np.ascontiguousarray(x), meta=start)
+        end = self._transport.wait_consumed(msg, self._transport.deadline(), "send")
+        self._clock = end + self.topology.notify_ns(dst, self.rank)
+        self.last_op = OpRecord("send", "p2p", x.nbytes, x.size, dtype_name(x.dtype), start, self._clock)
+
+    def recv(self, src: int, tag: int = 0) -> np.ndarray:
+        src = self._peer(src, "recv", "src")
+        start = self._clock
+        msg = self._transport.take(src, self.rank, ("p2p", tag), self._transport.deadline(), "recv")
+        data = np.array(msg.data, copy=True)
+        ready = max(msg.meta, start) + self.topology.notify_ns(src, self.rank)
+        end = ready + self.topology.route(src, self.rank).cost_ns(data.nbytes)
+        msg.consumed(reply=end)
+        self._clock = end
+        self.last_op = OpRecord("recv", "p2p", data.nbytes, data.size, dtype_name(data.dtype), start, end)
+        return data
+
+    # the common path -------------------------------------------------------------------------------
+    def _collective(self, sig: Signature, x, out, redop):
+        seq = self._seq
+        self._seq += 1
+        itemsize = x.dtype.itemsize if x is not None else 1
+        plan = self._group.rendezvous(self.rank, seq, sig, self._clock, itemsize)
+        self._move_data(plan, sig, x, out, redop)
+        start, self._clock = self._clock, plan.exits[self.rank]
+        count = 0 if x is None else x.size
+        self.last_op = OpRecord(COLLECTIVE_NAMES[sig.name], plan.algo, plan.nbytes, count, sig.dtype, start, self._clock)
+
+    def _move_data(self, plan, sig, x, out, redop):
+        rank, p, tr = self.rank, self.size, self._transport
+        reduce_fn = reducer(redop) if redop is not None else None
+        deadline = tr.deadline()
+        opname = COLLECTIVE_NAMES[sig.name]
+        if sig.name == "barrier":
+            tr.register(rank, "input", _EMPTY)
+            execute(plan.schedules[0][rank], rank, tr, COLLECTIVE_TAG, None, deadline, opname)
+            return
+        xf, of = x.reshape(-1), out.reshape(-1)
+        block = sig.name in algorithms.BLOCK_COLLECTIVES
+        scratch = None
+        if sig.name == "reducescatter" and plan.loops:
+            width = max(b - a for a, b in plan.loops)
+            scratch = np.empty((p, width), dtype=x.dtype)
+        for (a, b), per_rank in zip(plan.loops, plan.schedules):
+            if not block:
+                views = {"input": xf[a:b], "output": of[a:b]}
+            elif sig.name == "allgather":
+                views = {"input": xf[a:b].reshape(1, -1), "output": of.reshape(p, -1)[:, a:b]}
+            elif sig.name == "reducescatter":
+                views = {"input": xf.reshape(p, -1)[:, a:b], "output": of[a:b].reshape(1, -1),
+                         "scratch": scratch[:, :b - a]}
+            else:  # alltoall
+                views = {"input": xf.reshape(p, -1)[:, a:b], "output": of.reshape(p, -1)[:, a:b]}
+            for name, view in views.items():
+                tr.register(rank, name, view)
+            execute(per_rank[rank], rank, tr, COLLECTIVE_TAG, reduce_fn, deadline, opname)
+
+
+_EMPTY = np.empty(0, dtype=np.uint8)

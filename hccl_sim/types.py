@@ -1,0 +1,92 @@
+"""Reduction operations and data types: HCCL's names, nccl-tests' names, and numpy's.
+
+HcclReduceOp is SUM, PROD, MAX, MIN (no AVG; reference/hccl.md §5.3). Data types follow
+HcclDataType; bfloat16 comes from ml_dtypes.
+"""
+from __future__ import annotations
+
+import enum
+
+import ml_dtypes
+import numpy as np
+
+from topologies.errors import HcclError
+
+
+class ReduceOp(str, enum.Enum):
+    SUM = "sum"
+    PROD = "prod"
+    MAX = "max"
+    MIN = "min"
+
+    def __str__(self):
+        return self.value
+
+
+_UFUNC = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MAX: np.maximum, ReduceOp.MIN: np.minimum}
+
+
+def parse_reduce_op(op) -> ReduceOp:
+    if isinstance(op, ReduceOp):
+        return op
+    if isinstance(op, str):
+        try:
+            return ReduceOp(op.lower())
+        except ValueError:
+            pass
+    raise HcclError("E_PARA", f"unsupported reduce op {op!r}; expected one of sum, prod, max, min")
+
+
+def reducer(op: ReduceOp):
+    """f(a, b, out): out = a (op) b, element-wise, without temporaries."""
+    ufunc = _UFUNC[op]
+
+    def reduce(a, b, out):
+        ufunc(a, b, out=out)
+    return reduce
+
+
+# canonical name -> (numpy dtype, nccl-tests name, HCCL name)
+DTYPES = {
+    "int8": (np.dtype(np.int8), "int8", "int8"),
+    "int16": (np.dtype(np.int16), "int16", "int16"),
+    "int32": (np.dtype(np.int32), "int32", "int32"),
+    "int64": (np.dtype(np.int64), "int64", "int64"),
+    "uint8": (np.dtype(np.uint8), "uint8", "uint8"),
+    "uint16": (np.dtype(np.uint16), "uint16", "uint16"),
+    "uint32": (np.dtype(np.uint32), "uint32", "uint32"),
+    "uint64": (np.dtype(np.uint64), "uint64", "uint64"),
+    "float16": (np.dtype(np.float16), "half", "fp16"),
+    "float32": (np.dtype(np.float32), "float", "fp32"),
+    "float64": (np.dtype(np.float64), "double", "fp64"),
+    "bfloat16": (np.dtype(ml_dtypes.bfloat16), "bfloat16", "bfp16"),
+}
+_ALIASES = {"fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32",
+            "fp64": "float64", "double": "float64", "bf16": "bfloat16", "bfp16": "bfloat16",
+            "char": "int8", "int": "int32", "uchar": "uint8"}
+
+
+def dtype_name(dtype) -> str:
+    """Canonical name of a numpy dtype or a dtype name; HcclError if HCCL has no such type."""
+    if isinstance(dtype, str):
+        name = _ALIASES.get(dtype.lower(), dtype.lower())
+        if name in DTYPES:
+            return name
+    else:
+        try:
+            dt = np.dtype(dtype)
+        except TypeError:
+            dt = None
+        if dt is not None:
+            for name, (npdt, _, _) in DTYPES.items():
+                if npdt == dt:
+                    return name
+    raise HcclError("E_PARA", f"unsupported data type {dtype!r}; HCCL supports {', '.join(DTYPES)}")
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    return DTYPES[dtype_name(name)][0]
+
+
+def nccl_name(name: str) -> str:
+    return DTYPES[dtype_name(name)][1]

@@ -1,0 +1,53 @@
+"""Cluster descriptions for hccl-sim: hardware and synthetic presets, HCCL rank tables.
+
+`load(spec, **params)` accepts a preset name ("atlas800t-a2", "atlas800-910a", "fullmesh",
+"ring") or the path of an HCCL rank-table JSON file, and returns a `Topology`.
+"""
+from __future__ import annotations
+
+import os
+
+from .errors import HCCL_RESULT, HcclError
+from .model import DeviceModel, Route, Topology, is_power_of_two, seconds_to_ns, transfer_ns
+from .presets import ALIASES, HARDWARE_PRESETS, SYNTHETIC_PRESETS, hardware, synthetic
+from . import ranktable
+
+__all__ = ["load", "Topology", "Route", "DeviceModel", "HcclError", "HCCL_RESULT", "ranktable",
+           "is_power_of_two", "seconds_to_ns", "transfer_ns", "PRESETS"]
+
+PRESETS = HARDWARE_PRESETS + SYNTHETIC_PRESETS
+
+
+def load(spec, **params) -> Topology:
+    """Build a topology from a preset name or a rank-table path.
+
+    Hardware presets take `servers=N`; synthetic ones `ranks`, `bandwidth` (bytes/s),
+    `latency` (s) and `reduce_bandwidth` (bytes/s); a rank table takes `preset=` (the server type
+    its servers are, default atlas800t-a2).
+    """
+    if isinstance(spec, Topology):
+        if params:
+            raise HcclError("E_PARA", f"topology: parameters {sorted(params)} given with an existing Topology")
+        return spec
+    if not isinstance(spec, str):
+        raise HcclError("E_PARA", f"topology: expected a preset name or rank-table path, got {type(spec).__name__}")
+    name = ALIASES.get(spec.lower(), spec.lower())
+    allowed = {"atlas800t-a2": {"servers"}, "atlas800-910a": {"servers"},
+               "fullmesh": {"ranks", "bandwidth", "latency", "reduce_bandwidth"},
+               "ring": {"ranks", "bandwidth", "latency", "reduce_bandwidth"}}
+    if name in allowed:
+        unknown = set(params) - allowed[name]
+        if unknown:
+            raise HcclError("E_PARA", f"topology {name}: unknown parameter(s) {sorted(unknown)}; "
+                            f"it takes {sorted(allowed[name])}")
+        if name in HARDWARE_PRESETS:
+            return hardware(name, servers=params.get("servers", 1))
+        if "ranks" not in params:
+            raise HcclError("E_PARA", f"topology {name}: ranks=N is required")
+        return synthetic(name, **params)
+    if spec.endswith(".json") or os.path.sep in spec or os.path.exists(spec):
+        unknown = set(params) - {"preset"}
+        if unknown:
+            raise HcclError("E_PARA", f"rank table {spec}: unknown parameter(s) {sorted(unknown)}; it takes ['preset']")
+        return ranktable.load(spec, preset=ALIASES.get(params.get("preset", "atlas800t-a2"), params.get("preset", "atlas800t-a2")))
+    raise HcclError("E_PARA", f"unknown topology {spec!r}: expected one of {list(PRESETS)} or a rank-table .json path")

@@ -1,0 +1,199 @@
+"""The cluster description every layer shares: a networkx graph of NPUs, switches and links.
+
+Nodes are ranks (ints 0..p-1) and fabric nodes (strings such as "roce" or "pcie:0"). Every edge
+carries `kind` (HCCS, PCIe, RoCE, link), `bandwidth` (bytes/s), `latency_ns` (int) and `ports`,
+a dict from each endpoint node to the name of the port the edge uses there. A port is the unit of
+contention: HCCS links of a 910B NPU share one "hccs" port, every inter-server transfer of an NPU
+crosses its single "roce" port, and a synthetic full mesh gives every link ports of its own.
+
+The device model (copy/reduce bandwidth, notify cost, staging, inline reduce) and the rank ->
+server placement ride along, so that the transport's timing model needs nothing but a Topology.
+This module knows nothing about how bytes move or what a collective is.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from .errors import HcclError
+
+NS_PER_S = 1_000_000_000
+
+
+def seconds_to_ns(seconds: float) -> int:
+    """Round a duration in seconds to integer nanoseconds (the unit of every simulated clock)."""
+    return int(round(seconds * NS_PER_S))
+
+
+def transfer_ns(nbytes: int, bandwidth: float) -> int:
+    """Serialisation time of `nbytes` at `bandwidth` bytes/s, rounded up to whole nanoseconds."""
+    if nbytes <= 0 or math.isinf(bandwidth):
+        return 0
+    bw = float(bandwidth)
+    if bw.is_integer():
+        return -(-nbytes * NS_PER_S // int(bw))   # exact integer ceiling
+    return math.ceil(nbytes * NS_PER_S / bw)
+
+
+@dataclass(frozen=True)
+class Route:
+    """How bytes travel from one rank to another: the cost the timing model charges."""
+    src: int
+    dst: int
+    hops: tuple            # node path, src..dst
+    kinds: tuple           # link kind of each hop
+    latency_ns: int        # sum of hop latencies
+    bandwidth: float       # bottleneck bandwidth, bytes/s
+    egress: tuple          # (node, port) the transfer leaves by
+    ingress: tuple         # (node, port) the transfer arrives by
+
+    @property
+    def kind(self) -> str:
+        return "+".join(dict.fromkeys(self.kinds))
+
+    def cost_ns(self, nbytes: int) -> int:
+        return self.latency_ns + transfer_ns(nbytes, self.bandwidth)
+
+
+@dataclass
+class DeviceModel:
+    """Per-NPU costs outside the links: local copies, reductions, notifies, staging."""
+    hbm_bytes: int = 64 << 30
+    copy_bandwidth: float = math.inf
+    copy_latency_small_ns: int = 0
+    copy_latency_large_ns: int = 0
+    copy_large_threshold: int = 512 * 1024
+    reduce_bandwidth: float = math.inf
+    reduce_latency_ns: int = 0
+    inline_reduce_dtypes: frozenset = frozenset()
+    inline_reduce_ops: frozenset = frozenset()
+    notify_intra_ns: int = 0
+    notify_inter_ns: int = 0
+    staging: bool = False
+
+    def copy_ns(self, nbytes: int) -> int:
+        if nbytes <= 0:
+            return 0
+        fixed = self.copy_latency_large_ns if nbytes >= self.copy_large_threshold else self.copy_latency_small_ns
+        return fixed + transfer_ns(nbytes, self.copy_bandwidth)
+
+    def reduce_ns(self, nbytes: int, dtype: str, op: str) -> int:
+        """Cost of reducing `nbytes` into a local buffer; zero where the DMA engine reduces inline."""
+        if nbytes <= 0 or (dtype in self.inline_reduce_dtypes and op in self.inline_reduce_ops):
+            return 0
+        return self.reduce_latency_ns + transfer_ns(nbytes, self.reduce_bandwidth)
+
+
+@dataclass
+class Topology:
+    """A modelled cluster: ranks, servers, links and the device cost model.
+
+    Attributes:
+        name: preset or file it came from.
+        graph: networkx graph (see module docstring).
+        server_of: server index of every rank.
+        device_of: device (physical NPU) id of every rank within its server.
+        device: device type, e.g. "910B", "910A" or "synthetic".
+    """
+    name: str
+    graph: nx.Graph
+    server_of: list
+    device_of: list
+    device: str
+    device_model: DeviceModel = field(default_factory=DeviceModel)
+    description: str = ""
+    server_ids: list | None = None
+    device_ips: list | None = None
+    params: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self._route_cache = {}
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.server_of)
+
+    @property
+    def num_servers(self) -> int:
+        return len(set(self.server_of))
+
+    def ranks_of_server(self, server: int) -> list:
+        return [r for r, s in enumerate(self.server_of) if s == server]
+
+    def route(self, src: int, dst: int) -> Route:
+        """The route from rank `src` to rank `dst` (lowest total latency, then fewest hops)."""
+        key = (src, dst)
+        route = self._route_cache.get(key)
+        if route is None:
+            route = self._route_cache[key] = self._find_route(src, dst)
+        return route
+
+    def _find_route(self, src: int, dst: int) -> Route:
+        p = self.num_ranks
+        if not (0 <= src < p and 0 <= dst < p):
+            raise HcclError("E_PARA", f"route {src}->{dst}: ranks must be in [0, {p})")
+        if src == dst:
+            raise HcclError("E_PARA", f"route {src}->{dst}: a rank has no route to itself")
+        g = self.graph
+        if g.has_edge(src, dst):
+            path = [src, dst]
+        else:
+            # Prefer switches to NPUs as transit nodes; only a switchless layout (a ring) forwards
+            # through other NPUs, whose ports this model then does not charge.
+            def weight(u, v, data, _ranks=(src, dst)):
+                transit = 10 ** 15 if isinstance(v, int) and v not in _ranks else 0
+                return data["latency_ns"] + 1 + transit
+            try:
+                path = nx.shortest_path(g, src, dst, weight=weight)
+            except nx.NetworkXNoPath:
+                raise HcclError("E_NOT_FOUND", f"no route from rank {src} to rank {dst} in topology {self.name}")
+        edges = [g.edges[u, v] for u, v in zip(path, path[1:])]
+        return Route(
+            src=src, dst=dst, hops=tuple(path), kinds=tuple(e["kind"] for e in edges),
+            latency_ns=sum(e["latency_ns"] for e in edges),
+            bandwidth=min(e["bandwidth"] for e in edges),
+            egress=(src, edges[0]["ports"][src]),
+            ingress=(dst, edges[-1]["ports"][dst]),
+        )
+
+    def notify_ns(self, src: int, dst: int) -> int:
+        dm = self.device_model
+        return dm.notify_intra_ns if self.server_of[src] == self.server_of[dst] else dm.notify_inter_ns
+
+    def links_by_kind(self) -> dict:
+        """kind -> (count, set of bandwidths) over every edge of the graph."""
+        out = {}
+        for _, _, data in self.graph.edges(data=True):
+            count, bws = out.get(data["kind"], (0, set()))
+            bws.add(data["bandwidth"])
+            out[data["kind"]] = (count + 1, bws)
+        return out
+
+    def summary(self) -> str:
+        lines = [f"topology   : {self.name}" + (f" ({self.description})" if self.description else ""),
+                 f"device     : {self.device}",
+                 f"ranks      : {self.num_ranks}",
+                 f"servers    : {self.num_servers}"]
+        per_server = [len(self.ranks_of_server(s)) for s in sorted(set(self.server_of))]
+        lines.append(f"per server : {per_server if len(set(per_server)) > 1 else per_server[0]}")
+        for kind, (count, bws) in sorted(self.links_by_kind().items()):
+            bw = ", ".join(f"{b / 1e9:g} GB/s" for b in sorted(bws))
+            lines.append(f"links      : {count:6d} x {kind:5s} {bw}")
+        dm = self.device_model
+        lines.append("reduce     : " + ("free" if math.isinf(dm.reduce_bandwidth) else f"{dm.reduce_bandwidth / 1e9:g} GB/s")
+                     + (f", inline for {sorted(dm.inline_reduce_dtypes)} x {sorted(dm.inline_reduce_ops)}"
+                        if dm.inline_reduce_dtypes else ""))
+        lines.append("staging    : " + ("via the CCL buffer" if dm.staging else "none (zero-copy)"))
+        return "\n".join(lines)
+
+
+def add_link(graph: nx.Graph, a, b, kind: str, bandwidth: float, latency_s: float,
+             port_a: str, port_b: str) -> None:
+    graph.add_edge(a, b, kind=kind, bandwidth=float(bandwidth), latency_ns=seconds_to_ns(latency_s),
+                   ports={a: port_a, b: port_b})
+
+
+def is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0

@@ -1,0 +1,160 @@
+"""HCCL rank-table JSON (version "1.0", the A2 / 910A template) import and export.
+
+Validation follows HCCL's rules (reference/hccl.md §4.1): every value is a JSON string; `status`
+must be "completed"; `server_count` equals the number of servers; `server_id` is unique and at
+most 64 characters; `device_id` is a physical id in [0, npus_per_server) unique in its server;
+`device_ip` is a dotted IPv4 address, required when there is more than one server; `rank_id`s are
+unique, cover 0..N-1, and each server's ranks are one contiguous run (ranks never interleave
+across servers). A bad file raises HcclError naming the field, where it is and what was expected.
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+from pathlib import Path
+
+from .errors import HcclError
+from .model import Topology
+from .presets import hardware, preset_data
+
+SUPPORTED_VERSION = "1.0"
+
+
+def _fail(where: str, message: str, path: str) -> HcclError:
+    return HcclError("E_PARA", f"rank table {path}: {where}: {message}")
+
+
+def _string(obj: dict, key: str, where: str, path: str, required: bool = True):
+    if key not in obj:
+        if required:
+            raise _fail(where, f'missing required field "{key}"', path)
+        return None
+    value = obj[key]
+    if not isinstance(value, str):
+        raise _fail(f"{where}.{key}", f"must be a JSON string, got {type(value).__name__} {value!r}", path)
+    return value
+
+
+def _int_string(obj: dict, key: str, where: str, path: str, lo: int, hi: int, required: bool = True):
+    text = _string(obj, key, where, path, required)
+    if text is None:
+        return None
+    if not text.isdigit():
+        raise _fail(f"{where}.{key}", f"must be a decimal integer string, got {text!r}", path)
+    value = int(text)
+    if not lo <= value <= hi:
+        raise _fail(f"{where}.{key}", f"{value} is out of range [{lo}, {hi}]", path)
+    return value
+
+
+def parse(table: dict, preset: str = "atlas800t-a2", path: str = "<dict>") -> Topology:
+    """Validate a rank table (already decoded from JSON) and build its topology on `preset` servers."""
+    if not isinstance(table, dict):
+        raise _fail("top level", f"must be a JSON object, got {type(table).__name__}", path)
+    version = _string(table, "version", "top level", path)
+    if version != SUPPORTED_VERSION:
+        raise _fail("version", f'unsupported version {version!r}; expected "{SUPPORTED_VERSION}"', path)
+    status = _string(table, "status", "top level", path)
+    if status != "completed":
+        raise _fail("status", f'is {status!r}; the table is usable only when "completed"', path)
+    servers = table.get("server_list")
+    if not isinstance(servers, list) or not servers:
+        raise _fail("server_list", "must be a non-empty JSON array", path)
+    count = _int_string(table, "server_count", "top level", path, 1, 1 << 20)
+    if count != len(servers):
+        raise _fail("server_count", f"says {count} but server_list holds {len(servers)} servers", path)
+    npus = int(preset_data(preset)["npus_per_server"])
+    seen_ids, seen_ips, rank_owner = {}, {}, {}
+    server_ids, per_server = [], []
+    for s, server in enumerate(servers):
+        where = f"server_list[{s}]"
+        if not isinstance(server, dict):
+            raise _fail(where, "must be a JSON object", path)
+        sid = _string(server, "server_id", where, path)
+        if not sid or len(sid) > 64:
+            raise _fail(f"{where}.server_id", f"must be 1..64 characters, got {sid!r}", path)
+        if sid in seen_ids:
+            raise _fail(f"{where}.server_id", f"{sid!r} duplicates server_list[{seen_ids[sid]}]", path)
+        seen_ids[sid] = s
+        devices = server.get("device")
+        if not isinstance(devices, list) or not devices:
+            raise _fail(f"{where}.device", "must be a non-empty JSON array", path)
+        if len(devices) > npus:
+            raise _fail(f"{where}.device", f"lists {len(devices)} devices; a {preset} server has {npus}", path)
+        entries, dev_seen = [], {}
+        for d, dev in enumerate(devices):
+            dwhere = f"{where}.device[{d}]"
+            if not isinstance(dev, dict):
+                raise _fail(dwhere, "must be a JSON object", path)
+            device_id = _int_string(dev, "device_id", dwhere, path, 0, npus - 1)
+            if device_id in dev_seen:
+                raise _fail(f"{dwhere}.device_id", f"{device_id} duplicates device[{dev_seen[device_id]}] of this server", path)
+            dev_seen[device_id] = d
+            rank_id = _int_string(dev, "rank_id", dwhere, path, 0, 1 << 24)
+            if rank_id in rank_owner:
+                raise _fail(f"{dwhere}.rank_id", f"{rank_id} duplicates {rank_owner[rank_id]}", path)
+            rank_owner[rank_id] = dwhere
+            ip = _string(dev, "device_ip", dwhere, path, required=len(servers) > 1)
+            if ip is not None:
+                try:
+                    ipaddress.IPv4Address(ip)
+                except ValueError:
+                    raise _fail(f"{dwhere}.device_ip", f"{ip!r} is not a dotted IPv4 address", path)
+                if ip in seen_ips:
+                    raise _fail(f"{dwhere}.device_ip", f"{ip} duplicates {seen_ips[ip]}", path)
+                seen_ips[ip] = dwhere
+            _int_string(dev, "device_port", dwhere, path, 1, 65535, required=False)
+            _string(dev, "host_ip", dwhere, path, required=False)
+            entries.append((rank_id, device_id, ip))
+        entries.sort()
+        ranks = [e[0] for e in entries]
+        if ranks != list(range(ranks[0], ranks[0] + len(ranks))):
+            raise _fail(f"{where}.device", f"rank_ids {ranks} are not one contiguous run: ranks must not "
+                        "interleave across servers", path)
+        server_ids.append(sid)
+        per_server.append(entries)
+    total = len(rank_owner)
+    if sorted(rank_owner) != list(range(total)):
+        missing = sorted(set(range(total)) - set(rank_owner))
+        raise _fail("rank_id", f"rank ids must cover 0..{total - 1}; missing {missing[:8]}", path)
+    order = sorted(range(len(per_server)), key=lambda s: per_server[s][0][0])
+    per_server = [per_server[s] for s in order]
+    server_ids = [server_ids[s] for s in order]
+    return hardware(preset, devices_per_server=[len(e) for e in per_server],
+                    server_ids=server_ids, device_ids=[[e[1] for e in entries] for entries in per_server],
+                    device_ips=[e[2] for entries in per_server for e in entries])
+
+
+def load(path: str | Path, preset: str = "atlas800t-a2") -> Topology:
+    """Read and validate a rank-table file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise HcclError("E_OPEN_FILE_FAILURE", f"rank table {path}: cannot read: {exc.strerror}")
+    try:
+        table = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise HcclError("E_PARA", f"rank table {path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}")
+    topo = parse(table, preset=preset, path=str(path))
+    topo.name = str(path)
+    return topo
+
+
+def to_dict(topo: Topology) -> dict:
+    """The HCCL rank table (version 1.0) describing `topo`'s servers and devices."""
+    server_list = []
+    for s in sorted(set(topo.server_of)):
+        devices = []
+        for r in topo.ranks_of_server(s):
+            d = topo.device_of[r]
+            ip = topo.device_ips[r] if topo.device_ips and topo.device_ips[r] else f"10.{s // 256}.{s % 256}.{10 + d}"
+            devices.append({"device_id": str(d), "device_ip": ip, "rank_id": str(r)})
+        sid = topo.server_ids[s] if topo.server_ids else f"node_{s}"
+        server_list.append({"server_id": sid, "device": devices})
+    return {"status": "completed", "version": SUPPORTED_VERSION,
+            "server_count": str(len(server_list)), "server_list": server_list}
+
+
+def save(topo: Topology, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(to_dict(topo), indent=2) + "\n", encoding="utf-8")
