@@ -195,14 +195,16 @@ class Communicator:
         seq = self._seq
         self._seq += 1
         itemsize = x.dtype.itemsize if x is not None else 1
-        plan = self._group.rendezvous(self.rank, seq, sig, self._clock, itemsize)
-        self._move_data(plan, sig, x, out, redop)
+        plan, moved = self._group.rendezvous(self.rank, seq, sig, self._clock, itemsize, (x, out, redop))
+        if not moved:
+            self._move_data(plan, sig, x, out, redop)
         start, self._clock = self._clock, plan.exits[self.rank]
         count = 0 if x is None else x.size
         self.last_op = OpRecord(COLLECTIVE_NAMES[sig.name], plan.algo, plan.nbytes, count, sig.dtype, start, self._clock)
 
     def _move_data(self, plan, sig, x, out, redop):
-        rank, p, tr = self.rank, self.size, self._transport
+        """Execute this rank's schedule over the transport (engines whose ranks run apart)."""
+        rank, tr = self.rank, self._transport
         reduce_fn = reducer(redop) if redop is not None else None
         deadline = tr.deadline()
         opname = COLLECTIVE_NAMES[sig.name]
@@ -210,25 +212,30 @@ class Communicator:
             tr.register(rank, "input", _EMPTY)
             execute(plan.schedules[0][rank], rank, tr, COLLECTIVE_TAG, None, deadline, opname)
             return
-        xf, of = x.reshape(-1), out.reshape(-1)
-        block = sig.name in algorithms.BLOCK_COLLECTIVES
-        scratch = None
-        if sig.name == "reducescatter" and plan.loops:
-            width = max(b - a for a, b in plan.loops)
-            scratch = np.empty((p, width), dtype=x.dtype)
+        scratch = make_scratch(sig, plan, x, self.size)
         for (a, b), per_rank in zip(plan.loops, plan.schedules):
-            if not block:
-                views = {"input": xf[a:b], "output": of[a:b]}
-            elif sig.name == "allgather":
-                views = {"input": xf[a:b].reshape(1, -1), "output": of.reshape(p, -1)[:, a:b]}
-            elif sig.name == "reducescatter":
-                views = {"input": xf.reshape(p, -1)[:, a:b], "output": of[a:b].reshape(1, -1),
-                         "scratch": scratch[:, :b - a]}
-            else:  # alltoall
-                views = {"input": xf.reshape(p, -1)[:, a:b], "output": of.reshape(p, -1)[:, a:b]}
-            for name, view in views.items():
+            for name, view in loop_views(sig, self.size, x, out, scratch, a, b).items():
                 tr.register(rank, name, view)
             execute(per_rank[rank], rank, tr, COLLECTIVE_TAG, reduce_fn, deadline, opname)
+
+
+def make_scratch(sig, plan, x, p):
+    """The communicator-buffer area a schedule may use for partial results (ReduceScatter's)."""
+    if sig.name == "reducescatter" and plan.loops:
+        return np.empty((p, max(b - a for a, b in plan.loops)), dtype=x.dtype)
+    return None
+
+
+def loop_views(sig, p, x, out, scratch, a, b) -> dict:
+    """The named buffers one loop's schedule addresses: views of the user's arrays, rows = rank blocks."""
+    xf, of = x.reshape(-1), out.reshape(-1)
+    if sig.name not in algorithms.BLOCK_COLLECTIVES:
+        return {"input": xf[a:b], "output": of[a:b]}
+    if sig.name == "allgather":
+        return {"input": xf[a:b].reshape(1, -1), "output": of.reshape(p, -1)[:, a:b]}
+    if sig.name == "reducescatter":
+        return {"input": xf.reshape(p, -1)[:, a:b], "output": of[a:b].reshape(1, -1), "scratch": scratch[:, :b - a]}
+    return {"input": xf.reshape(p, -1)[:, a:b], "output": of.reshape(p, -1)[:, a:b]}   # alltoall
 
 
 _EMPTY = np.empty(0, dtype=np.uint8)

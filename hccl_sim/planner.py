@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 from hcomm.steps import Stage
-from hcomm.timing import replay
+from hcomm.timing import index_aligned, replay
 from topologies.errors import HcclError
 from topologies.model import is_power_of_two
 
@@ -205,3 +205,27 @@ def check_signatures(signatures: list) -> Optional[str]:
 
 def _ranks(rs):
     return str(rs[0]) if len(rs) == 1 else ("[" + ", ".join(map(str, rs[:12])) + (", ..." if len(rs) > 12 else "") + "]")
+
+
+def loop_programs(plan: OpPlan, topo) -> list:
+    """Per loop, (program, index_aligned) for every rank's schedule (hcomm.timing.run_program).
+
+    Any simulated-time order is a valid serial order, so the program is recorded once per loop
+    shape with all ranks entering together, and cached on the topology.
+    """
+    cache = topo.__dict__.setdefault("_program_cache", {})
+    sig = plan.signature
+    out = []
+    for (a, b), per_rank in zip(plan.loops, plan.schedules):
+        key = (plan.algo, sig.name, sig.dtype, sig.root, b - a, len(per_rank))
+        program = cache.get(key)
+        if program is None:
+            moves = []
+            replay(list(per_rank), [0] * len(per_rank), topo, dtype=sig.dtype, redop=sig.redop or "sum",
+                   program=moves, op_name=COLLECTIVE_NAMES.get(sig.name, sig.name))
+            program = (moves, index_aligned(moves))
+            if len(cache) >= _TIMING_CACHE_LIMIT:
+                cache.clear()
+            cache[key] = program
+        out.append(program)
+    return out

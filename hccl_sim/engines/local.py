@@ -8,24 +8,34 @@ every other rank gets an HcclError naming the cause instead of waiting forever.
 """
 from __future__ import annotations
 
+import os
+import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 import time
 
 from hcomm.transport import InProcessTransport
 from topologies.errors import HcclError
 
-from ..communicator import Communicator
-from ..planner import COLLECTIVE_NAMES, check_signatures, make_plan
+from hcomm.timing import run_program
+
+from ..communicator import Communicator, loop_views, make_scratch
+from ..algorithms import BLOCK_COLLECTIVES
+from ..planner import COLLECTIVE_NAMES, check_signatures, loop_programs, make_plan
+from ..types import reducer
 
 _POLL_S = 0.05
+_SWITCH_INTERVAL_S = 50e-6
+_PARALLEL_MIN_BYTES = 4 << 20   # below this an op's data moves on one thread
 
 
 class _Slot:
-    __slots__ = ("signatures", "clocks", "arrived", "taken", "done", "plan", "error")
+    __slots__ = ("signatures", "clocks", "data", "arrived", "taken", "done", "plan", "error")
 
     def __init__(self, p):
         self.signatures = [None] * p
         self.clocks = [None] * p
+        self.data = [None] * p
         self.arrived = self.taken = 0
         self.done = False
         self.plan = self.error = None
@@ -34,7 +44,10 @@ class _Slot:
 class LocalGroup:
     """Rendezvous and transport shared by the threads of one local run."""
 
-    def __init__(self, topo, config, trace: bool = False):
+    def __init__(self, topo, config, trace: bool = False, dataplane: str = "central"):
+        if dataplane not in ("central", "threads"):
+            raise ValueError(f"dataplane must be central or threads, got {dataplane!r}")
+        self.dataplane = dataplane
         self.topo = topo
         self.config = config
         self.size = topo.num_ranks
@@ -45,8 +58,16 @@ class LocalGroup:
         self._slots = {}
         self._exited = set()
         self._failure = None       # (rank, exception) of the first failure
+        self._workers = max(1, os.cpu_count() or 1)
+        self._executor = None
 
-    def rendezvous(self, rank, seq, sig, clock, itemsize):
+    def rendezvous(self, rank, seq, sig, clock, itemsize, data=None):
+        """Meet the other ranks for collective #seq; returns (plan, whether the data has moved).
+
+        With the central data plane the last rank to arrive moves every rank's data (reading
+        each sender's arrays in place) before releasing the others: one hand-off per rank per
+        op instead of several per schedule step.
+        """
         opname = COLLECTIVE_NAMES.get(sig.name, sig.name)
         deadline = None if not self.config.wait_timeout_s else time.monotonic() + self.config.wait_timeout_s
         with self._cond:
@@ -55,6 +76,7 @@ class LocalGroup:
                 slot = self._slots[seq] = _Slot(self.size)
             slot.signatures[rank] = sig
             slot.clocks[rank] = clock
+            slot.data[rank] = data
             slot.arrived += 1
             if slot.arrived == self.size:
                 self._plan(slot, itemsize)
@@ -71,7 +93,7 @@ class LocalGroup:
                 del self._slots[seq]
         if slot.error is not None:
             raise HcclError(slot.error.code, slot.error.reason, rank=rank, op=opname)
-        return slot.plan
+        return slot.plan, self.dataplane == "central"
 
     def _plan(self, slot, itemsize):
         try:
@@ -81,9 +103,50 @@ class LocalGroup:
             slot.plan = make_plan(slot.signatures[0], self.topo, self.config, slot.clocks, itemsize, trace=self.trace)
             if self.trace:
                 self.traced.append(slot.plan)
+            if self.dataplane == "central":
+                self._move_all(slot)
         except HcclError as exc:
             slot.error = exc
         slot.done = True
+        slot.data = None
+
+    def _move_all(self, slot):
+        plan, sig, p = slot.plan, slot.plan.signature, self.size
+        if sig.name == "barrier":
+            return
+        redop = slot.data[0][2]
+        reduce_fn = reducer(redop) if redop is not None else None
+        scratch = [make_scratch(sig, plan, x, p) for x, _, _ in slot.data]
+        block = sig.name in BLOCK_COLLECTIVES
+        for (a, b), (program, aligned) in zip(plan.loops, loop_programs(plan, self.topo)):
+            views = [loop_views(sig, p, x, out, scratch[r], a, b) for r, (x, out, _) in enumerate(slot.data)]
+            n = b - a
+            parts = min(self._workers, max(1, n * slot.data[0][0].itemsize * p // _PARALLEL_MIN_BYTES))
+            if parts == 1 or not (block or aligned):
+                run_program(program, views, reduce_fn)
+                continue
+            # Moves are element-wise: columns of rank blocks (block collectives) or aligned index
+            # ranges (vector collectives) never depend on one another, so split them over cores.
+            cuts = [n * i // parts for i in range(parts + 1)]
+            if block:
+                jobs = [(run_program, program, [{k: v[:, lo:hi] for k, v in vw.items()} for vw in views], reduce_fn)
+                        for lo, hi in zip(cuts, cuts[1:])]
+            else:
+                jobs = [(run_program, program, views, reduce_fn, lo, hi) for lo, hi in zip(cuts, cuts[1:])]
+            futures = [self._pool().submit(*job) for job in jobs[1:]]
+            jobs[0][0](*jobs[0][1:])
+            for f in futures:
+                f.result()
+
+    def _pool(self):
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=self._workers - 1, thread_name_prefix="hccl-dataplane")
+        return self._executor
+
+    def close(self):
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
 
     def _check_waiting(self, rank, seq, slot, opname):
         if self._failure is not None:
@@ -113,10 +176,10 @@ class LocalGroup:
         return self._failure
 
 
-def run_local(fn, topo, config, args=(), kwargs=None, trace=False, group_out=None):
+def run_local(fn, topo, config, args=(), kwargs=None, trace=False, group_out=None, dataplane="central"):
     """Run fn(comm, *args, **kwargs) on every rank of `topo` as threads; results by rank."""
     kwargs = kwargs or {}
-    group = LocalGroup(topo, config, trace=trace)
+    group = LocalGroup(topo, config, trace=trace, dataplane=dataplane)
     if group_out is not None:
         group_out.append(group)
     p = group.size
@@ -131,17 +194,31 @@ def run_local(fn, topo, config, args=(), kwargs=None, trace=False, group_out=Non
         finally:
             group.exit(rank)
 
-    if p == 1:
-        body(0)
-    else:
-        threads = [threading.Thread(target=body, args=(r,), name=f"hccl-rank-{r}", daemon=True) for r in range(p)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+    try:
+        _start_ranks(body, p)
+    finally:
+        group.close()
     if group.failure is not None:
         rank, exc = group.failure
         if isinstance(exc, HcclError):
             raise exc
         raise HcclError("E_INTERNAL", f"{type(exc).__name__}: {exc}", rank=rank) from exc
     return results
+
+
+def _start_ranks(body, p):
+    if p == 1:
+        body(0)
+    else:
+        # Ranks hand work to each other at every step; with CPython's default 5 ms GIL switch
+        # interval a woken rank can wait that long for the interpreter, so shorten it while ranks run.
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(interval, _SWITCH_INTERVAL_S))
+        try:
+            threads = [threading.Thread(target=body, args=(r,), name=f"hccl-rank-{r}", daemon=True) for r in range(p)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            sys.setswitchinterval(interval)

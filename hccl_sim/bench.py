@@ -1,0 +1,219 @@
+"""The bench job (modelled on hccl_test / nccl-tests): a size sweep of one collective.
+
+Each row runs the op on real, verifiable data (local engine) or replays it without payload
+(timing engine), and reports the simulated time per op (mean over ranks, as nccl-tests' default
+`-a 1`), algbw and busbw with nccl-tests' factors (GB = 1e9 B), #wrong elements, and the wall time
+one op took to emulate (median over iterations of the slowest rank).
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from topologies.errors import HcclError
+
+from . import busbw_factor, canonical_op, op_count, simulate
+from . import trace as chrome
+from .env import Config
+from .types import dtype_name, nccl_name, numpy_dtype
+from .verifiable import expected, rank_input
+
+ROOTED = ("broadcast", "reduce")
+REDUCING = ("allreduce", "reducescatter", "reduce")
+_CALL = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+         "broadcast": "broadcast", "reduce": "reduce", "alltoall": "all_to_all"}
+
+
+def parse_size(text: str) -> int:
+    """'8', '1K', '64M', '1G' (binary multiples, as nccl-tests) -> bytes."""
+    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgGtT]?)[bB]?\s*", str(text))
+    if not m:
+        raise HcclError("E_PARA", f"size {text!r} is not a byte count such as 8, 512K, 64M or 1G")
+    return int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[m.group(2).lower()]
+
+
+def sizes(minbytes: int, maxbytes: int, factor: int = 2, step: int = 0) -> list:
+    if minbytes < 0 or maxbytes < minbytes:
+        raise HcclError("E_PARA", f"size range {minbytes}..{maxbytes} is empty: need 0 <= -b <= -e")
+    if step:
+        return list(range(minbytes, maxbytes + 1, step))
+    if factor < 2:
+        raise HcclError("E_PARA", f"-f must be at least 2, got {factor}")
+    out, s = [], minbytes
+    while s <= maxbytes:
+        out.append(s)
+        s = s * factor if s else 1
+    return out
+
+
+@dataclass
+class Row:
+    size: int
+    count: int
+    dtype: str
+    redop: str
+    root: int
+    time_us: float
+    algbw: float
+    busbw: float
+    wrong: int | None
+    wall_us: float
+    algo: str
+
+
+@dataclass
+class BenchSpec:
+    op: str = "allreduce"
+    sizes: list = field(default_factory=lambda: sizes(16, 64 << 20, 4))
+    dtype: str = "float32"
+    redop: str = "sum"
+    root: int = 0
+    algo: str | None = None
+    engine: str = "local"
+    iters: int = 5
+    warmup: int = 1
+    check: bool = True
+    env: dict | None = None
+    trace: str | None = None
+
+
+def run_bench(spec: BenchSpec, topo, progress=None) -> list:
+    """Run the sweep; returns Rows (and calls `progress(row)` as each completes)."""
+    spec.op = canonical_op(spec.op)
+    spec.dtype = dtype_name(spec.dtype)
+    p = topo.num_ranks
+    itemsize = numpy_dtype(spec.dtype).itemsize
+    rows = []
+    trace_sections = []
+    config = Config.from_env(spec.env)   # validates the environment before anything runs
+
+    def emit(size, count, time_s, wrong, wall_s, algo):
+        nbytes = count * itemsize
+        algbw = nbytes / time_s / 1e9 if time_s > 0 else 0.0
+        row = Row(size=nbytes, count=count, dtype=nccl_name(spec.dtype),
+                  redop=spec.redop if spec.op in REDUCING else "none",
+                  root=spec.root if spec.op in ROOTED else -1, time_us=time_s * 1e6, algbw=algbw,
+                  busbw=algbw * busbw_factor(spec.op, p), wrong=wrong, wall_us=wall_s * 1e6, algo=algo)
+        rows.append(row)
+        if progress:
+            progress(row)
+
+    for size in spec.sizes:
+        count = op_count(spec.op, size, p, itemsize)
+        if spec.trace:
+            est, plan = simulate(spec.op, count * itemsize, topology=topo, algo=spec.algo, dtype=spec.dtype,
+                                 redop=spec.redop, root=spec.root, env=spec.env, trace=True)
+            trace_sections.append((f"{spec.op} {count * itemsize} B ({plan.algo})", plan.events or []))
+        if spec.engine == "timing":
+            t0 = time.perf_counter()
+            est = simulate(spec.op, count * itemsize, topology=topo, algo=spec.algo, dtype=spec.dtype,
+                           redop=spec.redop, root=spec.root, env=spec.env)
+            emit(size, count, est.mean_time, None, time.perf_counter() - t0, est.algo)
+        elif spec.engine != "local":
+            raise HcclError("E_PARA", f"unknown engine {spec.engine!r}; bench supports local and timing")
+    if spec.engine == "local":
+        _run_local_sweep(spec, topo, config, emit)
+    if spec.trace:
+        chrome.write(spec.trace, trace_sections)
+    return rows
+
+
+def _run_local_sweep(spec, topo, config, emit):
+    from .engines.local import run_local
+    p = topo.num_ranks
+    itemsize = numpy_dtype(spec.dtype).itemsize
+
+    def sweep(comm):
+        call = getattr(comm, _CALL[spec.op])
+        rank = comm.rank
+        kwargs = {"algo": spec.algo}
+        if spec.op in REDUCING:
+            kwargs["op"] = spec.redop
+        if spec.op in ROOTED:
+            kwargs["root"] = spec.root
+        for size in spec.sizes:
+            count = op_count(spec.op, size, p, itemsize)
+            per_rank = count // p if spec.op == "allgather" else count
+            x = rank_input(rank, per_rank, spec.dtype, spec.redop)
+            for _ in range(spec.warmup):
+                call(x, **kwargs)
+            sim, wall = [], []
+            y = None
+            for _ in range(spec.iters):
+                comm.barrier()   # aligns clocks: each op is timed from a common start
+                t0 = time.perf_counter()
+                y = call(x, **kwargs)
+                wall.append(time.perf_counter() - t0)
+                sim.append(comm.last_op.time)
+            algo = comm.last_op.algo if spec.iters else ""
+            wrong = -1.0
+            if spec.check and spec.iters:
+                want = expected(spec.op, rank, p, per_rank, spec.dtype, spec.redop, spec.root)
+                wrong = 0.0 if want is None else float(np.count_nonzero(y.reshape(-1) != want))
+            stats = np.array([wrong, float(np.mean(sim)) if sim else 0.0] + wall, dtype=np.float64)
+            gathered = comm.all_gather(stats, algo="ring").reshape(p, -1)
+            if rank == 0:
+                wrongs = gathered[:, 0]
+                walls = gathered[:, 2:].max(axis=0) if spec.iters else np.zeros(1)
+                emit(size, count, float(gathered[:, 1].mean()), None if wrongs[0] < 0 else int(wrongs.sum()),
+                     float(np.median(walls)), algo)
+
+    run_local(sweep, topo, config)
+
+
+# ---- formatting ---------------------------------------------------------------------------------
+
+def header(spec: BenchSpec, topo) -> str:
+    p = topo.num_ranks
+    lines = [f"# hccl-sim bench: {spec.op} on {topo.name} ({topo.num_servers} server{'s' if topo.num_servers > 1 else ''}, "
+             f"{p} ranks, {topo.device}), engine {spec.engine}",
+             f"# minBytes {min(spec.sizes)} maxBytes {max(spec.sizes)} sizes: {len(spec.sizes)} warmup iters: "
+             f"{spec.warmup} iters: {spec.iters} validation: {int(spec.check and spec.engine == 'local')}",
+             "# time is simulated time per op on the modelled cluster (mean over ranks); wall is the real time "
+             "one op took to emulate here",
+             "#",
+             f"# {'':>10s} {'':>12s} {'':>8s} {'':>6s} {'':>6s} {'simulated':>24s}",
+             f"# {'size':>10s} {'count':>12s} {'type':>8s} {'redop':>6s} {'root':>6s} {'time':>9s} {'algbw':>7s} "
+             f"{'busbw':>7s} {'#wrong':>6s} {'wall':>9s}  algo",
+             f"# {'(B)':>10s} {'(elements)':>12s} {'':>8s} {'':>6s} {'':>6s} {'(us)':>9s} {'(GB/s)':>7s} "
+             f"{'(GB/s)':>7s} {'':>6s} {'(us)':>9s}"]
+    return "\n".join(lines)
+
+
+def _time(us: float) -> str:
+    return f"{us:9.2f}" if us < 1e6 else f"{us:9.0f}"
+
+
+def format_row(row: Row) -> str:
+    wrong = "N/A" if row.wrong is None else str(row.wrong)
+    return (f"{row.size:12d} {row.count:12d} {row.dtype:>8s} {row.redop:>6s} {row.root:6d} {_time(row.time_us)} "
+            f"{row.algbw:7.2f} {row.busbw:7.2f} {wrong:>6s} {_time(row.wall_us)}  {row.algo}")
+
+
+def footer(rows: list) -> str:
+    wrong = sum(r.wrong or 0 for r in rows)
+    avg = sum(r.busbw for r in rows) / len(rows) if rows else 0.0
+    return "\n".join([f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}",
+                      f"# Avg bus bandwidth    : {avg:g}", "#"])
+
+
+def to_json(spec: BenchSpec, topo, rows: list) -> dict:
+    wrong = sum(r.wrong or 0 for r in rows)
+    return {
+        "op": spec.op, "topology": topo.name, "ranks": topo.num_ranks, "servers": topo.num_servers,
+        "engine": spec.engine, "dtype": spec.dtype, "iters": spec.iters, "warmup": spec.warmup,
+        "rows": [{"size": r.size, "count": r.count, "type": r.dtype, "redop": r.redop, "root": r.root,
+                  "time": r.time_us, "alg_bw": r.algbw, "bus_bw": r.busbw, "nwrong": r.wrong,
+                  "wall_time": r.wall_us, "algo": r.algo} for r in rows],
+        "out_of_bounds": {"count": wrong, "okay": wrong == 0},
+        "average_bus_bandwidth": {"bandwidth": sum(r.busbw for r in rows) / len(rows) if rows else 0.0},
+    }
+
+
+def write_json(path: str, spec, topo, rows) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(to_json(spec, topo, rows), f, indent=2)

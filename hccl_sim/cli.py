@@ -1,0 +1,180 @@
+"""The `hccl-sim` command: `bench` (the main job) and `topo`.
+
+Bad arguments end in a one-line error and exit status 2, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import topologies
+from topologies.errors import HcclError
+
+from . import OPS, __version__
+from .bench import BenchSpec, footer, format_row, header, parse_size, run_bench, sizes, write_json
+from .types import DTYPES
+
+DEFAULT_TOPOLOGY = "atlas800t-a2"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise SystemExit(_fail(f"{self.prog}: {message} (see --help)"))
+
+
+def _fail(message: str) -> int:
+    print(f"hccl-sim: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _topology(args):
+    params = {}
+    name = args.topology
+    lname = topologies.ALIASES.get(name.lower(), name.lower())
+    if lname in topologies.SYNTHETIC_PRESETS:
+        if args.ranks is None:
+            raise HcclError("E_PARA", f"--topology {name} needs --ranks N")
+        params["ranks"] = args.ranks
+        for key in ("bandwidth", "latency", "reduce_bandwidth"):
+            value = getattr(args, key, None)
+            if value is not None:
+                params[key] = value
+        if args.servers is not None:
+            raise HcclError("E_PARA", f"--servers does not apply to the synthetic topology {name}; use --ranks")
+    elif lname in topologies.HARDWARE_PRESETS:
+        if args.ranks is not None:
+            raise HcclError("E_PARA", f"--ranks does not apply to {name}: it has 8 NPUs per server; use --servers N")
+        params["servers"] = 1 if args.servers is None else args.servers
+    elif args.servers is not None or args.ranks is not None:
+        raise HcclError("E_PARA", "--servers/--ranks do not apply to a rank-table file")
+    return topologies.load(name, **params)
+
+
+def _add_topology_args(p):
+    p.add_argument("--topology", default=DEFAULT_TOPOLOGY,
+                   help=f"preset ({', '.join(topologies.PRESETS)}) or HCCL rank-table JSON (default {DEFAULT_TOPOLOGY})")
+    p.add_argument("--servers", type=int, help="servers of a hardware preset (default 1)")
+    p.add_argument("--ranks", type=int, help="ranks of a synthetic preset")
+    p.add_argument("--bandwidth", type=float, help="synthetic link bandwidth, bytes/s (default 25e9)")
+    p.add_argument("--latency", type=float, help="synthetic link latency, s (default 5e-6)")
+    p.add_argument("--reduce-bandwidth", dest="reduce_bandwidth", type=float,
+                   help="synthetic reduction bandwidth, bytes/s (default inf)")
+
+
+def _env_pairs(items):
+    env = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise HcclError("E_PARA", f"--env {item!r} is not NAME=VALUE")
+        env[key] = value
+    return env
+
+
+def build_parser():
+    parser = _Parser(prog="hccl-sim", description="Emulate HCCL collectives on modelled Ascend clusters.")
+    parser.add_argument("--version", action="version", version=f"hccl-sim {__version__}")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    b = sub.add_parser("bench", help="size sweep of one collective (hccl_test / nccl-tests style)")
+    b.add_argument("--op", default="allreduce", help=f"one of {', '.join(OPS)} (default allreduce)")
+    _add_topology_args(b)
+    b.add_argument("-b", "--minbytes", default="16", help="smallest size, e.g. 8, 1K, 64M (default 16)")
+    b.add_argument("-e", "--maxbytes", default="64M", help="largest size (default 64M)")
+    b.add_argument("-f", "--stepfactor", type=int, default=None, help="multiply sizes by this (default 4)")
+    b.add_argument("-i", "--stepbytes", default=None, help="add this many bytes instead of multiplying")
+    b.add_argument("-d", "--datatype", default="float32", help=f"one of {', '.join(DTYPES)} or fp32/fp16/... (default float32)")
+    b.add_argument("-o", "--redop", default="sum", help="sum, prod, max or min (default sum)")
+    b.add_argument("-r", "--root", type=int, default=0, help="root of broadcast/reduce (default 0)")
+    b.add_argument("--algo", default=None, help="HCCL algorithm token (ring, H-D_R, ...) or an HCCL_ALGO string")
+    b.add_argument("--engine", default="local", help="local (real data) or timing (payload-free) (default local)")
+    b.add_argument("-n", "--iters", type=int, default=5, help="timed iterations per size (default 5)")
+    b.add_argument("-w", "--warmup_iters", type=int, default=1, help="untimed iterations per size (default 1)")
+    b.add_argument("-c", "--check", type=int, default=1, help="1 to verify results, 0 not to (default 1)")
+    b.add_argument("--env", action="append", metavar="HCCL_X=VALUE", help="set an HCCL environment variable")
+    b.add_argument("--json", default=None, help="also write the results as JSON to this file")
+    b.add_argument("--trace", default=None, help="write a Chrome trace (Perfetto) of one op per size to this file")
+
+    t = sub.add_parser("topo", help="describe a topology; export an HCCL rank table")
+    t.add_argument("topology", nargs="?", default=DEFAULT_TOPOLOGY, help="preset name or rank-table JSON")
+    t.add_argument("--servers", type=int)
+    t.add_argument("--ranks", type=int)
+    t.add_argument("--bandwidth", type=float)
+    t.add_argument("--latency", type=float)
+    t.add_argument("--reduce-bandwidth", dest="reduce_bandwidth", type=float)
+    t.add_argument("--route", nargs=2, type=int, metavar=("SRC", "DST"), help="show the route between two ranks")
+    t.add_argument("--ranktable", default=None, metavar="FILE", help="write the HCCL rank table (version 1.0)")
+    return parser
+
+
+def cmd_bench(args) -> int:
+    topo = _topology(args)
+    if args.iters < 1 or args.warmup_iters < 0:
+        raise HcclError("E_PARA", "-n must be >= 1 and -w >= 0")
+    step = parse_size(args.stepbytes) if args.stepbytes else 0
+    if step and args.stepfactor:
+        raise HcclError("E_PARA", "use either -f or -i, not both")
+    spec = BenchSpec(op=args.op, sizes=sizes(parse_size(args.minbytes), parse_size(args.maxbytes),
+                                             args.stepfactor or 4, step),
+                     dtype=args.datatype, redop=args.redop.lower(), root=args.root, algo=args.algo,
+                     engine=args.engine, iters=args.iters, warmup=args.warmup_iters, check=bool(args.check),
+                     env=_env_pairs(args.env), trace=args.trace)
+    from .bench import REDUCING, ROOTED
+    from . import canonical_op
+    from .types import parse_reduce_op, dtype_name
+    spec.op = canonical_op(spec.op)
+    spec.dtype = dtype_name(spec.dtype)
+    parse_reduce_op(spec.redop)
+    if spec.op in ROOTED and not 0 <= spec.root < topo.num_ranks:
+        raise HcclError("E_PARA", f"-r {spec.root}: root must be a rank in [0, {topo.num_ranks})")
+    if spec.engine not in ("local", "timing"):
+        raise HcclError("E_PARA", f"--engine {spec.engine!r}: bench runs on local or timing")
+    print(header(spec, topo), flush=True)
+    rows = run_bench(spec, topo, progress=lambda row: print(format_row(row), flush=True))
+    print(footer(rows))
+    if args.json:
+        write_json(args.json, spec, topo, rows)
+    if args.trace:
+        print(f"# trace written to {args.trace}")
+    return 0 if all(not r.wrong for r in rows) else 1
+
+
+def cmd_topo(args) -> int:
+    topo = _topology(args)
+    print(topo.summary())
+    p = topo.num_ranks
+    pairs = [tuple(args.route)] if args.route else ([(0, p - 1)] if p > 1 else [])
+    if not args.route and topo.num_servers > 1:
+        pairs = [(0, 1), (0, topo.ranks_of_server(1)[0])]
+    for src, dst in pairs:
+        route = topo.route(src, dst)
+        bw = "inf" if math.isinf(route.bandwidth) else f"{route.bandwidth / 1e9:g} GB/s"
+        print(f"route {src} -> {dst}: {' -> '.join(map(str, route.hops))} over {route.kind}, "
+              f"latency {route.latency_ns / 1000:g} us, bottleneck {bw}, ports {route.egress[1]} -> {route.ingress[1]}")
+    if args.ranktable:
+        topologies.ranktable.save(topo, args.ranktable)
+        print(f"rank table written to {args.ranktable}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return 0
+        return {"bench": cmd_bench, "topo": cmd_topo}[args.command](args)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    except HcclError as exc:
+        return _fail(str(exc))
+    except OSError as exc:
+        return _fail(f"{exc.filename or ''}: {exc.strerror or exc}")
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
