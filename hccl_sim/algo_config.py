@@ -80,10 +80,12 @@ def parse_hccl_algo(value: str, source: str = "HCCL_ALGO") -> AlgoConfig:
     if value == "":
         raise _error(source, value, "empty value")
     parts = value.split("/")
-    with_op = ["=" in part for part in parts]
+    with_op = ["=" in part for part in parts if part]
     if any(with_op) and not all(with_op):
         raise _error(source, value, "the global form and the per-op form are mixed")
     if not any(with_op):
+        if "" in parts and len(parts) > 1:
+            raise _error(source, value, "empty op entry (leading, trailing or doubled '/')")
         if len(parts) > 1:
             raise _error(source, value, "more than one global configuration")
         return AlgoConfig(global_levels=_parse_levels(value, source, value, per_op=False), text=value)

@@ -1,0 +1,115 @@
+"""The hccl-sim command: nccl-tests table format, busbw factors, JSON, trace, topo, bad arguments."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hccl_sim.cli import main
+
+FACTORS = {"allreduce": lambda p: 2 * (p - 1) / p, "allgather": lambda p: (p - 1) / p,
+           "reducescatter": lambda p: (p - 1) / p, "alltoall": lambda p: (p - 1) / p,
+           "broadcast": lambda p: 1.0, "reduce": lambda p: 1.0}
+
+
+def bench(capsys, *args):
+    code = main(["bench", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def rows_of(out):
+    return [line.split() for line in out.splitlines() if line and not line.startswith("#")]
+
+
+def test_default_bench_table(capsys):
+    code, out, err = bench(capsys, "-e", "1M", "-n", "2")
+    assert code == 0 and err == ""
+    assert "allreduce on atlas800t-a2 (1 server, 8 ranks, 910B)" in out
+    header = [l for l in out.splitlines() if "count" in l and "type" in l][0].split()
+    assert header[1:] == ["size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "wall", "algo"]
+    rows = rows_of(out)
+    assert [int(r[0]) for r in rows] == [16 * 4 ** k for k in range(9)]
+    for r in rows:
+        assert r[2] == "float" and r[3] == "sum" and r[4] == "-1" and r[8] == "0" and r[10] == "H-D_R"
+        assert float(r[5]) > 0 and int(r[1]) == int(r[0]) // 4
+    assert "# Out of bounds values : 0 OK" in out
+    avg = float(out.split("# Avg bus bandwidth    :")[1].split()[0])
+    assert avg == pytest.approx(sum(float(r[7]) for r in rows) / len(rows), rel=1e-3)
+
+
+@pytest.mark.parametrize("op", list(FACTORS))
+@pytest.mark.parametrize("engine", ["local", "timing"])
+def test_busbw_factors(capsys, op, engine, tmp_path):
+    path = tmp_path / "out.json"
+    code, out, _ = bench(capsys, "--op", op, "--topology", "fullmesh", "--ranks", "6", "-b", "96K", "-e", "1M",
+                         "-f", "2", "-n", "1", "-w", "0", "--engine", engine, "--json", str(path))
+    assert code == 0
+    data = json.loads(path.read_text())
+    assert data["ranks"] == 6 and data["out_of_bounds"] == {"count": 0, "okay": True}
+    for row in data["rows"]:
+        assert row["bus_bw"] == pytest.approx(row["alg_bw"] * FACTORS[op](6))
+        assert row["alg_bw"] == pytest.approx(row["size"] / row["time"] / 1e3)   # us -> GB/s
+        assert row["nwrong"] == (0 if engine == "local" else None)
+        assert row["redop"] == ("sum" if op in ("allreduce", "reducescatter", "reduce") else "none")
+        assert row["root"] == (0 if op in ("broadcast", "reduce") else -1)
+    table = rows_of(out)
+    assert len(table) == len(data["rows"]) == 4
+
+
+def test_local_and_timing_engines_report_the_same_times(capsys):
+    args = ["--op", "allgather", "--topology", "atlas800t-a2", "--servers", "2", "-b", "1K", "-e", "256K", "-n", "1"]
+    _, local, _ = bench(capsys, *args)
+    _, timing, _ = bench(capsys, *args, "--engine", "timing")
+    assert [r[:8] for r in rows_of(local)] == [r[:8] for r in rows_of(timing)]
+
+
+def test_options_and_trace(capsys, tmp_path):
+    trace = tmp_path / "t.json"
+    code, out, _ = bench(capsys, "--op", "broadcast", "-r", "3", "-d", "int8", "--algo", "ring", "-b", "1K",
+                         "-e", "4K", "-i", "1K", "--trace", str(trace), "--env", "HCCL_BUFFSIZE=1")
+    assert code == 0
+    rows = rows_of(out)
+    assert [int(r[0]) for r in rows] == [1024, 2048, 3072, 4096]
+    assert all(r[2] == "int8" and r[4] == "3" and r[10] == "ring" for r in rows)
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["ph"] for e in events} == {"M", "X"} and any(e["name"].startswith("send->") for e in events)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["bench", "--op", "allscatter"], "unknown collective"),
+    (["bench", "-b", "1X"], "is not a byte count"),
+    (["bench", "-b", "1M", "-e", "1K"], "is empty"),
+    (["bench", "-d", "complex"], "unsupported data type"),
+    (["bench", "-o", "avg"], "unsupported reduce op"),
+    (["bench", "--topology", "fullmesh"], "needs --ranks"),
+    (["bench", "--topology", "nope.json"], "cannot read"),
+    (["bench", "--op", "reduce", "-r", "8"], "root must be a rank"),
+    (["bench", "--env", "HCCL_ALGO=level1:Ring"], "HCCL_ALGO"),
+    (["bench", "--engine", "quantum"], "bench runs on local or timing"),
+    (["bench", "-n", "x"], "invalid int value"),
+    (["bench", "--servers", "0"], "servers must be a positive integer"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_arguments_one_line(capsys, args, message):
+    code = main(args)
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert err.startswith("hccl-sim: error:") and message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_topo_command(capsys, tmp_path):
+    path = tmp_path / "rt.json"
+    assert main(["topo", "atlas800t-a2", "--servers", "2", "--ranktable", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "ranks      : 16" in out and "HCCS" in out and "RoCE" in out
+    assert "route 0 -> 8: 0 -> roce -> 8 over RoCE, latency 7 us, bottleneck 20 GB/s" in out
+    assert main(["topo", str(path), "--route", "3", "4"]) == 0
+    assert "route 3 -> 4: 3 -> 4 over HCCS" in capsys.readouterr().out
+
+
+def test_python_dash_m_entry_point():
+    proc = subprocess.run([sys.executable, "-m", "hccl_sim", "bench", "--engine", "timing", "-e", "64"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "# Out of bounds values : 0 OK" in proc.stdout

@@ -1,0 +1,125 @@
+"""On the synthetic fullmesh preset each algorithm's simulated time equals HCCL's alpha-beta-gamma
+closed form (reference/hccl.md §2.2), for powers of two and not.
+
+alpha = 1 us link latency, beta = 1 ns/B (1 GB/s), gamma = 0.5 ns/B (2 GB/s reduce); sizes are
+chosen so every chunk divides evenly and the formulas are exact in integer nanoseconds.
+"""
+import math
+
+import pytest
+
+import hccl_sim
+
+A, B, G = 1000, 1.0, 0.5
+LCM = 720720          # lcm(1..16): every chunk split divides evenly
+ITEM = 4
+
+
+def makespan(op, nbytes, p, algo, root=0):
+    topo = hccl_sim.topology("fullmesh", ranks=p, bandwidth=1e9, latency=1e-6, reduce_bandwidth=2e9)
+    est, plan = hccl_sim.simulate(op, nbytes, topology=topo, algo=algo, root=root, trace=True)
+    assert est.algo == algo
+    return max(e - s for s, e in zip(plan.entry, plan.exits))
+
+
+def log2(p):
+    return int(math.log2(p))
+
+
+RANKS = list(range(2, 17))
+
+
+@pytest.mark.parametrize("p", RANKS)
+def test_ring_allreduce(p):
+    n = LCM * ITEM
+    assert makespan("allreduce", n, p, "ring") == 2 * (p - 1) * A + 2 * (p - 1) * n // p * B + (p - 1) * n // p * G
+
+
+@pytest.mark.parametrize("p", RANKS)
+def test_ring_reducescatter_allgather(p):
+    n = LCM * ITEM   # whole input / whole output
+    assert makespan("reducescatter", n, p, "ring") == (p - 1) * A + (p - 1) * n // p * (B + G)
+    assert makespan("allgather", n, p, "ring") == (p - 1) * A + (p - 1) * n // p * B
+
+
+@pytest.mark.parametrize("p", RANKS)
+def test_ring_broadcast_reduce(p):
+    n = 4096 * ITEM
+    assert makespan("broadcast", n, p, "ring", root=p - 1) == (p - 1) * (A + n * B)
+    assert makespan("reduce", n, p, "ring", root=p // 2) == (p - 1) * (A + n * B + n * G)
+
+
+@pytest.mark.parametrize("p", RANKS)
+def test_hd_allreduce(p):
+    n = LCM * ITEM
+    k = log2(p)
+    if 2 ** k == p:
+        want = 2 * k * A + 2 * (p - 1) * n // p * B + (p - 1) * n // p * G
+    else:
+        q = 2 ** k
+        want = (2 * k + 2) * A + (2 * (q - 1) * n // q + 2 * n) * B + ((q - 1) * n // q + n) * G
+    assert makespan("allreduce", n, p, "H-D_R") == want
+
+
+@pytest.mark.parametrize("p", [2, 4, 8, 16])
+def test_hd_reducescatter_allgather_powers_of_two(p):
+    n = LCM * ITEM
+    k = log2(p)
+    assert makespan("reducescatter", n, p, "H-D_R") == k * A + (p - 1) * n // p * (B + G)
+    assert makespan("allgather", n, p, "H-D_R") == k * A + (p - 1) * n // p * B
+
+
+@pytest.mark.parametrize("p", [3, 5, 6, 7, 12])
+def test_hd_reducescatter_allgather_folded(p):
+    """Fold: the odd rank's whole buffer in, HD over 2^k virtual ranks whose blocks are the
+    rank blocks they own, the result out; the makespan follows the largest virtual block."""
+    n = LCM * ITEM
+    blk = n // p
+    q = 2 ** log2(p)
+    r = p - q
+    start = [2 * v if v < r else v + r for v in range(q)] + [p]   # first rank block of each virtual rank
+    # every HD step is paced by its largest transfer; all virtual ranks move in lockstep
+    rs_steps = []
+    lo_all = [(0, q)] * q
+    for d in [q >> i for i in range(1, log2(q) + 1)]:
+        biggest = 0
+        new = []
+        for vv in range(q):
+            lo, hi = lo_all[vv]
+            mid = (lo + hi) // 2
+            keep, send = ((mid, hi), (lo, mid)) if vv & d else ((lo, mid), (mid, hi))
+            biggest = max(biggest, start[send[1]] - start[send[0]], start[keep[1]] - start[keep[0]])
+            new.append(keep)
+        lo_all = new
+        rs_steps.append(biggest)
+    want_rs = (A + n * (B + G)) + sum(A + s * blk * (B + G) for s in rs_steps) + (A + blk * B)
+    assert makespan("reducescatter", n, p, "H-D_R") == want_rs
+    ag_steps = []
+    ranges = [(v, v + 1) for v in range(q)]
+    d = 1
+    while d < q:
+        biggest = 0
+        new = []
+        for vv in range(q):
+            lo, hi = ranges[vv]
+            plo, phi = (lo - (hi - lo), lo) if vv & d else (hi, hi + (hi - lo))
+            biggest = max(biggest, start[hi] - start[lo], start[phi] - start[plo])
+            new.append((min(lo, plo), max(hi, phi)))
+        ranges = new
+        ag_steps.append(biggest)
+        d *= 2
+    want_ag = (A + blk * B) + sum(A + s * blk * B for s in ag_steps) + (A + n * B)
+    assert makespan("allgather", n, p, "H-D_R") == want_ag
+
+
+@pytest.mark.parametrize("p", RANKS)
+def test_pairwise_alltoall(p):
+    n = LCM * ITEM   # whole send buffer
+    assert makespan("alltoall", n, p, "pairwise") == (p - 1) * (A + n // p * B)
+
+
+@pytest.mark.parametrize("p", RANKS)
+def test_barrier(p):
+    topo = hccl_sim.topology("fullmesh", ranks=p, bandwidth=1e9, latency=1e-6)
+    res = hccl_sim.run(lambda c: (c.barrier(), c.last_op)[1], topology=topo)
+    assert {r.end - r.start for r in res} == {math.ceil(math.log2(p)) * A}

@@ -1,0 +1,158 @@
+"""Every collective x algorithm x rank count 1..16 x edge sizes on the local engine, against numpy,
+bit for bit (integer-valued data), plus the full dtype x reduce-op matrix, inputs never modified,
+ops larger than the communicator buffer, and both local data planes."""
+import functools
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import hccl_sim
+from hccl_sim.engines.local import run_local
+from hccl_sim.env import Config
+
+UFUNC = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
+DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.float16, np.float32, np.float64, ml_dtypes.bfloat16]
+
+
+def make_input(rank, shape, dtype, op, seed=0):
+    rng = np.random.default_rng([seed, rank])
+    unsigned = np.dtype(dtype).kind == "u"
+    if op == "prod":
+        values = rng.choice([1, 2] if unsigned else [1, -1, 2], size=shape)
+    else:
+        values = rng.integers(0 if unsigned else -3, 7 if unsigned else 4, size=shape)
+    return values.astype(dtype)
+
+
+def reference(inputs, op):
+    return functools.reduce(lambda a, b: UFUNC[op](a, b), inputs)
+
+
+def all_collectives(comm, count, dtype, op, algo, root):
+    p, r = comm.size, comm.rank
+    x = make_input(r, (count,), dtype, op)
+    blocks = make_input(r, (p * count,), dtype, op, seed=1)
+    snapshot = (x.copy(), blocks.copy())
+    out = {
+        "allreduce": comm.all_reduce(x, op=op, algo=algo),
+        "allgather": comm.all_gather(x, algo=algo),
+        "reducescatter": comm.reduce_scatter(blocks, op=op, algo=algo),
+        "broadcast": comm.broadcast(x, root=root, algo=algo),
+        "reduce": comm.reduce(x, root=root, op=op, algo=algo),
+        "alltoall": comm.all_to_all(blocks, algo=algo),
+    }
+    untouched = np.array_equal(snapshot[0], x) and np.array_equal(snapshot[1], blocks)
+    return out, untouched
+
+
+def check(results, p, count, dtype, op, root):
+    xs = [make_input(r, (count,), dtype, op) for r in range(p)]
+    bs = [make_input(r, (p * count,), dtype, op, seed=1) for r in range(p)]
+    total = reference(xs, op)
+    block_total = reference(bs, op)
+    for r, (out, untouched) in enumerate(results):
+        assert untouched, f"rank {r}: input was modified"
+        assert out["allreduce"].dtype == np.dtype(dtype)
+        assert np.array_equal(out["allreduce"], total), f"allreduce rank {r}"
+        assert np.array_equal(out["allgather"], np.concatenate(xs)), f"allgather rank {r}"
+        assert np.array_equal(out["reducescatter"], block_total[r * count:(r + 1) * count]), f"reducescatter rank {r}"
+        assert np.array_equal(out["broadcast"], xs[root]), f"broadcast rank {r}"
+        if r == root:
+            assert np.array_equal(out["reduce"], total), f"reduce at root {r}"
+        else:
+            assert out["reduce"] is None
+        want_a2a = np.concatenate([bs[j][r * count:(r + 1) * count] for j in range(p)])
+        assert np.array_equal(out["alltoall"], want_a2a), f"alltoall rank {r}"
+
+
+@pytest.mark.parametrize("algo", [None, "ring", "H-D_R"])
+@pytest.mark.parametrize("p", range(1, 17))
+def test_every_collective_every_rank_count(p, algo):
+    topo = hccl_sim.topology("fullmesh", ranks=p)
+    for count in (0, 1, p + 3, 4 * p):
+        root = (count + p - 1) % p
+        results = hccl_sim.run(all_collectives, topology=topo, args=(count, np.int32, "sum", algo, root))
+        check(results, p, count, np.int32, "sum", root)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("op", ["sum", "prod", "max", "min"])
+def test_dtype_op_matrix(dtype, op):
+    for p, algo in ((5, "ring"), (6, "H-D_R"), (8, "H-D_R"), (3, None)):
+        topo = hccl_sim.topology("fullmesh", ranks=p)
+        results = hccl_sim.run(all_collectives, topology=topo, args=(2 * p + 1, dtype, op, algo, p - 1))
+        check(results, p, 2 * p + 1, dtype, op, p - 1)
+
+
+@pytest.mark.parametrize("p,algo", [(4, "ring"), (7, "H-D_R"), (8, "H-D_R"), (5, None)])
+def test_larger_than_communicator_buffer(p, algo):
+    """HCCL_BUFFSIZE=1 (MB): every op loops over buffer-sized chunks, results unchanged."""
+    topo = hccl_sim.topology("atlas800t-a2")
+    count = (1 << 20) // 4 * 3 // p + 13          # ~3 MB per rank for the block ops, not divisible
+    results = hccl_sim.run(all_collectives, topology=topo, args=(count, np.float32, "sum", algo, 1),
+                           env={"HCCL_BUFFSIZE": "1"})
+    check(results, 8, count, np.float32, "sum", 1)
+    big = hccl_sim.simulate("allreduce", 3 << 20, topology=topo, env={"HCCL_BUFFSIZE": "1"}, trace=True)[1]
+    assert len(big.loops) == 3
+
+
+@pytest.mark.parametrize("dataplane", ["central", "threads"])
+def test_data_planes_agree(dataplane):
+    """The threaded data plane executes each rank's schedule over the zero-copy transport."""
+    for p in (1, 2, 3, 8, 11):
+        topo = hccl_sim.topology("fullmesh", ranks=p)
+        for algo in (None, "ring", "H-D_R"):
+            results = run_local(all_collectives, topo, Config(), args=(3 * p + 2, np.int64, "max", algo, p // 2),
+                                dataplane=dataplane)
+            check(results, p, 3 * p + 2, np.int64, "max", p // 2)
+
+
+def test_large_op_split_across_cores():
+    """Ops above the parallel threshold move data on several threads; results stay exact."""
+    p = 4
+    topo = hccl_sim.topology("fullmesh", ranks=p)
+    count = 3 << 20
+    results = hccl_sim.run(all_collectives, topology=topo, args=(count // 8, np.float32, "sum", None, 2))
+    check(results, p, count // 8, np.float32, "sum", 2)
+    res = hccl_sim.run(lambda c: c.all_reduce(np.full(count, c.rank + 1, np.float32), algo="ring"), topology=topo)
+    assert all(np.all(y == 10) for y in res)
+
+
+def test_shapes_and_axis0():
+    def fn(comm):
+        x = np.arange(6, dtype=np.float32).reshape(2, 3) + 10 * comm.rank
+        return (comm.all_reduce(x), comm.all_gather(x), comm.reduce_scatter(np.ones((4, 2, 2)) * comm.rank),
+                comm.all_reduce(np.float64(comm.rank)), comm.all_to_all(np.arange(8).reshape(4, 2) + comm.rank))
+    res = hccl_sim.run(fn, topology=hccl_sim.topology("fullmesh", ranks=2))
+    ar, ag, rs, scalar, a2a = res[1]
+    assert ar.shape == (2, 3) and np.array_equal(ar, 2 * np.arange(6).reshape(2, 3) + 10)
+    assert ag.shape == (4, 3) and np.array_equal(ag[2:], np.arange(6).reshape(2, 3) + 10)
+    assert rs.shape == (2, 2, 2) and np.all(rs == 1)
+    assert scalar.shape == () and scalar == 1
+    assert np.array_equal(a2a, np.array([[4, 5], [6, 7], [5, 6], [7, 8]]))
+
+
+def test_point_to_point_and_last_op():
+    topo = hccl_sim.topology("fullmesh", ranks=3, bandwidth=1e9, latency=2e-6)
+
+    def fn(comm):
+        if comm.rank == 0:
+            comm.send(np.arange(10, dtype=np.int16), dst=2, tag=5)
+            comm.send(np.ones(3), dst=1)
+            return comm.last_op
+        if comm.rank == 1:
+            return comm.recv(0), comm.last_op
+        return comm.recv(0, tag=5), comm.last_op
+    r0, (r1, op1), (r2, op2) = hccl_sim.run(fn, topology=topo)
+    assert np.array_equal(r2, np.arange(10, dtype=np.int16)) and r2.dtype == np.int16
+    assert np.array_equal(r1, np.ones(3))
+    assert op2.name == "recv" and op2.end == 2000 + 20   # latency + 20 bytes at 1 B/ns
+    assert r0.name == "send" and r0.end == op1.end
+
+
+def test_cluster_keeps_running():
+    with hccl_sim.Cluster(hccl_sim.topology("fullmesh", ranks=4)) as cluster:
+        a = cluster.run(lambda c: c.all_reduce(np.array([c.rank])))
+        b = cluster.run(lambda c, k: c.all_reduce(np.array([c.rank * k])), args=(3,))
+    assert all(int(x[0]) == 6 for x in a) and all(int(x[0]) == 18 for x in b)

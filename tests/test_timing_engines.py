@@ -1,0 +1,117 @@
+"""simulate() equals run() to the nanosecond; times are deterministic; clocks follow late ranks;
+the transport is zero-copy and every wait has a deadline."""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import hccl_sim
+from hccl_sim import HcclError
+from hccl_sim.engines.local import run_local
+from hccl_sim.env import Config
+from hcomm.transport import InProcessTransport
+
+OPS = {"allreduce": lambda c, x, a: c.all_reduce(x, algo=a),
+       "allgather": lambda c, x, a: c.all_gather(x, algo=a),
+       "reducescatter": lambda c, x, a: c.reduce_scatter(x, algo=a),
+       "broadcast": lambda c, x, a: c.broadcast(x, root=1, algo=a),
+       "reduce": lambda c, x, a: c.reduce(x, root=1, algo=a),
+       "alltoall": lambda c, x, a: c.all_to_all(x, algo=a)}
+
+TOPOLOGIES = [("fullmesh", {"ranks": 6}), ("ring", {"ranks": 5}), ("atlas800t-a2", {"servers": 2}),
+              ("atlas800-910a", {"servers": 1})]
+
+
+@pytest.mark.parametrize("name,params", TOPOLOGIES)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("algo", [None, "ring", "H-D_R"])
+def test_simulate_equals_run(name, params, op, algo):
+    topo = hccl_sim.topology(name, **params)
+    p = topo.num_ranks
+    count = p * 1000
+    env = {"HCCL_BUFFSIZE": "1"}
+
+    def fn(comm):
+        x = np.ones(count // p if op == "allgather" else count, dtype=np.float32)
+        OPS[op](comm, x, algo)
+        return comm.last_op
+    records = hccl_sim.run(fn, topology=topo, env=env)
+    est = hccl_sim.simulate(op, count * 4, topology=topo, algo=algo, root=1, env=env)
+    assert [r.end - r.start for r in records] == [round(t * 1e9) for t in est.times]
+    assert {r.algo for r in records} == {est.algo}
+    assert records[0].nbytes == est.nbytes
+
+
+def test_times_deterministic_across_runs_and_data_planes():
+    topo = hccl_sim.topology("atlas800t-a2", servers=2)
+
+    def fn(comm):
+        comm.all_reduce(np.ones(1 << 16, np.float32))
+        comm.all_gather(np.ones(100, np.int8))
+        comm.broadcast(np.ones(10), root=3)
+        return comm.clock
+    runs = [run_local(fn, topo, Config(), dataplane=d) for d in ("central", "threads", "central")]
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_late_rank_delays_the_collective():
+    topo = hccl_sim.topology("fullmesh", ranks=4, bandwidth=1e9, latency=1e-6)
+
+    def fn(comm):
+        if comm.rank == 2:
+            comm.send(np.ones(1000, np.uint8), dst=3)     # 1 us + 1000 ns of simulated work first
+        if comm.rank == 3:
+            comm.recv(2)
+        start = comm.clock
+        comm.all_reduce(np.ones(4, np.float32), algo="ring")
+        return start, comm.clock
+    res = hccl_sim.run(fn, topology=topo)
+    assert res[0][0] == 0 and res[2][0] == 2000
+    ends = [e for _, e in res]
+    assert min(ends) >= 2000 + 6 * 1000          # nobody finishes before the late rank's data went round
+    quiet = hccl_sim.simulate("allreduce", 16, topology=topo, algo="ring").time
+    assert max(ends) - 2000 >= round(quiet * 1e9)
+
+
+def test_transport_is_zero_copy_with_deadlines():
+    tr = InProcessTransport(2, timeout_s=0.2)
+    buf = np.arange(10.0)
+    tr.register(0, "output", buf)
+    msg = tr.post(0, 1, "t", "output", 2, 6)
+    got = tr.take(0, 1, "t", tr.deadline())
+    assert np.shares_memory(got.data, buf) and np.array_equal(got.data, [2, 3, 4, 5])
+    got.consumed(reply=42)
+    assert tr.wait_consumed(msg, tr.deadline()) == 42
+    t0 = time.monotonic()
+    with pytest.raises(HcclError, match="no data from rank 0") as info:
+        tr.take(0, 1, "t", tr.deadline(), op="all_reduce")
+    assert info.value.code == "E_TIMEOUT" and time.monotonic() - t0 < 2
+    pending = tr.post_view(1, 0, "t", buf[:1])
+    with pytest.raises(HcclError, match="did not consume"):
+        tr.wait_consumed(pending, tr.deadline())
+
+
+def test_transport_abort_wakes_waiters():
+    tr = InProcessTransport(2, timeout_s=None)
+    caught = []
+
+    def waiter():
+        try:
+            tr.take(0, 1, "x")
+        except HcclError as exc:
+            caught.append(exc)
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.1)
+    tr.abort("E_REMOTE", "rank 0 failed")
+    t.join(5)
+    assert not t.is_alive() and caught and caught[0].code == "E_REMOTE"
+
+
+def test_trace_events_cover_transfers():
+    topo = hccl_sim.topology("fullmesh", ranks=4)
+    est, plan = hccl_sim.simulate("allreduce", 4096, topology=topo, algo="ring", trace=True)
+    sends = [e for e in plan.events if e[1].startswith("send")]
+    assert len(sends) == 4 * 2 * 3      # ranks x (RS + AG) x (p - 1)
+    assert max(e[3] for e in plan.events) == round(est.time * 1e9)
