@@ -28,6 +28,17 @@ NAME = "H-D_R"
 COLLECTIVES = ("allreduce", "reducescatter", "allgather")
 
 
+def _halve(v: int, d: int, lo: int, hi: int):
+    """Halving step at distance d: ((kept lo, hi), (given lo, hi)); the d bit of v picks the upper half."""
+    mid = (lo + hi) // 2
+    return ((mid, hi), (lo, mid)) if v & d else ((lo, mid), (mid, hi))
+
+
+def _sibling(v: int, d: int, lo: int, hi: int):
+    """Doubling step at distance d: the partner's range, adjacent to ours and as long."""
+    return (lo - (hi - lo), lo) if v & d else (hi, hi + (hi - lo))
+
+
 def allreduce(rank: int, p: int, n: int, unit: int, root: int = 0) -> list:
     if p == 1 or n == 0:
         return local_copy(n, unit)
@@ -46,8 +57,7 @@ def allreduce(rank: int, p: int, n: int, unit: int, root: int = 0) -> list:
     d = block >> 1
     while d:
         peer = real_rank(v ^ d, rem)
-        mid = (lo + hi) // 2
-        (klo, khi), (slo, shi) = ((mid, hi), (lo, mid)) if v & d else ((lo, mid), (mid, hi))
+        (klo, khi), (slo, shi) = _halve(v, d, lo, hi)
         steps.append((Send(peer, sl(cur, b[slo], b[shi]), (b[shi] - b[slo]) * unit),
                       Recv(peer, sl(OUTPUT, b[klo], b[khi]), (b[khi] - b[klo]) * unit,
                            reduce_with=sl(cur, b[klo], b[khi]))))
@@ -56,7 +66,7 @@ def allreduce(rank: int, p: int, n: int, unit: int, root: int = 0) -> list:
     d = 1
     while d < block:
         peer = real_rank(v ^ d, rem)
-        plo, phi = (lo - (hi - lo), lo) if v & d else (hi, hi + (hi - lo))
+        plo, phi = _sibling(v, d, lo, hi)
         steps.append((Send(peer, sl(OUTPUT, b[lo], b[hi]), (b[hi] - b[lo]) * unit),
                       Recv(peer, sl(OUTPUT, b[plo], b[phi]), (b[phi] - b[plo]) * unit)))
         lo, hi = min(lo, plo), max(hi, phi)
@@ -84,8 +94,7 @@ def reducescatter(rank: int, p: int, n: int, unit: int, root: int = 0) -> list:
     d = block >> 1
     while d:
         peer = real_rank(v ^ d, rem)
-        mid = (lo + hi) // 2
-        (klo, khi), (slo, shi) = ((mid, hi), (lo, mid)) if v & d else ((lo, mid), (mid, hi))
+        (klo, khi), (slo, shi) = _halve(v, d, lo, hi)
         kb0, kb1 = start[klo], start[khi]
         last_single = d == 1 and kb1 - kb0 == 1
         dst = sl(OUTPUT, 0, 1) if last_single else sl(SCRATCH, kb0, kb1)
@@ -116,7 +125,7 @@ def allgather(rank: int, p: int, n: int, unit: int, root: int = 0) -> list:
     d = 1
     while d < block:
         peer = real_rank(v ^ d, rem)
-        plo, phi = (lo - (hi - lo), lo) if v & d else (hi, hi + (hi - lo))
+        plo, phi = _sibling(v, d, lo, hi)
         first = not steps
         src = sl(INPUT, 0, 1) if first else sl(OUTPUT, start[lo], start[hi])
         step = (Send(peer, src, (start[hi] - start[lo]) * unit),
