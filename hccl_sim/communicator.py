@@ -17,7 +17,7 @@ from hcomm.executor import execute
 from topologies.errors import HcclError
 
 from . import algorithms
-from .planner import COLLECTIVE_NAMES, Signature
+from .planner import COLLECTIVE_NAMES, Signature, program_rank_steps
 from .types import ReduceOp, dtype_name, parse_reduce_op, reducer
 
 COLLECTIVE_TAG = "coll"
@@ -210,18 +210,18 @@ class Communicator:
         opname = COLLECTIVE_NAMES[sig.name]
         if sig.name == "barrier":
             tr.register(rank, "input", _EMPTY)
-            execute(plan.schedules[0][rank], rank, tr, COLLECTIVE_TAG, None, deadline, opname)
+            execute(program_rank_steps(plan.programs[0], self.size)[rank], rank, tr, COLLECTIVE_TAG, None, deadline, opname)
             return
         scratch = make_scratch(sig, plan, x, self.size)
-        for (a, b), per_rank in zip(plan.loops, plan.schedules):
+        for (a, b), program in zip(plan.loops, plan.programs):
             for name, view in loop_views(sig, self.size, x, out, scratch, a, b).items():
                 tr.register(rank, name, view)
-            execute(per_rank[rank], rank, tr, COLLECTIVE_TAG, reduce_fn, deadline, opname)
+            execute(program_rank_steps(program, self.size)[rank], rank, tr, COLLECTIVE_TAG, reduce_fn, deadline, opname)
 
 
 def make_scratch(sig, plan, x, p):
-    """The communicator-buffer area a schedule may use for partial results (ReduceScatter's)."""
-    if sig.name == "reducescatter" and plan.loops:
+    """The communicator-buffer area a schedule may use (ReduceScatter partials, AlltoAll bundles)."""
+    if sig.name in ("reducescatter", "alltoall") and plan.loops:
         return np.empty((p, max(b - a for a, b in plan.loops)), dtype=x.dtype)
     return None
 
@@ -235,7 +235,8 @@ def loop_views(sig, p, x, out, scratch, a, b) -> dict:
         return {"input": xf[a:b].reshape(1, -1), "output": of.reshape(p, -1)[:, a:b]}
     if sig.name == "reducescatter":
         return {"input": xf.reshape(p, -1)[:, a:b], "output": of[a:b].reshape(1, -1), "scratch": scratch[:, :b - a]}
-    return {"input": xf.reshape(p, -1)[:, a:b], "output": of.reshape(p, -1)[:, a:b]}   # alltoall
+    return {"input": xf.reshape(p, -1)[:, a:b], "output": of.reshape(p, -1)[:, a:b],     # alltoall
+            "scratch": scratch[:, :b - a]}
 
 
 _EMPTY = np.empty(0, dtype=np.uint8)

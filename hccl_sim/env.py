@@ -70,6 +70,7 @@ class Config:
     retry_enable: tuple = (("L1", False), ("L2", False))
     retry_params: tuple = (("MaxCnt", 1), ("HoldTime", 5000), ("IntervalTime", 1000))
     deterministic: str = "false"
+    policy: str = "hccl"          # algorithm selection: "hccl" (HCCL's rules) or "model" (fastest modelled)
 
     @property
     def buffsize_bytes(self) -> int:
@@ -81,7 +82,7 @@ class Config:
         return self.exec_timeout_s or None
 
     @classmethod
-    def from_env(cls, env: dict | None = None) -> "Config":
+    def from_env(cls, env: dict | None = None, policy: str | None = None) -> "Config":
         merged = {k: v for k, v in os.environ.items() if k.startswith("HCCL_")}
         for k, v in (env or {}).items():
             if not isinstance(k, str) or not k.startswith("HCCL_"):
@@ -107,4 +108,8 @@ class Config:
             if v not in ("false", "true", "strict"):
                 raise _bad("HCCL_DETERMINISTIC", merged["HCCL_DETERMINISTIC"], "false, true or strict")
             kw["deterministic"] = v
+        if policy is not None:
+            if policy not in ("hccl", "model"):
+                raise HcclError("E_PARA", f"policy {policy!r} is invalid; expected hccl or model")
+            kw["policy"] = policy
         return cls(**kw)

@@ -7,9 +7,9 @@ buffers (`executor`). Nothing here knows what an AllReduce is.
 """
 from topologies.errors import HcclError
 from .steps import Copy, Recv, Send, Slice, Stage, Step
-from .timing import replay, run_program
+from .timing import replay
 from .transport import InProcessTransport, Message
 from .executor import execute
 
-__all__ = ["HcclError", "Copy", "Recv", "Send", "Slice", "Stage", "Step", "replay", "run_program",
+__all__ = ["HcclError", "Copy", "Recv", "Send", "Slice", "Stage", "Step", "replay",
            "InProcessTransport", "Message", "execute"]

@@ -5,7 +5,7 @@ Rules (DESIGN.md "Simulated time"):
   the rank's device engine, and its Sends and Recvs wait for their partners.
 - A transfer is ready when both sides have posted it (plus one notify for the receiver's
   "ready" handshake). Transfers are granted ports in simulated-time order, ties broken by sender
-  rank, then sequence number: start = max(ready, egress port free, ingress port free); the ports
+  rank, then receiver rank, then sequence number: start = max(ready, egress port free, ingress port free); the ports
   are then busy for bytes / bottleneck bandwidth; data arrives route latency later.
 - A reducing receive then occupies the receiver's device engine for the reduction (free where the
   DMA engine reduces inline). A receive completes when its data is in place; the matching send
@@ -42,7 +42,7 @@ class _Rank:
 
 def replay(schedules, entry_ns, topo, dtype: str = "float32", redop: str | None = "sum",
            buffers=None, reduce_fn=None, events: list | None = None, check_hazards: bool = False,
-           op_name: str = "op", program: list | None = None):
+           op_name: str = "op"):
     """Replay per-rank schedules; return every rank's exit clock (ns).
 
     Args:
@@ -53,8 +53,6 @@ def replay(schedules, entry_ns, topo, dtype: str = "float32", redop: str | None 
         buffers: optional per-rank dict name -> ndarray; if given, data is moved as well.
         reduce_fn: f(a, b, out) used for reducing receives when buffers are given.
         events: optional list to append Chrome-trace-like (rank, name, start_ns, end_ns, args).
-        program: optional list to append the data movements in an order valid for serial
-            execution (see `run_program`).
         check_hazards: raise if a rank writes a slice its unconsumed sends expose.
     """
     p = len(schedules)
@@ -76,8 +74,6 @@ def replay(schedules, entry_ns, topo, dtype: str = "float32", redop: str | None 
     def local(r, op, t):
         if isinstance(op, Copy):
             cost = dm.copy_ns(op.nbytes)
-            if program is not None:
-                program.append((r, op.src, r, op.dst, None))
             if buffers is not None:
                 write_check(r, op.dst)
                 b = buffers[r]
@@ -98,7 +94,7 @@ def replay(schedules, entry_ns, topo, dtype: str = "float32", redop: str | None 
                             f"which expects {recv_op.nbytes} B", op=op_name)
         ready = max(send_post, recv_post) + topo.notify_ns(src, dst)
         seq[0] += 1
-        heapq.heappush(heap, (ready, src, seq[0], dst, send_op, recv_op))
+        heapq.heappush(heap, (ready, src, dst, seq[0], send_op, recv_op))
 
     def post(r):
         rk = ranks[r]
@@ -152,15 +148,13 @@ def replay(schedules, entry_ns, topo, dtype: str = "float32", redop: str | None 
         post(r)
 
     while heap:
-        ready, src, _, dst, sop, rop = heapq.heappop(heap)
+        ready, src, dst, _, sop, rop = heapq.heappop(heap)
         route = topo.route(src, dst)
         wire = route.cost_ns(sop.nbytes) - route.latency_ns
         start = max(ready, port_free.get(("out",) + route.egress, 0), port_free.get(("in",) + route.ingress, 0))
         port_free[("out",) + route.egress] = port_free[("in",) + route.ingress] = start + wire
         arrive = start + wire + route.latency_ns
         done = arrive
-        if program is not None:
-            program.append((src, sop.src, dst, rop.dst, rop.reduce_with))
         if buffers is not None:
             write_check(dst, rop.dst)
             view = buffers[src][sop.src.buf][sop.src.start:sop.src.stop]
@@ -192,42 +186,3 @@ def replay(schedules, entry_ns, topo, dtype: str = "float32", redop: str | None 
                         f"step {rk.index} waiting on peers {peers}", op=op_name)
     return [rk.clock for rk in ranks]
 
-
-def run_program(program, buffers, reduce_fn, lo: int | None = None, hi: int | None = None) -> None:
-    """Execute recorded data movements serially on every rank's buffers.
-
-    Each entry is (src_rank, src_slice, dst_rank, dst_slice, reduce_with): dst = src, or
-    dst = src (op) dst_rank's reduce_with slice. The replay records them in simulated-time order,
-    which respects every dependency of the schedule, so one thread can run a whole collective
-    for all ranks, reading each sender's memory in place.
-
-    With `lo`/`hi`, only first-axis indices in [lo, hi) are touched. That is valid for schedules
-    whose moves are index-aligned (a slice [a, b) only ever meets slices [a, b) of other
-    buffers, as in AllReduce, Broadcast and Reduce), and lets disjoint index ranges run on
-    different threads with no dependency between them.
-    """
-    copyto = np.copyto
-    if lo is None:
-        for src, s, dst, d, w in program:
-            out = buffers[dst][d.buf][d.start:d.stop]
-            if w is None:
-                copyto(out, buffers[src][s.buf][s.start:s.stop])
-            else:
-                reduce_fn(buffers[src][s.buf][s.start:s.stop], buffers[dst][w.buf][w.start:w.stop], out)
-        return
-    for src, s, dst, d, w in program:
-        a = d.start if d.start > lo else lo
-        b = d.stop if d.stop < hi else hi
-        if a >= b:
-            continue
-        out = buffers[dst][d.buf][a:b]
-        if w is None:
-            copyto(out, buffers[src][s.buf][a:b])
-        else:
-            reduce_fn(buffers[src][s.buf][a:b], buffers[dst][w.buf][a:b], out)
-
-
-def index_aligned(program) -> bool:
-    """True when every move pairs equal index ranges (required by run_program's lo/hi split)."""
-    return all(s.start == d.start and s.stop == d.stop and (w is None or (w.start, w.stop) == (d.start, d.stop))
-               for _, s, _, d, w in program)

@@ -1,41 +1,42 @@
-"""Symbolic verification of every schedule for rank counts 1..64: each output element receives
-exactly the right contributions, no zero-copy hazard, no deadlock (the replay detects all three)."""
+"""Symbolic verification of every program: each output element receives exactly the right
+contributions, no zero-copy hazard (a rank never writes a slice it exposes in the same step);
+and the vectorised timing engine equals the event-driven reference to the nanosecond."""
 import numpy as np
 import pytest
 
 import hccl_sim
 from hccl_sim import algorithms
-from hcomm.steps import Recv, Send
+from hccl_sim.algorithms import nhr
+from hccl_sim.env import Config
+from hccl_sim.planner import Choice, build_program, select, Signature
+from hcomm import program as prog
 from hcomm.timing import replay
+from hcomm.vtiming import program_times
 from topologies.errors import HcclError
 
 from conftest import add, onehot_input
 
-CASES = [(algo, coll) for algo, mod in algorithms.ALGORITHMS.items() for coll in mod.COLLECTIVES if coll != "barrier"]
-RANKS = list(range(1, 65))
+FLAT_CASES = [(algo, coll) for algo, mod in algorithms.FLAT.items() for coll in mod.COLLECTIVES]
+L = 2  # elements per rank block, to catch column mix-ups
 
 
-def verify(algo, coll, p, n, root=0):
-    topo = hccl_sim.topology("fullmesh", ranks=p)
-    L = 2  # elements per rank block, to catch column mix-ups
-    if coll in algorithms.BLOCK_COLLECTIVES:
-        scheds = algorithms.schedules(algo, coll, p, p, L * 4, root)
-    else:
-        scheds = algorithms.schedules(algo, coll, p, n, 4, root)
+def symbolic_buffers(coll, p, n, root):
     bufs = []
     for r in range(p):
         if coll == "allgather":
-            b = {"input": onehot_input(r, p, 1, L, lambda i, j: j + 1), "output": np.full((p, L, 2 * p), np.nan)}
+            b = [onehot_input(r, p, 1, L, lambda i, j: j + 1), np.full((p, L, 2 * p), np.nan), None]
         elif coll in ("reducescatter", "alltoall"):
-            b = {"input": onehot_input(r, p, p, L, lambda i, j: i * L + j + 1),
-                 "output": np.full((1 if coll == "reducescatter" else p, L, 2 * p), np.nan),
-                 "scratch": np.full((p, L, 2 * p), np.nan)}
+            b = [onehot_input(r, p, p, L, lambda i, j: i * L + j + 1),
+                 np.full((1 if coll == "reducescatter" else p, L, 2 * p), np.nan), np.full((p, L, 2 * p), np.nan)]
         else:
-            b = {"input": onehot_input(r, p, n, 1, lambda i, j: i + 1), "output": np.full((n, 1, 2 * p), np.nan)}
+            b = [onehot_input(r, p, n, 1, lambda i, j: i + 1), np.full((n, 1, 2 * p), np.nan), None]
         bufs.append(b)
-    replay(list(scheds), [0] * p, topo, buffers=bufs, reduce_fn=add, check_hazards=True)
+    return bufs
+
+
+def check_outputs(coll, bufs, p, n, root, label):
     for r in range(p):
-        got = bufs[r]["output"]
+        got = bufs[r][1]
         if coll in ("allreduce", "reduce"):
             if coll == "reduce" and r != root:
                 continue
@@ -43,72 +44,137 @@ def verify(algo, coll, p, n, root=0):
             want[..., :p] = 1
             want[..., p:] = (np.arange(n) + 1)[:, None, None]
         elif coll == "broadcast":
-            want = bufs[root]["input"]
+            want = bufs[root][0]
         elif coll == "allgather":
-            want = np.stack([bufs[k]["input"][0] for k in range(p)])
+            want = np.stack([bufs[k][0][0] for k in range(p)])
         elif coll == "reducescatter":
             want = np.zeros_like(got)
             want[..., :p] = 1
             want[..., p:] = (r * L + np.arange(L) + 1)[None, :, None]
-        elif coll == "alltoall":
-            want = np.stack([bufs[k]["input"][r] for k in range(p)])
-        assert np.array_equal(got, want), f"{algo} {coll} p={p} n={n} root={root}: rank {r} output wrong"
+        else:
+            want = np.stack([bufs[k][0][r] for k in range(p)])
+        assert np.array_equal(got, want), f"{label}: rank {r} output wrong"
 
 
-@pytest.mark.parametrize("algo,coll", CASES)
-def test_schedule_every_rank_count(algo, coll):
-    for p in RANKS:
-        verify(algo, coll, p, 3 * p + 1, root=p // 2)
+def verify(program, coll, p, n, root, label):
+    bufs = symbolic_buffers(coll, p, n, root)
+    prog.execute(prog.data_moves(program), bufs, add)
+    check_outputs(coll, bufs, p, n, root, label)
+    assert prog.hazards(program) == [], f"{label}: zero-copy hazard"
 
 
-@pytest.mark.parametrize("algo,coll", CASES)
-def test_schedule_edge_sizes(algo, coll):
+def unit_for(coll):
+    return L * 4 if coll in algorithms.BLOCK_COLLECTIVES else 4
+
+
+@pytest.mark.parametrize("algo,coll", FLAT_CASES)
+def test_flat_program_every_rank_count(algo, coll):
+    for p in range(1, 65):
+        n = 3 * p + 1
+        root = p // 2
+        verify(algorithms.flat_program(coll, algo, p, n, unit_for(coll), root), coll, p, n, root, f"{algo} {coll} p={p}")
+
+
+@pytest.mark.parametrize("algo,coll", FLAT_CASES)
+def test_flat_program_edge_sizes(algo, coll):
     for p in range(1, 18):
-        for n in (0, 1, p - 1, p, 2 * p + 3):
-            verify(algo, coll, p, max(n, 0), root=(p - 1) if p > 1 else 0)
+        for n in (0, 1, max(p - 1, 0), p, 2 * p + 3):
+            root = p - 1
+            verify(algorithms.flat_program(coll, algo, p, n, unit_for(coll), root), coll, p, n, root,
+                   f"{algo} {coll} p={p} n={n}")
 
 
-@pytest.mark.parametrize("p", RANKS)
-def test_barrier_schedule_reaches_everyone(p):
-    """After the dissemination rounds every rank has (transitively) heard from every other."""
-    heard = [{r} for r in range(p)]
-    scheds = algorithms.schedules("dissemination", "barrier", p, 0, 0)
-    rounds = max((len(s) for s in scheds), default=0)
-    for i in range(rounds):
-        new = [set(h) for h in heard]
-        for r in range(p):
-            for op in scheds[r][i]:
-                if isinstance(op, Recv):
-                    new[r] |= heard[op.peer]
-        heard = new
-    assert all(h == set(range(p)) for h in heard)
-    replay(list(scheds), [0] * p, hccl_sim.topology("fullmesh", ranks=p))   # no deadlock
+@pytest.mark.parametrize("oneshot", [True, False])
+@pytest.mark.parametrize("coll", ["allreduce", "broadcast"])
+def test_nhr_both_variants(oneshot, coll):
+    for p in range(1, 40):
+        n = 2 * p + 1
+        program = (nhr.allreduce(p, n, 4, oneshot=oneshot) if coll == "allreduce"
+                   else nhr.broadcast(p, n, 4, p // 3, oneshot=oneshot))
+        verify(program, coll, p, n, p // 3, f"NHR {coll} oneshot={oneshot} p={p}")
 
 
-def test_replay_detects_deadlock():
+def test_nhr_slice_map_matches_hccl():
+    assert nhr.slice_map(8) == (0, 4, 2, 6, 1, 5, 3, 7)
+    assert nhr.slice_map(5) == (0, 3, 1, 4, 2)
+    assert nhr.slice_map(6) == (0, 3, 1, 4, 2, 5)
+
+
+HIER_TOPOLOGIES = [("atlas800t-a2", s) for s in (1, 2, 3, 4, 5)] + [("atlas800-910a", s) for s in (1, 2, 3)]
+
+
+def unequal_topology(counts):
+    import topologies
+    return topologies.hardware("atlas800t-a2", devices_per_server=list(counts))
+
+
+def hier_cases():
+    for name, servers in HIER_TOPOLOGIES:
+        yield f"{name}x{servers}", hccl_sim.topology(name, servers=servers)
+    for counts in ((8, 3), (5, 8, 2), (1, 4), (3, 3, 3, 3, 3)):
+        yield f"unequal{counts}", unequal_topology(counts)
+
+
+@pytest.mark.parametrize("label,topo", list(hier_cases()))
+def test_hierarchical_programs(label, topo):
+    p = topo.num_ranks
+    for coll in algorithms.COLLECTIVES:
+        for l1 in ("ring", "H-D_R", "NHR", "NB", "pipeline", None):
+            sig = Signature(coll, (p * 3 + 2,), "float32", "sum" if coll in ("allreduce", "reducescatter", "reduce")
+                            else None, 1 if coll in ("broadcast", "reduce") else None, l1)
+            choice = select(sig, topo, Config(), 4)
+            n = 3 * p + 2
+            root = 1 if p > 1 else 0
+            program = build_program(coll, choice, topo, L if coll in algorithms.BLOCK_COLLECTIVES else n, 4, root)
+            verify(program, coll, p, n, root, f"{label} {coll} {choice.label}")
+
+
+def des_times(program, entry, topo, dtype="float32", redop="sum"):
+    p = len(entry)
+    return replay(list(prog.rank_steps(program, p)), list(entry), topo, dtype=dtype, redop=redop)
+
+
+TIMING_TOPOLOGIES = [("fullmesh", {"ranks": 7}), ("fullmesh", {"ranks": 16}), ("ring", {"ranks": 9}),
+                     ("atlas800t-a2", {"servers": 1}), ("atlas800t-a2", {"servers": 3}),
+                     ("atlas800-910a", {"servers": 2}), ("atlas800t-a2", {"servers": 8})]
+
+
+@pytest.mark.parametrize("name,params", TIMING_TOPOLOGIES)
+def test_vectorised_timing_equals_reference(name, params):
+    """Every collective, every applicable algorithm, aligned and skewed entry clocks, contention
+    included (the 910B's shared HCCS port, incast, reductions on the CCE): both engines agree."""
+    topo = hccl_sim.topology(name, **params)
+    p = topo.num_ranks
+    rng = np.random.default_rng(p)
+    flat = topo.device == "synthetic"
+    for coll in algorithms.COLLECTIVES:
+        algos = [a for a in algorithms.FLAT if algorithms.supports(a, coll)] if flat else \
+            ["ring", "H-D_R", "NHR", "NB", "pipeline"]
+        for algo in algos:
+            sig = Signature(coll, (p * 40,), "float32" if algo != "NB" else "int64",
+                            "sum" if coll in ("allreduce", "reducescatter", "reduce") else None,
+                            2 % p if coll in ("broadcast", "reduce") else None, algo)
+            choice = select(sig, topo, Config(), 4)
+            for length in (40 * p, 3):
+                program = build_program(coll, choice, topo, length, 8 if algo == "NB" else 4, sig.root)
+                for entry in (np.zeros(p, dtype=np.int64), rng.integers(0, 50_000, p)):
+                    want = des_times(program, entry, topo, sig.dtype, sig.redop or "sum")
+                    got = program_times(program, entry, topo, sig.dtype, sig.redop or "sum")
+                    assert list(got) == list(want), f"{name} {coll} {choice.label} len={length}"
+
+
+def test_replay_detects_deadlock_and_mismatch():
+    from hcomm.steps import Recv, Send, Slice
     topo = hccl_sim.topology("fullmesh", ranks=2)
-    from hcomm.steps import Slice
     s = Slice("input", 0, 1)
-    # both ranks wait to receive before they send
-    scheds = [[(Recv(1, s, 4),), (Send(1, s, 4),)], [(Recv(0, s, 4),), (Send(0, s, 4),)]]
     with pytest.raises(HcclError, match="deadlock"):
-        replay(scheds, [0, 0], topo)
-
-
-def test_replay_detects_zero_copy_hazard():
-    topo = hccl_sim.topology("fullmesh", ranks=2)
-    from hcomm.steps import Slice
-    out = Slice("output", 0, 1)
-    # rank 0 overwrites the slice it is still exposing to rank 1
-    scheds = [[(Send(1, out, 8), Recv(1, out, 8))], [(Send(0, out, 8), Recv(0, Slice("output", 1, 2), 8))]]
-    bufs = [{"output": np.zeros(2)} for _ in range(2)]
-    with pytest.raises(HcclError, match="hazard"):
-        replay(scheds, [0, 0], topo, buffers=bufs, reduce_fn=add, check_hazards=True)
-
-
-def test_replay_detects_size_mismatch():
-    topo = hccl_sim.topology("fullmesh", ranks=2)
-    from hcomm.steps import Slice
-    s = Slice("input", 0, 1)
+        replay([[(Recv(1, s, 4),), (Send(1, s, 4),)], [(Recv(0, s, 4),), (Send(0, s, 4),)]], [0, 0], topo)
     with pytest.raises(HcclError, match="expects"):
         replay([[(Send(1, s, 4),)], [(Recv(0, s, 8),)]], [0, 0], topo)
+
+
+def test_hazard_check_can_fail():
+    b = prog.StepBuilder()
+    # rank 0 overwrites the slice it is exposing to rank 1 in the same step
+    b.transfers([0], [1], 4, prog.OUTPUT, 0, 1, prog.OUTPUT, 0).transfers([1], [0], 4, prog.OUTPUT, 1, 2, prog.OUTPUT, 0)
+    assert prog.hazards([b.build()])

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 
 import networkx as nx
+import numpy as np
 
 from .errors import HcclError
 
@@ -35,6 +36,22 @@ def transfer_ns(nbytes: int, bandwidth: float) -> int:
     if bw.is_integer():
         return -(-nbytes * NS_PER_S // int(bw))   # exact integer ceiling
     return math.ceil(nbytes * NS_PER_S / bw)
+
+
+def transfer_ns_array(nbytes, bandwidth):
+    """transfer_ns over arrays, rounding exactly as the scalar version."""
+    nbytes = np.asarray(nbytes, dtype=np.int64)
+    bw = np.broadcast_to(np.asarray(bandwidth, dtype=np.float64), nbytes.shape)
+    out = np.zeros(nbytes.shape, dtype=np.int64)
+    finite = np.isfinite(bw) & (nbytes > 0)
+    integral = finite & (bw == np.floor(bw))
+    if integral.any():
+        b = bw[integral].astype(np.int64)
+        out[integral] = -(-nbytes[integral] * NS_PER_S // b)
+    other = finite & ~integral
+    if other.any():
+        out[other] = np.ceil(nbytes[other] * NS_PER_S / bw[other]).astype(np.int64)
+    return out
 
 
 @dataclass(frozen=True)
@@ -78,6 +95,17 @@ class DeviceModel:
             return 0
         fixed = self.copy_latency_large_ns if nbytes >= self.copy_large_threshold else self.copy_latency_small_ns
         return fixed + transfer_ns(nbytes, self.copy_bandwidth)
+
+    def copy_ns_array(self, nbytes):
+        nbytes = np.asarray(nbytes, dtype=np.int64)
+        fixed = np.where(nbytes >= self.copy_large_threshold, self.copy_latency_large_ns, self.copy_latency_small_ns)
+        return np.where(nbytes > 0, fixed + transfer_ns_array(nbytes, self.copy_bandwidth), 0)
+
+    def reduce_ns_array(self, nbytes, dtype: str, op: str):
+        nbytes = np.asarray(nbytes, dtype=np.int64)
+        if dtype in self.inline_reduce_dtypes and op in self.inline_reduce_ops:
+            return np.zeros(nbytes.shape, dtype=np.int64)
+        return np.where(nbytes > 0, self.reduce_latency_ns + transfer_ns_array(nbytes, self.reduce_bandwidth), 0)
 
     def reduce_ns(self, nbytes: int, dtype: str, op: str) -> int:
         """Cost of reducing `nbytes` into a local buffer; zero where the DMA engine reduces inline."""
@@ -136,12 +164,16 @@ class Topology:
             raise HcclError("E_PARA", f"route {src}->{dst}: ranks must be in [0, {p})")
         if src == dst:
             raise HcclError("E_PARA", f"route {src}->{dst}: a rank has no route to itself")
+        router = self.params.get("router")
+        if router is not None:
+            lat, bw, eport, iport, hops, kinds = router.one(src, dst)
+            return Route(src=src, dst=dst, hops=hops, kinds=kinds, latency_ns=lat, bandwidth=bw,
+                         egress=(src, eport), ingress=(dst, iport))
         g = self.graph
         if g.has_edge(src, dst):
             path = [src, dst]
         else:
-            # Prefer switches to NPUs as transit nodes; only a switchless layout (a ring) forwards
-            # through other NPUs, whose ports this model then does not charge.
+            # Prefer switches to NPUs as transit nodes.
             def weight(u, v, data, _ranks=(src, dst)):
                 transit = 10 ** 15 if isinstance(v, int) and v not in _ranks else 0
                 return data["latency_ns"] + 1 + transit
@@ -157,6 +189,28 @@ class Topology:
             egress=(src, edges[0]["ports"][src]),
             ingress=(dst, edges[-1]["ports"][dst]),
         )
+
+    def route_arrays(self, src, dst):
+        """Vectorised routes: (latency_ns, bandwidth, egress port id, ingress port id) arrays.
+
+        Port ids are integers that are equal exactly when two transfers share a port."""
+        router = self.params.get("router")
+        if router is not None:
+            return router.many(np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64))
+        routes = [self.route(int(a), int(b)) for a, b in zip(src, dst)]
+        ports = {}
+        def pid(port):
+            return ports.setdefault(port, len(ports))
+        return (np.array([r.latency_ns for r in routes], dtype=np.int64),
+                np.array([r.bandwidth for r in routes], dtype=np.float64),
+                np.array([pid(r.egress) for r in routes], dtype=np.int64),
+                np.array([pid(("in",) + r.ingress) for r in routes], dtype=np.int64))
+
+    def notify_arrays(self, src, dst):
+        dm = self.device_model
+        so = np.asarray(self.server_of, dtype=np.int64)
+        same = so[src] == so[dst]
+        return np.where(same, dm.notify_intra_ns, dm.notify_inter_ns).astype(np.int64)
 
     def notify_ns(self, src: int, dst: int) -> int:
         dm = self.device_model

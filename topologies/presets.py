@@ -16,6 +16,7 @@ import yaml
 
 from .errors import HcclError
 from .model import DeviceModel, Topology, add_link, seconds_to_ns
+from .routers import FullMeshRouter, HardwareRouter, RingRouter
 
 PRESET_DIR = Path(__file__).with_name("presets")
 HARDWARE_PRESETS = ("atlas800t-a2", "atlas800-910a")
@@ -89,7 +90,8 @@ def hardware(name: str, servers: int | None = None, devices_per_server: list | N
     return Topology(name=name, graph=g, server_of=server_of, device_of=device_of, device=data["device"],
                     device_model=device_model_from(data), description=data.get("description", ""),
                     server_ids=server_ids, device_ips=device_ips,
-                    params={"servers": len(device_ids), "devices_per_server": list(devices_per_server)})
+                    params={"servers": len(device_ids), "devices_per_server": list(devices_per_server),
+                            "router": HardwareRouter(server_of, device_of, intra, inter)})
 
 
 def synthetic(name: str, ranks: int, bandwidth: float = 25e9, latency: float = 5e-6,
@@ -124,4 +126,5 @@ def synthetic(name: str, ranks: int, bandwidth: float = 25e9, latency: float = 5
     return Topology(name=name, graph=g, server_of=[0] * ranks, device_of=list(range(ranks)), device="synthetic",
                     device_model=dm, description=f"synthetic {name}, {ranks} ranks",
                     params={"ranks": ranks, "bandwidth": bandwidth, "latency": latency,
-                            "reduce_bandwidth": reduce_bandwidth})
+                            "reduce_bandwidth": reduce_bandwidth,
+                            "router": (FullMeshRouter if name == "fullmesh" else RingRouter)(ranks, bandwidth, latency)})

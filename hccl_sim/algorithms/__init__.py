@@ -1,31 +1,47 @@
-"""Collective algorithms as schedules: one module per algorithm, one function per collective.
+"""Collective algorithms as programs: one module per algorithm, vectorised over ranks.
 
-Every builder has the signature `f(rank, p, n, unit, root) -> list of steps` (hcomm.steps):
-`n` counts units along the buffer's first axis for vector collectives (allreduce, broadcast,
-reduce: n elements of `unit` bytes) and is ignored by block collectives (allgather,
-reducescatter, alltoall), whose buffers hold p rank blocks of `unit` bytes each.
-Builders are pure: no data, no I/O, no clocks.
+Flat algorithms run over all ranks (synthetic topologies, or a level of a hierarchy):
+ring, H-D_R (halving_doubling), NHR, NB, fullmesh (mesh), pairwise, dissemination (barrier).
+`hierarchy` composes them the way HCCL does on servers (level0 inside, level1 across), and
+`pipeline` overlaps the two levels. Builders are pure: no data, no I/O, no clocks.
 """
 from __future__ import annotations
 
-from functools import lru_cache
+import numpy as np
 
-from . import dissemination, halving_doubling, pairwise, ring
+from . import dissemination, halving_doubling, hierarchy, mesh, nb, nhr, pairwise, pipeline, ring
+from .common import INPUT, OUTPUT, SCRATCH, StepBuilder
 
-ALGORITHMS = {m.NAME: m for m in (ring, halving_doubling, pairwise, dissemination)}
+FLAT = {m.NAME: m for m in (ring, halving_doubling, nhr, nb, mesh, pairwise)}
+LEVEL1 = ("ring", "H-D_R", "NHR", "NB", "pipeline")
 BLOCK_COLLECTIVES = ("allgather", "reducescatter", "alltoall")
 VECTOR_COLLECTIVES = ("allreduce", "broadcast", "reduce")
+COLLECTIVES = BLOCK_COLLECTIVES + VECTOR_COLLECTIVES
 
 
 def supports(algo: str, collective: str) -> bool:
-    return algo in ALGORITHMS and collective in ALGORITHMS[algo].COLLECTIVES
+    return algo in FLAT and collective in FLAT[algo].COLLECTIVES
 
 
-@lru_cache(maxsize=65536)
-def schedule(algo: str, collective: str, rank: int, p: int, n: int, unit: int, root: int = 0) -> tuple:
-    """One rank's steps (cached: the same op repeats every iteration)."""
-    return tuple(getattr(ALGORITHMS[algo], collective)(rank, p, n, unit, root))
+def flat_program(collective: str, algo: str, p: int, n: int, unit: int, root: int = 0) -> list:
+    """The program of `collective` over all p ranks with one flat algorithm.
 
-
-def schedules(algo: str, collective: str, p: int, n: int, unit: int, root: int = 0) -> list:
-    return [schedule(algo, collective, r, p, n, unit, root) for r in range(p)]
+    Vector collectives: n elements of `unit` bytes. Block collectives: p rank blocks of `unit` bytes."""
+    if collective == "barrier":
+        return dissemination.barrier(p)
+    mod = FLAT[algo]
+    if collective == "allreduce":
+        return mod.allreduce(p, n, unit, INPUT, OUTPUT)
+    if collective == "broadcast":
+        return mod.broadcast(p, n, unit, root, INPUT, OUTPUT)
+    if collective == "reduce":
+        return mod.reduce(p, n, unit, root, INPUT, OUTPUT)
+    rows = np.arange(p + 1)
+    if collective == "allgather":
+        r = np.arange(p)
+        return [StepBuilder().copies(r, unit, INPUT, 0, 1, OUTPUT, r).build()] + mod.allgather(p, rows, unit, OUTPUT)
+    if collective == "reducescatter":
+        return mod.reducescatter(p, rows, unit, INPUT, SCRATCH, OUTPUT, np.zeros(p, dtype=np.int64))
+    if collective == "alltoall":
+        return mod.alltoall(p, unit)
+    raise ValueError(collective)

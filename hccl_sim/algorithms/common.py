@@ -1,47 +1,133 @@
-"""Helpers shared by the schedule builders: chunk boundaries, buffer slices, and the
-non-power-of-two fold used by recursive halving-doubling."""
+"""Helpers shared by the schedule builders.
+
+Builders are vectorised over the participants of a collective: they describe global step t for
+all local ranks 0..n-1 at once with numpy arrays (hcomm.program). A sub-collective (the
+inter-server AllReduce among same-index cards, the intra-server mesh of every server) is built
+once for n participants and then tiled onto groups of global ranks, shifting buffer slices
+per group (`tile`).
+"""
 from __future__ import annotations
 
-from hcomm.steps import Copy, Slice
+import numpy as np
 
-INPUT, OUTPUT, SCRATCH = "input", "output", "scratch"
+from hcomm.program import INPUT, NONE, OUTPUT, SCRATCH, LazyStep, Step, StepBuilder, TimingView, merge_parallel
+
+__all__ = ["INPUT", "OUTPUT", "SCRATCH", "NONE", "Step", "StepBuilder", "bounds", "fold", "tile", "merge_runs",
+           "local_copy", "ceil_log2"]
 
 
-def bounds(n: int, parts: int) -> list:
+def bounds(n: int, parts: int) -> np.ndarray:
     """Boundaries splitting n units into `parts` contiguous chunks whose sizes differ by at most one."""
-    return [(i * n) // parts for i in range(parts + 1)]
+    return (np.arange(parts + 1, dtype=np.int64) * n) // parts
 
 
-def sl(buf: str, start: int, stop: int) -> Slice:
-    return Slice(buf, start, stop)
-
-
-def local_copy(n: int, unit: int) -> list:
-    """The whole schedule of a one-rank collective: output = input."""
-    return [(Copy(sl(INPUT, 0, n), sl(OUTPUT, 0, n), n * unit),)] if n else []
+def ceil_log2(n: int) -> int:
+    return (n - 1).bit_length() if n > 1 else 0
 
 
 def fold(p: int):
-    """HCCL's RHD fold for p ranks (RHD.md): (block, rem) with block = 2^floor(log2 p), rem = p - block.
-
-    The first 2*rem ranks pair up: odd rank r hands its data to r-1 and idles; even rank r takes
-    virtual rank r/2. Ranks >= 2*rem take virtual rank r - rem.
-    """
+    """HCCL's RHD fold (RHD.md): block = 2^floor(log2 p), rem = p - block."""
     block = 1 << (p.bit_length() - 1)
     return block, p - block
 
 
-def virtual_rank(rank: int, rem: int):
-    """Virtual rank inside the power-of-two block, or None for an odd rank folded into rank-1."""
-    if rank < 2 * rem:
-        return None if rank % 2 else rank // 2
-    return rank - rem
+def local_copy(n: int, count: int, unit: int, src=INPUT, dst=OUTPUT, src_lo=0, dst_lo=0) -> list:
+    """Every rank copies `count` units from src to dst (a one-rank collective)."""
+    if count == 0:
+        return []
+    return [StepBuilder().copies(np.arange(n), unit, src, src_lo, src_lo + count, dst, dst_lo).build()]
 
 
-def real_rank(v: int, rem: int) -> int:
-    return 2 * v if v < rem else v + rem
+def merge_runs(src, dst, sbuf, slo, shi, dbuf, dlo, rbuf, rlo):
+    """Merge transfers of one step that continue each other (same ranks and buffers, adjacent
+    slices on both sides) into single transfers, as HCCL's MergeSlices does. The timing model
+    prices k adjacent transfers on one port the same as their merge; this just keeps programs small."""
+    if len(src) <= 1:
+        return src, dst, sbuf, slo, shi, dbuf, dlo, rbuf, rlo
+    order = np.lexsort((slo, rbuf, dbuf, sbuf, dst, src))
+    src, dst, sbuf, slo, shi, dbuf, dlo, rbuf, rlo = (a[order] for a in (src, dst, sbuf, slo, shi, dbuf, dlo, rbuf, rlo))
+    length = shi - slo
+    cont = np.zeros(len(src), dtype=bool)
+    cont[1:] = ((src[1:] == src[:-1]) & (dst[1:] == dst[:-1]) & (sbuf[1:] == sbuf[:-1]) & (dbuf[1:] == dbuf[:-1])
+                & (rbuf[1:] == rbuf[:-1]) & (slo[1:] == shi[:-1]) & (dlo[1:] == dlo[:-1] + length[:-1])
+                & ((rbuf[1:] < 0) | (rlo[1:] == rlo[:-1] + length[:-1])))
+    starts = np.flatnonzero(~cont)
+    ends = np.append(starts[1:], len(src)) - 1
+    return (src[starts], dst[starts], sbuf[starts], slo[starts], shi[ends], dbuf[starts], dlo[starts],
+            rbuf[starts], rlo[starts])
 
 
-def first_block(v: int, rem: int) -> int:
-    """First real rank block owned by virtual rank v (v < rem owns two blocks: its pair's)."""
-    return 2 * v if v < rem else v + rem
+def _tile_full(st, ranks, shift) -> Step:
+    G = ranks.shape[0]
+    new = Step()
+    if len(st.t_src):
+        def sh(buf, lo):
+            return (lo[None, :] + np.where(buf[None, :] >= 0, shift[:, np.maximum(buf, 0)], 0)).reshape(-1)
+        new.t_src = ranks[:, st.t_src].reshape(-1)
+        new.t_dst = ranks[:, st.t_dst].reshape(-1)
+        new.t_bytes = np.tile(st.t_bytes, G)
+        new.t_sbuf, new.t_dbuf, new.t_rbuf = (np.tile(a, G) for a in (st.t_sbuf, st.t_dbuf, st.t_rbuf))
+        new.t_slo, new.t_shi = sh(st.t_sbuf, st.t_slo), sh(st.t_sbuf, st.t_shi)
+        new.t_dlo, new.t_dhi = sh(st.t_dbuf, st.t_dlo), sh(st.t_dbuf, st.t_dhi)
+        new.t_rlo, new.t_rhi = sh(st.t_rbuf, st.t_rlo), sh(st.t_rbuf, st.t_rhi)
+    if len(st.c_rank):
+        new.c_rank = ranks[:, st.c_rank].reshape(-1)
+        new.c_sbuf, new.c_dbuf, new.c_bytes = np.tile(st.c_sbuf, G), np.tile(st.c_dbuf, G), np.tile(st.c_bytes, G)
+        new.c_slo = (st.c_slo[None, :] + shift[:, st.c_sbuf]).reshape(-1)
+        new.c_shi = (st.c_shi[None, :] + shift[:, st.c_sbuf]).reshape(-1)
+        new.c_dlo = (st.c_dlo[None, :] + shift[:, st.c_dbuf]).reshape(-1)
+        new.c_dhi = (st.c_dhi[None, :] + shift[:, st.c_dbuf]).reshape(-1)
+    if len(st.g_rank):
+        new.g_rank = ranks[:, st.g_rank].reshape(-1)
+        new.g_bytes, new.g_dir = np.tile(st.g_bytes, G), np.tile(st.g_dir, G)
+    return new
+
+
+def _tile_timing(view, ranks) -> TimingView:
+    G = ranks.shape[0]
+    return TimingView(ranks[:, view.t_src].reshape(-1), ranks[:, view.t_dst].reshape(-1), np.tile(view.t_bytes, G),
+                      np.tile(view.t_rbuf, G), ranks[:, view.c_rank].reshape(-1), np.tile(view.c_bytes, G),
+                      ranks[:, view.g_rank].reshape(-1), np.tile(view.g_bytes, G))
+
+
+_EAGER_OPS = 1 << 16
+
+
+def tile(program: list, ranks, shifts=None) -> list:
+    """Place a program built for n local ranks onto G groups of global ranks.
+
+    Args:
+        ranks: (G, n) array, ranks[g, i] = global rank of local rank i in group g.
+        shifts: optional (G, 3) array of first-axis offsets added to slices of input, output,
+            scratch in group g.
+    Small steps are tiled at once; large ones lazily (hcomm.program.LazyStep), keeping the
+    sub-step's timing key so that identical steps are priced once.
+    """
+    ranks = np.atleast_2d(np.asarray(ranks, dtype=np.int64))
+    G = ranks.shape[0]
+    shift = np.zeros((G, 3), dtype=np.int64) if shifts is None else np.asarray(shifts, dtype=np.int64).reshape(G, 3)
+    key = hash((ranks.tobytes(), ranks.shape))
+    out = []
+    for st in program:
+        if isinstance(st, Step) and G * (len(st.t_src) + len(st.c_rank) + len(st.g_rank)) <= _EAGER_OPS:
+            new = _tile_full(st, ranks, shift)
+            new.tkey = None if st.tkey is None else ("tile", st.tkey, key)
+            out.append(new)
+        else:
+            out.append(LazyStep(lambda st=st: _tile_full(st.full(), ranks, shift),
+                                lambda st=st: _tile_timing(st.timing(), ranks),
+                                None if st.tkey is None else ("tile", st.tkey, key)))
+    return out
+
+
+def sequence(*programs) -> list:
+    """Phases one after another."""
+    out = []
+    for prog in programs:
+        out.extend(prog)
+    return out
+
+
+def side_by_side(*programs) -> list:
+    """Programs on disjoint ranks or data, step t of each in global step t."""
+    return merge_parallel(list(programs))

@@ -4,18 +4,19 @@ Zero-byte messages, so the cost is ceil(log2 p) a (plus notify costs on hardware
 """
 from __future__ import annotations
 
-from hcomm.steps import Recv, Send
+import numpy as np
 
-from .common import INPUT, sl
+from .common import INPUT, StepBuilder
 
 NAME = "dissemination"
 COLLECTIVES = ("barrier",)
 
 
-def barrier(rank: int, p: int, n: int = 0, unit: int = 0, root: int = 0) -> list:
+def barrier(n: int) -> list:
+    r = np.arange(n)
     steps = []
     d = 1
-    while d < p:
-        steps.append((Send((rank + d) % p, sl(INPUT, 0, 0), 0), Recv((rank - d) % p, sl(INPUT, 0, 0), 0)))
+    while d < n:
+        steps.append(StepBuilder().transfers(r, (r + d) % n, 0, INPUT, 0, 0, INPUT, 0).build())
         d <<= 1
     return steps

@@ -1,138 +1,173 @@
 """H-D_R: recursive halving-doubling with HCCL's non-power-of-two fold (HCCL RHD.md;
-hcomm recursive_halvingdoubling_base.cc, all_reduce_recursive_hd.cc).
+hcomm recursive_halvingdoubling_base.cc, all_reduce_recursive_hd.cc). Vectorised over ranks.
 
 Fold: block = 2^floor(log2 p), rem = p - block. Among the first 2*rem ranks each odd rank sends
 its whole buffer to rank-1 (which reduces it, or for AllGather keeps its block) and idles; the
 remaining `block` ranks run the power-of-two algorithm as virtual ranks; at the end each even
 rank of a pair sends the result back to its odd partner.
 
-- AllReduce: ReduceScatter by recursive halving (partner at distance block/2, block/4, ..., 1;
-  send half of the current range, reduce the kept half), then AllGather by recursive doubling
-  (distance 1, 2, ..., block/2). Power of two: 2 log p a + 2(p-1)/p nb + (p-1)/p ng.
-  Otherwise (2 floor(log p) + 2) a + (2(p'-1)/p' + 2) nb + ((p'-1)/p' + 1) ng, p' = block.
-- ReduceScatter (rank blocks, partials in scratch): the fold's reduce, halving over virtual
-  ranks whose ranges are contiguous runs of real blocks (a virtual rank of a pair owns both of its
-  blocks), and the even rank hands the odd partner its block. Power of two:
-  log p a + (p-1)/p n(b+g), n = whole input.
-- AllGather: the odd rank gives its block to its partner, doubling over virtual ranks, and the
-  even rank sends the whole output back. Power of two: log p a + (p-1)/p nb, n = whole output.
+- AllReduce: ReduceScatter by recursive halving (partner at distance block/2, ..., 1; send half
+  of the current range, reduce the kept half), then AllGather by recursive doubling.
+  Power of two: 2 log p a + 2(p-1)/p nb + (p-1)/p ng. Otherwise
+  (2 floor(log p) + 2) a + (2(p'-1)/p' + 2) nb + ((p'-1)/p' + 1) ng, p' = block.
+- ReduceScatter: the fold's reduce, halving over virtual ranks whose ranges are contiguous runs
+  of rank blocks (a folded pair's virtual rank owns both blocks), and the even rank hands its
+  partner its block. Power of two: log p a + (p-1)/p n(b+g), n = whole input.
+- AllGather (in place): the odd rank gives its block to its partner, doubling over virtual ranks,
+  and the even rank sends the whole buffer back. Power of two: log p a + (p-1)/p nb.
+- Broadcast / Reduce: binomial trees over ranks relative to the root, the whole buffer per step:
+  ceil(log p)(a + nb) and ceil(log p)(a + nb + ng), as HCCL's RHD Broadcast formula.
 Zero-copy safety: each exchange writes the half a rank keeps and exposes the half it gives away.
 """
 from __future__ import annotations
 
-from hcomm.steps import Copy, Recv, Send
+import numpy as np
 
-from .common import INPUT, OUTPUT, SCRATCH, bounds, first_block, fold, local_copy, real_rank, sl, virtual_rank
+from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, ceil_log2, fold, local_copy
 
 NAME = "H-D_R"
-COLLECTIVES = ("allreduce", "reducescatter", "allgather")
+COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce")
 
 
-def _halve(v: int, d: int, lo: int, hi: int):
-    """Halving step at distance d: ((kept lo, hi), (given lo, hi)); the d bit of v picks the upper half."""
+def _real(v, rem):
+    return np.where(v < rem, 2 * v, v + rem)
+
+
+def _halve(v, d, lo, hi):
+    """Halving at distance d: (kept lo, hi, given lo, hi); the d bit of v picks the upper half."""
     mid = (lo + hi) // 2
-    return ((mid, hi), (lo, mid)) if v & d else ((lo, mid), (mid, hi))
+    upper = (v & d) != 0
+    return np.where(upper, mid, lo), np.where(upper, hi, mid), np.where(upper, lo, mid), np.where(upper, mid, hi)
 
 
-def _sibling(v: int, d: int, lo: int, hi: int):
-    """Doubling step at distance d: the partner's range, adjacent to ours and as long."""
-    return (lo - (hi - lo), lo) if v & d else (hi, hi + (hi - lo))
+def _sibling(v, d, lo, hi):
+    """Doubling at distance d: the partner's range, adjacent to ours and as long."""
+    upper = (v & d) != 0
+    length = hi - lo
+    return np.where(upper, lo - length, hi), np.where(upper, lo, hi + length)
 
 
-def allreduce(rank: int, p: int, n: int, unit: int, root: int = 0) -> list:
-    if p == 1 or n == 0:
-        return local_copy(n, unit)
-    block, rem = fold(p)
-    v = virtual_rank(rank, rem)
-    whole = n * unit
-    if v is None:   # odd rank of a pair: hand over, then receive the result
-        return [(Send(rank - 1, sl(INPUT, 0, n), whole),), (Recv(rank - 1, sl(OUTPUT, 0, n), whole),)]
+def allreduce(n: int, N: int, unit: int, src=INPUT, dst=OUTPUT) -> list:
+    if n == 1 or N == 0:
+        return local_copy(n, N, unit, src, dst) if src != dst else []
+    block, rem = fold(n)
+    odd = np.arange(1, 2 * rem, 2)
     steps = []
-    cur = INPUT
-    if rank < 2 * rem:
-        steps.append((Recv(rank + 1, sl(OUTPUT, 0, n), whole, reduce_with=sl(INPUT, 0, n)),))
-        cur = OUTPUT
-    b = bounds(n, block)
-    lo, hi = 0, block
+    if rem:
+        steps.append(StepBuilder().transfers(odd, odd - 1, unit, src, 0, N, dst, 0, rbuf=src, rlo=0).build())
+    v = np.arange(block)
+    real = _real(v, rem)
+    cur = np.where(v < rem, dst, src)
+    b = bounds(N, block)
+    lo, hi = np.zeros(block, dtype=np.int64), np.full(block, block, dtype=np.int64)
     d = block >> 1
     while d:
-        peer = real_rank(v ^ d, rem)
-        (klo, khi), (slo, shi) = _halve(v, d, lo, hi)
-        steps.append((Send(peer, sl(cur, b[slo], b[shi]), (b[shi] - b[slo]) * unit),
-                      Recv(peer, sl(OUTPUT, b[klo], b[khi]), (b[khi] - b[klo]) * unit,
-                           reduce_with=sl(cur, b[klo], b[khi]))))
-        lo, hi, cur = klo, khi, OUTPUT
+        klo, khi, slo, shi = _halve(v, d, lo, hi)
+        partner = v ^ d
+        steps.append(StepBuilder().transfers(real, real[partner], unit, cur, b[slo], b[shi], dst, b[slo],
+                                             rbuf=cur[partner], rlo=b[slo]).build())
+        lo, hi, cur = klo, khi, np.full(block, dst)
         d >>= 1
     d = 1
     while d < block:
-        peer = real_rank(v ^ d, rem)
         plo, phi = _sibling(v, d, lo, hi)
-        steps.append((Send(peer, sl(OUTPUT, b[lo], b[hi]), (b[hi] - b[lo]) * unit),
-                      Recv(peer, sl(OUTPUT, b[plo], b[phi]), (b[phi] - b[plo]) * unit)))
-        lo, hi = min(lo, plo), max(hi, phi)
+        steps.append(StepBuilder().transfers(real, real[v ^ d], unit, dst, b[lo], b[hi], dst, b[lo]).build())
+        lo, hi = np.minimum(lo, plo), np.maximum(hi, phi)
         d <<= 1
-    if rank < 2 * rem:
-        steps.append((Send(rank + 1, sl(OUTPUT, 0, n), whole),))
+    if rem:
+        steps.append(StepBuilder().transfers(odd - 1, odd, unit, dst, 0, N, dst, 0).build())
     return steps
 
 
-def reducescatter(rank: int, p: int, n: int, unit: int, root: int = 0) -> list:
-    """Blocks: input and scratch hold p rows of `unit` bytes, output one row."""
-    if p == 1:
-        return [(Copy(sl(INPUT, 0, 1), sl(OUTPUT, 0, 1), unit),)]
-    block, rem = fold(p)
-    v = virtual_rank(rank, rem)
-    if v is None:
-        return [(Send(rank - 1, sl(INPUT, 0, p), p * unit),), (Recv(rank - 1, sl(OUTPUT, 0, 1), unit),)]
+def reducescatter(n: int, offs, unit: int, src=INPUT, acc=SCRATCH, out=OUTPUT, out_lo=None) -> list:
+    offs = np.asarray(offs, dtype=np.int64)
+    out_lo = np.zeros(n, dtype=np.int64) if out_lo is None else np.asarray(out_lo, dtype=np.int64)
+    if n == 1:
+        if src == out and offs[0] == out_lo[0]:
+            return []
+        return [StepBuilder().copies([0], unit, src, offs[0], offs[1], out, out_lo[0]).build()]
+    block, rem = fold(n)
+    odd = np.arange(1, 2 * rem, 2)
     steps = []
-    cur = INPUT
-    if rank < 2 * rem:
-        steps.append((Recv(rank + 1, sl(SCRATCH, 0, p), p * unit, reduce_with=sl(INPUT, 0, p)),))
-        cur = SCRATCH
-    start = [first_block(u, rem) for u in range(block)] + [p]
-    lo, hi = 0, block
+    if rem:
+        steps.append(StepBuilder().transfers(odd, odd - 1, unit, src, offs[0], offs[n], acc, offs[0],
+                                             rbuf=src, rlo=offs[0]).build())
+    v = np.arange(block)
+    real = _real(v, rem)
+    start = offs[np.append(_real(v, rem), n)]           # first row of each virtual rank's blocks
+    cur = np.where(v < rem, acc, src)
+    lo, hi = np.zeros(block, dtype=np.int64), np.full(block, block, dtype=np.int64)
     d = block >> 1
     while d:
-        peer = real_rank(v ^ d, rem)
-        (klo, khi), (slo, shi) = _halve(v, d, lo, hi)
-        kb0, kb1 = start[klo], start[khi]
-        last_single = d == 1 and kb1 - kb0 == 1
-        dst = sl(OUTPUT, 0, 1) if last_single else sl(SCRATCH, kb0, kb1)
-        steps.append((Send(peer, sl(cur, start[slo], start[shi]), (start[shi] - start[slo]) * unit),
-                      Recv(peer, dst, (kb1 - kb0) * unit, reduce_with=sl(cur, kb0, kb1))))
-        lo, hi, cur = klo, khi, SCRATCH
+        klo, khi, slo, shi = _halve(v, d, lo, hi)
+        partner = v ^ d
+        single = (d == 1) & (partner >= rem)             # the receiver's last kept range is its own block
+        preal = real[partner]
+        dbuf = np.where(single, out, acc)
+        dlo = np.where(single, out_lo[preal], start[slo])
+        steps.append(StepBuilder().transfers(real, preal, unit, cur, start[slo], start[shi], dbuf, dlo,
+                                             rbuf=cur[partner], rlo=start[slo]).build())
+        lo, hi, cur = klo, khi, np.full(block, acc)
         d >>= 1
-    if rank < 2 * rem:
-        steps.append((Copy(sl(SCRATCH, rank, rank + 1), sl(OUTPUT, 0, 1), unit),
-                      Send(rank + 1, sl(SCRATCH, rank + 1, rank + 2), unit)))
+    if rem:
+        even = odd - 1
+        steps.append(StepBuilder()
+                     .copies(even, unit, acc, offs[even], offs[even + 1], out, out_lo[even])
+                     .transfers(even, odd, unit, acc, offs[odd], offs[odd + 1], out, out_lo[odd]).build())
     return steps
 
 
-def allgather(rank: int, p: int, n: int, unit: int, root: int = 0) -> list:
-    """Blocks: input holds one row of `unit` bytes, output p rows."""
-    own = Copy(sl(INPUT, 0, 1), sl(OUTPUT, rank, rank + 1), unit)
-    if p == 1:
-        return [(own,)]
-    block, rem = fold(p)
-    v = virtual_rank(rank, rem)
-    if v is None:
-        return [(Send(rank - 1, sl(INPUT, 0, 1), unit), own), (Recv(rank - 1, sl(OUTPUT, 0, p), p * unit),)]
+def allgather(n: int, offs, unit: int, buf=OUTPUT) -> list:
+    offs = np.asarray(offs, dtype=np.int64)
+    if n == 1:
+        return []
+    block, rem = fold(n)
+    odd = np.arange(1, 2 * rem, 2)
     steps = []
-    if rank < 2 * rem:
-        steps.append((own, Recv(rank + 1, sl(OUTPUT, rank + 1, rank + 2), unit)))
-    start = [first_block(u, rem) for u in range(block)] + [p]
-    lo, hi = v, v + 1
+    if rem:
+        steps.append(StepBuilder().transfers(odd, odd - 1, unit, buf, offs[odd], offs[odd + 1], buf, offs[odd]).build())
+    v = np.arange(block)
+    real = _real(v, rem)
+    start = offs[np.append(real, n)]
+    lo, hi = v.copy(), v + 1
     d = 1
     while d < block:
-        peer = real_rank(v ^ d, rem)
         plo, phi = _sibling(v, d, lo, hi)
-        first = not steps
-        src = sl(INPUT, 0, 1) if first else sl(OUTPUT, start[lo], start[hi])
-        step = (Send(peer, src, (start[hi] - start[lo]) * unit),
-                Recv(peer, sl(OUTPUT, start[plo], start[phi]), (start[phi] - start[plo]) * unit))
-        steps.append(step + (own,) if first else step)
-        lo, hi = min(lo, plo), max(hi, phi)
+        steps.append(StepBuilder().transfers(real, real[v ^ d], unit, buf, start[lo], start[hi], buf, start[lo]).build())
+        lo, hi = np.minimum(lo, plo), np.maximum(hi, phi)
         d <<= 1
-    if rank < 2 * rem:
-        steps.append((Send(rank + 1, sl(OUTPUT, 0, p), p * unit),))
+    if rem:
+        steps.append(StepBuilder().transfers(odd - 1, odd, unit, buf, offs[0], offs[n], buf, offs[0]).build())
+    return steps
+
+
+def broadcast(n: int, N: int, unit: int, root: int = 0, src=INPUT, dst=OUTPUT) -> list:
+    """Binomial tree from the root: in step k, relative ranks below 2^k send to rel + 2^k."""
+    if n == 1 or N == 0:
+        return local_copy(n, N, unit, src, dst) if src != dst else []
+    steps = []
+    for k in range(ceil_log2(n)):
+        rel = np.arange(min(1 << k, n - (1 << k)))
+        senders = (rel + root) % n
+        b = StepBuilder().transfers(senders, (rel + (1 << k) + root) % n, unit,
+                                    np.where(rel == 0, src, dst), 0, N, dst, 0)
+        if k == 0 and src != dst:
+            b.copies([root], unit, src, 0, N, dst, 0)
+        steps.append(b.build())
+    return steps
+
+
+def reduce(n: int, N: int, unit: int, root: int = 0, src=INPUT, dst=OUTPUT) -> list:
+    """Binomial tree into the root: in step k, relative ranks = 2^k mod 2^(k+1) send to rel - 2^k."""
+    if n == 1 or N == 0:
+        return local_copy(n, N, unit, src, dst) if src != dst else []
+    has_partial = np.zeros(n, dtype=bool)
+    steps = []
+    for k in range(ceil_log2(n)):
+        rel = np.arange(1 << k, n, 1 << (k + 1))
+        senders, receivers = (rel + root) % n, (rel - (1 << k) + root) % n
+        steps.append(StepBuilder().transfers(senders, receivers, unit, np.where(has_partial[rel], dst, src), 0, N,
+                                             dst, 0, rbuf=np.where(has_partial[rel - (1 << k)], dst, src),
+                                             rlo=0).build())
+        has_partial[rel - (1 << k)] = True
     return steps

@@ -2,27 +2,29 @@
 i+k and receives rank i-k's block for it, so every port carries one transfer per step and no
 rank is the target of many senders at once (no incast on a single RDMA port).
 
-Blocks: input and output hold p rows of `unit` bytes; a rank's own block is a local copy made
-during step 1. Cost (p-1)a + b * sum_k max_i n(i, i+k) = (p-1)(a + n/p b) for equal blocks,
-n = whole send buffer. Any p.
+Rows: block j of a rank's src (rows [j*rows, (j+1)*rows)) goes to rank j's dst at the sender's
+block; the own block is a local copy made during step 1.
+Cost (p-1)a + b * sum_k max_i n(i, i+k) = (p-1)(a + n/p b) for equal blocks, n = whole send buffer.
 """
 from __future__ import annotations
 
-from hcomm.steps import Copy, Recv, Send
+import numpy as np
 
-from .common import INPUT, OUTPUT, sl
+from .common import INPUT, OUTPUT, StepBuilder
 
 NAME = "pairwise"
 COLLECTIVES = ("alltoall",)
 
 
-def alltoall(rank: int, p: int, n: int, unit: int, root: int = 0) -> list:
-    own = Copy(sl(INPUT, rank, rank + 1), sl(OUTPUT, rank, rank + 1), unit)
-    if p == 1:
-        return [(own,)]
+def alltoall(n: int, unit: int, src=INPUT, dst=OUTPUT, rows: int = 1, src_lo=0, dst_lo=0) -> list:
+    r = np.arange(n)
     steps = []
-    for k in range(1, p):
-        dst, src = (rank + k) % p, (rank - k) % p
-        step = (Send(dst, sl(INPUT, dst, dst + 1), unit), Recv(src, sl(OUTPUT, src, src + 1), unit))
-        steps.append(step + (own,) if k == 1 else step)
+    for k in range(1, max(n, 2)):
+        b = StepBuilder()
+        if k == 1:
+            b.copies(r, unit, src, src_lo + r * rows, src_lo + (r + 1) * rows, dst, dst_lo + r * rows)
+        if n > 1:
+            to = (r + k) % n
+            b.transfers(r, to, unit, src, src_lo + to * rows, src_lo + (to + 1) * rows, dst, dst_lo + r * rows)
+        steps.append(b.build())
     return steps

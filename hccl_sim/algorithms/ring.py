@@ -1,101 +1,131 @@
 """Ring: every rank sends to its right neighbour and receives from its left (HCCL Ring.md).
 
-Schedules (p ranks, n bytes of buffer, chunk = n/p):
+Schedules (p ranks, n bytes of buffer, chunk = n/p), vectorised over ranks:
 - AllReduce = ring ReduceScatter (p-1 steps: send a partial chunk right, reduce the chunk from
-  the left with one's own input into the output) + ring AllGather (p-1 steps forwarding reduced
-  chunks). Bytes per rank on the wire: 2(p-1)/p * n.
-  Cost 2(p-1)a + 2(p-1)/p nb + (p-1)/p ng.
-- ReduceScatter: p-1 steps on rank blocks, partials in the scratch buffer, the last step reducing
-  straight into the output. Cost (p-1)a + (p-1)/p n(b+g), n = whole input.
-- AllGather: p-1 steps forwarding blocks; own block copied locally at step 0.
+  the left with one's own contribution) + ring AllGather (p-1 steps forwarding reduced chunks).
+  Bytes per rank on the wire: 2(p-1)/p n. Cost 2(p-1)a + 2(p-1)/p nb + (p-1)/p ng.
+- ReduceScatter: p-1 steps on rank blocks, partials in an accumulator buffer, the last step
+  reducing into the result's place. Cost (p-1)a + (p-1)/p n(b+g), n = whole input.
+- AllGather (in place: each rank's block already in the buffer): p-1 steps forwarding blocks.
   Cost (p-1)a + (p-1)/p nb, n = whole output.
 - Broadcast: a chain from the root, each rank forwarding the whole buffer. Cost (p-1)(a + nb).
 - Reduce: a chain ending at the root, each rank reducing and forwarding. Cost (p-1)(a + nb + ng).
-Any p works, powers of two or not; uneven chunks (n not divisible by p) differ by one unit.
+Any p works; uneven chunks (n not divisible by p) differ by one unit. Blocks of ReduceScatter and
+AllGather may differ in size (`offs`), which is how the hierarchy runs them on server regions.
 Zero-copy safety: in every step the slice a rank writes differs from the slice it exposes.
 """
 from __future__ import annotations
 
-from hcomm.steps import Copy, Recv, Send
+import numpy as np
 
-from .common import INPUT, OUTPUT, SCRATCH, bounds, local_copy, sl
+from hcomm.program import LazyStep, TimingView
+
+from .common import INPUT, NONE, OUTPUT, SCRATCH, StepBuilder, bounds, local_copy
+
+_EAGER_TRANSFERS = 1 << 15   # larger ring programs are built step by step on demand
+
+
+def _ring_steps(count, n, full, sizes, shift, reduce, tag):
+    """`count` ring steps; step s moves chunk sizes rolled by shift(s) from each rank to its right.
+
+    Steps with equal byte patterns share a timing key, so a uniform ring is priced once."""
+    r = np.arange(n)
+    right = (r + 1) % n
+    uniform = len(sizes) and sizes.min() == sizes.max()
+    rflag = np.full(n, 1 if reduce else -1, dtype=np.int64)
+
+    def key(s):
+        return ("ring", tag, n, int(sizes[0]), reduce) if uniform else None
+
+    def timing(s):
+        return TimingView(r, right, np.roll(sizes, shift(s)), rflag)
+    if count * n <= _EAGER_TRANSFERS:
+        out = []
+        for s in range(count):
+            st = full(s)
+            st.tkey = key(s)
+            out.append(st)
+        return out
+    return [LazyStep(lambda s=s: full(s), lambda s=s: timing(s), key(s)) for s in range(count)]
 
 NAME = "ring"
 COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce")
 
 
-def allreduce(rank: int, p: int, n: int, unit: int, root: int = 0) -> list:
-    if p == 1 or n == 0:
-        return local_copy(n, unit)
-    b = bounds(n, p)
-    right, left = (rank + 1) % p, (rank - 1) % p
+def allreduce(n: int, N: int, unit: int, src=INPUT, dst=OUTPUT) -> list:
+    if n == 1 or N == 0:
+        return local_copy(n, N, unit, src, dst) if src != dst else []
+    b = bounds(N, n)
+    sizes = (b[1:] - b[:-1]) * unit
+    r = np.arange(n)
+    right = (r + 1) % n
+
+    def rs(s):
+        c = (r - s) % n
+        return StepBuilder().transfers(r, right, unit, src if s == 0 else dst, b[c], b[c + 1], dst, b[c],
+                                       rbuf=src, rlo=b[c]).build()
+
+    def ag(s):
+        c = (r + 1 - s) % n
+        return StepBuilder().transfers(r, right, unit, dst, b[c], b[c + 1], dst, b[c]).build()
+    return (_ring_steps(n - 1, n, rs, sizes, lambda s: s, True, "ar-rs")
+            + _ring_steps(n - 1, n, ag, sizes, lambda s: s - 1, False, "ar-ag"))
+
+
+def reducescatter(n: int, offs, unit: int, src=INPUT, acc=SCRATCH, out=OUTPUT, out_lo=None) -> list:
+    """Rank blocks [offs[j], offs[j+1]) of src are reduced; rank j's result lands at out[out_lo[j]]."""
+    offs = np.asarray(offs, dtype=np.int64)
+    out_lo = np.zeros(n, dtype=np.int64) if out_lo is None else np.asarray(out_lo, dtype=np.int64)
+    r = np.arange(n)
+    if n == 1:
+        if src == out and offs[0] == out_lo[0]:
+            return []
+        return [StepBuilder().copies(r, unit, src, offs[0], offs[1], out, out_lo[0]).build()]
+    right = (r + 1) % n
+    sizes = (offs[1:] - offs[:-1]) * unit
+
+    def step(s):
+        c = (r - s - 1) % n
+        last = s == n - 2
+        return StepBuilder().transfers(
+            r, right, unit, src if s == 0 else acc, offs[c], offs[c + 1],
+            out if last else acc, out_lo[right] if last else offs[c], rbuf=src, rlo=offs[c]).build()
+    return _ring_steps(n - 1, n, step, sizes, lambda s: s + 1, True, "rs")
+
+
+def allgather(n: int, offs, unit: int, buf=OUTPUT) -> list:
+    """In place: rank j's block [offs[j], offs[j+1]) of buf is already there; fill the others."""
+    offs = np.asarray(offs, dtype=np.int64)
+    r = np.arange(n)
+    right = (r + 1) % n
+    sizes = (offs[1:] - offs[:-1]) * unit
+
+    def step(s):
+        c = (r - s) % n
+        return StepBuilder().transfers(r, right, unit, buf, offs[c], offs[c + 1], buf, offs[c]).build()
+    return _ring_steps(n - 1, n, step, sizes, lambda s: s, False, "ag")
+
+
+def broadcast(n: int, N: int, unit: int, root: int = 0, src=INPUT, dst=OUTPUT) -> list:
+    if n == 1 or N == 0:
+        return local_copy(n, N, unit, src, dst) if src != dst else []
     steps = []
-    for s in range(p - 1):
-        c_send, c_recv = (rank - s) % p, (rank - s - 1) % p
-        send_buf = INPUT if s == 0 else OUTPUT
-        steps.append((Send(right, sl(send_buf, b[c_send], b[c_send + 1]), (b[c_send + 1] - b[c_send]) * unit),
-                      Recv(left, sl(OUTPUT, b[c_recv], b[c_recv + 1]), (b[c_recv + 1] - b[c_recv]) * unit,
-                           reduce_with=sl(INPUT, b[c_recv], b[c_recv + 1]))))
-    for s in range(p - 1):
-        c_send, c_recv = (rank + 1 - s) % p, (rank - s) % p
-        steps.append((Send(right, sl(OUTPUT, b[c_send], b[c_send + 1]), (b[c_send + 1] - b[c_send]) * unit),
-                      Recv(left, sl(OUTPUT, b[c_recv], b[c_recv + 1]), (b[c_recv + 1] - b[c_recv]) * unit)))
+    for k in range(n - 1):
+        sender, receiver = (root + k) % n, (root + k + 1) % n
+        b = StepBuilder().transfers([sender], [receiver], unit, src if k == 0 else dst, 0, N, dst, 0)
+        if k == 0 and src != dst:
+            b.copies([root], unit, src, 0, N, dst, 0)
+        steps.append(b.build())
     return steps
 
 
-def reducescatter(rank: int, p: int, n: int, unit: int, root: int = 0) -> list:
-    """Blocks: input and scratch hold p rows of `unit` bytes, output one row."""
-    if p == 1:
-        return [(Copy(sl(INPUT, 0, 1), sl(OUTPUT, 0, 1), unit),)]
-    right, left = (rank + 1) % p, (rank - 1) % p
+def reduce(n: int, N: int, unit: int, root: int = 0, src=INPUT, dst=OUTPUT) -> list:
+    """The root ends with the reduction in dst; the others use dst for partial results."""
+    if n == 1 or N == 0:
+        return local_copy(n, N, unit, src, dst) if src != dst else []
     steps = []
-    for s in range(p - 1):
-        c_send, c_recv = (rank - s - 1) % p, (rank - s - 2) % p
-        send_buf = INPUT if s == 0 else SCRATCH
-        dst = sl(OUTPUT, 0, 1) if s == p - 2 else sl(SCRATCH, c_recv, c_recv + 1)
-        steps.append((Send(right, sl(send_buf, c_send, c_send + 1), unit),
-                      Recv(left, dst, unit, reduce_with=sl(INPUT, c_recv, c_recv + 1))))
-    return steps
-
-
-def allgather(rank: int, p: int, n: int, unit: int, root: int = 0) -> list:
-    """Blocks: input holds one row of `unit` bytes, output p rows."""
-    own = (Copy(sl(INPUT, 0, 1), sl(OUTPUT, rank, rank + 1), unit),)
-    if p == 1:
-        return [own]
-    right, left = (rank + 1) % p, (rank - 1) % p
-    steps = []
-    for s in range(p - 1):
-        c_recv = (rank - s - 1) % p
-        src = sl(INPUT, 0, 1) if s == 0 else sl(OUTPUT, (rank - s) % p, (rank - s) % p + 1)
-        step = (Send(right, src, unit), Recv(left, sl(OUTPUT, c_recv, c_recv + 1), unit))
-        steps.append(own + step if s == 0 else step)
-    return steps
-
-
-def broadcast(rank: int, p: int, n: int, unit: int, root: int = 0) -> list:
-    if p == 1 or n == 0:
-        return local_copy(n, unit)
-    pos = (rank - root) % p
-    nxt, prev = (rank + 1) % p, (rank - 1) % p
-    whole = n * unit
-    if pos == 0:
-        return [(Send(nxt, sl(INPUT, 0, n), whole), Copy(sl(INPUT, 0, n), sl(OUTPUT, 0, n), whole))]
-    steps = [(Recv(prev, sl(OUTPUT, 0, n), whole),)]
-    if pos < p - 1:
-        steps.append((Send(nxt, sl(OUTPUT, 0, n), whole),))
-    return steps
-
-
-def reduce(rank: int, p: int, n: int, unit: int, root: int = 0) -> list:
-    if p == 1 or n == 0:
-        return local_copy(n, unit)
-    pos = (rank - root - 1) % p          # root+1 starts the chain, the root ends it
-    nxt, prev = (rank + 1) % p, (rank - 1) % p
-    whole = n * unit
-    if pos == 0:
-        return [(Send(nxt, sl(INPUT, 0, n), whole),)]
-    steps = [(Recv(prev, sl(OUTPUT, 0, n), whole, reduce_with=sl(INPUT, 0, n)),)]
-    if pos < p - 1:
-        steps.append((Send(nxt, sl(OUTPUT, 0, n), whole),))
+    for k in range(n - 1):
+        sender, receiver = (root + 1 + k) % n, (root + 2 + k) % n
+        steps.append(StepBuilder().transfers([sender], [receiver], unit, src if k == 0 else dst, 0, N, dst, 0,
+                                             rbuf=src, rlo=0).build())
     return steps

@@ -17,11 +17,12 @@ import time
 from hcomm.transport import InProcessTransport
 from topologies.errors import HcclError
 
-from hcomm.timing import run_program
+from hcomm.program import BUFFERS
+from hcomm.program import execute as execute_moves
 
 from ..communicator import Communicator, loop_views, make_scratch
 from ..algorithms import BLOCK_COLLECTIVES
-from ..planner import COLLECTIVE_NAMES, check_signatures, loop_programs, make_plan
+from ..planner import COLLECTIVE_NAMES, check_signatures, make_plan, program_moves
 from ..types import reducer
 
 _POLL_S = 0.05
@@ -118,23 +119,25 @@ class LocalGroup:
         reduce_fn = reducer(redop) if redop is not None else None
         scratch = [make_scratch(sig, plan, x, p) for x, _, _ in slot.data]
         block = sig.name in BLOCK_COLLECTIVES
-        for (a, b), (program, aligned) in zip(plan.loops, loop_programs(plan, self.topo)):
-            views = [loop_views(sig, p, x, out, scratch[r], a, b) for r, (x, out, _) in enumerate(slot.data)]
+        for (a, b), program in zip(plan.loops, plan.programs):
+            moves, aligned = program_moves(program)
+            named = [loop_views(sig, p, x, out, scratch[r], a, b) for r, (x, out, _) in enumerate(slot.data)]
+            views = [[v.get(name) for name in BUFFERS] for v in named]
             n = b - a
             parts = min(self._workers, max(1, n * slot.data[0][0].itemsize * p // _PARALLEL_MIN_BYTES))
             if parts == 1 or not (block or aligned):
-                run_program(program, views, reduce_fn)
+                execute_moves(moves, views, reduce_fn)
                 continue
             # Moves are element-wise: columns of rank blocks (block collectives) or aligned index
             # ranges (vector collectives) never depend on one another, so split them over cores.
             cuts = [n * i // parts for i in range(parts + 1)]
             if block:
-                jobs = [(run_program, program, [{k: v[:, lo:hi] for k, v in vw.items()} for vw in views], reduce_fn)
+                jobs = [(moves, [[None if v is None else v[:, lo:hi] for v in vw] for vw in views], reduce_fn)
                         for lo, hi in zip(cuts, cuts[1:])]
             else:
-                jobs = [(run_program, program, views, reduce_fn, lo, hi) for lo, hi in zip(cuts, cuts[1:])]
-            futures = [self._pool().submit(*job) for job in jobs[1:]]
-            jobs[0][0](*jobs[0][1:])
+                jobs = [(moves, views, reduce_fn, lo, hi) for lo, hi in zip(cuts, cuts[1:])]
+            futures = [self._pool().submit(execute_moves, *job) for job in jobs[1:]]
+            execute_moves(*jobs[0])
             for f in futures:
                 f.result()
 

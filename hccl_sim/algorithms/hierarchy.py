@@ -1,0 +1,201 @@
+"""HCCL's two-level decomposition (reference/hccl.md §2.3, "algo_intro.md"): level0 inside each
+server, level1 among the same-index cards of all servers.
+
+| op            | phase 1                 | phase 2                         | phase 3           |
+| AllReduce     | intra ReduceScatter     | inter AllReduce of one's chunk  | intra AllGather   |
+| AllGather     | intra AllGather         | inter AllGather of server regions |                 |
+| ReduceScatter | inter ReduceScatter of server regions | intra ReduceScatter |               |
+| Broadcast     | intra Scatter (root's server) | inter Broadcast of one's chunk | intra AllGather |
+| Reduce        | intra ReduceScatter     | inter Reduce of one's chunk     | intra Gather      |
+| AlltoAll      | intra (regroup by destination card) | inter pairwise of k-block bundles |      |
+
+As in HCCL's AllGatherMeshExecutor, the inter-server AllGather moves whole server regions
+(each same-index card group carries all of its server's data). Vector ops split the data into
+K = max cards-per-server chunks; on a server with k < K cards, card i owns chunks i, i + k, ...,
+so servers with unequal card counts still decompose (AllReduce, AllGather, Broadcast, Reduce).
+ReduceScatter and AlltoAll need equal servers; otherwise the planner runs them flat.
+Groups of same-index cards run side by side (a card owning several chunks runs their groups at
+once).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import halving_doubling, mesh, nb, nhr, pairwise, ring
+from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, sequence, side_by_side, tile
+
+LEVEL1 = {"ring": ring, "H-D_R": halving_doubling, "NHR": nhr, "NB": nb}
+LEVEL0 = {"fullmesh": mesh, "ring": ring}
+
+
+class Servers:
+    """The server structure the hierarchy needs: ranks of every server (contiguous runs)."""
+
+    def __init__(self, server_of):
+        so = np.asarray(server_of, dtype=np.int64)
+        self.m = int(so.max()) + 1 if len(so) else 0
+        self.ranks = [np.flatnonzero(so == s) for s in range(self.m)]
+        self.k = np.array([len(r) for r in self.ranks], dtype=np.int64)
+        self.K = int(self.k.max()) if self.m else 0
+        self.equal = bool((self.k == self.K).all())
+        self.start = np.array([r[0] for r in self.ranks] + [len(so)], dtype=np.int64)
+        self.p = len(so)
+
+    def group(self, i) -> np.ndarray:
+        """Level1 participants for chunk (card index) i: its owner on every server."""
+        return np.array([self.ranks[s][i % self.k[s]] for s in range(self.m)], dtype=np.int64)
+
+    def matrix(self) -> np.ndarray:
+        return np.stack(self.ranks)
+
+
+def _per_server(srv, build):
+    """Build a level0 program per distinct card count and tile it onto those servers."""
+    progs = []
+    for k in np.unique(srv.k):
+        ranks = np.stack([srv.ranks[s] for s in range(srv.m) if srv.k[s] == k])
+        progs.append(tile(build(int(k)), ranks))
+    return side_by_side(*progs)
+
+
+def _level1_chunks(srv, chunks, build):
+    """Level1 among group i for every chunk i, grouped by chunk length (at most two)."""
+    lengths = chunks[1:] - chunks[:-1]
+    progs = []
+    for length in np.unique(lengths):
+        idx = np.flatnonzero(lengths == length)
+        ranks = np.stack([srv.group(i) for i in idx])
+        shifts = np.repeat(chunks[idx][:, None], 3, axis=1)
+        progs.append(tile(build(int(length)), ranks, shifts))
+    return side_by_side(*progs)
+
+
+def _owner(srv, k):
+    return np.arange(srv.K) % k
+
+
+def allreduce(srv: Servers, N: int, unit: int, l0: str, l1: str, oneshot=None) -> list:
+    chunks = bounds(N, srv.K)
+    phases = []
+    if srv.K > 1:
+        if srv.equal and l0 == "ring":
+            phases.append(tile(ring.reducescatter(srv.K, chunks, unit, INPUT, OUTPUT, OUTPUT, chunks[:-1]),
+                               srv.matrix()))
+        else:
+            phases.append(_per_server(srv, lambda k: mesh.reducescatter(
+                k, chunks, unit, INPUT, OUTPUT, OUTPUT, chunks[:-1], owner=_owner(srv, k))))
+    if srv.m > 1:
+        src = INPUT if srv.K == 1 else OUTPUT
+        mod = LEVEL1[l1]
+        kw = {"oneshot": oneshot} if mod is nhr else {}
+        phases.append(_level1_chunks(srv, chunks, lambda n: mod.allreduce(srv.m, n, unit, src, OUTPUT, **kw)))
+    if srv.K > 1:
+        if srv.equal and l0 == "ring":
+            phases.append(tile(ring.allgather(srv.K, chunks, unit, OUTPUT), srv.matrix()))
+        else:
+            phases.append(_per_server(srv, lambda k: mesh.allgather(k, chunks, unit, OUTPUT, owner=_owner(srv, k))))
+    if not phases:
+        return [StepBuilder().copies([0], unit, INPUT, 0, N, OUTPUT, 0).build()] if N else []
+    return sequence(*phases)
+
+
+def allgather(srv: Servers, unit: int, l0: str, l1: str) -> list:
+    """Rows: rank r's block is output row r (servers hold contiguous runs of ranks)."""
+    r = np.arange(srv.p)
+    phases = [[StepBuilder().copies(r, unit, INPUT, 0, 1, OUTPUT, r).build()]]
+    if srv.K > 1:
+        progs = []
+        for s in range(srv.m):
+            k = int(srv.k[s])
+            offs = srv.start[s] + np.arange(k + 1)
+            progs.append(tile(LEVEL0[l0 if srv.equal else "fullmesh"].allgather(k, offs, unit, OUTPUT),
+                              srv.ranks[s][None, :]))
+        phases.append(side_by_side(*progs))
+    if srv.m > 1:
+        mod = LEVEL1[l1]
+        ranks = np.stack([srv.group(i) for i in range(srv.K)])
+        phases.append(tile(mod.allgather(srv.m, srv.start, unit, OUTPUT), ranks))
+    return sequence(*phases)
+
+
+def reducescatter(srv: Servers, unit: int, l0: str, l1: str) -> list:
+    """Equal servers only. Rows: input and scratch hold p rank blocks; output one."""
+    K, m = srv.K, srv.m
+    phases = []
+    if m > 1:
+        mod = LEVEL1[l1]
+        ranks = np.stack([srv.group(i) for i in range(K)])
+        out, out_lo = (SCRATCH, srv.start[:-1]) if K > 1 else (OUTPUT, np.zeros(m, dtype=np.int64))
+        phases.append(tile(mod.reducescatter(m, srv.start, unit, INPUT, SCRATCH, out, out_lo), ranks))
+    if K > 1:
+        src = SCRATCH if m > 1 else INPUT
+        progs = []
+        for s in range(m):
+            offs = srv.start[s] + np.arange(K + 1)
+            progs.append(tile(LEVEL0[l0].reducescatter(K, offs, unit, src, SCRATCH, OUTPUT, np.zeros(K, dtype=np.int64)),
+                              srv.ranks[s][None, :]))
+        phases.append(side_by_side(*progs))
+    return sequence(*phases)
+
+
+def _root_server(srv, root):
+    s0 = int(np.searchsorted(srv.start, root, side="right") - 1)
+    return s0, root - int(srv.start[s0])
+
+
+def broadcast(srv: Servers, N: int, unit: int, root: int, l0: str, l1: str, oneshot=None) -> list:
+    chunks = bounds(N, srv.K)
+    s0, c0 = _root_server(srv, root)
+    phases = []
+    if srv.K > 1:
+        k0 = int(srv.k[s0])
+        phases.append(tile(mesh.scatter(k0, chunks, unit, c0, INPUT, OUTPUT, owner=_owner(srv, k0)),
+                           srv.ranks[s0][None, :]))
+    if srv.m > 1:
+        mod = LEVEL1[l1]
+        kw = {"oneshot": oneshot} if mod is nhr else {}
+        src = INPUT if srv.K == 1 else OUTPUT
+        phases.append(_level1_chunks(srv, chunks, lambda n: mod.broadcast(srv.m, n, unit, s0, src, OUTPUT, **kw)))
+    if srv.K > 1:
+        phases.append(_per_server(srv, lambda k: mesh.allgather(k, chunks, unit, OUTPUT, owner=_owner(srv, k))))
+    return sequence(*phases)
+
+
+def reduce(srv: Servers, N: int, unit: int, root: int, l0: str, l1: str) -> list:
+    chunks = bounds(N, srv.K)
+    s0, c0 = _root_server(srv, root)
+    phases = []
+    if srv.K > 1:
+        phases.append(_per_server(srv, lambda k: mesh.reducescatter(
+            k, chunks, unit, INPUT, OUTPUT, OUTPUT, chunks[:-1], owner=_owner(srv, k))))
+    if srv.m > 1:
+        mod = LEVEL1[l1]
+        src = INPUT if srv.K == 1 else OUTPUT
+        phases.append(_level1_chunks(srv, chunks, lambda n: mod.reduce(srv.m, n, unit, s0, src, OUTPUT)))
+    if srv.K > 1:
+        k0 = int(srv.k[s0])
+        phases.append(tile(mesh.gather(k0, chunks, unit, c0, OUTPUT, owner=_owner(srv, k0)), srv.ranks[s0][None, :]))
+    return sequence(*phases)
+
+
+def alltoall(srv: Servers, unit: int) -> list:
+    """Equal servers only. Intra: card i hands local card j its blocks for card j of every server,
+    bundled in scratch by destination server; inter: pairwise among same-index cards, k blocks at once."""
+    K, m = srv.K, srv.m
+    s_idx, i_loc = np.divmod(np.arange(srv.p), K)
+    # phase 1: (s, i) -> (s, j) for every j (j == i is a local copy), one row per destination server
+    src_rank = np.repeat(np.arange(srv.p), K * m)
+    j = np.tile(np.repeat(np.arange(K), m), srv.p)
+    dest_server = np.tile(np.arange(m), srv.p * K)
+    sender_server, sender_card = s_idx[src_rank], i_loc[src_rank]
+    to = sender_server * K + j
+    in_row = dest_server * K + j
+    sc_row = dest_server * K + sender_card
+    local = to == src_rank
+    b = StepBuilder()
+    b.copies(src_rank[local], unit, INPUT, in_row[local], in_row[local] + 1, SCRATCH, sc_row[local])
+    b.transfers(src_rank[~local], to[~local], unit, INPUT, in_row[~local], in_row[~local] + 1, SCRATCH, sc_row[~local])
+    phase1 = [b.build()]
+    ranks = np.stack([srv.group(i) for i in range(K)])
+    phase2 = tile(pairwise.alltoall(m, unit, SCRATCH, OUTPUT, rows=K), ranks)
+    return sequence(phase1, phase2)

@@ -1,0 +1,116 @@
+"""Full mesh (HCCL Mesh.md; level0 on 910B, `fullmesh`): every rank exchanges with all peers at
+once, over its HCCS links (which share the NPU's HCCS port on the 910B preset).
+
+- ReduceScatter: one step; each rank copies its own contribution into place and every peer's
+  share for it is reduced in: a + n/p b + (p-1)/p n g (transfers concurrent, reductions serial).
+- AllGather (in place): one step, every rank's block to every peer: a + n/p b.
+- AllReduce = ReduceScatter + AllGather: 2a + 2n/p b + (p-1)/p n g.
+- Broadcast = Scatter (root -> each rank its chunk) + AllGather; Reduce = ReduceScatter + Gather.
+Blocks may be owned several per rank (`owner`), which is how unequal servers split a vector.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, local_copy
+
+NAME = "fullmesh"
+COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall")
+
+
+def _owned(n, offs, owner):
+    """Per (sender, block) pairs where the block's owner is another rank."""
+    blocks = len(offs) - 1
+    owner = np.arange(blocks) % n if owner is None else np.asarray(owner, dtype=np.int64)
+    s, blk = np.divmod(np.arange(n * blocks), blocks)
+    keep = s != owner[blk]
+    return s[keep], blk[keep], owner
+
+
+def reducescatter(n: int, offs, unit: int, src=INPUT, acc=SCRATCH, out=OUTPUT, out_lo=None, owner=None) -> list:
+    """Block b of src is reduced at rank owner[b] (default b), into out[out_lo[b]]."""
+    offs = np.asarray(offs, dtype=np.int64)
+    blocks = len(offs) - 1
+    out_lo = offs[:-1] if out_lo is None and owner is not None else (
+        np.zeros(n, dtype=np.int64) if out_lo is None else np.asarray(out_lo, dtype=np.int64))
+    s, blk, owner = _owned(n, offs, owner)
+    b = StepBuilder()
+    own = np.arange(blocks)
+    move = ~((src == out) & (offs[:-1] == out_lo[own]))
+    b.copies(owner[own][move], unit, src, offs[own][move], offs[own + 1][move], out, out_lo[own][move])
+    if n > 1:
+        b.transfers(s, owner[blk], unit, src, offs[blk], offs[blk + 1], out, out_lo[blk], rbuf=out, rlo=out_lo[blk])
+    return [] if b.empty() else [b.build()]
+
+
+def allgather(n: int, offs, unit: int, buf=OUTPUT, owner=None) -> list:
+    """In place: block b, already at its owner (default rank b), goes to every other rank."""
+    offs = np.asarray(offs, dtype=np.int64)
+    blocks = len(offs) - 1
+    owner = np.arange(blocks) % n if owner is None else np.asarray(owner, dtype=np.int64)
+    if n == 1:
+        return []
+    blk, dst = np.divmod(np.arange(blocks * n), n)
+    keep = dst != owner[blk]
+    blk, dst = blk[keep], dst[keep]
+    return [StepBuilder().transfers(owner[blk], dst, unit, buf, offs[blk], offs[blk + 1], buf, offs[blk]).build()]
+
+
+def scatter(n: int, offs, unit: int, root: int, src=INPUT, dst=OUTPUT, owner=None) -> list:
+    """The root sends block b of src to its owner's dst (same rows); it copies src to dst itself."""
+    offs = np.asarray(offs, dtype=np.int64)
+    blocks = len(offs) - 1
+    owner = np.arange(blocks) % n if owner is None else np.asarray(owner, dtype=np.int64)
+    blk = np.flatnonzero(owner != root)
+    b = StepBuilder().transfers(np.full(len(blk), root), owner[blk], unit, src, offs[blk], offs[blk + 1], dst, offs[blk])
+    if src != dst:
+        b.copies([root], unit, src, offs[0], offs[-1], dst, offs[0])
+    return [] if b.empty() else [b.build()]
+
+
+def gather(n: int, offs, unit: int, root: int, buf=OUTPUT, owner=None) -> list:
+    """Every owner sends its block of buf to the root (same rows)."""
+    offs = np.asarray(offs, dtype=np.int64)
+    blocks = len(offs) - 1
+    owner = np.arange(blocks) % n if owner is None else np.asarray(owner, dtype=np.int64)
+    blk = np.flatnonzero(owner != root)
+    if not len(blk):
+        return []
+    return [StepBuilder().transfers(owner[blk], np.full(len(blk), root), unit, buf, offs[blk], offs[blk + 1], buf,
+                                    offs[blk]).build()]
+
+
+def allreduce(n: int, N: int, unit: int, src=INPUT, dst=OUTPUT) -> list:
+    if n == 1 or N == 0:
+        return local_copy(n, N, unit, src, dst) if src != dst else []
+    b = bounds(N, n)
+    return reducescatter(n, b, unit, src, dst, dst, b[:-1]) + allgather(n, b, unit, dst)
+
+
+def broadcast(n: int, N: int, unit: int, root: int = 0, src=INPUT, dst=OUTPUT) -> list:
+    if n == 1 or N == 0:
+        return local_copy(n, N, unit, src, dst) if src != dst else []
+    b = bounds(N, n)
+    owner = np.arange(n)
+    ag = StepBuilder()
+    blk, to = np.divmod(np.arange(n * n), n)
+    keep = (to != blk) & (to != root)          # the root holds everything already
+    ag.transfers(blk[keep], to[keep], unit, dst, b[blk[keep]], b[blk[keep] + 1], dst, b[blk[keep]])
+    return scatter(n, b, unit, root, src, dst, owner) + [ag.build()]
+
+
+def reduce(n: int, N: int, unit: int, root: int = 0, src=INPUT, dst=OUTPUT) -> list:
+    if n == 1 or N == 0:
+        return local_copy(n, N, unit, src, dst) if src != dst else []
+    b = bounds(N, n)
+    return reducescatter(n, b, unit, src, dst, dst, b[:-1]) + gather(n, b, unit, root, dst)
+
+
+def alltoall(n: int, unit: int, src=INPUT, dst=OUTPUT) -> list:
+    """One step: block j of every rank's src goes straight to rank j (own block copied locally)."""
+    r = np.arange(n)
+    i, j = np.divmod(np.arange(n * n), n)
+    keep = i != j
+    b = StepBuilder().copies(r, unit, src, r, r + 1, dst, r)
+    b.transfers(i[keep], j[keep], unit, src, j[keep], j[keep] + 1, dst, i[keep])
+    return [b.build()]

@@ -1,0 +1,67 @@
+"""NB, Nonuniform Bruck (HCCL NB.md; templates reduce_scatter_nb.cc, all_gather_nb.cc).
+
+ceil(log2 p) steps for any p, no extra volume when p is not a power of two:
+- ReduceScatter, step s: send to r + 2^s the partials of the floor((p-1+2^s)/2^(s+1)) blocks
+  r + 2^s + k 2^(s+1); receive the mirror set from r - 2^s and reduce it in (distances
+  increasing, volume halving). Cost ceil(log2 p) a + (p-1)/p n(b+g).
+- AllGather (Bruck): step s sends the 2^s blocks r, r-1, ... to r + 2^s (the last step of a
+  non-power-of-two p sends p - 2^floor(log2 p)). Cost ceil(log2 p) a + (p-1)/p nb.
+- AllReduce = ReduceScatter + AllGather: 2 ceil(log2 p) a + 2(p-1)/p nb + (p-1)/p ng.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, ceil_log2, local_copy
+from .nhr import _add, received_before
+
+NAME = "NB"
+COLLECTIVES = ("allreduce", "reducescatter", "allgather")
+
+
+def reducescatter(n: int, offs, unit: int, src=INPUT, acc=SCRATCH, out=OUTPUT, out_lo=None) -> list:
+    offs = np.asarray(offs, dtype=np.int64)
+    out_lo = np.zeros(n, dtype=np.int64) if out_lo is None else np.asarray(out_lo, dtype=np.int64)
+    if n == 1:
+        if src == out and offs[0] == out_lo[0]:
+            return []
+        return [StepBuilder().copies([0], unit, src, offs[0], offs[1], out, out_lo[0]).build()]
+    r = np.arange(n)
+    L = ceil_log2(n)
+    steps = []
+    for s in range(L):
+        P = 1 << s
+        cnt = (n - 1 + P) // (2 * P)
+        to = (r + P) % n
+        blocks = (to[:, None] + 2 * P * np.arange(cnt)[None, :]) % n
+        sender_has = received_before((blocks - r[:, None]) % n, s, n)
+        receiver_has = received_before((blocks - to[:, None]) % n, s, n)
+        last = s == L - 1
+        b = StepBuilder()
+        _add(b, np.repeat(r, cnt), np.repeat(to, cnt), unit, np.where(sender_has, acc, src), offs, blocks,
+             out if last else acc, out_lo[to][:, None] if last else offs[blocks],
+             np.where(receiver_has, acc, src))
+        steps.append(b.build())
+    return steps
+
+
+def allgather(n: int, offs, unit: int, buf=OUTPUT) -> list:
+    offs = np.asarray(offs, dtype=np.int64)
+    r = np.arange(n)
+    L = ceil_log2(n)
+    steps = []
+    for s in range(L):
+        P = 1 << s
+        cnt = n - P if s == L - 1 and n & (n - 1) else P
+        blocks = (r[:, None] - np.arange(cnt)[None, :]) % n
+        b = StepBuilder()
+        _add(b, np.repeat(r, cnt), np.repeat((r + P) % n, cnt), unit, buf, offs, blocks, buf, offs[blocks], -1)
+        steps.append(b.build())
+    return steps
+
+
+def allreduce(n: int, N: int, unit: int, src=INPUT, dst=OUTPUT) -> list:
+    if n == 1 or N == 0:
+        return local_copy(n, N, unit, src, dst) if src != dst else []
+    offs = bounds(N, n)
+    return reducescatter(n, offs, unit, src, dst, dst, offs[:-1]) + allgather(n, offs, unit, dst)

@@ -1,0 +1,204 @@
+"""NHR, Nonuniform Hierarchical Ring (HCCL NHR.md; templates reduce_scatter_nhr.cc,
+all_gather_nhr.cc, all_reduce_nhr.cc, broadcast_nhr.cc, *_nhr_oneshot.cc, nhr_base.cc).
+
+ceil(log2 p) steps for any p, with no extra volume when p is not a power of two:
+- ReduceScatter, step s (s = 0, 1, ...): send to r - 2^s the partial sums of the
+  floor((p-1+2^s)/2^(s+1)) blocks u = (r - 2^s) - k 2^(s+1); receive the same set from r + 2^s and
+  reduce it in. Volume halves each step, distance doubles: the largest exchanges are between
+  neighbours. Cost ceil(log2 p) a + (p-1)/p n(b+g).
+- AllGather mirrors it: distance 2^(L-1-s) decreasing, volume increasing.
+  Cost ceil(log2 p) a + (p-1)/p nb.
+- AllReduce = ReduceScatter + AllGather through HCCL's slice map (a bit-reversal-like
+  permutation that makes each step's blocks contiguous, so a step is one transfer per peer):
+  2 ceil(log2 p) a + 2(p-1)/p nb + (p-1)/p ng. For small data (<= 256 KiB per rank, HCCL's
+  NHR_ALLREDUCE_SMALL_SIZE) HCCL uses a one-shot tree instead: a binomial reduce to rank 0 and a
+  tree broadcast, the whole buffer per step: 2 ceil(log2 p)(a + nb) + ceil(log2 p) ng.
+- Broadcast = NHR Scatter + NHR AllGather (through the slice map), or for <= 2 MiB
+  (NHR_BCAST_SMALL_SIZE) the one-shot tree broadcast: ceil(log2 p)(a + nb).
+As in HCCL, the scatter may forward a block its sender has not received yet when p is not a
+power of two; the AllGather overwrites it, and the bytes are counted.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, ceil_log2, local_copy, merge_runs
+
+NAME = "NHR"
+COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast")
+ALLREDUCE_SMALL_BYTES = 256 * 1024
+BROADCAST_SMALL_BYTES = 2 * 1024 * 1024
+
+
+@lru_cache(maxsize=256)
+def slice_map(n: int) -> tuple:
+    """HCCL's NHR slice permutation (GetRankMapping): rank x holds block map[x] after ReduceScatter."""
+    tree = list(range(n))
+    length = n
+    for s in range(ceil_log2(n)):
+        if (n - 1 + (1 << s)) // (1 << (s + 1)) <= 1:
+            break
+        tmp = [0] * n
+        odd = False
+        for st in range(0, n, length):
+            part = tree[st:min(st + length, n)]
+            odd |= len(part) % 2 == 1
+            for o, x in enumerate(part):
+                tmp[st + (o // 2 if o % 2 == 0 else (o + length) // 2)] = x
+        tree = tmp
+        length >>= 1
+        if odd:
+            break
+    mapping = [0] * n
+    for i, x in enumerate(tree):
+        mapping[x] = i
+    return tuple(mapping)
+
+
+def received_before(delta, step: int, n: int):
+    """Whether a rank already holds a partial of a block at relative distance `delta` before
+    `step` (it received that block at step s' < step: delta = k 2^(s'+1) with k < count(s'))."""
+    got = np.zeros(np.shape(delta), dtype=bool)
+    for s in range(step):
+        span = 1 << (s + 1)
+        got |= (delta % span == 0) & (delta // span < (n - 1 + (1 << s)) // span)
+    return got
+
+
+def _add(b, src, dst, unit, sbuf, offs, blocks, dbuf, dlo, rbuf):
+    """Transfers of whole rank blocks, merged where they continue each other."""
+    shape = np.shape(blocks)
+    src, dst, blocks = (np.asarray(a).reshape(-1) for a in (src, dst, blocks))
+    sbuf, dbuf, rbuf, dlo = (np.broadcast_to(np.asarray(a), shape).reshape(-1) for a in (sbuf, dbuf, rbuf, dlo))
+    slo, shi = offs[blocks], offs[blocks + 1]
+    keep = shi > slo
+    if not keep.all() and keep.any():
+        src, dst, sbuf, slo, shi, dbuf, dlo, rbuf = (a[keep] for a in (src, dst, sbuf, slo, shi, dbuf, dlo, rbuf))
+    rlo = np.where(rbuf >= 0, slo, 0)          # a reduction's own operand sits at the block's rows
+    src, dst, sbuf, slo, shi, dbuf, dlo, rbuf, rlo = merge_runs(src, dst, sbuf, slo, shi, dbuf, dlo, rbuf, rlo)
+    b.transfers(src, dst, unit, sbuf, slo, shi, dbuf, dlo, rbuf=rbuf, rlo=rlo)
+
+
+def reducescatter(n: int, offs, unit: int, src=INPUT, acc=SCRATCH, out=OUTPUT, out_lo=None, smap=None) -> list:
+    """Rank x ends with block smap[x] (default x) reduced, at out[out_lo[x]]; partials in acc."""
+    offs = np.asarray(offs, dtype=np.int64)
+    smap = np.arange(n) if smap is None else np.asarray(smap, dtype=np.int64)
+    out_lo = np.zeros(n, dtype=np.int64) if out_lo is None else np.asarray(out_lo, dtype=np.int64)
+    if n == 1:
+        blk = smap[0]
+        if src == out and offs[blk] == out_lo[0]:
+            return []
+        return [StepBuilder().copies([0], unit, src, offs[blk], offs[blk + 1], out, out_lo[0]).build()]
+    r = np.arange(n)
+    L = ceil_log2(n)
+    steps = []
+    for s in range(L):
+        P = 1 << s
+        cnt = (n - 1 + P) // (2 * P)
+        to = (r - P) % n
+        u = (to[:, None] - 2 * P * np.arange(cnt)[None, :]) % n
+        sender_has = received_before((r[:, None] - u) % n, s, n)
+        receiver_has = received_before((to[:, None] - u) % n, s, n)
+        blocks = smap[u]
+        last = s == L - 1
+        b = StepBuilder()
+        _add(b, np.repeat(r, cnt), np.repeat(to, cnt), unit, np.where(sender_has, acc, src), offs, blocks,
+             out if last else acc, out_lo[to][:, None] if last else offs[blocks],
+             np.where(receiver_has, acc, src))
+        steps.append(b.build())
+    return steps
+
+
+def allgather(n: int, offs, unit: int, buf=OUTPUT, smap=None) -> list:
+    """In place: rank x's block smap[x] (default x) is already in buf."""
+    offs = np.asarray(offs, dtype=np.int64)
+    smap = np.arange(n) if smap is None else np.asarray(smap, dtype=np.int64)
+    r = np.arange(n)
+    L = ceil_log2(n)
+    steps = []
+    for s in range(L):
+        d = 1 << (L - 1 - s)
+        cnt = (n - 1 + d) // (2 * d)
+        u = (r[:, None] - 2 * d * np.arange(cnt)[None, :]) % n
+        b = StepBuilder()
+        blocks = smap[u]
+        _add(b, np.repeat(r, cnt), np.repeat((r + d) % n, cnt), unit, buf, offs, blocks, buf, offs[blocks], -1)
+        steps.append(b.build())
+    return steps
+
+
+def _tree_reduce(n, N, unit, root, src, dst):
+    """One-shot: distances increasing, the whole buffer per step, into the root."""
+    has = np.zeros(n, dtype=bool)
+    steps = []
+    for s in range(ceil_log2(n)):
+        P, G = 1 << s, 2 << s
+        n_r = (n - 1 + P) // G
+        d = np.arange(n)
+        senders = d[(d // G < n_r) & (d % G == P)]
+        rel_recv = senders - P
+        steps.append(StepBuilder().transfers((senders + root) % n, (rel_recv + root) % n, unit,
+                                             np.where(has[senders], dst, src), 0, N, dst, 0,
+                                             rbuf=np.where(has[rel_recv], dst, src), rlo=0).build())
+        has[rel_recv] = True
+    return steps
+
+
+def _tree_broadcast(n, N, unit, root, buf):
+    """One-shot: distances decreasing, the whole buffer per step, from the root (data already in buf)."""
+    L = ceil_log2(n)
+    steps = []
+    for s in range(L):
+        P, G = 1 << (L - 1 - s), 2 << (L - 1 - s)
+        n_r = (n - 1 + P) // G
+        d = np.arange(n)
+        senders = d[(d // G < n_r) & (d % G == 0)]
+        steps.append(StepBuilder().transfers((senders + root) % n, (senders + P + root) % n, unit, buf, 0, N,
+                                             buf, 0).build())
+    return steps
+
+
+def allreduce(n: int, N: int, unit: int, src=INPUT, dst=OUTPUT, oneshot: bool | None = None) -> list:
+    if n == 1 or N == 0:
+        return local_copy(n, N, unit, src, dst) if src != dst else []
+    if oneshot is None:
+        oneshot = N * unit <= ALLREDUCE_SMALL_BYTES
+    if oneshot:
+        steps = _tree_reduce(n, N, unit, 0, src, dst)
+        return steps + _tree_broadcast(n, N, unit, 0, dst)
+    smap = np.asarray(slice_map(n))
+    offs = bounds(N, n)
+    return (reducescatter(n, offs, unit, src, dst, dst, offs[smap], smap)
+            + allgather(n, offs, unit, dst, smap))
+
+
+def broadcast(n: int, N: int, unit: int, root: int = 0, src=INPUT, dst=OUTPUT, oneshot: bool | None = None) -> list:
+    if n == 1 or N == 0:
+        return local_copy(n, N, unit, src, dst) if src != dst else []
+    if oneshot is None:
+        oneshot = N * unit <= BROADCAST_SMALL_BYTES
+    steps = []
+    if src != dst:
+        steps = [StepBuilder().copies([root], unit, src, 0, N, dst, 0).build()]
+    if oneshot:
+        return steps + _tree_broadcast(n, N, unit, root, dst)
+    smap = np.asarray(slice_map(n))
+    offs = bounds(N, n)
+    r = np.arange(n)
+    L = ceil_log2(n)
+    pow2 = n & (n - 1) == 0
+    for s in range(L):
+        P = 1 << s
+        cnt = (n - 1 + P) // (2 * P)
+        d_root = (root - r) % n
+        n_r = n - P if (not pow2 and s == L - 1) else P
+        senders = r[d_root < n_r]
+        u = ((senders - P)[:, None] - 2 * P * np.arange(cnt)[None, :]) % n
+        b = StepBuilder()
+        blocks = smap[u]
+        _add(b, np.repeat(senders, cnt), np.repeat((senders - P) % n, cnt), unit, dst, offs, blocks, dst,
+             offs[blocks], -1)
+        steps.append(b.build())
+    return steps + allgather(n, offs, unit, dst, smap)

@@ -1,0 +1,271 @@
+"""Programs: a collective's schedule for all ranks at once, as numpy arrays per global step.
+
+A global step holds every transfer of that step (sender, receiver, bytes, the sender's source
+slice, the receiver's destination slice and, for a reducing receive, the receiver's operand
+slice), every local copy, and every modelled staging copy. A rank's part of global step t is its
+step t (hcomm.steps): the ops run at once, and the rank moves on when all of them have
+completed. Because both ends of every transfer sit in the same global step, schedules are
+aligned by construction: no deadlock is possible, and a step of all ranks can be priced with a
+few array operations (hcomm.vtiming).
+
+From one program come: each rank's step list (`rank_steps`, for engines whose ranks run apart and
+for the reference event-driven replay), the serial data program of the local engine (`execute`),
+and the symbolic checks of the tests (`execute` on symbolic buffers + `hazards`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .steps import Copy, Recv, Send, Slice, Stage
+
+BUFFERS = ("input", "output", "scratch")
+INPUT, OUTPUT, SCRATCH, NONE = 0, 1, 2, -1
+_I64 = np.int64
+
+
+def _arr(x, n):
+    a = np.asarray(x, dtype=_I64)
+    return np.broadcast_to(a, (n,)) if a.ndim == 0 else a
+
+
+ARRAYS = ("t_src", "t_dst", "t_bytes", "t_sbuf", "t_slo", "t_shi", "t_dbuf", "t_dlo", "t_dhi",
+          "t_rbuf", "t_rlo", "t_rhi", "c_rank", "c_sbuf", "c_slo", "c_shi", "c_dbuf", "c_dlo", "c_dhi",
+          "c_bytes", "g_rank", "g_bytes", "g_dir")
+TIMING_ARRAYS = ("t_src", "t_dst", "t_bytes", "t_rbuf", "c_rank", "c_bytes", "g_rank", "g_bytes")
+_EMPTY = np.empty(0, dtype=_I64)
+
+
+class Step:
+    """One global step. Transfer arrays are t_*, copy arrays c_*, staging arrays g_*.
+
+    `tkey`, when set, names the step's timing-relevant structure (who sends how many bytes to
+    whom, which receives reduce, local copies): steps with equal keys are priced from one
+    precomputation."""
+    __slots__ = ARRAYS + ("tkey", "cache")
+
+    def __init__(self):
+        for name in ARRAYS:
+            setattr(self, name, _EMPTY)
+        self.tkey = None
+        self.cache = {}
+
+    def full(self) -> "Step":
+        return self
+
+    def timing(self) -> "Step":
+        return self
+
+    @property
+    def num_transfers(self) -> int:
+        return len(self.t_src)
+
+
+class TimingView:
+    """Just what the timing model needs of a step."""
+    __slots__ = TIMING_ARRAYS
+
+    def __init__(self, t_src=_EMPTY, t_dst=_EMPTY, t_bytes=_EMPTY, t_rbuf=_EMPTY, c_rank=_EMPTY, c_bytes=_EMPTY,
+                 g_rank=_EMPTY, g_bytes=_EMPTY):
+        self.t_src, self.t_dst, self.t_bytes, self.t_rbuf = t_src, t_dst, t_bytes, t_rbuf
+        self.c_rank, self.c_bytes, self.g_rank, self.g_bytes = c_rank, c_bytes, g_rank, g_bytes
+
+
+class LazyStep:
+    """A step materialised on demand: programs with thousands of steps over thousands of ranks
+    (a flat ring) would not fit in memory as arrays. `timing()` gives the cheap timing view."""
+    __slots__ = ("_full", "_timing", "tkey", "cache")
+
+    def __init__(self, full, timing=None, tkey=None):
+        self._full, self._timing, self.tkey, self.cache = full, timing, tkey, {}
+
+    def full(self) -> Step:
+        return self._full()
+
+    def timing(self):
+        return self._timing() if self._timing is not None else self._full()
+
+
+class StepBuilder:
+    """Accumulate ops for one global step from (usually vectorised) pieces."""
+
+    def __init__(self):
+        self._t, self._c, self._g = [], [], []
+
+    def transfers(self, src, dst, unit, sbuf, slo, shi, dbuf, dlo, dhi=None, rbuf=NONE, rlo=0):
+        """dst rank's [dlo, dlo + (shi - slo)) of dbuf receives src rank's [slo, shi) of sbuf;
+        with rbuf, it receives the reduction with its own rbuf[rlo, ...)."""
+        src = np.asarray(src, dtype=_I64)
+        n = src.size
+        if n == 0:
+            return self
+        slo, shi = _arr(slo, n), _arr(shi, n)
+        length = shi - slo
+        dlo = _arr(dlo, n)
+        rb = _arr(rbuf, n)
+        rl = _arr(rlo, n)
+        self._t.append((src.reshape(-1), _arr(dst, n), length * int(unit), _arr(sbuf, n), slo, shi,
+                        _arr(dbuf, n), dlo, dlo + length, rb, rl, np.where(rb >= 0, rl + length, rl)))
+        return self
+
+    def copies(self, rank, unit, sbuf, slo, shi, dbuf, dlo):
+        rank = np.asarray(rank, dtype=_I64).reshape(-1)
+        n = rank.size
+        if n == 0:
+            return self
+        slo, shi, dlo = _arr(slo, n), _arr(shi, n), _arr(dlo, n)
+        self._c.append((rank, _arr(sbuf, n), slo, shi, _arr(dbuf, n), dlo, dlo + (shi - slo), (shi - slo) * int(unit)))
+        return self
+
+    def stages(self, rank, nbytes, direction):
+        rank = np.asarray(rank, dtype=_I64).reshape(-1)
+        if rank.size:
+            self._g.append((rank, _arr(nbytes, rank.size), _arr(0 if direction == "in" else 1, rank.size)))
+        return self
+
+    def build(self) -> Step:
+        step = Step()
+        if self._t:
+            cols = [np.concatenate(c) for c in zip(*self._t)]
+            (step.t_src, step.t_dst, step.t_bytes, step.t_sbuf, step.t_slo, step.t_shi, step.t_dbuf, step.t_dlo,
+             step.t_dhi, step.t_rbuf, step.t_rlo, step.t_rhi) = cols
+        if self._c:
+            cols = [np.concatenate(c) for c in zip(*self._c)]
+            (step.c_rank, step.c_sbuf, step.c_slo, step.c_shi, step.c_dbuf, step.c_dlo, step.c_dhi,
+             step.c_bytes) = cols
+        if self._g:
+            step.g_rank, step.g_bytes, step.g_dir = [np.concatenate(c) for c in zip(*self._g)]
+        return step
+
+    def empty(self) -> bool:
+        return not (self._t or self._c or self._g)
+
+
+def step(**kwargs) -> Step:
+    """One-call form: step(transfers=[...kwargs...], copies=[...], ...)."""
+    b = StepBuilder()
+    for kw in kwargs.get("transfers", ()):
+        b.transfers(**kw)
+    for kw in kwargs.get("copies", ()):
+        b.copies(**kw)
+    return b.build()
+
+
+def _concat(steps, names, factory):
+    out = factory()
+    for name in names:
+        parts = [getattr(s, name) for s in steps if len(getattr(s, name))]
+        if len(parts) == 1:
+            setattr(out, name, parts[0])
+        elif parts:
+            setattr(out, name, np.concatenate(parts))
+    return out
+
+
+def concat_steps(steps: list):
+    """Several groups' steps that run at the same time, as one global step."""
+    if len(steps) == 1:
+        return steps[0]
+    if all(isinstance(s, Step) for s in steps):
+        return _concat(steps, ARRAYS, Step)
+    keys = tuple(s.tkey for s in steps)
+    return LazyStep(lambda: _concat([s.full() for s in steps], ARRAYS, Step),
+                    lambda: _concat([s.timing() for s in steps], TIMING_ARRAYS, TimingView),
+                    ("cat",) + keys if all(k is not None for k in keys) else None)
+
+
+def merge_parallel(programs: list) -> list:
+    """Programs on disjoint sets of ranks (or disjoint data), run side by side step for step."""
+    longest = max((len(p) for p in programs), default=0)
+    return [concat_steps([p[i] for p in programs if i < len(p)]) for i in range(longest)]
+
+
+# ---- per-rank views --------------------------------------------------------------------------------
+
+def rank_steps(program: list, p: int) -> list:
+    """Each rank's list of steps (tuples of hcomm.steps ops), empty steps dropped."""
+    out = [[] for _ in range(p)]
+    for st in program:
+        st = st.full()
+        ops = [[] for _ in range(p)]
+        for i in range(len(st.t_src)):
+            s, d, nb = int(st.t_src[i]), int(st.t_dst[i]), int(st.t_bytes[i])
+            ops[s].append(Send(d, Slice(BUFFERS[st.t_sbuf[i]], int(st.t_slo[i]), int(st.t_shi[i])), nb))
+            rw = None if st.t_rbuf[i] < 0 else Slice(BUFFERS[st.t_rbuf[i]], int(st.t_rlo[i]), int(st.t_rhi[i]))
+            ops[d].append(Recv(s, Slice(BUFFERS[st.t_dbuf[i]], int(st.t_dlo[i]), int(st.t_dhi[i])), nb, rw))
+        for i in range(len(st.c_rank)):
+            r = int(st.c_rank[i])
+            ops[r].append(Copy(Slice(BUFFERS[st.c_sbuf[i]], int(st.c_slo[i]), int(st.c_shi[i])),
+                               Slice(BUFFERS[st.c_dbuf[i]], int(st.c_dlo[i]), int(st.c_dhi[i])), int(st.c_bytes[i])))
+        for i in range(len(st.g_rank)):
+            ops[int(st.g_rank[i])].append(Stage(int(st.g_bytes[i]), "in" if st.g_dir[i] == 0 else "out"))
+        for r in range(p):
+            if ops[r]:
+                out[r].append(tuple(ops[r]))
+    return [tuple(s) for s in out]
+
+
+def data_moves(program: list) -> list:
+    """The serial data program: per step, its copies then its transfers, as plain tuples.
+
+    Valid because a rank never writes, within a step, a slice that the step exposes to a peer
+    (`hazards` checks it), and copies run at the start of their step in every engine.
+    """
+    moves = []
+    for st in program:
+        st = st.full()
+        for i in range(len(st.c_rank)):
+            r = int(st.c_rank[i])
+            moves.append((r, int(st.c_sbuf[i]), int(st.c_slo[i]), int(st.c_shi[i]),
+                          r, int(st.c_dbuf[i]), int(st.c_dlo[i]), int(st.c_dhi[i]), -1, 0, 0))
+        for i in range(len(st.t_src)):
+            moves.append((int(st.t_src[i]), int(st.t_sbuf[i]), int(st.t_slo[i]), int(st.t_shi[i]),
+                          int(st.t_dst[i]), int(st.t_dbuf[i]), int(st.t_dlo[i]), int(st.t_dhi[i]),
+                          int(st.t_rbuf[i]), int(st.t_rlo[i]), int(st.t_rhi[i])))
+    return moves
+
+
+def index_aligned(moves: list) -> bool:
+    """True when every move pairs equal index ranges, so disjoint index ranges can run on
+    different threads (vector collectives); block collectives split by column instead."""
+    return all(m[2] == m[6] and m[3] == m[7] and (m[8] < 0 or (m[9], m[10]) == (m[6], m[7])) for m in moves)
+
+
+def execute(moves: list, buffers: list, reduce_fn, lo: int | None = None, hi: int | None = None) -> None:
+    """Run data moves on every rank's buffers (`buffers[rank][buffer code]`), optionally only on
+    first-axis indices [lo, hi) (valid for index-aligned moves)."""
+    copyto = np.copyto
+    if lo is None:
+        for s, sb, sl, sh, d, db, dl, dh, rb, rl, rh in moves:
+            out = buffers[d][db][dl:dh]
+            if rb < 0:
+                copyto(out, buffers[s][sb][sl:sh])
+            else:
+                reduce_fn(buffers[s][sb][sl:sh], buffers[d][rb][rl:rh], out)
+        return
+    for s, sb, sl, sh, d, db, dl, dh, rb, rl, rh in moves:
+        a = dl if dl > lo else lo
+        b = dh if dh < hi else hi
+        if a >= b:
+            continue
+        out = buffers[d][db][a:b]
+        if rb < 0:
+            copyto(out, buffers[s][sb][a:b])
+        else:
+            reduce_fn(buffers[s][sb][a:b], buffers[d][rb][a:b], out)
+
+
+def hazards(program: list) -> list:
+    """Zero-copy violations: a rank writing, in a step, a slice the step exposes to a peer."""
+    found = []
+    for t, st in enumerate(program):
+        st = st.full()
+        exposed = {}
+        for i in range(len(st.t_src)):
+            exposed.setdefault(int(st.t_src[i]), []).append((int(st.t_sbuf[i]), int(st.t_slo[i]), int(st.t_shi[i])))
+        writes = [(int(st.t_dst[i]), int(st.t_dbuf[i]), int(st.t_dlo[i]), int(st.t_dhi[i])) for i in range(len(st.t_src))]
+        writes += [(int(st.c_rank[i]), int(st.c_dbuf[i]), int(st.c_dlo[i]), int(st.c_dhi[i])) for i in range(len(st.c_rank))]
+        for r, b, lo, hi in writes:
+            for eb, elo, ehi in exposed.get(r, ()):
+                if eb == b and lo < ehi and elo < hi and lo < hi and elo < ehi:
+                    found.append((t, r, BUFFERS[b], (lo, hi), (elo, ehi)))
+    return found

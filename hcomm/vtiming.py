@@ -1,0 +1,186 @@
+"""The timing model, vectorised over ranks: a program's simulated times without payload.
+
+Same rules as the event-driven reference (hcomm.timing.replay), applied a global step at a
+time. Two facts make that exact:
+- Ports and device engines belong to one NPU, and a rank starts step t+1 only after all of its
+  step-t transfers have completed, so no port or engine is ever still busy from an earlier step
+  when a later one begins: contention happens only among the transfers of one step.
+- Both ends of every transfer are in the same global step (programs are aligned), so a step's
+  transfers are ready at max(sender clock, receiver clock) + notify.
+Within a step, transfers sharing a port (or a receiver's reduce engine) are served in
+(ready, sender, receiver, listing) order, as the reference serves them. A step where no two
+transfers share a port or an engine, which is most steps of most algorithms, costs a handful of
+array operations; otherwise the step's transfers are levelled along their resource chains and
+each level is one vectorised update.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+_I64 = np.int64
+_CACHE_LIMIT = 20000
+
+
+class _Prep:
+    """Per-step arrays that depend only on the step's structure and the topology."""
+    __slots__ = ("src", "dst", "nf", "nb", "wire", "lat", "red", "eport", "iport", "l_rank", "l_cost", "fast",
+                 "perm", "inv", "src_unique", "dst_unique", "cost_fwd", "n")
+
+
+def _prep(view, topo, dtype, redop, p) -> _Prep:
+    pr = _Prep()
+    src = np.asarray(view.t_src, dtype=_I64)
+    dst = np.asarray(view.t_dst, dtype=_I64)
+    pr.src, pr.dst, pr.n = src, dst, len(src)
+    dm = topo.device_model
+    if len(src):
+        lat, bw, eport, iport = topo.route_arrays(src, dst)
+        from topologies.model import transfer_ns_array
+        pr.wire = transfer_ns_array(view.t_bytes, bw)
+        pr.lat = lat
+        pr.eport, pr.iport = eport, iport
+        pr.nf = topo.notify_arrays(src, dst)
+        pr.nb = topo.notify_arrays(dst, src)
+        pr.red = np.where(np.asarray(view.t_rbuf) >= 0, dm.reduce_ns_array(view.t_bytes, dtype, redop or "sum"), 0)
+        pr.cost_fwd = pr.nf + pr.wire + pr.lat + pr.red
+    l_rank = np.concatenate([np.asarray(view.c_rank, dtype=_I64), np.asarray(view.g_rank, dtype=_I64)])
+    l_cost = np.concatenate([dm.copy_ns_array(view.c_bytes), dm.copy_ns_array(view.g_bytes)]) if len(l_rank) else l_rank
+    keep = l_cost > 0
+    pr.l_rank, pr.l_cost = l_rank[keep], l_cost[keep]
+    if len(src):
+        pr.src_unique = len(np.unique(src)) == len(src)
+        pr.dst_unique = len(np.unique(dst)) == len(dst)
+        costly = pr.red > 0
+        pr.fast = (not len(pr.l_rank) and len(np.unique(eport)) == len(eport) and len(np.unique(iport)) == len(iport)
+                   and len(np.unique(dst[costly])) == int(costly.sum()))
+        # every rank sends once and receives once: the cheapest update
+        pr.perm = pr.src_unique and pr.dst_unique and len(src) == p
+        if pr.perm:
+            pr.inv = np.empty(p, dtype=_I64)
+            pr.inv[dst] = np.arange(p)
+    else:
+        pr.fast = not len(pr.l_rank)
+        pr.perm = False
+    return pr
+
+
+def _prep_for(st, topo, dtype, redop, p, cache):
+    key = st.tkey
+    if key is not None:
+        ck = (key, dtype, redop)
+        pr = cache.get(ck)
+        if pr is None:
+            if len(cache) >= _CACHE_LIMIT:
+                cache.clear()
+            pr = cache[ck] = _prep(st.timing(), topo, dtype, redop, p)
+        return pr
+    local = st.cache.get((id(topo), dtype, redop)) if hasattr(st, "cache") else None
+    if local is None:
+        local = _prep(st.timing(), topo, dtype, redop, p)
+        if type(st).__name__ == "Step":   # eager steps keep their prep; lazy ones are rebuilt each time
+            st.cache[(id(topo), dtype, redop)] = local
+    return local
+
+
+def _step(pr: _Prep, clock):
+    if pr.n == 0 and not len(pr.l_rank):
+        return clock
+    if pr.fast and pr.perm and pr.src is not None:
+        done = np.maximum(clock[pr.src], clock[pr.dst])
+        done += pr.cost_fwd
+        new = done[pr.inv]                 # receive completion, by receiver
+        ack = done + pr.nb                 # send completion, by sender
+        if pr.src_unique:
+            sent = np.empty_like(new)
+            sent[pr.src] = ack
+            np.maximum(new, sent, out=new)
+        return new
+    new = clock.copy()
+    engine = None
+    if len(pr.l_rank):
+        # local copies and staging run first, serially on each rank's engine
+        busy = np.bincount(pr.l_rank, weights=pr.l_cost, minlength=len(clock)).astype(_I64)
+        engine = clock + busy
+        np.maximum(new, engine, out=new)
+    if pr.n == 0:
+        return new
+    ready = np.maximum(clock[pr.src], clock[pr.dst]) + pr.nf
+    if pr.fast:
+        done = ready + pr.wire + pr.lat + pr.red
+    else:
+        done = _contended(pr, ready, engine, clock)
+    if pr.dst_unique:
+        new[pr.dst] = np.maximum(new[pr.dst], done)
+    else:
+        np.maximum.at(new, pr.dst, done)
+    ack = done + pr.nb
+    if pr.src_unique:
+        new[pr.src] = np.maximum(new[pr.src], ack)
+    else:
+        np.maximum.at(new, pr.src, ack)
+    return new
+
+
+def _predecessor(resource, order_pos, valid=None):
+    """For each transfer, the transfer served just before it on the same resource (or -1)."""
+    n = len(resource)
+    idx = np.arange(n) if valid is None else np.flatnonzero(valid)
+    pred = np.full(n, -1, dtype=_I64)
+    if len(idx) < 2:
+        return pred
+    o = idx[np.lexsort((order_pos[idx], resource[idx]))]
+    same = resource[o[1:]] == resource[o[:-1]]
+    pred[o[1:][same]] = o[:-1][same]
+    return pred
+
+
+def _contended(pr, ready, engine, clock):
+    """Transfers sharing ports or reduce engines, served in (ready, src, dst, listing) order."""
+    n = pr.n
+    order = np.lexsort((np.arange(n), pr.dst, pr.src, ready))
+    pos = np.empty(n, dtype=_I64)
+    pos[order] = np.arange(n)
+    p_out = _predecessor(pr.eport, pos)
+    p_in = _predecessor(pr.iport, pos)
+    costly = pr.red > 0
+    p_eng = _predecessor(pr.dst, pos, costly)
+    level = np.zeros(n, dtype=_I64)
+    while True:
+        cand = level.copy()
+        for pred in (p_out, p_in, p_eng):
+            has = pred >= 0
+            cand[has] = np.maximum(cand[has], level[pred[has]] + 1)
+        if np.array_equal(cand, level):
+            break
+        level = cand
+    wire_end = np.zeros(n, dtype=_I64)
+    done = np.zeros(n, dtype=_I64)
+    eng_free0 = clock if engine is None else engine
+    for lv in range(int(level.max()) + 1):
+        e = np.flatnonzero(level == lv)
+        start = ready[e].copy()
+        for pred in (p_out, p_in):
+            pe = pred[e]
+            has = pe >= 0
+            start[has] = np.maximum(start[has], wire_end[pe[has]])
+        wire_end[e] = start + pr.wire[e]
+        arrive = wire_end[e] + pr.lat[e]
+        red = pr.red[e]
+        if red.any():
+            pe = p_eng[e]
+            free = np.where(pe >= 0, done[np.maximum(pe, 0)], eng_free0[pr.dst[e]])
+            rstart = np.where(red > 0, np.maximum(arrive, free), arrive)
+            done[e] = rstart + red
+        else:
+            done[e] = arrive
+    return done
+
+
+def program_times(program, entry, topo, dtype="float32", redop="sum"):
+    """Every rank's exit clock (ns, int64 array) for a program entered at `entry` clocks."""
+    clock = np.asarray(entry, dtype=_I64).copy()
+    p = len(clock)
+    cache = topo.__dict__.setdefault("_vtiming_cache", {})
+    for st in program:
+        clock = _step(_prep_for(st, topo, dtype, redop, p, cache), clock)
+    return clock

@@ -1,0 +1,91 @@
+"""Analytic routing for the preset layouts: one definition, scalar and vectorised.
+
+Both the event-driven reference replay (Topology.route) and the vectorised timing engine
+(Topology.route_arrays) route through these, so the two price every transfer identically.
+Port ids: rank * 8 + a port code; a synthetic full mesh gives each directed link its own pair.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .model import seconds_to_ns
+
+HCCS, PCIE, ROCE, RIGHT, LEFT = 0, 1, 2, 3, 4
+_PORT_NAMES = {HCCS: "hccs", PCIE: "pcie", ROCE: "roce", RIGHT: "right", LEFT: "left"}
+
+
+class HardwareRouter:
+    """Servers of NPUs: HCCS inside a group, PCIe between groups of a server, RoCE between servers."""
+
+    def __init__(self, server_of, device_of, intra: dict, inter: dict):
+        self.server_of = np.asarray(server_of, dtype=np.int64)
+        self.device_of = np.asarray(device_of, dtype=np.int64)
+        self.group_size = int(intra.get("group_size", 1 << 30)) if intra["layout"] == "groups" else 1 << 30
+        self.hccs = (seconds_to_ns(intra["latency"]), float(intra["bandwidth"]), intra["kind"])
+        cross = intra.get("cross_group")
+        self.pcie = None if cross is None else (2 * seconds_to_ns(cross["latency_per_hop"]), float(cross["bandwidth"]),
+                                                cross["kind"])
+        self.roce = (2 * seconds_to_ns(inter["latency_per_hop"]), float(inter["bandwidth"]), inter["kind"])
+
+    def _class(self, src, dst):
+        same_server = self.server_of[src] == self.server_of[dst]
+        same_group = same_server & (self.device_of[src] // self.group_size == self.device_of[dst] // self.group_size)
+        return np.where(same_group, HCCS, np.where(same_server, PCIE, ROCE))
+
+    def many(self, src, dst):
+        cls = self._class(src, dst)
+        lat = np.empty(len(src), dtype=np.int64)
+        bw = np.empty(len(src), dtype=np.float64)
+        for code, spec in ((HCCS, self.hccs), (PCIE, self.pcie), (ROCE, self.roce)):
+            if spec is None:
+                continue
+            sel = cls == code
+            lat[sel], bw[sel] = spec[0], spec[1]
+        return lat, bw, src * 8 + cls, dst * 8 + cls
+
+    def one(self, src, dst):
+        code = int(self._class(np.array([src]), np.array([dst]))[0])
+        lat, bw, kind = {HCCS: self.hccs, PCIE: self.pcie, ROCE: self.roce}[code]
+        via = {HCCS: (), PCIE: (f"pcie:{int(self.server_of[src])}",), ROCE: ("roce",)}[code]
+        return lat, bw, _PORT_NAMES[code], _PORT_NAMES[code], (src,) + via + (dst,), (kind,) * (len(via) + 1)
+
+
+class FullMeshRouter:
+    """Every ordered pair has a link with ports of its own."""
+
+    def __init__(self, p, bandwidth, latency):
+        self.p, self.bw, self.lat = p, float(bandwidth), seconds_to_ns(latency)
+
+    def many(self, src, dst):
+        n = len(src)
+        return (np.full(n, self.lat, dtype=np.int64), np.full(n, self.bw), src * self.p + dst,
+                self.p * self.p + dst * self.p + src)
+
+    def one(self, src, dst):
+        return self.lat, self.bw, f"link:{dst}", f"link:{src}", (src, dst), ("link",)
+
+
+class RingRouter:
+    """Neighbours linked; farther ranks reached the shorter way round (clockwise on a tie),
+    forwarded by the NPUs in between, whose ports this model does not charge."""
+
+    def __init__(self, p, bandwidth, latency):
+        self.p, self.bw, self.lat = p, float(bandwidth), seconds_to_ns(latency)
+
+    def _hops(self, src, dst):
+        cw = (dst - src) % self.p
+        clockwise = cw <= self.p - cw
+        return np.where(clockwise, cw, self.p - cw), clockwise
+
+    def many(self, src, dst):
+        hops, clockwise = self._hops(src, dst)
+        n = len(src)
+        return (hops * self.lat, np.full(n, self.bw), src * 8 + np.where(clockwise, RIGHT, LEFT),
+                dst * 8 + np.where(clockwise, LEFT, RIGHT))
+
+    def one(self, src, dst):
+        hops, clockwise = self._hops(np.array([src]), np.array([dst]))
+        h, cw = int(hops[0]), bool(clockwise[0])
+        step = 1 if cw else -1
+        path = tuple((src + step * i) % self.p for i in range(h + 1))
+        return h * self.lat, self.bw, "right" if cw else "left", "left" if cw else "right", path, ("link",) * h
