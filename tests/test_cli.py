@@ -31,7 +31,7 @@ def test_default_bench_table(capsys):
     rows = rows_of(out)
     assert [int(r[0]) for r in rows] == [16 * 4 ** k for k in range(9)]
     for r in rows:
-        assert r[2] == "float" and r[3] == "sum" and r[4] == "-1" and r[8] == "0" and r[10] == "H-D_R"
+        assert r[2] == "float" and r[3] == "sum" and r[4] == "-1" and r[8] == "0" and r[10] == "level0:fullmesh"
         assert float(r[5]) > 0 and int(r[1]) == int(r[0]) // 4
     assert "# Out of bounds values : 0 OK" in out
     avg = float(out.split("# Avg bus bandwidth    :")[1].split()[0])
@@ -66,7 +66,7 @@ def test_local_and_timing_engines_report_the_same_times(capsys):
 
 def test_options_and_trace(capsys, tmp_path):
     trace = tmp_path / "t.json"
-    code, out, _ = bench(capsys, "--op", "broadcast", "-r", "3", "-d", "int8", "--algo", "ring", "-b", "1K",
+    code, out, _ = bench(capsys, "--op", "broadcast", "-r", "3", "-d", "int8", "--algo", "ring", "--topology", "ring", "--ranks", "6", "-b", "1K",
                          "-e", "4K", "-i", "1K", "--trace", str(trace), "--env", "HCCL_BUFFSIZE=1")
     assert code == 0
     rows = rows_of(out)

@@ -44,7 +44,9 @@ def merge_runs(src, dst, sbuf, slo, shi, dbuf, dlo, rbuf, rlo):
     prices k adjacent transfers on one port the same as their merge; this just keeps programs small."""
     if len(src) <= 1:
         return src, dst, sbuf, slo, shi, dbuf, dlo, rbuf, rlo
-    order = np.lexsort((slo, rbuf, dbuf, sbuf, dst, src))
+    # one int64 key (pair, then position) sorts faster than a six-key lexsort
+    span = int(max(shi.max(), 1)) + 1
+    order = np.argsort((src * (int(dst.max()) + 1) + dst) * span + slo, kind="stable")
     src, dst, sbuf, slo, shi, dbuf, dlo, rbuf, rlo = (a[order] for a in (src, dst, sbuf, slo, shi, dbuf, dlo, rbuf, rlo))
     length = shi - slo
     cont = np.zeros(len(src), dtype=bool)

@@ -68,7 +68,22 @@ def received_before(delta, step: int, n: int):
 
 
 def _add(b, src, dst, unit, sbuf, offs, blocks, dbuf, dlo, rbuf):
-    """Transfers of whole rank blocks, merged where they continue each other."""
+    """Transfers of whole rank blocks (one row of `blocks` per sender), merged where they continue
+    each other. With HCCL's slice map every row is one contiguous run, found without sorting."""
+    blocks = np.asarray(blocks)
+    if blocks.ndim == 2 and blocks.shape[1] > 1:
+        shape = blocks.shape
+        sb, db, rb, dl = (np.broadcast_to(np.asarray(a), shape) for a in (sbuf, dbuf, rbuf, dlo))
+        bmin, bmax = blocks.min(axis=1), blocks.max(axis=1)
+        uniform = ((bmax - bmin + 1 == shape[1]) & (sb == sb[:, :1]).all(axis=1) & (db == db[:, :1]).all(axis=1)
+                   & (rb == rb[:, :1]).all(axis=1) & (dl == offs[blocks]).all(axis=1))
+        if uniform.all():
+            src = np.asarray(src).reshape(shape)[:, 0]
+            dst = np.asarray(dst).reshape(shape)[:, 0]
+            lo, hi = offs[bmin], offs[bmax + 1]
+            rbuf0 = rb[:, 0]
+            b.transfers(src, dst, unit, sb[:, 0], lo, hi, db[:, 0], lo, rbuf=rbuf0, rlo=np.where(rbuf0 >= 0, lo, 0))
+            return
     shape = np.shape(blocks)
     src, dst, blocks = (np.asarray(a).reshape(-1) for a in (src, dst, blocks))
     sbuf, dbuf, rbuf, dlo = (np.broadcast_to(np.asarray(a), shape).reshape(-1) for a in (sbuf, dbuf, rbuf, dlo))
