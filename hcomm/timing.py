@@ -1,27 +1,26 @@
-"""The timing model: replay every rank's step list on a topology in simulated time (integer ns).
+"""The timing model's reference implementation: replay every rank's step list as discrete events.
 
 Rules (DESIGN.md "Simulated time"):
 - A rank posts step i when step i-1 has completed; at post its local ops (Copy, Stage) queue on
   the rank's device engine, and its Sends and Recvs wait for their partners.
 - A transfer is ready when both sides have posted it (plus one notify for the receiver's
   "ready" handshake). Transfers are granted ports in simulated-time order, ties broken by sender
-  rank, then receiver rank, then sequence number: start = max(ready, egress port free, ingress port free); the ports
-  are then busy for bytes / bottleneck bandwidth; data arrives route latency later.
-- A reducing receive then occupies the receiver's device engine for the reduction (free where the
-  DMA engine reduces inline). A receive completes when its data is in place; the matching send
+  rank, then receiver rank, then sequence number: start = max(ready, egress port free, ingress
+  port free); the ports are then busy for bytes / bottleneck bandwidth; data arrives route
+  latency later.
+- Reducing receives from one sender in one step are a batch (HCCL writes them to the peer's
+  scratch and notifies once): when the last has arrived, the receiver's device engine reduces
+  them in turn (free where the DMA engine reduces inline), and the batch completes.
+- A receive completes when its data is in place (its batch reduced); the matching send
   completes when the receiver has consumed it, plus one notify (the zero-copy ack).
 - A step completes at the latest completion of its operations.
 
-The same replay, given buffers, also moves the data in that order: it is how schedules are
-verified symbolically (contributions counted per element, zero-copy hazards and deadlocks
-detected) and how payload-free timing and real execution agree.
+hcomm.vtiming computes the same times vectorised over ranks; tests hold the two equal.
 """
 from __future__ import annotations
 
 import heapq
 from collections import deque
-
-import numpy as np
 
 from topologies.errors import HcclError
 
@@ -29,7 +28,7 @@ from .steps import Copy, Recv, Send, Stage
 
 
 class _Rank:
-    __slots__ = ("steps", "index", "clock", "pending", "step_end", "outstanding")
+    __slots__ = ("steps", "index", "clock", "pending", "step_end")
 
     def __init__(self, steps, clock):
         self.steps = steps
@@ -37,23 +36,25 @@ class _Rank:
         self.clock = clock
         self.pending = 0
         self.step_end = clock
-        self.outstanding = []   # (Slice) exposed by this step's sends, for hazard checks
+
+
+class _Batch:
+    __slots__ = ("count", "arrived", "last", "members")
+
+    def __init__(self, count):
+        self.count, self.arrived, self.last, self.members = count, 0, 0, []
 
 
 def replay(schedules, entry_ns, topo, dtype: str = "float32", redop: str | None = "sum",
-           buffers=None, reduce_fn=None, events: list | None = None, check_hazards: bool = False,
-           op_name: str = "op"):
-    """Replay per-rank schedules; return every rank's exit clock (ns).
+           events: list | None = None, op_name: str = "op"):
+    """Replay per-rank step lists; return every rank's exit clock (ns).
 
     Args:
-        schedules: one list of steps per rank.
+        schedules: one list of steps (tuples of hcomm.steps ops) per rank.
         entry_ns: every rank's clock at entry.
         topo: the Topology whose routes, ports and device model price the steps.
         dtype, redop: what a reduction reduces (decides inline reduce on hardware presets).
-        buffers: optional per-rank dict name -> ndarray; if given, data is moved as well.
-        reduce_fn: f(a, b, out) used for reducing receives when buffers are given.
         events: optional list to append Chrome-trace-like (rank, name, start_ns, end_ns, args).
-        check_hazards: raise if a rank writes a slice its unconsumed sends expose.
     """
     p = len(schedules)
     ranks = [_Rank(s, int(t)) for s, t in zip(schedules, entry_ns)]
@@ -63,38 +64,24 @@ def replay(schedules, entry_ns, topo, dtype: str = "float32", redop: str | None 
     unmatched_sends, unmatched_recvs = {}, {}
     heap = []
     seq = [0]
-
-    def write_check(r, sl):
-        if check_hazards:
-            for exposed in ranks[r].outstanding:
-                if exposed.overlaps(sl):
-                    raise HcclError("E_INTERNAL", f"zero-copy hazard: step {ranks[r].index} writes {sl} "
-                                    f"while its send of {exposed} is not yet consumed", rank=r, op=op_name)
+    batches = {}
 
     def local(r, op, t):
-        if isinstance(op, Copy):
-            cost = dm.copy_ns(op.nbytes)
-            if buffers is not None:
-                write_check(r, op.dst)
-                b = buffers[r]
-                np.copyto(b[op.dst.buf][op.dst.start:op.dst.stop], b[op.src.buf][op.src.start:op.src.stop])
-            name = "copy"
-        else:
-            cost = dm.copy_ns(op.nbytes)
-            name = f"stage-{op.direction}"
+        cost = dm.copy_ns(op.nbytes)
         start = max(t, engine_free[r])
         end = engine_free[r] = start + cost
         if events is not None and cost:
-            events.append((r, name, start, end, {"bytes": op.nbytes}))
+            events.append((r, "copy" if isinstance(op, Copy) else f"stage-{op.direction}", start, end,
+                           {"bytes": op.nbytes}))
         return end
 
-    def match(src, dst, send_post, send_op, recv_post, recv_op):
+    def match(src, dst, send_post, send_op, recv_post, recv_op, batch):
         if send_op.nbytes != recv_op.nbytes:
             raise HcclError("E_INTERNAL", f"schedule mismatch: rank {src} sends {send_op.nbytes} B to rank {dst}, "
                             f"which expects {recv_op.nbytes} B", op=op_name)
         ready = max(send_post, recv_post) + topo.notify_ns(src, dst)
         seq[0] += 1
-        heapq.heappush(heap, (ready, src, dst, seq[0], send_op, recv_op))
+        heapq.heappush(heap, (ready, src, dst, seq[0], send_op, recv_op, batch))
 
     def post(r):
         rk = ranks[r]
@@ -102,27 +89,31 @@ def replay(schedules, entry_ns, topo, dtype: str = "float32", redop: str | None 
             step = rk.steps[rk.index]
             t = rk.clock
             end, pending = t, 0
-            rk.outstanding = []
+            counts = {}
+            for op in step:
+                if isinstance(op, Recv) and op.reduce_with is not None:
+                    counts[op.peer] = counts.get(op.peer, 0) + 1
+            for peer, count in counts.items():
+                batches[(r, peer, rk.index)] = _Batch(count)
             for op in step:
                 if isinstance(op, Send):
                     key = (r, op.peer)
                     waiting = unmatched_recvs.get(key)
                     if waiting:
-                        rt, rop = waiting.popleft()
-                        match(r, op.peer, t, op, rt, rop)
+                        rt, rop, batch = waiting.popleft()
+                        match(r, op.peer, t, op, rt, rop, batch)
                     else:
                         unmatched_sends.setdefault(key, deque()).append((t, op))
-                    if check_hazards:
-                        rk.outstanding.append(op.src)
                     pending += 1
                 elif isinstance(op, Recv):
                     key = (op.peer, r)
+                    batch = batches[(r, op.peer, rk.index)] if op.reduce_with is not None else None
                     waiting = unmatched_sends.get(key)
                     if waiting:
                         st, sop = waiting.popleft()
-                        match(op.peer, r, st, sop, t, op)
+                        match(op.peer, r, st, sop, t, op, batch)
                     else:
-                        unmatched_recvs.setdefault(key, deque()).append((t, op))
+                        unmatched_recvs.setdefault(key, deque()).append((t, op, batch))
                     pending += 1
             for op in step:
                 if isinstance(op, (Copy, Stage)):
@@ -148,34 +139,35 @@ def replay(schedules, entry_ns, topo, dtype: str = "float32", redop: str | None 
         post(r)
 
     while heap:
-        ready, src, dst, _, sop, rop = heapq.heappop(heap)
+        ready, src, dst, _, sop, rop, batch = heapq.heappop(heap)
         route = topo.route(src, dst)
         wire = route.cost_ns(sop.nbytes) - route.latency_ns
         start = max(ready, port_free.get(("out",) + route.egress, 0), port_free.get(("in",) + route.ingress, 0))
         port_free[("out",) + route.egress] = port_free[("in",) + route.ingress] = start + wire
         arrive = start + wire + route.latency_ns
-        done = arrive
-        if buffers is not None:
-            write_check(dst, rop.dst)
-            view = buffers[src][sop.src.buf][sop.src.start:sop.src.stop]
-            out = buffers[dst][rop.dst.buf][rop.dst.start:rop.dst.stop]
-            if rop.reduce_with is not None:
-                w = rop.reduce_with
-                reduce_fn(view, buffers[dst][w.buf][w.start:w.stop], out)
-            else:
-                np.copyto(out, view)
-        if rop.reduce_with is not None:
-            cost = dm.reduce_ns(rop.nbytes, dtype, redop)
-            if cost:
-                rstart = max(arrive, engine_free[dst])
-                done = engine_free[dst] = rstart + cost
-                if events is not None:
-                    events.append((dst, "reduce", rstart, done, {"bytes": rop.nbytes, "from": src}))
         if events is not None:
             events.append((src, f"send->{dst}", start, arrive, {"bytes": sop.nbytes, "link": route.kind}))
             events.append((dst, f"recv<-{src}", start, arrive, {"bytes": sop.nbytes, "link": route.kind}))
-        finish(dst, done)
-        finish(src, done + topo.notify_ns(dst, src))
+        if batch is None:
+            finish(dst, arrive)
+            finish(src, arrive + topo.notify_ns(dst, src))
+            continue
+        batch.arrived += 1
+        batch.last = max(batch.last, arrive)
+        batch.members.append((src, rop))
+        if batch.arrived < batch.count:
+            continue
+        cost = sum(dm.reduce_ns(op.nbytes, dtype, redop) for _, op in batch.members)
+        done = batch.last
+        if cost:
+            rstart = max(batch.last, engine_free[dst])
+            done = engine_free[dst] = rstart + cost
+            if events is not None:
+                events.append((dst, "reduce", rstart, done, {"bytes": sum(op.nbytes for _, op in batch.members),
+                                                            "from": src}))
+        for member_src, _ in batch.members:
+            finish(dst, done)
+            finish(member_src, done + topo.notify_ns(dst, member_src))
 
     stuck = [r for r, rk in enumerate(ranks) if rk.index < len(rk.steps)]
     if stuck:
@@ -185,4 +177,3 @@ def replay(schedules, entry_ns, topo, dtype: str = "float32", redop: str | None 
         raise HcclError("E_INTERNAL", f"schedule deadlock: ranks {stuck[:16]} never complete; rank {r} is stuck in "
                         f"step {rk.index} waiting on peers {peers}", op=op_name)
     return [rk.clock for rk in ranks]
-

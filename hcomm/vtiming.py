@@ -23,7 +23,7 @@ _CACHE_LIMIT = 20000
 
 class _Prep:
     """Per-step arrays that depend only on the step's structure and the topology."""
-    __slots__ = ("src", "dst", "nf", "nb", "wire", "lat", "red", "eport", "iport", "l_rank", "l_cost", "fast",
+    __slots__ = ("src", "dst", "nf", "nb", "wire", "lat", "red", "rflag", "eport", "iport", "l_rank", "l_cost", "fast",
                  "perm", "inv", "src_unique", "dst_unique", "cost_fwd", "n")
 
 
@@ -48,7 +48,8 @@ def _prep(view, topo, dtype, redop, p) -> _Prep:
         pr.eport, pr.iport = eport, iport
         pr.nf = topo.notify_arrays(src, dst)
         pr.nb = topo.notify_arrays(dst, src)
-        pr.red = np.where(np.asarray(view.t_rbuf) >= 0, dm.reduce_ns_array(view.t_bytes, dtype, redop or "sum"), 0)
+        pr.rflag = np.asarray(view.t_rbuf) >= 0
+        pr.red = np.where(pr.rflag, dm.reduce_ns_array(view.t_bytes, dtype, redop or "sum"), 0)
         pr.cost_fwd = pr.nf + pr.wire + pr.lat + pr.red
     l_rank = np.concatenate([np.asarray(view.c_rank, dtype=_I64), np.asarray(view.g_rank, dtype=_I64)])
     l_cost = np.concatenate([dm.copy_ns_array(view.c_bytes), dm.copy_ns_array(view.g_bytes)]) if len(l_rank) else l_rank
@@ -161,27 +162,24 @@ def _predecessor(resource, order_pos, valid=None):
 
 
 def _contended(pr, ready, engine, clock):
-    """Transfers sharing ports or reduce engines, served in (ready, src, dst, listing) order."""
+    """Transfers sharing ports, served in (ready, src, dst, listing) order, then each receiver's
+    reductions: one batch per sender, in the order the batches' last transfers were served."""
     n = pr.n
     order = np.lexsort((np.arange(n), pr.dst, pr.src, ready))
     pos = np.empty(n, dtype=_I64)
     pos[order] = np.arange(n)
     p_out = _predecessor(pr.eport, pos)
     p_in = _predecessor(pr.iport, pos)
-    costly = pr.red > 0
-    p_eng = _predecessor(pr.dst, pos, costly)
     level = np.zeros(n, dtype=_I64)
     while True:
         cand = level.copy()
-        for pred in (p_out, p_in, p_eng):
+        for pred in (p_out, p_in):
             has = pred >= 0
             cand[has] = np.maximum(cand[has], level[pred[has]] + 1)
         if np.array_equal(cand, level):
             break
         level = cand
     wire_end = np.zeros(n, dtype=_I64)
-    done = np.zeros(n, dtype=_I64)
-    eng_free0 = clock if engine is None else engine
     for lv in range(int(level.max()) + 1):
         e = np.flatnonzero(level == lv)
         start = ready[e].copy()
@@ -190,15 +188,38 @@ def _contended(pr, ready, engine, clock):
             has = pe >= 0
             start[has] = np.maximum(start[has], wire_end[pe[has]])
         wire_end[e] = start + pr.wire[e]
-        arrive = wire_end[e] + pr.lat[e]
-        red = pr.red[e]
-        if red.any():
-            pe = p_eng[e]
-            free = np.where(pe >= 0, done[np.maximum(pe, 0)], eng_free0[pr.dst[e]])
-            rstart = np.where(red > 0, np.maximum(arrive, free), arrive)
-            done[e] = rstart + red
-        else:
-            done[e] = arrive
+    done = wire_end + pr.lat
+    reducing = np.flatnonzero(pr.rflag)
+    if not len(reducing):
+        return done
+    # batches: the reducing transfers of one (sender, receiver) pair
+    pair = pr.src[reducing] * (int(pr.dst.max()) + 1) + pr.dst[reducing]
+    uniq, unit = np.unique(pair, return_inverse=True)
+    u = len(uniq)
+    last = np.full(u, np.iinfo(_I64).min, dtype=_I64)
+    np.maximum.at(last, unit, done[reducing])
+    upos = np.full(u, -1, dtype=_I64)
+    np.maximum.at(upos, unit, pos[reducing])
+    cost = np.zeros(u, dtype=_I64)
+    np.add.at(cost, unit, pr.red[reducing])
+    udst = np.zeros(u, dtype=_I64)
+    udst[unit] = pr.dst[reducing]
+    end = last.copy()
+    costly = np.flatnonzero(cost > 0)
+    if len(costly):
+        eng = clock if engine is None else engine
+        o = costly[np.lexsort((upos[costly], udst[costly]))]
+        first = np.ones(len(o), dtype=bool)
+        first[1:] = udst[o[1:]] != udst[o[:-1]]
+        rank_in_dst = np.arange(len(o)) - np.maximum.accumulate(np.where(first, np.arange(len(o)), 0))
+        prev_end = eng[udst[o]].astype(_I64)
+        for j in range(int(rank_in_dst.max()) + 1):
+            sel = np.flatnonzero(rank_in_dst == j)
+            units = o[sel]
+            if j:
+                prev_end[sel] = end[o[sel - 1]]
+            end[units] = np.maximum(last[units], prev_end[sel]) + cost[units]
+    done[reducing] = end[unit]
     return done
 
 

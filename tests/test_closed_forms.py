@@ -123,3 +123,59 @@ def test_barrier(p):
     topo = hccl_sim.topology("fullmesh", ranks=p, bandwidth=1e9, latency=1e-6)
     res = hccl_sim.run(lambda c: (c.barrier(), c.last_op)[1], topology=topo)
     assert {r.end - r.start for r in res} == {math.ceil(math.log2(p)) * A}
+
+
+def clog2(p):
+    return math.ceil(math.log2(p))
+
+
+@pytest.mark.parametrize("p", RANKS)
+@pytest.mark.parametrize("algo", ["NHR", "NB"])
+def test_nhr_nb_allreduce_reducescatter_allgather(p, algo):
+    n = LCM * ITEM                      # > 256 KiB: NHR's ReduceScatter + AllGather form
+    k = clog2(p)
+    assert makespan("allreduce", n, p, algo) == 2 * k * A + 2 * (p - 1) * n // p * B + (p - 1) * n // p * G
+    assert makespan("reducescatter", n, p, algo) == k * A + (p - 1) * n // p * (B + G)
+    assert makespan("allgather", n, p, algo) == k * A + (p - 1) * n // p * B
+
+
+@pytest.mark.parametrize("p", RANKS)
+def test_nhr_small_data_one_shot_tree(p):
+    n = 1024 * ITEM                     # <= 256 KiB: binomial reduce + tree broadcast, whole buffer
+    k = clog2(p)
+    assert makespan("allreduce", n, p, "NHR") == k * (2 * A + 2 * n * B + n * G)
+    assert makespan("broadcast", n, p, "NHR", root=p - 1) == k * (A + n * B)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8, 16])
+def test_nhr_broadcast_scatter_allgather(p):
+    n = (8 << 20) // p * p              # > 2 MiB: NHR Scatter + NHR AllGather
+    k = clog2(p)
+    assert makespan("broadcast", n, p, "NHR", root=1) == 2 * k * A + 2 * (p - 1) * n // p * B
+
+
+@pytest.mark.parametrize("p", RANKS)
+def test_mesh(p):
+    n = LCM * ITEM
+    assert makespan("allreduce", n, p, "fullmesh") == 2 * A + 2 * n // p * B + (p - 1) * n // p * G
+    assert makespan("reducescatter", n, p, "fullmesh") == A + n // p * B + (p - 1) * n // p * G
+    assert makespan("allgather", n, p, "fullmesh") == A + n // p * B
+    assert makespan("alltoall", n, p, "fullmesh") == A + n // p * B
+
+
+@pytest.mark.parametrize("p", RANKS)
+def test_hd_broadcast_reduce_binomial(p):
+    n = 4096 * ITEM
+    k = clog2(p)
+    assert makespan("broadcast", n, p, "H-D_R", root=p // 3) == k * (A + n * B)
+    assert makespan("reduce", n, p, "H-D_R", root=p // 3) == k * (A + n * B + n * G)
+
+
+def test_incast_into_one_port_takes_what_the_port_needs():
+    """Flat mesh AlltoAll on the 910B preset: seven peers into one HCCS port, serialised."""
+    topo = hccl_sim.topology("atlas800t-a2")
+    n = 8 * (183 << 10)                           # eight blocks of 183 KiB
+    est, plan = hccl_sim.simulate("alltoall", n, topology=topo, trace=True)
+    block_ns = -(-(n // 8) * 10**9 // int(18.3e9))
+    # every rank's port carries 7 blocks out and 7 in: no rank can finish before 7 block times
+    assert min(e - s for s, e in zip(plan.entry, plan.exits)) >= 7 * block_ns
