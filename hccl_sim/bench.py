@@ -79,6 +79,7 @@ class BenchSpec:
     check: bool = True
     env: dict | None = None
     trace: str | None = None
+    policy: str = "hccl"
 
 
 def run_bench(spec: BenchSpec, topo, progress=None) -> list:
@@ -89,7 +90,7 @@ def run_bench(spec: BenchSpec, topo, progress=None) -> list:
     itemsize = numpy_dtype(spec.dtype).itemsize
     rows = []
     trace_sections = []
-    config = Config.from_env(spec.env)   # validates the environment before anything runs
+    config = Config.from_env(spec.env, spec.policy)   # validates the environment before anything runs
 
     def emit(size, count, time_s, wrong, wall_s, algo):
         nbytes = count * itemsize
@@ -106,12 +107,12 @@ def run_bench(spec: BenchSpec, topo, progress=None) -> list:
         count = op_count(spec.op, size, p, itemsize)
         if spec.trace:
             est, plan = simulate(spec.op, count * itemsize, topology=topo, algo=spec.algo, dtype=spec.dtype,
-                                 redop=spec.redop, root=spec.root, env=spec.env, trace=True)
+                                 redop=spec.redop, root=spec.root, env=spec.env, trace=True, policy=spec.policy)
             trace_sections.append((f"{spec.op} {count * itemsize} B ({plan.algo})", plan.events or []))
         if spec.engine == "timing":
             t0 = time.perf_counter()
             est = simulate(spec.op, count * itemsize, topology=topo, algo=spec.algo, dtype=spec.dtype,
-                           redop=spec.redop, root=spec.root, env=spec.env)
+                           redop=spec.redop, root=spec.root, env=spec.env, policy=spec.policy)
             emit(size, count, est.mean_time, None, time.perf_counter() - t0, est.algo)
         elif spec.engine != "local":
             raise HcclError("E_PARA", f"unknown engine {spec.engine!r}; bench supports local and timing")
@@ -172,7 +173,8 @@ def header(spec: BenchSpec, topo) -> str:
     lines = [f"# hccl-sim bench: {spec.op} on {topo.name} ({topo.num_servers} server{'s' if topo.num_servers > 1 else ''}, "
              f"{p} ranks, {topo.device}), engine {spec.engine}",
              f"# minBytes {min(spec.sizes)} maxBytes {max(spec.sizes)} sizes: {len(spec.sizes)} warmup iters: "
-             f"{spec.warmup} iters: {spec.iters} validation: {int(spec.check and spec.engine == 'local')}",
+             f"{spec.warmup} iters: {spec.iters} validation: {int(spec.check and spec.engine == 'local')} "
+             f"policy: {spec.policy}",
              "# time is simulated time per op on the modelled cluster (mean over ranks); wall is the real time "
              "one op took to emulate here",
              "#",

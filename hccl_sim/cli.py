@@ -89,6 +89,8 @@ def build_parser():
     b.add_argument("-r", "--root", type=int, default=0, help="root of broadcast/reduce (default 0)")
     b.add_argument("--algo", default=None, help="HCCL algorithm token (ring, H-D_R, ...) or an HCCL_ALGO string")
     b.add_argument("--engine", default="local", help="local (real data) or timing (payload-free) (default local)")
+    b.add_argument("--policy", default="hccl", help="algorithm selection when --algo/HCCL_ALGO do not fix it: "
+                   "hccl (HCCL's rules) or model (fastest by the timing model) (default hccl)")
     b.add_argument("-n", "--iters", type=int, default=5, help="timed iterations per size (default 5)")
     b.add_argument("-w", "--warmup_iters", type=int, default=1, help="untimed iterations per size (default 1)")
     b.add_argument("-c", "--check", type=int, default=1, help="1 to verify results, 0 not to (default 1)")
@@ -119,7 +121,7 @@ def cmd_bench(args) -> int:
                                              args.stepfactor or 4, step),
                      dtype=args.datatype, redop=args.redop.lower(), root=args.root, algo=args.algo,
                      engine=args.engine, iters=args.iters, warmup=args.warmup_iters, check=bool(args.check),
-                     env=_env_pairs(args.env), trace=args.trace)
+                     env=_env_pairs(args.env), trace=args.trace, policy=args.policy)
     from .bench import REDUCING, ROOTED
     from . import canonical_op
     from .types import parse_reduce_op, dtype_name
@@ -128,6 +130,8 @@ def cmd_bench(args) -> int:
     parse_reduce_op(spec.redop)
     if spec.op in ROOTED and not 0 <= spec.root < topo.num_ranks:
         raise HcclError("E_PARA", f"-r {spec.root}: root must be a rank in [0, {topo.num_ranks})")
+    if spec.policy not in ("hccl", "model"):
+        raise HcclError("E_PARA", f"--policy {spec.policy!r}: expected hccl or model")
     if spec.engine not in ("local", "timing"):
         raise HcclError("E_PARA", f"--engine {spec.engine!r}: bench runs on local or timing")
     print(header(spec, topo), flush=True)

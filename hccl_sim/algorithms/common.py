@@ -13,7 +13,7 @@ import numpy as np
 from hcomm.program import INPUT, NONE, OUTPUT, SCRATCH, LazyStep, Step, StepBuilder, TimingView, merge_parallel
 
 __all__ = ["INPUT", "OUTPUT", "SCRATCH", "NONE", "Step", "StepBuilder", "bounds", "fold", "tile", "merge_runs",
-           "local_copy", "ceil_log2"]
+           "local_copy", "ceil_log2", "single_rank_reducescatter"]
 
 
 def bounds(n: int, parts: int) -> np.ndarray:
@@ -36,6 +36,13 @@ def local_copy(n: int, count: int, unit: int, src=INPUT, dst=OUTPUT, src_lo=0, d
     if count == 0:
         return []
     return [StepBuilder().copies(np.arange(n), unit, src, src_lo, src_lo + count, dst, dst_lo).build()]
+
+
+def single_rank_reducescatter(offs, unit, src, out, out_lo, block: int = 0) -> list:
+    """A one-rank ReduceScatter: its block, copied into place unless it is there already."""
+    if src == out and offs[block] == out_lo[0]:
+        return []
+    return [StepBuilder().copies([0], unit, src, offs[block], offs[block + 1], out, out_lo[0]).build()]
 
 
 def merge_runs(src, dst, sbuf, slo, shi, dbuf, dlo, rbuf, rlo):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, ceil_log2, fold, local_copy
+from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, single_rank_reducescatter, ceil_log2, fold, local_copy
 
 NAME = "H-D_R"
 COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce")
@@ -83,9 +83,7 @@ def reducescatter(n: int, offs, unit: int, src=INPUT, acc=SCRATCH, out=OUTPUT, o
     offs = np.asarray(offs, dtype=np.int64)
     out_lo = np.zeros(n, dtype=np.int64) if out_lo is None else np.asarray(out_lo, dtype=np.int64)
     if n == 1:
-        if src == out and offs[0] == out_lo[0]:
-            return []
-        return [StepBuilder().copies([0], unit, src, offs[0], offs[1], out, out_lo[0]).build()]
+        return single_rank_reducescatter(offs, unit, src, out, out_lo)
     block, rem = fold(n)
     odd = np.arange(1, 2 * rem, 2)
     steps = []

@@ -13,36 +13,14 @@ from __future__ import annotations
 import numpy as np
 
 from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, ceil_log2, local_copy
-from .nhr import _add, received_before
+from .nhr import _add, halving_reducescatter
 
 NAME = "NB"
 COLLECTIVES = ("allreduce", "reducescatter", "allgather")
 
 
 def reducescatter(n: int, offs, unit: int, src=INPUT, acc=SCRATCH, out=OUTPUT, out_lo=None) -> list:
-    offs = np.asarray(offs, dtype=np.int64)
-    out_lo = np.zeros(n, dtype=np.int64) if out_lo is None else np.asarray(out_lo, dtype=np.int64)
-    if n == 1:
-        if src == out and offs[0] == out_lo[0]:
-            return []
-        return [StepBuilder().copies([0], unit, src, offs[0], offs[1], out, out_lo[0]).build()]
-    r = np.arange(n)
-    L = ceil_log2(n)
-    steps = []
-    for s in range(L):
-        P = 1 << s
-        cnt = (n - 1 + P) // (2 * P)
-        to = (r + P) % n
-        blocks = (to[:, None] + 2 * P * np.arange(cnt)[None, :]) % n
-        sender_has = received_before((blocks - r[:, None]) % n, s, n)
-        receiver_has = received_before((blocks - to[:, None]) % n, s, n)
-        last = s == L - 1
-        b = StepBuilder()
-        _add(b, np.repeat(r, cnt), np.repeat(to, cnt), unit, np.where(sender_has, acc, src), offs, blocks,
-             out if last else acc, out_lo[to][:, None] if last else offs[blocks],
-             np.where(receiver_has, acc, src))
-        steps.append(b.build())
-    return steps
+    return halving_reducescatter(n, offs, unit, src, acc, out, out_lo, None, direction=+1)
 
 
 def allgather(n: int, offs, unit: int, buf=OUTPUT) -> list:

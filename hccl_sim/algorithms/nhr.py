@@ -24,7 +24,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, ceil_log2, local_copy, merge_runs
+from .common import (INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, ceil_log2, local_copy, merge_runs,
+                     single_rank_reducescatter)
 
 NAME = "NHR"
 COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast")
@@ -98,24 +99,27 @@ def _add(b, src, dst, unit, sbuf, offs, blocks, dbuf, dlo, rbuf):
 
 def reducescatter(n: int, offs, unit: int, src=INPUT, acc=SCRATCH, out=OUTPUT, out_lo=None, smap=None) -> list:
     """Rank x ends with block smap[x] (default x) reduced, at out[out_lo[x]]; partials in acc."""
+    return halving_reducescatter(n, offs, unit, src, acc, out, out_lo, smap, direction=-1)
+
+
+def halving_reducescatter(n, offs, unit, src, acc, out, out_lo, smap, direction) -> list:
+    """The ReduceScatter NHR (direction -1) and NB (+1) share: in step s rank r sends to r + d 2^s the
+    partials of blocks u = (r + d 2^s) + d k 2^(s+1), k < floor((n-1+2^s)/2^(s+1))."""
     offs = np.asarray(offs, dtype=np.int64)
     smap = np.arange(n) if smap is None else np.asarray(smap, dtype=np.int64)
     out_lo = np.zeros(n, dtype=np.int64) if out_lo is None else np.asarray(out_lo, dtype=np.int64)
     if n == 1:
-        blk = smap[0]
-        if src == out and offs[blk] == out_lo[0]:
-            return []
-        return [StepBuilder().copies([0], unit, src, offs[blk], offs[blk + 1], out, out_lo[0]).build()]
+        return single_rank_reducescatter(offs, unit, src, out, out_lo, int(smap[0]))
     r = np.arange(n)
     L = ceil_log2(n)
     steps = []
     for s in range(L):
         P = 1 << s
         cnt = (n - 1 + P) // (2 * P)
-        to = (r - P) % n
-        u = (to[:, None] - 2 * P * np.arange(cnt)[None, :]) % n
-        sender_has = received_before((r[:, None] - u) % n, s, n)
-        receiver_has = received_before((to[:, None] - u) % n, s, n)
+        to = (r + direction * P) % n
+        u = (to[:, None] + direction * 2 * P * np.arange(cnt)[None, :]) % n
+        sender_has = received_before((direction * (u - r[:, None])) % n, s, n)
+        receiver_has = received_before((direction * (u - to[:, None])) % n, s, n)
         blocks = smap[u]
         last = s == L - 1
         b = StepBuilder()

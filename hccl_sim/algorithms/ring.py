@@ -20,7 +20,7 @@ import numpy as np
 
 from hcomm.program import LazyStep, TimingView
 
-from .common import INPUT, NONE, OUTPUT, SCRATCH, StepBuilder, bounds, local_copy
+from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, local_copy, single_rank_reducescatter
 
 _EAGER_TRANSFERS = 1 << 15   # larger ring programs are built step by step on demand
 
@@ -78,9 +78,7 @@ def reducescatter(n: int, offs, unit: int, src=INPUT, acc=SCRATCH, out=OUTPUT, o
     out_lo = np.zeros(n, dtype=np.int64) if out_lo is None else np.asarray(out_lo, dtype=np.int64)
     r = np.arange(n)
     if n == 1:
-        if src == out and offs[0] == out_lo[0]:
-            return []
-        return [StepBuilder().copies(r, unit, src, offs[0], offs[1], out, out_lo[0]).build()]
+        return single_rank_reducescatter(offs, unit, src, out, out_lo)
     right = (r + 1) % n
     sizes = (offs[1:] - offs[:-1]) * unit
 

@@ -1,0 +1,64 @@
+"""Wall time and memory of the payload-free timing engine as the rank count grows to 65,536.
+
+Each case runs in a fresh process (so peak RSS is the case's own) and reports the wall time of
+`hccl_sim.simulate` (topology construction separately) and the process's peak resident memory:
+- a 1 GiB AllReduce with HCCL's own choice on N/8 Atlas 800T A2 servers (HCCL's hierarchy);
+- a 1 GiB flat ring AllReduce on a synthetic ring of N ranks.
+
+    python experiments/timing_scale.py                       # 1,024 .. 65,536 ranks
+    python experiments/timing_scale.py --ranks 1024 16384
+"""
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parent / "out"
+
+CASE = r"""
+import json, resource, sys, time
+import hccl_sim
+kind, ranks, nbytes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+t0 = time.perf_counter()
+if kind == "hierarchy":
+    topo = hccl_sim.topology("atlas800t-a2", servers=ranks // 8)
+    algo = None
+else:
+    topo = hccl_sim.topology("ring", ranks=ranks, bandwidth=25e9, latency=5e-6)
+    algo = "ring"
+t1 = time.perf_counter()
+est = hccl_sim.simulate("allreduce", nbytes, topology=topo, algo=algo)
+t2 = time.perf_counter()
+print(json.dumps({"kind": kind, "ranks": ranks, "bytes": nbytes, "algo": est.algo, "sim_time_s": est.time,
+                  "busbw": est.busbw, "topology_s": t1 - t0, "simulate_s": t2 - t1,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384, 32768, 65536])
+    ap.add_argument("--bytes", type=int, default=1 << 30)
+    args = ap.parse_args()
+    OUT.mkdir(exist_ok=True)
+    rows = []
+    print(f"# {'kind':10s} {'ranks':>6s} {'algo':30s} {'simulated':>12s} {'busbw':>8s} {'topology':>9s} "
+          f"{'simulate':>9s} {'peak RSS':>9s}")
+    for kind in ("hierarchy", "flat-ring"):
+        for ranks in args.ranks:
+            out = subprocess.run([sys.executable, "-c", CASE, kind, str(ranks), str(args.bytes)],
+                                 capture_output=True, text=True, timeout=1800)
+            if out.returncode:
+                print(f"  {kind:10s} {ranks:6d} failed: {out.stderr.strip()[-300:]}")
+                continue
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            rows.append(r)
+            print(f"  {kind:10s} {ranks:6d} {r['algo']:30s} {r['sim_time_s'] * 1e3:10.3f}ms {r['busbw']:8.2f} "
+                  f"{r['topology_s']:8.2f}s {r['simulate_s']:8.2f}s {r['peak_rss_mb']:7.0f}MB", flush=True)
+    (OUT / "timing_scale.json").write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
