@@ -24,7 +24,7 @@ _CACHE_LIMIT = 20000
 class _Prep:
     """Per-step arrays that depend only on the step's structure and the topology."""
     __slots__ = ("src", "dst", "nf", "nb", "wire", "lat", "red", "rflag", "eport", "iport", "l_rank", "l_cost", "fast",
-                 "perm", "inv", "src_unique", "dst_unique", "cost_fwd", "n")
+                 "perm", "inv", "src_unique", "dst_unique", "cost_fwd", "n", "_struct", "_order")
 
 
 def _distinct(values) -> bool:
@@ -34,8 +34,39 @@ def _distinct(values) -> bool:
     return int(np.bincount(values).max()) <= 1
 
 
+def _aggregate_pairs(pr) -> None:
+    """Price several transfers of one sender to one receiver as one.
+
+    They have the same ready time, sender and receiver, so they are served back to back on the
+    same two ports: the last arrives after the sum of their wire times plus one latency, which
+    is when the step's ends depend on; their reductions form one batch. Exact, and a step of a
+    million block transfers (NB's ReduceScatter on hundreds of servers) becomes thousands."""
+    n = pr.n
+    if n < 2:
+        return
+    key = pr.src * (int(pr.dst.max()) + 1) + pr.dst
+    uniq, inv = np.unique(key, return_inverse=True)
+    if len(uniq) == n:
+        return
+    flags = np.zeros(len(uniq), dtype=_I64)
+    np.add.at(flags, inv, pr.rflag.astype(_I64))
+    counts = np.bincount(inv)
+    if ((flags != 0) & (flags != counts)).any():
+        return                             # a pair mixing reducing and plain receives: keep them apart
+    first = np.zeros(len(uniq), dtype=_I64)
+    first[inv[::-1]] = np.arange(n)[::-1]
+    wire = np.zeros(len(uniq), dtype=_I64)
+    np.add.at(wire, inv, pr.wire)
+    red = np.zeros(len(uniq), dtype=_I64)
+    np.add.at(red, inv, pr.red)
+    for name in ("src", "dst", "nf", "nb", "lat", "eport", "iport", "rflag"):
+        setattr(pr, name, getattr(pr, name)[first])
+    pr.wire, pr.red, pr.n = wire, red, len(uniq)
+
+
 def _prep(view, topo, dtype, redop, p) -> _Prep:
     pr = _Prep()
+    pr._struct = pr._order = None
     src = np.asarray(view.t_src, dtype=_I64)
     dst = np.asarray(view.t_dst, dtype=_I64)
     pr.src, pr.dst, pr.n = src, dst, len(src)
@@ -50,6 +81,8 @@ def _prep(view, topo, dtype, redop, p) -> _Prep:
         pr.nb = topo.notify_arrays(dst, src)
         pr.rflag = np.asarray(view.t_rbuf) >= 0
         pr.red = np.where(pr.rflag, dm.reduce_ns_array(view.t_bytes, dtype, redop or "sum"), 0)
+        _aggregate_pairs(pr)
+        src, dst, eport, iport = pr.src, pr.dst, pr.eport, pr.iport
         pr.cost_fwd = pr.nf + pr.wire + pr.lat + pr.red
     l_rank = np.concatenate([np.asarray(view.c_rank, dtype=_I64), np.asarray(view.g_rank, dtype=_I64)])
     l_cost = np.concatenate([dm.copy_ns_array(view.c_bytes), dm.copy_ns_array(view.g_bytes)]) if len(l_rank) else l_rank
@@ -161,64 +194,107 @@ def _predecessor(resource, order_pos, valid=None):
     return pred
 
 
-def _contended(pr, ready, engine, clock):
-    """Transfers sharing ports, served in (ready, src, dst, listing) order, then each receiver's
-    reductions: one batch per sender, in the order the batches' last transfers were served."""
+class _Order:
+    """The service order of a contended step and everything derived from it."""
+    __slots__ = ("order", "pos", "p_out", "p_in", "levels", "unit", "units", "udst", "chains")
+
+
+def _struct_rank(pr):
+    """Rank of every transfer in (src, dst, listing) order: the tie-break after ready time."""
+    rank = getattr(pr, "_struct", None)
+    if rank is None:
+        n = pr.n
+        o = np.lexsort((np.arange(n), pr.dst, pr.src))
+        rank = np.empty(n, dtype=_I64)
+        rank[o] = np.arange(n)
+        pr._struct = rank
+    return rank
+
+
+def _order_for(pr, ready):
+    """Reuse the last order when the new ready times sort the same way (ties included)."""
+    struct = _struct_rank(pr)
+    cached = getattr(pr, "_order", None)
+    if cached is not None:
+        r = ready[cached.order]
+        d = np.diff(r)
+        if (d >= 0).all():
+            ties = d == 0
+            if not ties.any() or (np.diff(struct[cached.order])[ties] > 0).all():
+                return cached
+    od = _Order()
     n = pr.n
-    order = np.lexsort((np.arange(n), pr.dst, pr.src, ready))
-    pos = np.empty(n, dtype=_I64)
-    pos[order] = np.arange(n)
-    p_out = _predecessor(pr.eport, pos)
-    p_in = _predecessor(pr.iport, pos)
+    od.order = np.lexsort((struct, ready))
+    od.pos = np.empty(n, dtype=_I64)
+    od.pos[od.order] = np.arange(n)
+    od.p_out = _predecessor(pr.eport, od.pos)
+    od.p_in = _predecessor(pr.iport, od.pos)
     level = np.zeros(n, dtype=_I64)
     while True:
         cand = level.copy()
-        for pred in (p_out, p_in):
+        for pred in (od.p_out, od.p_in):
             has = pred >= 0
             cand[has] = np.maximum(cand[has], level[pred[has]] + 1)
         if np.array_equal(cand, level):
             break
         level = cand
-    wire_end = np.zeros(n, dtype=_I64)
+    od.levels = []
     for lv in range(int(level.max()) + 1):
         e = np.flatnonzero(level == lv)
-        start = ready[e].copy()
-        for pred in (p_out, p_in):
-            pe = pred[e]
-            has = pe >= 0
-            start[has] = np.maximum(start[has], wire_end[pe[has]])
+        preds = [(pred[e], pred[e] >= 0) for pred in (od.p_out, od.p_in)]
+        od.levels.append((e, [(pe[has], has) for pe, has in preds]))
+    reducing = np.flatnonzero(pr.rflag)
+    od.unit = None
+    if len(reducing):
+        # batches: the reducing transfers of one (sender, receiver) pair
+        pair = pr.src[reducing] * (int(pr.dst.max()) + 1) + pr.dst[reducing]
+        uniq, unit = np.unique(pair, return_inverse=True)
+        u = len(uniq)
+        upos = np.full(u, -1, dtype=_I64)
+        np.maximum.at(upos, unit, od.pos[reducing])
+        cost = np.zeros(u, dtype=_I64)
+        np.add.at(cost, unit, pr.red[reducing])
+        udst = np.zeros(u, dtype=_I64)
+        udst[unit] = pr.dst[reducing]
+        od.unit, od.units, od.udst = (reducing, unit), (u, cost), udst
+        costly = np.flatnonzero(cost > 0)
+        od.chains = []
+        if len(costly):
+            o = costly[np.lexsort((upos[costly], udst[costly]))]
+            first = np.ones(len(o), dtype=bool)
+            first[1:] = udst[o[1:]] != udst[o[:-1]]
+            rank_in_dst = np.arange(len(o)) - np.maximum.accumulate(np.where(first, np.arange(len(o)), 0))
+            for j in range(int(rank_in_dst.max()) + 1):
+                sel = np.flatnonzero(rank_in_dst == j)
+                od.chains.append((o[sel], o[sel - 1] if j else None))
+    pr._order = od
+    return od
+
+
+def _contended(pr, ready, engine, clock):
+    """Transfers sharing ports, served in (ready, src, dst, listing) order, then each receiver's
+    reductions: one batch per sender, in the order the batches' last transfers were served."""
+    od = _order_for(pr, ready)
+    wire_end = np.zeros(pr.n, dtype=_I64)
+    for e, preds in od.levels:
+        start = ready[e]                   # a copy (fancy indexing)
+        for pe, has in preds:
+            if len(pe):
+                start[has] = np.maximum(start[has], wire_end[pe])
         wire_end[e] = start + pr.wire[e]
     done = wire_end + pr.lat
-    reducing = np.flatnonzero(pr.rflag)
-    if not len(reducing):
+    if od.unit is None:
         return done
-    # batches: the reducing transfers of one (sender, receiver) pair
-    pair = pr.src[reducing] * (int(pr.dst.max()) + 1) + pr.dst[reducing]
-    uniq, unit = np.unique(pair, return_inverse=True)
-    u = len(uniq)
+    reducing, unit = od.unit
+    u, cost = od.units
     last = np.full(u, np.iinfo(_I64).min, dtype=_I64)
     np.maximum.at(last, unit, done[reducing])
-    upos = np.full(u, -1, dtype=_I64)
-    np.maximum.at(upos, unit, pos[reducing])
-    cost = np.zeros(u, dtype=_I64)
-    np.add.at(cost, unit, pr.red[reducing])
-    udst = np.zeros(u, dtype=_I64)
-    udst[unit] = pr.dst[reducing]
     end = last.copy()
-    costly = np.flatnonzero(cost > 0)
-    if len(costly):
+    if od.chains:
         eng = clock if engine is None else engine
-        o = costly[np.lexsort((upos[costly], udst[costly]))]
-        first = np.ones(len(o), dtype=bool)
-        first[1:] = udst[o[1:]] != udst[o[:-1]]
-        rank_in_dst = np.arange(len(o)) - np.maximum.accumulate(np.where(first, np.arange(len(o)), 0))
-        prev_end = eng[udst[o]].astype(_I64)
-        for j in range(int(rank_in_dst.max()) + 1):
-            sel = np.flatnonzero(rank_in_dst == j)
-            units = o[sel]
-            if j:
-                prev_end[sel] = end[o[sel - 1]]
-            end[units] = np.maximum(last[units], prev_end[sel]) + cost[units]
+        for units, before in od.chains:
+            prev = eng[od.udst[units]] if before is None else end[before]
+            end[units] = np.maximum(last[units], prev) + cost[units]
     done[reducing] = end[unit]
     return done
 
