@@ -189,9 +189,9 @@ def rank_steps(program: list, p: int) -> list:
         ops = [[] for _ in range(p)]
         for i in range(len(st.t_src)):
             s, d, nb = int(st.t_src[i]), int(st.t_dst[i]), int(st.t_bytes[i])
-            ops[s].append(Send(d, Slice(BUFFERS[st.t_sbuf[i]], int(st.t_slo[i]), int(st.t_shi[i])), nb))
+            ops[s].append(Send(d, Slice(BUFFERS[st.t_sbuf[i]], int(st.t_slo[i]), int(st.t_shi[i])), nb, i))
             rw = None if st.t_rbuf[i] < 0 else Slice(BUFFERS[st.t_rbuf[i]], int(st.t_rlo[i]), int(st.t_rhi[i]))
-            ops[d].append(Recv(s, Slice(BUFFERS[st.t_dbuf[i]], int(st.t_dlo[i]), int(st.t_dhi[i])), nb, rw))
+            ops[d].append(Recv(s, Slice(BUFFERS[st.t_dbuf[i]], int(st.t_dlo[i]), int(st.t_dhi[i])), nb, rw, i))
         for i in range(len(st.c_rank)):
             r = int(st.c_rank[i])
             ops[r].append(Copy(Slice(BUFFERS[st.c_sbuf[i]], int(st.c_slo[i]), int(st.c_shi[i])),

@@ -25,10 +25,12 @@ class Slice(NamedTuple):
 
 
 class Send(NamedTuple):
-    """Expose `src` to `peer`, which reads it in place."""
+    """Expose `src` to `peer`, which reads it in place. `order` is the transfer's place in its
+    global step: ports serve equally ready transfers in that order (the algorithm's issue order)."""
     peer: int
     src: Slice
     nbytes: int
+    order: int = 0
 
 
 class Recv(NamedTuple):
@@ -37,6 +39,7 @@ class Recv(NamedTuple):
     dst: Slice
     nbytes: int
     reduce_with: Optional[Slice] = None
+    order: int = 0
 
 
 class Copy(NamedTuple):

@@ -4,9 +4,9 @@ Rules (DESIGN.md "Simulated time"):
 - A rank posts step i when step i-1 has completed; at post its local ops (Copy, Stage) queue on
   the rank's device engine, and its Sends and Recvs wait for their partners.
 - A transfer is ready when both sides have posted it (plus one notify for the receiver's
-  "ready" handshake). Transfers are granted ports in simulated-time order, ties broken by sender
-  rank, then receiver rank, then sequence number: start = max(ready, egress port free, ingress
-  port free); the ports are then busy for bytes / bottleneck bandwidth; data arrives route
+  "ready" handshake). Transfers are granted ports in simulated-time order, ties broken by the
+  order the algorithm issues them in its step (a mesh issues peer i+1 first, then i+2, ...), then
+  sender rank, then receiver rank: start = max(ready, egress port free, ingress port free); the ports are then busy for bytes / bottleneck bandwidth; data arrives route
   latency later.
 - Reducing receives from one sender in one step are a batch (HCCL writes them to the peer's
   scratch and notifies once): when the last has arrived, the receiver's device engine reduces
@@ -81,7 +81,7 @@ def replay(schedules, entry_ns, topo, dtype: str = "float32", redop: str | None 
                             f"which expects {recv_op.nbytes} B", op=op_name)
         ready = max(send_post, recv_post) + topo.notify_ns(src, dst)
         seq[0] += 1
-        heapq.heappush(heap, (ready, src, dst, seq[0], send_op, recv_op, batch))
+        heapq.heappush(heap, (ready, send_op.order, src, dst, seq[0], send_op, recv_op, batch))
 
     def post(r):
         rk = ranks[r]
@@ -139,7 +139,7 @@ def replay(schedules, entry_ns, topo, dtype: str = "float32", redop: str | None 
         post(r)
 
     while heap:
-        ready, src, dst, _, sop, rop, batch = heapq.heappop(heap)
+        ready, _, src, dst, _, sop, rop, batch = heapq.heappop(heap)
         route = topo.route(src, dst)
         wire = route.cost_ns(sop.nbytes) - route.latency_ns
         start = max(ready, port_free.get(("out",) + route.egress, 0), port_free.get(("in",) + route.ingress, 0))

@@ -24,7 +24,7 @@ _CACHE_LIMIT = 20000
 class _Prep:
     """Per-step arrays that depend only on the step's structure and the topology."""
     __slots__ = ("src", "dst", "nf", "nb", "wire", "lat", "red", "rflag", "eport", "iport", "l_rank", "l_cost", "fast",
-                 "perm", "inv", "src_unique", "dst_unique", "cost_fwd", "n", "_struct", "_order")
+                 "perm", "inv", "src_unique", "dst_unique", "cost_fwd", "n", "_struct", "_order", "listing")
 
 
 def _distinct(values) -> bool:
@@ -37,8 +37,8 @@ def _distinct(values) -> bool:
 def _aggregate_pairs(pr) -> None:
     """Price several transfers of one sender to one receiver as one.
 
-    They have the same ready time, sender and receiver, so they are served back to back on the
-    same two ports: the last arrives after the sum of their wire times plus one latency, which
+    When they are issued one after another, they have the same ready time and issue-order
+    neighbours, so they are served back to back on the same two ports: the last arrives after the sum of their wire times plus one latency, which
     is when the step's ends depend on; their reductions form one batch. Exact, and a step of a
     million block transfers (NB's ReduceScatter on hundreds of servers) becomes thousands."""
     n = pr.n
@@ -55,11 +55,15 @@ def _aggregate_pairs(pr) -> None:
         return                             # a pair mixing reducing and plain receives: keep them apart
     first = np.zeros(len(uniq), dtype=_I64)
     first[inv[::-1]] = np.arange(n)[::-1]
+    last = np.zeros(len(uniq), dtype=_I64)
+    last[inv] = np.arange(n)
+    if (last - first + 1 != counts).any():
+        return                             # interleaved with other pairs in issue order: keep them apart
     wire = np.zeros(len(uniq), dtype=_I64)
     np.add.at(wire, inv, pr.wire)
     red = np.zeros(len(uniq), dtype=_I64)
     np.add.at(red, inv, pr.red)
-    for name in ("src", "dst", "nf", "nb", "lat", "eport", "iport", "rflag"):
+    for name in ("src", "dst", "nf", "nb", "lat", "eport", "iport", "rflag", "listing"):
         setattr(pr, name, getattr(pr, name)[first])
     pr.wire, pr.red, pr.n = wire, red, len(uniq)
 
@@ -70,6 +74,7 @@ def _prep(view, topo, dtype, redop, p) -> _Prep:
     src = np.asarray(view.t_src, dtype=_I64)
     dst = np.asarray(view.t_dst, dtype=_I64)
     pr.src, pr.dst, pr.n = src, dst, len(src)
+    pr.listing = np.arange(len(src), dtype=_I64)
     dm = topo.device_model
     if len(src):
         lat, bw, eport, iport = topo.route_arrays(src, dst)
@@ -200,14 +205,10 @@ class _Order:
 
 
 def _struct_rank(pr):
-    """Rank of every transfer in (src, dst, listing) order: the tie-break after ready time."""
+    """The tie-break after ready time: the transfer's issue order in its step (its listing)."""
     rank = getattr(pr, "_struct", None)
     if rank is None:
-        n = pr.n
-        o = np.lexsort((np.arange(n), pr.dst, pr.src))
-        rank = np.empty(n, dtype=_I64)
-        rank[o] = np.arange(n)
-        pr._struct = rank
+        rank = pr._struct = pr.listing
     return rank
 
 
@@ -272,7 +273,7 @@ def _order_for(pr, ready):
 
 
 def _contended(pr, ready, engine, clock):
-    """Transfers sharing ports, served in (ready, src, dst, listing) order, then each receiver's
+    """Transfers sharing ports, served in (ready, issue order) order, then each receiver's
     reductions: one batch per sender, in the order the batches' last transfers were served."""
     od = _order_for(pr, ready)
     wire_end = np.zeros(pr.n, dtype=_I64)

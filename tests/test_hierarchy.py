@@ -143,3 +143,13 @@ def test_model_policy_is_never_slower_than_hccl():
 def test_policy_argument_validated():
     with pytest.raises(hccl_sim.HcclError, match="policy"):
         hccl_sim.simulate("allreduce", 8, policy="fastest")
+
+
+@pytest.mark.parametrize("cards,level0", [(8, "ring"), (4, "fullmesh"), (2, "ring")])
+def test_910a_level0_rules(cards, level0):
+    """HCCL's 910A level0: 8 cards 8P ring, 4 cards 4P mesh, 2 cards ring (alg_configurator.cc)."""
+    table = topologies.ranktable.to_dict(topologies.hardware("atlas800-910a", devices_per_server=[cards] * 2))
+    topo = topologies.ranktable.parse(table, preset="atlas800-910a")
+    assert labels(topo, "allreduce", 1 << 20).startswith(f"level0:{level0};")
+    results = hccl_sim.run(all_collectives, topology=topo, args=(3 * cards + 1, np.int32, "sum", None, 1))
+    check(results, 2 * cards, 3 * cards + 1, np.int32, "sum", 1)

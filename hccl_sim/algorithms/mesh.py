@@ -18,13 +18,22 @@ NAME = "fullmesh"
 COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall")
 
 
+def round_robin(a, b, n):
+    """Order pairs as HCCL's mesh issues them: every rank's transfer to its next peer first,
+    then to the one after (distance 1, 2, ..., n-1), so each round is a permutation."""
+    order = np.lexsort((a, (b - a) % n))
+    return order
+
+
 def _owned(n, offs, owner):
-    """Per (sender, block) pairs where the block's owner is another rank."""
+    """Per (sender, block) pairs where the block's owner is another rank, in round-robin order."""
     blocks = len(offs) - 1
     owner = np.arange(blocks) % n if owner is None else np.asarray(owner, dtype=np.int64)
     s, blk = np.divmod(np.arange(n * blocks), blocks)
     keep = s != owner[blk]
-    return s[keep], blk[keep], owner
+    s, blk = s[keep], blk[keep]
+    o = round_robin(s, owner[blk], n)
+    return s[o], blk[o], owner
 
 
 def reducescatter(n: int, offs, unit: int, src=INPUT, acc=SCRATCH, out=OUTPUT, out_lo=None, owner=None) -> list:
@@ -53,6 +62,8 @@ def allgather(n: int, offs, unit: int, buf=OUTPUT, owner=None) -> list:
     blk, dst = np.divmod(np.arange(blocks * n), n)
     keep = dst != owner[blk]
     blk, dst = blk[keep], dst[keep]
+    o = round_robin(owner[blk], dst, n)
+    blk, dst = blk[o], dst[o]
     return [StepBuilder().transfers(owner[blk], dst, unit, buf, offs[blk], offs[blk + 1], buf, offs[blk]).build()]
 
 
@@ -95,7 +106,10 @@ def broadcast(n: int, N: int, unit: int, root: int = 0, src=INPUT, dst=OUTPUT) -
     ag = StepBuilder()
     blk, to = np.divmod(np.arange(n * n), n)
     keep = (to != blk) & (to != root)          # the root holds everything already
-    ag.transfers(blk[keep], to[keep], unit, dst, b[blk[keep]], b[blk[keep] + 1], dst, b[blk[keep]])
+    blk, to = blk[keep], to[keep]
+    o = round_robin(blk, to, n)
+    blk, to = blk[o], to[o]
+    ag.transfers(blk, to, unit, dst, b[blk], b[blk + 1], dst, b[blk])
     return scatter(n, b, unit, root, src, dst, owner) + [ag.build()]
 
 
@@ -111,6 +125,9 @@ def alltoall(n: int, unit: int, src=INPUT, dst=OUTPUT) -> list:
     r = np.arange(n)
     i, j = np.divmod(np.arange(n * n), n)
     keep = i != j
+    i, j = i[keep], j[keep]
+    o = round_robin(i, j, n)
+    i, j = i[o], j[o]
     b = StepBuilder().copies(r, unit, src, r, r + 1, dst, r)
-    b.transfers(i[keep], j[keep], unit, src, j[keep], j[keep] + 1, dst, i[keep])
+    b.transfers(i, j, unit, src, j, j + 1, dst, i)
     return [b.build()]

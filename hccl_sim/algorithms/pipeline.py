@@ -33,9 +33,12 @@ class _Layout:
         self.s, self.i = np.divmod(self.r, K)
         a, b = np.divmod(np.arange(K * K), K)
         keep = a != b
-        base = np.repeat(np.arange(m) * K, int(keep.sum()))
-        self.ms = base + np.tile(a[keep], m)      # mesh sender
-        self.md = base + np.tile(b[keep], m)      # mesh receiver
+        a, b = a[keep], b[keep]
+        o = np.lexsort((a, (b - a) % K))          # round-robin issue order, as the mesh
+        a, b = a[o], b[o]
+        base = np.repeat(np.arange(m) * K, len(a))
+        self.ms = base + np.tile(a, m)            # mesh sender
+        self.md = base + np.tile(b, m)            # mesh receiver
         self.prev = ((self.s - 1) % m) * K + self.i
         self.next = ((self.s + 1) % m) * K + self.i
 
