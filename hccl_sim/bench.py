@@ -113,7 +113,8 @@ def run_bench(spec: BenchSpec, topo, progress=None) -> list:
             t0 = time.perf_counter()
             est = simulate(spec.op, count * itemsize, topology=topo, algo=spec.algo, dtype=spec.dtype,
                            redop=spec.redop, root=spec.root, env=spec.env, policy=spec.policy)
-            emit(size, count, est.mean_time, None, time.perf_counter() - t0, est.algo)
+            total_ns = sum(round(t * 1e9) for t in est.times)
+            emit(size, count, total_ns / p / 1e9, None, time.perf_counter() - t0, est.algo)
         elif spec.engine != "local":
             raise HcclError("E_PARA", f"unknown engine {spec.engine!r}; bench supports local and timing")
     if spec.engine == "local":
@@ -149,19 +150,20 @@ def _run_local_sweep(spec, topo, config, emit):
                 t0 = time.perf_counter()
                 y = call(x, **kwargs)
                 wall.append(time.perf_counter() - t0)
-                sim.append(comm.last_op.time)
+                sim.append(comm.last_op.end - comm.last_op.start)      # integer ns
             algo = comm.last_op.algo if spec.iters else ""
             wrong = -1.0
             if spec.check and spec.iters:
                 want = expected(spec.op, rank, p, per_rank, spec.dtype, spec.redop, spec.root)
                 wrong = 0.0 if want is None else float(np.count_nonzero(y.reshape(-1) != want))
-            stats = np.array([wrong, float(np.mean(sim)) if sim else 0.0] + wall, dtype=np.float64)
+            stats = np.array([wrong, float(sum(sim)) if sim else 0.0] + wall, dtype=np.float64)
             gathered = comm.all_gather(stats, algo="ring").reshape(p, -1)
             if rank == 0:
                 wrongs = gathered[:, 0]
                 walls = gathered[:, 2:].max(axis=0) if spec.iters else np.zeros(1)
-                emit(size, count, float(gathered[:, 1].mean()), None if wrongs[0] < 0 else int(wrongs.sum()),
-                     float(np.median(walls)), algo)
+                total_ns = int(gathered[:, 1].sum())                   # exact: sums of integers < 2^53
+                emit(size, count, total_ns / (p * max(spec.iters, 1)) / 1e9,
+                     None if wrongs[0] < 0 else int(wrongs.sum()), float(np.median(walls)), algo)
 
     run_local(sweep, topo, config)
 
