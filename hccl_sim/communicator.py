@@ -18,6 +18,7 @@ from topologies.errors import HcclError
 
 from . import algorithms
 from .planner import COLLECTIVE_NAMES, Signature, program_rank_steps
+from .device import Device, DeviceArray, Work
 from .types import ReduceOp, dtype_name, parse_reduce_op, reducer
 
 COLLECTIVE_TAG = "coll"
@@ -41,43 +42,34 @@ class OpRecord:
         return (self.end - self.start) / 1e9
 
 
-@dataclass(frozen=True)
-class DeviceInfo:
-    """The simulated NPU a rank owns (the full device and runtime model arrives with the Ray engine)."""
-    rank: int
-    server: int
-    device_id: int
-    type: str
-    hbm_bytes: int
-
-
 class Communicator:
     """One rank's handle on a group of ranks."""
 
-    def __init__(self, rank: int, group):
+    def __init__(self, rank: int, group, device: Device | None = None):
         self.rank = rank
         self.size = group.size
         self.topology = group.topo
         self.config = group.config
         self._group = group
         self._transport = group.transport
-        self._clock = 0
         self._seq = 0
         self.last_op: OpRecord | None = None
-        topo = group.topo
-        self.device = DeviceInfo(rank, topo.server_of[rank], topo.device_of[rank], topo.device,
-                                 topo.device_model.hbm_bytes)
+        self.device = device if device is not None else Device(rank, group.topo)
+        # HCCL allocates the communicator's CCL buffer, 2 x HCCL_BUFFSIZE (in + out), from HBM.
+        self.ccl_buffer = self.device.malloc(2 * self.config.buffsize_bytes, tag="ccl-buffer")
 
     @property
     def clock(self) -> int:
-        """This rank's simulated clock, ns."""
-        return self._clock
+        """This rank's simulated host clock, ns."""
+        return self.device.clock
 
     def __repr__(self):
-        return f"<Communicator rank {self.rank}/{self.size} on {self.topology.name}, clock {self._clock} ns>"
+        return f"<Communicator rank {self.rank}/{self.size} on {self.topology.name}, clock {self.clock} ns>"
 
     # argument checks ---------------------------------------------------------------------------
     def _array(self, x, opname: str, min_ndim: int = 0) -> np.ndarray:
+        if isinstance(x, DeviceArray):
+            x = x.data
         if not isinstance(x, np.ndarray):
             try:
                 x = np.asarray(x)
@@ -109,57 +101,52 @@ class Communicator:
                             f"of ranks ({self.size})", rank=self.rank, op=opname)
 
     # collectives ----------------------------------------------------------------------------------
-    def all_reduce(self, x, op="sum", algo=None) -> np.ndarray:
+    def all_reduce(self, x, op="sum", algo=None, stream=None):
         x = self._array(x, "all_reduce")
         redop = self._redop(op, "all_reduce")
         out = np.empty_like(x, order="C")
-        self._collective(Signature("allreduce", x.shape, dtype_name(x.dtype), redop.value, None, algo), x, out, redop)
-        return out
+        return self._collective(Signature("allreduce", x.shape, dtype_name(x.dtype), redop.value, None, algo), x, out, redop, stream, out)
 
-    def all_gather(self, x, algo=None) -> np.ndarray:
+    def all_gather(self, x, algo=None, stream=None):
         """Inputs of every rank concatenated along axis 0 in rank order."""
         x = self._array(x, "all_gather", min_ndim=1)
         out = np.empty((self.size * x.shape[0],) + x.shape[1:], dtype=x.dtype)
-        self._collective(Signature("allgather", x.shape, dtype_name(x.dtype), None, None, algo), x, out, None)
-        return out
+        return self._collective(Signature("allgather", x.shape, dtype_name(x.dtype), None, None, algo), x, out, None, stream, out)
 
-    def reduce_scatter(self, x, op="sum", algo=None) -> np.ndarray:
+    def reduce_scatter(self, x, op="sum", algo=None, stream=None):
         """Block `rank` of the reduction of every rank's x (x.shape[0] divisible by size)."""
         x = self._array(x, "reduce_scatter", min_ndim=1)
         self._divisible(x, "reduce_scatter")
         redop = self._redop(op, "reduce_scatter")
         out = np.empty((x.shape[0] // self.size,) + x.shape[1:], dtype=x.dtype)
-        self._collective(Signature("reducescatter", x.shape, dtype_name(x.dtype), redop.value, None, algo),
-                         x, out, redop)
-        return out
+        return self._collective(Signature("reducescatter", x.shape, dtype_name(x.dtype), redop.value, None, algo),
+                                x, out, redop, stream, out)
 
-    def broadcast(self, x, root: int = 0, algo=None) -> np.ndarray:
+    def broadcast(self, x, root: int = 0, algo=None, stream=None):
         """The root's x on every rank (x gives the shape and dtype elsewhere)."""
         x = self._array(x, "broadcast")
         root = self._root(root, "broadcast")
         out = np.empty_like(x, order="C")
-        self._collective(Signature("broadcast", x.shape, dtype_name(x.dtype), None, root, algo), x, out, None)
-        return out
+        return self._collective(Signature("broadcast", x.shape, dtype_name(x.dtype), None, root, algo), x, out, None, stream, out)
 
-    def reduce(self, x, root: int = 0, op="sum", algo=None):
+    def reduce(self, x, root: int = 0, op="sum", algo=None, stream=None):
         """The reduction at the root; None on the other ranks."""
         x = self._array(x, "reduce")
         root = self._root(root, "reduce")
         redop = self._redop(op, "reduce")
         out = np.empty_like(x, order="C")
-        self._collective(Signature("reduce", x.shape, dtype_name(x.dtype), redop.value, root, algo), x, out, redop)
-        return out if self.rank == root else None
+        return self._collective(Signature("reduce", x.shape, dtype_name(x.dtype), redop.value, root, algo), x, out,
+                                redop, stream, out if self.rank == root else None)
 
-    def all_to_all(self, x, algo=None) -> np.ndarray:
+    def all_to_all(self, x, algo=None, stream=None):
         """Block j of x goes to rank j; received blocks concatenated in rank order."""
         x = self._array(x, "all_to_all", min_ndim=1)
         self._divisible(x, "all_to_all")
         out = np.empty_like(x, order="C")
-        self._collective(Signature("alltoall", x.shape, dtype_name(x.dtype), None, None, algo), x, out, None)
-        return out
+        return self._collective(Signature("alltoall", x.shape, dtype_name(x.dtype), None, None, algo), x, out, None, stream, out)
 
     def barrier(self) -> None:
-        self._collective(Signature("barrier", (), "uint8", None, None, None), None, None, None)
+        self._collective(Signature("barrier", (), "uint8", None, None, None), None, None, None, None, None)
 
     # point to point ------------------------------------------------------------------------------
     def _peer(self, peer, opname, what):
@@ -172,35 +159,48 @@ class Communicator:
     def send(self, x, dst: int, tag: int = 0) -> None:
         x = self._array(x, "send")
         dst = self._peer(dst, "send", "dst")
-        start = self._clock
+        dev = self.device
+        start = dev.clock
         msg = self._transport.post_view(self.rank, dst, ("p2p", tag), np.ascontiguousarray(x), meta=start)
         end = self._transport.wait_consumed(msg, self._transport.deadline(), "send")
-        self._clock = end + self.topology.notify_ns(dst, self.rank)
-        self.last_op = OpRecord("send", "p2p", x.nbytes, x.size, dtype_name(x.dtype), start, self._clock)
+        dev.clock = end + self.topology.notify_ns(dst, self.rank)
+        self.last_op = OpRecord("send", "p2p", x.nbytes, x.size, dtype_name(x.dtype), start, dev.clock)
 
     def recv(self, src: int, tag: int = 0) -> np.ndarray:
         src = self._peer(src, "recv", "src")
-        start = self._clock
+        start = self.device.clock
         msg = self._transport.take(src, self.rank, ("p2p", tag), self._transport.deadline(), "recv")
         data = np.array(msg.data, copy=True)
         ready = max(msg.meta, start) + self.topology.notify_ns(src, self.rank)
         end = ready + self.topology.route(src, self.rank).cost_ns(data.nbytes)
         msg.consumed(reply=end)
-        self._clock = end
+        self.device.clock = end
         self.last_op = OpRecord("recv", "p2p", data.nbytes, data.size, dtype_name(data.dtype), start, end)
         return data
 
     # the common path -------------------------------------------------------------------------------
-    def _collective(self, sig: Signature, x, out, redop):
+    def _collective(self, sig: Signature, x, out, redop, stream, result):
+        """Run a collective; with `stream`, it enters at the stream's time and returns a Work."""
         seq = self._seq
         self._seq += 1
         itemsize = x.dtype.itemsize if x is not None else 1
-        plan, moved = self._group.rendezvous(self.rank, seq, sig, self._clock, itemsize, (x, out, redop))
+        dev = self.device
+        queue = stream if stream is not None else dev.default_stream
+        if queue.device is not dev:
+            raise HcclError("E_PARA", "stream belongs to another device", rank=self.rank, op=COLLECTIVE_NAMES[sig.name])
+        entry = max(queue.tail, dev.clock)
+        plan, moved = self._group.rendezvous(self.rank, seq, sig, entry, itemsize, (x, out, redop))
         if not moved:
             self._move_data(plan, sig, x, out, redop)
-        start, self._clock = self._clock, plan.exits[self.rank]
+        end = plan.exits[self.rank]
+        queue.tail = end
+        queue.tasks.append((COLLECTIVE_NAMES[sig.name], entry, end))
         count = 0 if x is None else x.size
-        self.last_op = OpRecord(COLLECTIVE_NAMES[sig.name], plan.algo, plan.nbytes, count, sig.dtype, start, self._clock)
+        self.last_op = OpRecord(COLLECTIVE_NAMES[sig.name], plan.algo, plan.nbytes, count, sig.dtype, entry, end)
+        if stream is not None:
+            return Work(result, stream, end, self.last_op)
+        dev.clock = max(dev.clock, end)
+        return result
 
     def _move_data(self, plan, sig, x, out, redop):
         """Execute this rank's schedule over the transport (engines whose ranks run apart)."""

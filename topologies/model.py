@@ -89,6 +89,20 @@ class DeviceModel:
     notify_intra_ns: int = 0
     notify_inter_ns: int = 0
     staging: bool = False
+    peak_flops: float = math.inf
+    hbm_bandwidth: float = math.inf
+    launch_ns: int = 0
+    pcie_bandwidth: float = math.inf
+    pcie_latency_ns: int = 0
+
+    def kernel_ns(self, flops: float = 0.0, nbytes: int = 0) -> int:
+        """A kernel's duration on the roofline: launch + max(compute time, memory time)."""
+        compute = 0 if flops <= 0 or math.isinf(self.peak_flops) else math.ceil(flops * NS_PER_S / self.peak_flops)
+        return self.launch_ns + max(compute, transfer_ns(int(nbytes), self.hbm_bandwidth))
+
+    def pcie_ns(self, nbytes: int) -> int:
+        """A host <-> device copy."""
+        return self.pcie_latency_ns + transfer_ns(int(nbytes), self.pcie_bandwidth)
 
     def copy_ns(self, nbytes: int) -> int:
         if nbytes <= 0:

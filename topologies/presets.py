@@ -33,7 +33,7 @@ def preset_data(name: str) -> dict:
 
 
 def device_model_from(data: dict) -> DeviceModel:
-    d = data["device_model"]
+    d, c = data["device_model"], data["compute_model"]
     return DeviceModel(
         hbm_bytes=int(d["hbm_bytes"]),
         copy_bandwidth=float(d["copy_bandwidth"]),
@@ -47,6 +47,11 @@ def device_model_from(data: dict) -> DeviceModel:
         notify_intra_ns=seconds_to_ns(d["notify_latency_intra"]),
         notify_inter_ns=seconds_to_ns(d["notify_latency_inter"]),
         staging=bool(d["staging"]),
+        peak_flops=float(c["peak_flops"]),
+        hbm_bandwidth=float(c["hbm_bandwidth"]),
+        launch_ns=seconds_to_ns(c["launch_overhead"]),
+        pcie_bandwidth=float(c["pcie_bandwidth"]),
+        pcie_latency_ns=seconds_to_ns(c["pcie_latency"]),
     )
 
 

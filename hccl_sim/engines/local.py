@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 import time
 
@@ -21,6 +22,7 @@ from hcomm.program import BUFFERS
 from hcomm.program import execute as execute_moves
 
 from ..communicator import Communicator, loop_views, make_scratch
+from ..device import Runtime
 from ..algorithms import BLOCK_COLLECTIVES
 from ..planner import COLLECTIVE_NAMES, check_signatures, make_plan, program_moves
 from ..types import reducer
@@ -188,14 +190,20 @@ def run_local(fn, topo, config, args=(), kwargs=None, trace=False, group_out=Non
     p = group.size
     results = [None] * p
 
+    leaks = [None] * p
+
     def body(rank):
-        comm = Communicator(rank, group)
+        runtime = Runtime(rank, topo).init()
         try:
+            comm = Communicator(rank, group, runtime.set_device(topo.device_of[rank]))
+            comm.runtime = runtime
             results[rank] = fn(comm, *args, **kwargs)
         except BaseException as exc:   # noqa: BLE001 - reported to the caller below
             group.fail(rank, exc)
         finally:
             group.exit(rank)
+            if runtime.state == "ready":
+                leaks[rank] = runtime.finalize()
 
     try:
         _start_ranks(body, p)
@@ -206,6 +214,11 @@ def run_local(fn, topo, config, args=(), kwargs=None, trace=False, group_out=Non
         if isinstance(exc, HcclError):
             raise exc
         raise HcclError("E_INTERNAL", f"{type(exc).__name__}: {exc}", rank=rank) from exc
+    for rank, leaked in enumerate(leaks):
+        if leaked:
+            warnings.warn(f"rank {rank}: {len(leaked)} device allocation(s) never freed: "
+                          + ", ".join(f"{tag} {nbytes} B at 0x{ptr:x}" for tag, nbytes, ptr in leaked[:4]),
+                          ResourceWarning, stacklevel=2)
     return results
 
 
