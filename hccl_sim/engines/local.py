@@ -18,14 +18,11 @@ import time
 from hcomm.transport import InProcessTransport
 from topologies.errors import HcclError
 
-from hcomm.program import BUFFERS
-from hcomm.program import execute as execute_moves
 
-from ..communicator import Communicator, loop_views, make_scratch
+from ..communicator import Communicator, make_scratch
+from ..dataplane import move_share
 from ..device import Runtime
-from ..algorithms import BLOCK_COLLECTIVES
-from ..planner import COLLECTIVE_NAMES, check_signatures, make_plan, program_moves
-from ..types import reducer
+from ..planner import COLLECTIVE_NAMES, check_signatures, make_plan
 
 _POLL_S = 0.05
 _SWITCH_INTERVAL_S = 50e-6
@@ -117,31 +114,18 @@ class LocalGroup:
         plan, sig, p = slot.plan, slot.plan.signature, self.size
         if sig.name == "barrier":
             return
+        x0 = slot.data[0][0]
         redop = slot.data[0][2]
-        reduce_fn = reducer(redop) if redop is not None else None
-        scratch = [make_scratch(sig, plan, x, p) for x, _, _ in slot.data]
-        block = sig.name in BLOCK_COLLECTIVES
-        for (a, b), program in zip(plan.loops, plan.programs):
-            moves, aligned = program_moves(program)
-            named = [loop_views(sig, p, x, out, scratch[r], a, b) for r, (x, out, _) in enumerate(slot.data)]
-            views = [[v.get(name) for name in BUFFERS] for v in named]
-            n = b - a
-            parts = min(self._workers, max(1, n * slot.data[0][0].itemsize * p // _PARALLEL_MIN_BYTES))
-            if parts == 1 or not (block or aligned):
-                execute_moves(moves, views, reduce_fn)
-                continue
-            # Moves are element-wise: columns of rank blocks (block collectives) or aligned index
-            # ranges (vector collectives) never depend on one another, so split them over cores.
-            cuts = [n * i // parts for i in range(parts + 1)]
-            if block:
-                jobs = [(moves, [[None if v is None else v[:, lo:hi] for v in vw] for vw in views], reduce_fn)
-                        for lo, hi in zip(cuts, cuts[1:])]
-            else:
-                jobs = [(moves, views, reduce_fn, lo, hi) for lo, hi in zip(cuts, cuts[1:])]
-            futures = [self._pool().submit(execute_moves, *job) for job in jobs[1:]]
-            execute_moves(*jobs[0])
-            for f in futures:
-                f.result()
+        buffers = [(x, out, make_scratch(sig, plan, x, p)) for x, out, _ in slot.data]
+        nbytes = x0.nbytes * (p if sig.name == "allgather" else 1) * p
+        parts = min(self._workers, max(1, nbytes // _PARALLEL_MIN_BYTES))
+        if parts == 1:
+            move_share(plan, buffers, redop)
+            return
+        futures = [self._pool().submit(move_share, plan, buffers, redop, part, parts) for part in range(1, parts)]
+        move_share(plan, buffers, redop, 0, parts)
+        for f in futures:
+            f.result()
 
     def _pool(self):
         if self._executor is None:
