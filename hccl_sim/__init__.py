@@ -29,7 +29,7 @@ __all__ = ["topology", "run", "simulate", "Cluster", "Communicator", "ReduceOp",
            "Topology", "Estimate", "OpRecord", "ENGINES", "busbw_factor"]
 __version__ = "0.1.0"
 
-ENGINES = ("local", "timing")
+ENGINES = ("local", "ray", "timing")
 OPS = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall")
 _OP_ALIASES = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
                "all_to_all": "alltoall", "alltoall": "alltoall", "bcast": "broadcast"}
@@ -49,44 +49,59 @@ def _topology(topology_arg) -> Topology:
 
 
 def _engine(engine):
-    if engine == "local":
+    if engine in ("local", "ray"):
         return engine
-    if engine in ("ray", "mpi"):
+    if engine == "mpi":
         raise HcclError("E_NOT_SUPPORT", f"engine {engine!r} is not available in this version; "
                         f"available engines: {', '.join(ENGINES)}")
     raise HcclError("E_PARA", f"unknown engine {engine!r}; expected one of local, ray, mpi (run) or timing (simulate)")
 
 
 def run(fn, topology=None, engine: str = "local", args=(), kwargs=None, env: dict | None = None,
-        trace: bool = False, policy: str | None = None):
+        trace: bool = False, policy: str | None = None, address: str | None = None):
     """Run fn(comm, *args, **kwargs) once on every rank; return the results indexed by rank.
 
     An exception on any rank releases the others and reaches the caller as an HcclError naming
     the rank (the original exception is its __cause__).
     """
-    from .engines.local import run_local
     topo = _topology(topology)
-    _engine(engine)
-    return run_local(fn, topo, Config.from_env(env, policy), args=args, kwargs=kwargs, trace=trace)
+    config = Config.from_env(env, policy)
+    if _engine(engine) == "ray":
+        with Cluster(topo, engine="ray", env=env, policy=policy, address=address) as cluster:
+            return cluster.run(fn, args=args, kwargs=kwargs)
+    from .engines.local import run_local
+    return run_local(fn, topo, config, args=args, kwargs=kwargs, trace=trace)
 
 
 class Cluster:
-    """A set of ranks kept across runs (`with Cluster(topo) as c: c.run(fn)`)."""
+    """A set of ranks kept across runs (`with Cluster(topo) as c: c.run(fn)`).
 
-    def __init__(self, topology=None, engine: str = "local", env: dict | None = None, policy: str | None = None):
+    With engine="ray" each rank is a Ray actor (joining the cluster at `address` or RAY_ADDRESS,
+    else starting a local Ray) that keeps its device, runtime and shared memory across runs."""
+
+    def __init__(self, topology=None, engine: str = "local", env: dict | None = None, policy: str | None = None,
+                 address: str | None = None):
         self.topology = _topology(topology)
         self.engine = _engine(engine)
         self.config = Config.from_env(env, policy)
         self._open = True
+        self._ray = None
+        if self.engine == "ray":
+            from .engines.ray_engine import RayCluster
+            self._ray = RayCluster(self.topology, self.config, address=address)
 
     def run(self, fn, args=(), kwargs=None, trace: bool = False):
         if not self._open:
             raise HcclError("E_IN_STATUS", "the cluster is closed")
+        if self._ray is not None:
+            return self._ray.run(fn, args=args, kwargs=kwargs)
         from .engines.local import run_local
         return run_local(fn, self.topology, self.config, args=args, kwargs=kwargs, trace=trace)
 
     def close(self):
         self._open = False
+        if self._ray is not None:
+            self._ray.close()
 
     def __enter__(self):
         return self

@@ -101,16 +101,21 @@ class Communicator:
                             f"of ranks ({self.size})", rank=self.rank, op=opname)
 
     # collectives ----------------------------------------------------------------------------------
+    def _empty(self, shape, dtype):
+        """A result array, from the engine when it keeps results where peers can write them."""
+        make = getattr(self._group, "result_array", None)
+        return np.empty(shape, dtype=dtype) if make is None else make(shape, dtype)
+
     def all_reduce(self, x, op="sum", algo=None, stream=None):
         x = self._array(x, "all_reduce")
         redop = self._redop(op, "all_reduce")
-        out = np.empty_like(x, order="C")
+        out = self._empty(x.shape, x.dtype)
         return self._collective(Signature("allreduce", x.shape, dtype_name(x.dtype), redop.value, None, algo), x, out, redop, stream, out)
 
     def all_gather(self, x, algo=None, stream=None):
         """Inputs of every rank concatenated along axis 0 in rank order."""
         x = self._array(x, "all_gather", min_ndim=1)
-        out = np.empty((self.size * x.shape[0],) + x.shape[1:], dtype=x.dtype)
+        out = self._empty((self.size * x.shape[0],) + x.shape[1:], x.dtype)
         return self._collective(Signature("allgather", x.shape, dtype_name(x.dtype), None, None, algo), x, out, None, stream, out)
 
     def reduce_scatter(self, x, op="sum", algo=None, stream=None):
@@ -118,7 +123,7 @@ class Communicator:
         x = self._array(x, "reduce_scatter", min_ndim=1)
         self._divisible(x, "reduce_scatter")
         redop = self._redop(op, "reduce_scatter")
-        out = np.empty((x.shape[0] // self.size,) + x.shape[1:], dtype=x.dtype)
+        out = self._empty((x.shape[0] // self.size,) + x.shape[1:], x.dtype)
         return self._collective(Signature("reducescatter", x.shape, dtype_name(x.dtype), redop.value, None, algo),
                                 x, out, redop, stream, out)
 
@@ -126,7 +131,7 @@ class Communicator:
         """The root's x on every rank (x gives the shape and dtype elsewhere)."""
         x = self._array(x, "broadcast")
         root = self._root(root, "broadcast")
-        out = np.empty_like(x, order="C")
+        out = self._empty(x.shape, x.dtype)
         return self._collective(Signature("broadcast", x.shape, dtype_name(x.dtype), None, root, algo), x, out, None, stream, out)
 
     def reduce(self, x, root: int = 0, op="sum", algo=None, stream=None):
@@ -134,7 +139,7 @@ class Communicator:
         x = self._array(x, "reduce")
         root = self._root(root, "reduce")
         redop = self._redop(op, "reduce")
-        out = np.empty_like(x, order="C")
+        out = self._empty(x.shape, x.dtype)
         return self._collective(Signature("reduce", x.shape, dtype_name(x.dtype), redop.value, root, algo), x, out,
                                 redop, stream, out if self.rank == root else None)
 
@@ -142,7 +147,7 @@ class Communicator:
         """Block j of x goes to rank j; received blocks concatenated in rank order."""
         x = self._array(x, "all_to_all", min_ndim=1)
         self._divisible(x, "all_to_all")
-        out = np.empty_like(x, order="C")
+        out = self._empty(x.shape, x.dtype)
         return self._collective(Signature("alltoall", x.shape, dtype_name(x.dtype), None, None, algo), x, out, None, stream, out)
 
     def barrier(self) -> None:

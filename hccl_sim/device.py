@@ -39,7 +39,7 @@ class DeviceArray:
             raise HcclError("E_PTR", f"use of freed device memory at 0x{self.ptr:x} ({self.tag})",
                             rank=self.device.rank)
         if self._data is None:
-            self._data = np.zeros(self.shape, dtype=self.dtype)
+            self._data = self.device.storage(self.shape, self.dtype)
         return self._data
 
     def __repr__(self):
@@ -165,6 +165,9 @@ class Device:
         self._arrays = {}
         self._open = True
         self.default_stream = self.stream()
+        # Where device memory's bytes live: host memory here; engines whose ranks share memory
+        # across processes (Ray) put them in shared memory so peers can read them in place.
+        self.storage = lambda shape, dtype: np.zeros(shape, dtype=dtype)
 
     def __repr__(self):
         return (f"<Device NPU {self.device_id} of server {self.server} ({self.type}), rank {self.rank}, "
@@ -231,6 +234,13 @@ class Device:
         else:
             duration = self.model.pcie_ns(s.nbytes)
         return stream.enqueue(f"memcpy-{kind}", duration)
+
+    def reset_timeline(self) -> None:
+        """Start simulated time again at 0 (a new run on a device whose memory persists)."""
+        self.clock = 0
+        for s in self._streams:
+            s.tail = 0
+            s.tasks.clear()
 
     def synchronize(self) -> None:
         """The host waits for every stream of the device."""

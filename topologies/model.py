@@ -153,6 +153,14 @@ class Topology:
     def __post_init__(self):
         self._route_cache = {}
 
+    def __getstate__(self):
+        # caches (routes, programs, timings) are rebuilt where the topology lands
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._route_cache = {}
+
     @property
     def num_ranks(self) -> int:
         return len(self.server_of)

@@ -1,0 +1,511 @@
+"""The Ray engine: one Ray actor per rank, each owning its simulated NPU, runtime and communicator.
+
+Control plane: rank 0's actor runs a hub thread; every rank keeps one socket to it and sends only
+small messages (a collective's signature, entry clock and buffer names; done; p2p envelopes).
+Every wait has a deadline (HCCL_EXEC_TIMEOUT), a rank that raises or returns early is reported
+to the others, and a rank whose process dies closes its socket, which aborts the rest.
+
+Data plane: a rank registers its buffers in shared memory (hcomm.shm) and gives their names at
+the rendezvous; every rank then runs its 1/p share of the op's data program (hccl_sim.dataplane)
+straight on all ranks' shared buffers, reading and reducing in place, and the hub releases the
+ranks when every share is done: two hand-offs per op, no pickling. Ops of a few KiB travel inline
+through the hub instead, which moves them itself. Ranks on different hosts cannot share memory;
+this engine requires all ranks on one host and says so.
+
+Simulated time comes from the same planner as every engine, so it equals the local engine's.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+import uuid
+import weakref
+from multiprocessing.connection import Connection, wait
+from types import SimpleNamespace
+
+import numpy as np
+
+from hcomm import shm
+from topologies.errors import HcclError
+
+from ..communicator import Communicator
+from ..dataplane import move_share
+from ..device import Runtime
+from ..planner import COLLECTIVE_NAMES, check_signatures, loops_for, make_plan
+from ..types import ReduceOp
+
+INLINE_BYTES = 64 << 10        # ops this small travel through the hub
+_POLL_S = 0.2
+
+
+class _Abort(Exception):
+    pass
+
+
+def _recv(conn, deadline, rank, what):
+    """Receive one message before the deadline (None = no deadline)."""
+    while True:
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            raise HcclError("E_TIMEOUT", f"no reply from the hub while waiting for {what} (HCCL_EXEC_TIMEOUT)", rank=rank)
+        try:
+            if conn.poll(_POLL_S if remaining is None else min(_POLL_S, remaining)):
+                return conn.recv()
+        except (EOFError, OSError):
+            raise HcclError("E_REMOTE", f"lost the control connection while waiting for {what}", rank=rank)
+
+
+# ---- the hub (control plane), a thread in rank 0's actor -------------------------------------------
+
+class Hub(threading.Thread):
+    def __init__(self, topo, config, size: int, accept_timeout: float):
+        super().__init__(daemon=True, name="hccl-sim-hub")
+        self.topo, self.config, self.size = topo, config, size
+        self.server = socket.create_server(("0.0.0.0", 0))
+        self.server.settimeout(accept_timeout)
+        self.address = (_node_ip(), self.server.getsockname()[1])
+        self.conns = {}
+        self.colls = {}
+        self.exited = set()
+        self.failure = None
+        self.p2p_sends, self.p2p_recvs, self.p2p_senders = {}, {}, {}
+
+    def run(self):
+        try:
+            while len(self.conns) < self.size:
+                sock, _ = self.server.accept()
+                conn = Connection(sock.detach())
+                rank = conn.recv()[1]
+                self.conns[rank] = conn
+        except (socket.timeout, OSError, EOFError):
+            self._abort_all(f"only {len(self.conns)} of {self.size} ranks connected in time")
+            return
+        finally:
+            self.server.close()
+        by_conn = {conn: rank for rank, conn in self.conns.items()}
+        live = set(by_conn)
+        while live:
+            for conn in wait(list(live), timeout=_POLL_S):
+                rank = by_conn[conn]
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    live.discard(conn)
+                    if rank not in self.exited:
+                        self.exited.add(rank)
+                        self._fail(rank, "its process died (control connection closed)")
+                    continue
+                try:
+                    self._handle(rank, msg)
+                except Exception as exc:   # noqa: BLE001 - reported to every rank
+                    self._fail(rank, f"hub error: {type(exc).__name__}: {exc}")
+                if msg[0] == "exit":
+                    live.discard(conn)
+
+    def _send(self, rank, msg):
+        conn = self.conns.get(rank)
+        if conn is not None and rank not in self.exited:
+            try:
+                conn.send(msg)
+            except (OSError, EOFError):
+                pass
+
+    def _abort_all(self, reason):
+        for rank in list(self.conns):
+            self._send(rank, ("abort", "E_REMOTE", reason))
+
+    def _fail(self, rank, reason):
+        if self.failure is None:
+            self.failure = (rank, reason)
+        self._abort_all(f"rank {rank} failed: {reason}")
+
+    def _handle(self, rank, msg):
+        kind = msg[0]
+        if kind == "coll":
+            _, seq = msg[:2]
+            slot = self.colls.setdefault(seq, {"msgs": {}, "done": set()})
+            slot["msgs"][rank] = msg
+            if self.failure is not None:
+                self._send(rank, ("abort", "E_REMOTE", f"rank {self.failure[0]} failed: {self.failure[1]}"))
+            elif len(slot["msgs"]) == self.size:
+                self._start(seq, slot)
+            else:
+                self._check_exited(seq, slot)
+        elif kind == "done":
+            slot = self.colls[msg[1]]
+            slot["done"].add(rank)
+            if len(slot["done"]) == self.size:
+                for r in range(self.size):
+                    self._send(r, ("release", msg[1]))
+                del self.colls[msg[1]]
+        elif kind == "fail":
+            self._fail(rank, msg[1])
+        elif kind == "exit":
+            self.exited.add(rank)
+            for seq, slot in list(self.colls.items()):
+                self._check_exited(seq, slot)
+            self._check_p2p_exit(rank)
+        elif kind in ("send", "recv", "consumed"):
+            self._p2p(rank, msg)
+
+    def _check_exited(self, seq, slot):
+        gone = [r for r in self.exited if r not in slot["msgs"]]
+        if gone:
+            sig = next(iter(slot["msgs"].values()))[2]
+            opname = COLLECTIVE_NAMES.get(sig.name, sig.name)
+            for r in slot["msgs"]:
+                self._send(r, ("error", "E_PARA", f"rank {gone[0]} returned without calling {opname} (collective "
+                                                  f"#{seq}): ranks made different sequences of collective calls"))
+
+    def _start(self, seq, slot):
+        msgs = [slot["msgs"][r] for r in range(self.size)]
+        sigs = [m[2] for m in msgs]
+        problem = check_signatures(sigs)
+        if problem:
+            for r in range(self.size):
+                self._send(r, ("error", "E_PARA", problem))
+            del self.colls[seq]
+            return
+        clocks = [m[3] for m in msgs]
+        if msgs[0][6][0] == "inline":
+            sig, itemsize, redop = sigs[0], msgs[0][4], msgs[0][5]
+            plan = make_plan(sig, self.topo, self.config, clocks, itemsize)
+            p = self.size
+            buffers = []
+            for m in msgs:
+                x, out_shape = m[6][1], m[6][2]
+                out = None if x is None else np.empty(out_shape, dtype=x.dtype)
+                buffers.append((x, out, _scratch(sig, plan, x, p)))
+            move_share(plan, buffers, None if redop is None else ReduceOp(redop))
+            info = (plan.algo, plan.nbytes, plan.exits)
+            for r in range(p):
+                self._send(r, ("result", seq, info, buffers[r][1]))
+            del self.colls[seq]
+        else:
+            descs = [m[6][1] for m in msgs]
+            for r in range(self.size):
+                self._send(r, ("go", seq, clocks, descs))
+
+    # point to point, relayed ------------------------------------------------------------------------
+    def _p2p(self, rank, msg):
+        kind = msg[0]
+        if kind == "send":
+            _, dst, tag, data, clock = msg
+            key = (rank, dst, tag)
+            waiting = self.p2p_recvs.get(key)
+            if waiting:
+                waiting.pop(0)
+                self._send(dst, ("data", rank, tag, data, clock))
+            else:
+                self.p2p_sends.setdefault(key, []).append((data, clock))
+            self.p2p_senders.setdefault(key, []).append(rank)
+        elif kind == "recv":
+            _, src, tag = msg
+            key = (src, rank, tag)
+            queued = self.p2p_sends.get(key)
+            if queued:
+                data, clock = queued.pop(0)
+                self._send(rank, ("data", src, tag, data, clock))
+            elif src in self.exited:
+                self._send(rank, ("error", "E_PARA", f"rank {src} returned without sending what this rank waits "
+                                                     f"for (tag {tag!r})"))
+            else:
+                self.p2p_recvs.setdefault(key, []).append(rank)
+        else:   # consumed
+            _, src, tag, end = msg
+            self._send(src, ("sent", rank, tag, end))
+
+    def _check_p2p_exit(self, rank):
+        for (src, dst, tag), waiters in self.p2p_recvs.items():
+            if src == rank and waiters:
+                self._send(dst, ("error", "E_PARA", f"rank {src} returned without sending what this rank waits for "
+                                                    f"(tag {tag!r})"))
+
+
+def _scratch(sig, plan, x, p):
+    if sig.name in ("reducescatter", "alltoall") and plan.loops:
+        return np.empty((p, max(b - a for a, b in plan.loops)), dtype=x.dtype)
+    return None
+
+
+def _node_ip():
+    try:
+        import ray
+        return ray.util.get_node_ip_address()
+    except Exception:   # noqa: BLE001 - outside Ray
+        return "127.0.0.1"
+
+
+# ---- a rank's side ---------------------------------------------------------------------------------
+
+class _Message:
+    __slots__ = ("data", "meta", "_group", "_src", "_tag")
+
+    def __init__(self, data, meta, group, src, tag):
+        self.data, self.meta, self._group, self._src, self._tag = data, meta, group, src, tag
+
+    def consumed(self, reply=None):
+        self._group.conn.send(("consumed", self._src, self._tag, reply))
+
+
+class RemoteGroup:
+    """What a communicator needs from its engine, over the hub and shared memory."""
+
+    def __init__(self, rank, topo, config, hub_address, owned, attached, result_pool=None):
+        self.rank, self.topo, self.config, self.size = rank, topo, config, topo.num_ranks
+        self.result_pool = {} if result_pool is None else result_pool
+        self.owned, self.attached = owned, attached
+        sock = socket.create_connection(hub_address, timeout=config.connect_timeout_s)
+        sock.settimeout(None)
+        self.conn = Connection(sock.detach())
+        self.conn.send(("hello", rank))
+        self.transport = self           # point to point goes through the hub too
+        self._shared = {}               # id(array) -> segment name, for arrays peers can map
+
+    def share(self, name, arr):
+        self._shared[id(arr)] = (name, weakref.ref(arr))
+        return arr
+
+    def result_array(self, shape, dtype):
+        """Results live in shared segments from a pool: peers write them in place (no copy out),
+        and a segment is reused only when user code no longer holds its array (or a view of it)."""
+        key = (tuple(shape), np.dtype(dtype).str)
+        pool = self.result_pool.setdefault(key, [])
+        for entry in pool:
+            if sys.getrefcount(entry[1]) <= 3:     # the pool's tuple, this loop, getrefcount's argument
+                return entry[1]
+        name, arr = shm.PrivateSegment.array(self.owned.session, self.rank, "result", shape, dtype)
+        pool.append((name, arr))
+        return self.share(name, arr)
+
+    def _segment_of(self, arr):
+        got = self._shared.get(id(arr))
+        return got[0] if got is not None and got[1]() is arr else None
+
+    def deadline(self):
+        return None if not self.config.wait_timeout_s else time.monotonic() + self.config.wait_timeout_s
+
+    def _reply(self, what, expected):
+        msg = _recv(self.conn, self.deadline(), self.rank, what)
+        if msg[0] in ("abort", "error"):
+            raise HcclError(msg[1], msg[2], rank=self.rank)
+        if msg[0] not in expected:
+            raise HcclError("E_INTERNAL", f"unexpected control message {msg[0]!r} while waiting for {what}",
+                            rank=self.rank)
+        return msg
+
+    def rendezvous(self, rank, seq, sig, clock, itemsize, data):
+        x, out, redop = data
+        opname = COLLECTIVE_NAMES.get(sig.name, sig.name)
+        nbytes = 0 if x is None else x.nbytes + out.nbytes
+        red = None if redop is None else redop.value
+        if nbytes <= INLINE_BYTES:
+            self.conn.send(("coll", seq, sig, clock, itemsize, red, ("inline", x, None if out is None else out.shape)))
+            msg = self._reply(opname, ("result",))
+            algo, total, exits = msg[2]
+            if out is not None:
+                np.copyto(out, msg[3])
+            return SimpleNamespace(algo=algo, nbytes=total, exits=exits), True
+        p = self.size
+        in_name = self._segment_of(x)
+        if in_name is None:       # a host array: register it by copying into the CCL input segment
+            in_name, xin = self.owned.array("input", x.shape, x.dtype)
+            np.copyto(xin, x)
+        out_name = self._segment_of(out)
+        oview = None
+        if out_name is None:
+            out_name, oview = self.owned.array("output", out.shape, out.dtype)
+        sc_name, sc_shape = None, None
+        if sig.name in ("reducescatter", "alltoall"):
+            loops = loops_for(sig, p, itemsize, self.config.buffsize_bytes)
+            sc_shape = (p, max(b - a for a, b in loops))
+            sc_name, _ = self.owned.array("scratch", sc_shape, x.dtype)
+        desc = (in_name, x.shape, out_name, out.shape, sc_name, sc_shape, x.dtype.str)
+        self.conn.send(("coll", seq, sig, clock, itemsize, red, ("shm", desc)))
+        msg = self._reply(opname, ("go",))
+        clocks, descs = msg[2], msg[3]
+        plan = make_plan(sig, self.topo, self.config, clocks, itemsize)
+        buffers = []
+        for j, (iname, ishape, oname, oshape, sname, sshape, dt) in enumerate(descs):
+            buffers.append((self.attached.array(iname, ishape, dt), self.attached.array(oname, oshape, dt),
+                            None if sname is None else self.attached.array(sname, sshape, dt)))
+        move_share(plan, buffers, redop, rank, p)
+        self.conn.send(("done", seq))
+        self._reply(opname, ("release",))
+        if oview is not None:
+            np.copyto(out, oview)
+        # mappings of segments that are gone (replaced or freed device arrays) are dropped; the
+        # persistent ones stay mapped, so their pages fault in once
+        live = {name for d in descs for name in (d[0], d[2], d[4]) if name}
+        self.attached.forget(keep=live | self.attached.recent)
+        self.attached.recent = live
+        return plan, True
+
+    # the transport interface the communicator's send/recv use
+    def post_view(self, src, dst, tag, view, meta=None):
+        self.conn.send(("send", dst, tag, np.array(view, copy=True), meta))
+        return SimpleNamespace(dst=dst, tag=tag)
+
+    def wait_consumed(self, msg, deadline=None, op=None):
+        return self._reply(op or "send", ("sent",))[3]
+
+    def take(self, src, dst, tag, deadline=None, op=None):
+        self.conn.send(("recv", src, tag))
+        msg = self._reply(op or "recv", ("data",))
+        return _Message(msg[3], msg[4], self, src, tag)
+
+    def close(self, failure=None):
+        try:
+            self.conn.send(("fail", failure) if failure else ("exit",))
+            if failure:
+                self.conn.send(("exit",))
+        except (OSError, EOFError):
+            pass
+        finally:
+            self.conn.close()
+
+
+def _rank_actor_class():
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class RankActor:
+        """One rank: its runtime, device (HBM, streams) and shared-memory segments live across runs."""
+
+        def __init__(self, rank, topo, config, session):
+            self.rank, self.topo, self.config, self.session = rank, topo, config, session
+            self.runtime = Runtime(rank, topo).init()
+            self.device = self.runtime.set_device(topo.device_of[rank])
+            self._group = None
+
+            def storage(shape, dtype):
+                name, arr = shm.PrivateSegment.array(session, rank, "hbm", shape, dtype)
+                self._device_arrays[id(arr)] = (name, weakref.ref(arr))
+                return arr
+            self._device_arrays = {}
+            self.device.storage = storage
+            self.result_pool = {}
+            self.owned = shm.OwnedSegments(session, rank)
+            self.attached = shm.AttachedSegments()
+            self.hub = None
+
+        def start_hub(self, size, accept_timeout):
+            self.hub = Hub(self.topo, self.config, size, accept_timeout)
+            self.hub.start()
+            return self.hub.address
+
+        def run(self, fn, args, kwargs, hub_address):
+            group = None
+            self.device.reset_timeline()
+            try:
+                group = RemoteGroup(self.rank, self.topo, self.config, hub_address, self.owned, self.attached,
+                                    self.result_pool)
+                group._shared.update(self._device_arrays)
+                for entries in self.result_pool.values():
+                    for name, arr in entries:
+                        group.share(name, arr)
+                comm = Communicator(self.rank, group, self.device)
+                comm.runtime = self.runtime
+                try:
+                    result = fn(comm, *args, **(kwargs or {}))
+                finally:
+                    self.device.free(comm.ccl_buffer)
+            except BaseException as exc:   # noqa: BLE001 - reported to the driver and the other ranks
+                if group is not None:
+                    group.close(f"{type(exc).__name__}: {exc}")
+                if isinstance(exc, HcclError):
+                    return ("error", self.rank, exc.code, exc.reason, exc.op, "")
+                return ("error", self.rank, None, str(exc), type(exc).__name__, traceback.format_exc(limit=8))
+            group.close()
+            return ("ok", self.rank, result)
+
+        def info(self):
+            import resource
+            return {"pid": os.getpid(), "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+        def close(self):
+            self.result_pool.clear()        # their finalizers unlink the segments
+            self.owned.close()
+            self.attached.close()
+            leaks = self.runtime.finalize() if self.runtime.state == "ready" else []
+            return leaks
+
+    return RankActor
+
+
+class RayCluster:
+    """Actors for every rank of a topology, kept across runs."""
+
+    def __init__(self, topo, config, address: str | None = None):
+        import ray
+        self.topo, self.config = topo, config
+        self.session = uuid.uuid4().hex[:10]
+        self._started_ray = False
+        if not ray.is_initialized():
+            address = address or os.environ.get("RAY_ADDRESS")
+            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+                ray.init(include_dashboard=False, log_to_driver=False)
+                self._started_ray = True
+        self._ray = ray
+        actor_cls = _rank_actor_class()
+        topo_ref = ray.put(topo)
+        self.actors = [actor_cls.remote(r, topo_ref, config, self.session) for r in range(topo.num_ranks)]
+        infos = ray.get([a.info.remote() for a in self.actors], timeout=max(60, config.connect_timeout_s))
+        self.pids = [i["pid"] for i in infos]
+        self._closed = False
+
+    def run(self, fn, args=(), kwargs=None):
+        if self._closed:
+            raise HcclError("E_IN_STATUS", "the Ray cluster is closed")
+        ray = self._ray
+        p = self.topo.num_ranks
+        hub = ray.get(self.actors[0].start_hub.remote(p, float(self.config.connect_timeout_s)), timeout=60)
+        refs = [a.run.remote(fn, args, kwargs, hub) for a in self.actors]
+        limit = (self.config.wait_timeout_s or 10 ** 9) + self.config.connect_timeout_s + 30
+        ready, pending = ray.wait(refs, num_returns=p, timeout=limit)
+        outcomes = []
+        for r, ref in enumerate(refs):
+            if ref in pending:
+                outcomes.append(("error", r, "E_TIMEOUT", "did not finish in time", "Timeout", ""))
+                continue
+            try:
+                outcomes.append(ray.get(ref))
+            except ray.exceptions.RayActorError as exc:
+                outcomes.append(("error", r, "E_REMOTE", f"its actor died: {exc}", "RayActorError", ""))
+            except Exception as exc:   # noqa: BLE001 - e.g. a result that does not pickle
+                outcomes.append(("error", r, "E_INTERNAL", str(exc), type(exc).__name__, ""))
+        errors = [o for o in outcomes if o[0] == "error"]
+        if errors:
+            # the root cause is the first rank whose error is not another rank's abort
+            root = next((e for e in errors if e[2] != "E_REMOTE" or "actor died" in e[3]), errors[0])
+            _, rank, code, text, extra, tb = root
+            if code:
+                raise HcclError(code, text, rank=rank, op=extra if isinstance(extra, str) and extra else None)
+            raise HcclError("E_INTERNAL", f"{extra}: {text}\n{tb}".rstrip(), rank=rank)
+        return [o[2] for o in outcomes]
+
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        ray = self._ray
+        try:
+            ray.get([a.close.remote() for a in self.actors], timeout=30)
+        except Exception:   # noqa: BLE001 - dead actors cannot close; their segments are cleaned below
+            pass
+        for a in self.actors:
+            try:
+                ray.kill(a)
+            except Exception:   # noqa: BLE001
+                pass
+        shm.cleanup(self.session)
+        if self._started_ray:
+            ray.shutdown()

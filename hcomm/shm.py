@@ -1,0 +1,148 @@
+"""Shared-memory segments that hold ranks' registered buffers, visible to every process on a host.
+
+A segment belongs to the rank that created it (it grows by replacement and is unlinked when the
+rank closes); peers attach by name and read or reduce from it in place. Segments of one session
+share a name prefix, so whatever a killed process left in /dev/shm is removed by `cleanup`.
+Python's resource tracker is kept out: it would unlink a segment when any process that merely
+attached it exits.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import weakref
+from multiprocessing import resource_tracker, shared_memory
+
+import numpy as np
+
+PREFIX = "hccl_sim_"
+
+
+def _untrack(shm):
+    try:
+        resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001 - see module docstring
+    except Exception:   # noqa: BLE001 - the tracker may not know the segment
+        pass
+
+
+def segment_name(session: str, rank: int, kind: str, generation: int) -> str:
+    return f"{PREFIX}{session}_{rank}_{kind}_{generation}"
+
+
+class OwnedSegments:
+    """The segments one rank owns, one per kind ("input", "output", "scratch"), grown on demand."""
+
+    def __init__(self, session: str, rank: int):
+        self.session, self.rank = session, rank
+        self._segs = {}
+        self._generation = 0
+
+    def get(self, kind: str, nbytes: int):
+        """(name, shared memory) of at least nbytes for `kind`."""
+        seg = self._segs.get(kind)
+        if seg is None or seg.size < nbytes:
+            if seg is not None:
+                self._drop(seg)
+            self._generation += 1
+            name = segment_name(self.session, self.rank, kind, self._generation)
+            seg = shared_memory.SharedMemory(name=name, create=True, size=max(int(nbytes), 1))
+            _untrack(seg)
+            self._segs[kind] = seg
+        return seg
+
+    def array(self, kind: str, shape, dtype) -> tuple:
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        seg = self.get(kind, nbytes)
+        return seg.name, np.ndarray(shape, dtype=dtype, buffer=seg.buf)
+
+    @staticmethod
+    def _drop(seg):
+        try:
+            seg.close()
+        except BufferError:
+            pass          # a view is still alive; the name is gone anyway once unlinked
+        try:
+            seg.unlink()
+        except FileNotFoundError:
+            pass
+
+    def close(self):
+        for seg in self._segs.values():
+            self._drop(seg)
+        self._segs.clear()
+
+
+class PrivateSegment:
+    """A segment holding one array for its whole life (a device allocation, a collective's result).
+
+    The array is a view of the segment; the segment is unlinked when the array is garbage
+    collected (or `release` is called), so a result can be handed to user code without a copy."""
+
+    _counter = 0
+
+    @classmethod
+    def array(cls, session: str, rank: int, kind: str, shape, dtype):
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        cls._counter += 1
+        name = f"{PREFIX}{session}_{rank}_{kind}_{os.getpid()}_{cls._counter}"
+        seg = shared_memory.SharedMemory(name=name, create=True, size=max(nbytes, 1))
+        _untrack(seg)
+        arr = np.ndarray(shape, dtype=dtype, buffer=seg.buf)
+        weakref.finalize(arr, _unlink_later, seg)
+        return name, arr
+
+
+def _unlink_later(seg):
+    try:
+        seg.unlink()
+    except FileNotFoundError:
+        pass
+    try:
+        seg.close()
+    except BufferError:
+        pass
+
+
+class AttachedSegments:
+    """Peers' segments, attached once by name."""
+
+    def __init__(self):
+        self._segs = {}
+        self.recent = set()
+
+    def array(self, name: str, shape, dtype) -> np.ndarray:
+        seg = self._segs.get(name)
+        if seg is None:
+            seg = shared_memory.SharedMemory(name=name)
+            _untrack(seg)
+            self._segs[name] = seg
+        return np.ndarray(shape, dtype=np.dtype(dtype), buffer=seg.buf)
+
+    def forget(self, keep=()):
+        for name in [n for n in self._segs if n not in keep]:
+            try:
+                self._segs.pop(name).close()
+            except BufferError:
+                pass
+
+    def close(self):
+        self.forget()
+
+
+def leftovers(session: str | None = None) -> list:
+    """Segment files of a session (or of every session) still in /dev/shm."""
+    return sorted(glob.glob(f"/dev/shm/{PREFIX}{session + '_' if session else ''}*"))
+
+
+def cleanup(session: str) -> int:
+    """Unlink every segment of a session; returns how many were left behind."""
+    removed = 0
+    for path in leftovers(session):
+        try:
+            os.unlink(path)
+            removed += 1
+        except FileNotFoundError:
+            pass
+    return removed
