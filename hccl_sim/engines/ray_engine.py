@@ -276,7 +276,7 @@ class RemoteGroup:
         key = (tuple(shape), np.dtype(dtype).str)
         pool = self.result_pool.setdefault(key, [])
         for entry in pool:
-            if sys.getrefcount(entry[1]) <= 3:     # the pool's tuple, this loop, getrefcount's argument
+            if sys.getrefcount(entry[1]) <= 2:     # only the pool's tuple and getrefcount's argument
                 return entry[1]
         name, arr = shm.PrivateSegment.array(self.owned.session, self.rank, "result", shape, dtype)
         pool.append((name, arr))
