@@ -225,9 +225,11 @@ class Communicator:
 
 
 def make_scratch(sig, plan, x, p):
-    """The communicator-buffer area a schedule may use (ReduceScatter partials, AlltoAll bundles)."""
+    """The communicator-buffer area a schedule may use (ReduceScatter partials, AlltoAll bundles).
+
+    Each loop has columns of its own, so workers sharing an op never race across loops."""
     if sig.name in ("reducescatter", "alltoall") and plan.loops:
-        return np.empty((p, max(b - a for a, b in plan.loops)), dtype=x.dtype)
+        return np.empty((p, plan.loops[-1][1]), dtype=x.dtype)
     return None
 
 
@@ -239,9 +241,9 @@ def loop_views(sig, p, x, out, scratch, a, b) -> dict:
     if sig.name == "allgather":
         return {"input": xf[a:b].reshape(1, -1), "output": of.reshape(p, -1)[:, a:b]}
     if sig.name == "reducescatter":
-        return {"input": xf.reshape(p, -1)[:, a:b], "output": of[a:b].reshape(1, -1), "scratch": scratch[:, :b - a]}
+        return {"input": xf.reshape(p, -1)[:, a:b], "output": of[a:b].reshape(1, -1), "scratch": scratch[:, a:b]}
     return {"input": xf.reshape(p, -1)[:, a:b], "output": of.reshape(p, -1)[:, a:b],     # alltoall
-            "scratch": scratch[:, :b - a]}
+            "scratch": scratch[:, a:b]}
 
 
 _EMPTY = np.empty(0, dtype=np.uint8)

@@ -107,7 +107,7 @@ def test_bad_engine_and_topology_arguments():
     with pytest.raises(HcclError, match="unknown engine"):
         hccl_sim.run(lambda c: None, engine="warp")
     with pytest.raises(HcclError, match="not available"):
-        hccl_sim.run(lambda c: None, engine="ray")
+        hccl_sim.run(lambda c: None, engine="mpi")
     with pytest.raises(HcclError, match="unknown topology"):
         hccl_sim.topology("dgx-h100")
     with pytest.raises(HcclError, match="ranks=N is required"):

@@ -227,9 +227,8 @@ class Hub(threading.Thread):
 
 
 def _scratch(sig, plan, x, p):
-    if sig.name in ("reducescatter", "alltoall") and plan.loops:
-        return np.empty((p, max(b - a for a, b in plan.loops)), dtype=x.dtype)
-    return None
+    from ..communicator import make_scratch
+    return make_scratch(sig, plan, x, p)
 
 
 def _node_ip():
@@ -322,7 +321,7 @@ class RemoteGroup:
         sc_name, sc_shape = None, None
         if sig.name in ("reducescatter", "alltoall"):
             loops = loops_for(sig, p, itemsize, self.config.buffsize_bytes)
-            sc_shape = (p, max(b - a for a, b in loops))
+            sc_shape = (p, loops[-1][1])
             sc_name, _ = self.owned.array("scratch", sc_shape, x.dtype)
         desc = (in_name, x.shape, out_name, out.shape, sc_name, sc_shape, x.dtype.str)
         self.conn.send(("coll", seq, sig, clock, itemsize, red, ("shm", desc)))
