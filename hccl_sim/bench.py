@@ -115,57 +115,70 @@ def run_bench(spec: BenchSpec, topo, progress=None) -> list:
                            redop=spec.redop, root=spec.root, env=spec.env, policy=spec.policy)
             total_ns = sum(round(t * 1e9) for t in est.times)
             emit(size, count, total_ns / p / 1e9, None, time.perf_counter() - t0, est.algo)
-        elif spec.engine != "local":
-            raise HcclError("E_PARA", f"unknown engine {spec.engine!r}; bench supports local and timing")
-    if spec.engine == "local":
-        _run_local_sweep(spec, topo, config, emit)
+        elif spec.engine not in ("local", "ray"):
+            raise HcclError("E_PARA", f"unknown engine {spec.engine!r}; bench supports local, ray and timing")
+    if spec.engine in ("local", "ray"):
+        _run_sweep(spec, topo, config, emit)
     if spec.trace:
         chrome.write(spec.trace, trace_sections)
     return rows
 
 
-def _run_local_sweep(spec, topo, config, emit):
-    from .engines.local import run_local
-    p = topo.num_ranks
+def _sweep(comm, spec, emit=None):
+    """Runs on every rank: the whole sweep, so ranks live across rows. Rank 0 reports each row
+    through `emit` (in-process engines) or returns them all (actors)."""
+    p = comm.size
     itemsize = numpy_dtype(spec.dtype).itemsize
+    call = getattr(comm, _CALL[spec.op])
+    rank = comm.rank
+    kwargs = {"algo": spec.algo}
+    if spec.op in REDUCING:
+        kwargs["op"] = spec.redop
+    if spec.op in ROOTED:
+        kwargs["root"] = spec.root
+    rows = []
+    for size in spec.sizes:
+        count = op_count(spec.op, size, p, itemsize)
+        per_rank = count // p if spec.op == "allgather" else count
+        x = rank_input(rank, per_rank, spec.dtype, spec.redop)
+        for _ in range(spec.warmup):
+            call(x, **kwargs)
+        sim, wall = [], []
+        y = None
+        for _ in range(spec.iters):
+            comm.barrier()   # aligns clocks: each op is timed from a common start
+            t0 = time.perf_counter()
+            y = call(x, **kwargs)
+            wall.append(time.perf_counter() - t0)
+            sim.append(comm.last_op.end - comm.last_op.start)      # integer ns
+        algo = comm.last_op.algo if spec.iters else ""
+        wrong = -1.0
+        if spec.check and spec.iters:
+            want = expected(spec.op, rank, p, per_rank, spec.dtype, spec.redop, spec.root)
+            wrong = 0.0 if want is None else float(np.count_nonzero(y.reshape(-1) != want))
+        stats = np.array([wrong, float(sum(sim)) if sim else 0.0] + wall, dtype=np.float64)
+        gathered = comm.all_gather(stats, algo="ring").reshape(p, -1)
+        if rank == 0:
+            wrongs = gathered[:, 0]
+            walls = gathered[:, 2:].max(axis=0) if spec.iters else np.zeros(1)
+            total_ns = int(gathered[:, 1].sum())                   # exact: sums of integers < 2^53
+            row = (size, count, total_ns / (p * max(spec.iters, 1)) / 1e9,
+                   None if wrongs[0] < 0 else int(wrongs.sum()), float(np.median(walls)), algo)
+            if emit is not None:
+                emit(*row)
+            rows.append(row)
+    return rows
 
-    def sweep(comm):
-        call = getattr(comm, _CALL[spec.op])
-        rank = comm.rank
-        kwargs = {"algo": spec.algo}
-        if spec.op in REDUCING:
-            kwargs["op"] = spec.redop
-        if spec.op in ROOTED:
-            kwargs["root"] = spec.root
-        for size in spec.sizes:
-            count = op_count(spec.op, size, p, itemsize)
-            per_rank = count // p if spec.op == "allgather" else count
-            x = rank_input(rank, per_rank, spec.dtype, spec.redop)
-            for _ in range(spec.warmup):
-                call(x, **kwargs)
-            sim, wall = [], []
-            y = None
-            for _ in range(spec.iters):
-                comm.barrier()   # aligns clocks: each op is timed from a common start
-                t0 = time.perf_counter()
-                y = call(x, **kwargs)
-                wall.append(time.perf_counter() - t0)
-                sim.append(comm.last_op.end - comm.last_op.start)      # integer ns
-            algo = comm.last_op.algo if spec.iters else ""
-            wrong = -1.0
-            if spec.check and spec.iters:
-                want = expected(spec.op, rank, p, per_rank, spec.dtype, spec.redop, spec.root)
-                wrong = 0.0 if want is None else float(np.count_nonzero(y.reshape(-1) != want))
-            stats = np.array([wrong, float(sum(sim)) if sim else 0.0] + wall, dtype=np.float64)
-            gathered = comm.all_gather(stats, algo="ring").reshape(p, -1)
-            if rank == 0:
-                wrongs = gathered[:, 0]
-                walls = gathered[:, 2:].max(axis=0) if spec.iters else np.zeros(1)
-                total_ns = int(gathered[:, 1].sum())                   # exact: sums of integers < 2^53
-                emit(size, count, total_ns / (p * max(spec.iters, 1)) / 1e9,
-                     None if wrongs[0] < 0 else int(wrongs.sum()), float(np.median(walls)), algo)
 
-    run_local(sweep, topo, config)
+def _run_sweep(spec, topo, config, emit):
+    if spec.engine == "local":
+        from .engines.local import run_local
+        run_local(_sweep, topo, config, args=(spec, emit))
+        return
+    from . import Cluster
+    with Cluster(topo, engine="ray", env=spec.env, policy=spec.policy) as cluster:
+        for row in cluster.run(_sweep, args=(spec,))[0]:
+            emit(*row)
 
 
 # ---- formatting ---------------------------------------------------------------------------------

@@ -88,7 +88,8 @@ def build_parser():
     b.add_argument("-o", "--redop", default="sum", help="sum, prod, max or min (default sum)")
     b.add_argument("-r", "--root", type=int, default=0, help="root of broadcast/reduce (default 0)")
     b.add_argument("--algo", default=None, help="HCCL algorithm token (ring, H-D_R, ...) or an HCCL_ALGO string")
-    b.add_argument("--engine", default="local", help="local (real data) or timing (payload-free) (default local)")
+    b.add_argument("--engine", default="local", help="local (threads, real data), ray (one actor per rank, real data) or timing "
+                   "(payload-free) (default local)")
     b.add_argument("--policy", default="hccl", help="algorithm selection when --algo/HCCL_ALGO do not fix it: "
                    "hccl (HCCL's rules) or model (fastest by the timing model) (default hccl)")
     b.add_argument("-n", "--iters", type=int, default=5, help="timed iterations per size (default 5)")
@@ -132,8 +133,8 @@ def cmd_bench(args) -> int:
         raise HcclError("E_PARA", f"-r {spec.root}: root must be a rank in [0, {topo.num_ranks})")
     if spec.policy not in ("hccl", "model"):
         raise HcclError("E_PARA", f"--policy {spec.policy!r}: expected hccl or model")
-    if spec.engine not in ("local", "timing"):
-        raise HcclError("E_PARA", f"--engine {spec.engine!r}: bench runs on local or timing")
+    if spec.engine not in ("local", "ray", "timing"):
+        raise HcclError("E_PARA", f"--engine {spec.engine!r}: bench runs on local, ray or timing")
     print(header(spec, topo), flush=True)
     rows = run_bench(spec, topo, progress=lambda row: print(format_row(row), flush=True))
     print(footer(rows))

@@ -86,7 +86,7 @@ def test_options_and_trace(capsys, tmp_path):
     (["bench", "--topology", "nope.json"], "cannot read"),
     (["bench", "--op", "reduce", "-r", "8"], "root must be a rank"),
     (["bench", "--env", "HCCL_ALGO=level1:Ring"], "HCCL_ALGO"),
-    (["bench", "--engine", "quantum"], "bench runs on local or timing"),
+    (["bench", "--engine", "quantum"], "bench runs on local, ray or timing"),
     (["bench", "-n", "x"], "invalid int value"),
     (["bench", "--servers", "0"], "servers must be a positive integer"),
     (["frobnicate"], "invalid choice"),

@@ -1,0 +1,97 @@
+"""The Ray engine against mpi4py + MPICH on this machine, in the same run.
+
+- 8-rank 64 MiB float32 AllReduce: median wall time and busbw on the Ray engine (host arrays,
+  and device arrays whose memory is already shared) against MPICH `Allreduce` on 8 processes.
+- 8-byte AllReduce latency on 8 ranks, both.
+- Ray actor start-up time and memory per rank.
+
+    python experiments/ray_vs_mpich.py
+"""
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+import hccl_sim
+from hccl_sim.verifiable import expected, rank_input
+
+from local_vs_mpich import busbw, mpich_walls
+
+OUT = Path(__file__).resolve().parent / "out"
+
+
+def ray_walls(comm, nbytes, iters, warmup, device):
+    count = nbytes // 4
+    x = rank_input(comm.rank, count, "float32")
+    d = None
+    if device:
+        d = comm.device.empty((count,), np.float32)
+        d.data[:] = x
+        x = d.data
+    walls = []
+    y = None
+    for i in range(warmup + iters):
+        comm.barrier()
+        t0 = time.perf_counter()
+        y = comm.all_reduce(x)
+        walls.append(time.perf_counter() - t0)
+    ok = bool(np.array_equal(y, expected("allreduce", comm.rank, comm.size, count, "float32")))
+    if d is not None:
+        comm.device.free(d)
+    return walls[warmup:], ok
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--small-iters", type=int, default=300)
+    args = ap.parse_args()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+    topo = hccl_sim.topology("atlas800t-a2") if args.ranks == 8 else hccl_sim.topology("fullmesh", ranks=args.ranks)
+    t0 = time.perf_counter()
+    ray.init(include_dashboard=False, log_to_driver=False)
+    t_ray = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    cluster = hccl_sim.Cluster(topo, engine="ray")
+    t_actors = time.perf_counter() - t0
+    infos = ray.get([a.info.remote() for a in cluster._ray.actors])
+    report = {"ranks": args.ranks, "ray_init_s": t_ray, "actor_startup_s": t_actors,
+              "actor_rss_mb": [i["rss_mb"] for i in infos]}
+    print(f"# ray.init {t_ray:.2f} s; {args.ranks} rank actors up in {t_actors:.2f} s; peak RSS per actor "
+          f"{statistics.median(report['actor_rss_mb']):.0f} MB (median)")
+    rows = []
+    try:
+        for nbytes, iters in ((8, args.small_iters), (64 << 20, args.iters)):
+            for device in (False, True):
+                res = cluster.run(ray_walls, args=(nbytes, iters, 2, device))
+                walls = np.max([r[0] for r in res], axis=0).tolist()
+                rows.append({"engine": "hccl-sim ray" + (" (device arrays)" if device else ""), "bytes": nbytes,
+                             "median_s": statistics.median(walls), "correct": all(r[1] for r in res)})
+                if nbytes == 8:
+                    break             # 8-byte ops go inline through the hub either way
+            mw, mok = mpich_walls(args.ranks, nbytes, iters, 2)
+            rows.append({"engine": "mpi4py+MPICH", "bytes": nbytes, "median_s": statistics.median(mw), "correct": mok})
+    finally:
+        cluster.close()
+        ray.shutdown()
+    print(f"# {'engine':28s} {'size(B)':>10s} {'median(us)':>11s} {'busbw(GB/s)':>11s} {'correct':>7s}")
+    for r in rows:
+        r["busbw"] = busbw(r["bytes"], args.ranks, r["median_s"])
+        print(f"  {r['engine']:28s} {r['bytes']:10d} {r['median_s'] * 1e6:11.1f} {r['busbw']:11.2f} {str(r['correct']):>7s}")
+    for nbytes in (8, 64 << 20):
+        ours = min(r["median_s"] for r in rows if r["bytes"] == nbytes and r["engine"].startswith("hccl"))
+        peer = next(r["median_s"] for r in rows if r["bytes"] == nbytes and r["engine"] == "mpi4py+MPICH")
+        print(f"# {nbytes} B: hccl-sim ray / MPICH time ratio {peer / ours:.2f}x (>1 means faster than MPICH)")
+    report["rows"] = rows
+    OUT.mkdir(exist_ok=True)
+    (OUT / "ray_vs_mpich.json").write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
