@@ -9,8 +9,10 @@ Data plane: a rank registers its buffers in shared memory (hcomm.shm) and gives 
 the rendezvous; every rank then runs its 1/p share of the op's data program (hccl_sim.dataplane)
 straight on all ranks' shared buffers, reading and reducing in place, and the hub releases the
 ranks when every share is done: two hand-offs per op, no pickling. Ops of a few KiB travel inline
-through the hub instead, which moves them itself. Ranks on different hosts cannot share memory;
-this engine requires all ranks on one host and says so.
+through the hub instead, which moves them itself. Results come from a pool of shared segments, a
+segment being reused only once user code has dropped its array, so no rank copies results out.
+Ranks on different hosts cannot share memory: the engine refuses such a placement (an
+HcclError) rather than falling back; a Ray object-transfer path is still to come.
 
 Simulated time comes from the same planner as every engine, so it equals the local engine's.
 """
@@ -73,6 +75,7 @@ class Hub(threading.Thread):
         self.exited = set()
         self.failure = None
         self.p2p_sends, self.p2p_recvs, self.p2p_senders = {}, {}, {}
+        self.plans = {}                 # (signature, itemsize, relative entry clocks) -> plan
 
     def run(self):
         try:
@@ -173,7 +176,13 @@ class Hub(threading.Thread):
         clocks = [m[3] for m in msgs]
         if msgs[0][6][0] == "inline":
             sig, itemsize, redop = sigs[0], msgs[0][4], msgs[0][5]
-            plan = make_plan(sig, self.topo, self.config, clocks, itemsize)
+            base = min(clocks)
+            key = (sig, itemsize, tuple(c - base for c in clocks))
+            plan = self.plans.get(key)
+            if plan is None:
+                if len(self.plans) > 1024:
+                    self.plans.clear()
+                plan = self.plans[key] = make_plan(sig, self.topo, self.config, [c - base for c in clocks], itemsize)
             p = self.size
             buffers = []
             for m in msgs:
@@ -181,7 +190,7 @@ class Hub(threading.Thread):
                 out = None if x is None else np.empty(out_shape, dtype=x.dtype)
                 buffers.append((x, out, _scratch(sig, plan, x, p)))
             move_share(plan, buffers, None if redop is None else ReduceOp(redop))
-            info = (plan.algo, plan.nbytes, plan.exits)
+            info = (plan.algo, plan.nbytes, [base + e for e in plan.exits])
             for r in range(p):
                 self._send(r, ("result", seq, info, buffers[r][1]))
             del self.colls[seq]
@@ -424,7 +433,8 @@ def _rank_actor_class():
 
         def info(self):
             import resource
-            return {"pid": os.getpid(), "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            return {"pid": os.getpid(), "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                    "node": _node_ip()}
 
         def close(self):
             self.result_pool.clear()        # their finalizers unlink the segments
@@ -460,6 +470,11 @@ class RayCluster:
         infos = ray.get([a.info.remote() for a in self.actors], timeout=max(60, config.connect_timeout_s))
         self.pids = [i["pid"] for i in infos]
         self._closed = False
+        nodes = sorted({i["node"] for i in infos})
+        if len(nodes) > 1:
+            self.close()
+            raise HcclError("E_NOT_SUPPORT", f"the rank actors landed on {len(nodes)} hosts ({', '.join(nodes)}); this "
+                            "engine's shared-memory data plane needs them on one host")
 
     def run(self, fn, args=(), kwargs=None):
         if self._closed:
