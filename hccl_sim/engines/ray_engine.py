@@ -1,6 +1,6 @@
 """The Ray engine: one Ray actor per rank, each owning its simulated NPU, runtime and communicator.
 
-Control plane: rank 0's actor runs a hub thread; every rank keeps one socket to it and sends only
+Control plane: a hub actor of its own runs the hub; every rank keeps one socket to it and sends only
 small messages (a collective's signature, entry clock and buffer names; done; p2p envelopes).
 Every wait has a deadline (HCCL_EXEC_TIMEOUT), a rank that raises or returns early is reported
 to the others, and a rank whose process dies closes its socket, which aborts the rest.
@@ -443,7 +443,19 @@ def _rank_actor_class():
             leaks = self.runtime.finalize() if self.runtime.state == "ready" else []
             return leaks
 
-    return RankActor
+    @ray.remote(num_cpus=0)
+    class HubActor:
+        """The control-plane hub, in a process of its own so no rank's work delays it."""
+
+        def __init__(self, topo, config):
+            self.topo, self.config = topo, config
+
+        def start_hub(self, size, accept_timeout):
+            hub = Hub(self.topo, self.config, size, accept_timeout)
+            hub.start()
+            return hub.address
+
+    return RankActor, HubActor
 
 
 class RayCluster:
@@ -464,9 +476,10 @@ class RayCluster:
                 ray.init(include_dashboard=False, log_to_driver=False)
                 self._started_ray = True
         self._ray = ray
-        actor_cls = _rank_actor_class()
+        actor_cls, hub_cls = _rank_actor_class()
         topo_ref = ray.put(topo)
         self.actors = [actor_cls.remote(r, topo_ref, config, self.session) for r in range(topo.num_ranks)]
+        self.hub_actor = hub_cls.remote(topo_ref, config)
         infos = ray.get([a.info.remote() for a in self.actors], timeout=max(60, config.connect_timeout_s))
         self.pids = [i["pid"] for i in infos]
         self._closed = False
@@ -481,7 +494,7 @@ class RayCluster:
             raise HcclError("E_IN_STATUS", "the Ray cluster is closed")
         ray = self._ray
         p = self.topo.num_ranks
-        hub = ray.get(self.actors[0].start_hub.remote(p, float(self.config.connect_timeout_s)), timeout=60)
+        hub = ray.get(self.hub_actor.start_hub.remote(p, float(self.config.connect_timeout_s)), timeout=60)
         refs = [a.run.remote(fn, args, kwargs, hub) for a in self.actors]
         limit = (self.config.wait_timeout_s or 10 ** 9) + self.config.connect_timeout_s + 30
         ready, pending = ray.wait(refs, num_returns=p, timeout=limit)
@@ -515,7 +528,7 @@ class RayCluster:
             ray.get([a.close.remote() for a in self.actors], timeout=30)
         except Exception:   # noqa: BLE001 - dead actors cannot close; their segments are cleaned below
             pass
-        for a in self.actors:
+        for a in self.actors + [self.hub_actor]:
             try:
                 ray.kill(a)
             except Exception:   # noqa: BLE001
