@@ -77,10 +77,12 @@ class Cluster:
     """A set of ranks kept across runs (`with Cluster(topo) as c: c.run(fn)`).
 
     With engine="ray" each rank is a Ray actor (joining the cluster at `address` or RAY_ADDRESS,
-    else starting a local Ray) that keeps its device, runtime and shared memory across runs."""
+    else starting a local Ray) that keeps its device, runtime and shared memory across runs.
+    `data_plane` is "shm" (ranks on one host, the default there) or "socket" (bytes over the
+    control connections, the default when ranks span hosts)."""
 
     def __init__(self, topology=None, engine: str = "local", env: dict | None = None, policy: str | None = None,
-                 address: str | None = None):
+                 address: str | None = None, data_plane: str | None = None):
         self.topology = _topology(topology)
         self.engine = _engine(engine)
         self.config = Config.from_env(env, policy)
@@ -88,7 +90,7 @@ class Cluster:
         self._ray = None
         if self.engine == "ray":
             from .engines.ray_engine import RayCluster
-            self._ray = RayCluster(self.topology, self.config, address=address)
+            self._ray = RayCluster(self.topology, self.config, address=address, data_plane=data_plane)
 
     def run(self, fn, args=(), kwargs=None, trace: bool = False):
         if not self._open:

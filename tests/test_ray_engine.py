@@ -142,3 +142,13 @@ def test_run_with_engine_ray_and_address(ray_instance):
     results = hccl_sim.run(lambda comm: int(comm.all_reduce(np.array([comm.rank]))[0]),
                            topology=hccl_sim.topology("fullmesh", ranks=3), engine="ray")
     assert results == [3, 3, 3]
+
+
+def test_socket_data_plane_for_ranks_on_other_hosts(ray_instance):
+    """The path ranks on different hosts take: bytes over the control connections, same answers."""
+    topo = hccl_sim.topology("atlas800t-a2")
+    with hccl_sim.Cluster(topo, engine="ray", data_plane="socket") as cluster:
+        assert cluster._ray.data_plane == "socket"
+        results = cluster.run(all_collectives, args=(40_000, np.float32, "min", "ring", 2))
+        check(results, 8, 40_000, np.float32, "min", 2)
+        assert cluster.run(timeline, args=(30_000,)) == hccl_sim.run(timeline, topology=topo, args=(30_000,))

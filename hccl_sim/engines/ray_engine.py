@@ -11,8 +11,10 @@ straight on all ranks' shared buffers, reading and reducing in place, and the hu
 ranks when every share is done: two hand-offs per op, no pickling. Ops of a few KiB travel inline
 through the hub instead, which moves them itself. Results come from a pool of shared segments, a
 segment being reused only once user code has dropped its array, so no rank copies results out.
-Ranks on different hosts cannot share memory: the engine refuses such a placement (an
-HcclError) rather than falling back; a Ray object-transfer path is still to come.
+Ranks on different hosts cannot share memory: there (or with data_plane="socket") every rank
+sends its input over its TCP connection to the hub, which runs the op and sends each rank its
+result. (Moving the bytes through Ray's object store instead is still to come: ObjectRefs passed
+over the hub's sockets are outside Ray's ownership protocol.)
 
 Simulated time comes from the same planner as every engine, so it equals the local engine's.
 """
@@ -184,9 +186,10 @@ class Hub(threading.Thread):
                     self.plans.clear()
                 plan = self.plans[key] = make_plan(sig, self.topo, self.config, [c - base for c in clocks], itemsize)
             p = self.size
+            inputs = [m[6][1] for m in msgs]
             buffers = []
-            for m in msgs:
-                x, out_shape = m[6][1], m[6][2]
+            for x, m in zip(inputs, msgs):
+                out_shape = m[6][2]
                 out = None if x is None else np.empty(out_shape, dtype=x.dtype)
                 buffers.append((x, out, _scratch(sig, plan, x, p)))
             move_share(plan, buffers, None if redop is None else ReduceOp(redop))
@@ -263,8 +266,9 @@ class _Message:
 class RemoteGroup:
     """What a communicator needs from its engine, over the hub and shared memory."""
 
-    def __init__(self, rank, topo, config, hub_address, owned, attached, result_pool=None):
+    def __init__(self, rank, topo, config, hub_address, owned, attached, result_pool=None, data_plane="shm"):
         self.rank, self.topo, self.config, self.size = rank, topo, config, topo.num_ranks
+        self.data_plane = data_plane
         self.result_pool = {} if result_pool is None else result_pool
         self.owned, self.attached = owned, attached
         sock = socket.create_connection(hub_address, timeout=config.connect_timeout_s)
@@ -311,7 +315,8 @@ class RemoteGroup:
         opname = COLLECTIVE_NAMES.get(sig.name, sig.name)
         nbytes = 0 if x is None else x.nbytes + out.nbytes
         red = None if redop is None else redop.value
-        if nbytes <= INLINE_BYTES:
+        if nbytes <= INLINE_BYTES or self.data_plane == "socket":
+            # small ops, and ranks that share no memory: the bytes travel with the control messages
             self.conn.send(("coll", seq, sig, clock, itemsize, red, ("inline", x, None if out is None else out.shape)))
             msg = self._reply(opname, ("result",))
             algo, total, exits = msg[2]
@@ -406,12 +411,12 @@ def _rank_actor_class():
             self.hub.start()
             return self.hub.address
 
-        def run(self, fn, args, kwargs, hub_address):
+        def run(self, fn, args, kwargs, hub_address, data_plane="shm"):
             group = None
             self.device.reset_timeline()
             try:
                 group = RemoteGroup(self.rank, self.topo, self.config, hub_address, self.owned, self.attached,
-                                    self.result_pool)
+                                    self.result_pool, data_plane)
                 group._shared.update(self._device_arrays)
                 for entries in self.result_pool.values():
                     for name, arr in entries:
@@ -461,8 +466,10 @@ def _rank_actor_class():
 class RayCluster:
     """Actors for every rank of a topology, kept across runs."""
 
-    def __init__(self, topo, config, address: str | None = None):
+    def __init__(self, topo, config, address: str | None = None, data_plane: str | None = None):
         import ray
+        if data_plane not in (None, "shm", "socket"):
+            raise HcclError("E_PARA", f"data_plane {data_plane!r}: expected shm or socket")
         self.topo, self.config = topo, config
         self.session = uuid.uuid4().hex[:10]
         self._started_ray = False
@@ -483,11 +490,9 @@ class RayCluster:
         infos = ray.get([a.info.remote() for a in self.actors], timeout=max(60, config.connect_timeout_s))
         self.pids = [i["pid"] for i in infos]
         self._closed = False
-        nodes = sorted({i["node"] for i in infos})
-        if len(nodes) > 1:
-            self.close()
-            raise HcclError("E_NOT_SUPPORT", f"the rank actors landed on {len(nodes)} hosts ({', '.join(nodes)}); this "
-                            "engine's shared-memory data plane needs them on one host")
+        self.nodes = sorted({i["node"] for i in infos})
+        # ranks that cannot share memory send their bytes over the hub's connections
+        self.data_plane = data_plane or ("shm" if len(self.nodes) == 1 else "socket")
 
     def run(self, fn, args=(), kwargs=None):
         if self._closed:
@@ -495,7 +500,7 @@ class RayCluster:
         ray = self._ray
         p = self.topo.num_ranks
         hub = ray.get(self.hub_actor.start_hub.remote(p, float(self.config.connect_timeout_s)), timeout=60)
-        refs = [a.run.remote(fn, args, kwargs, hub) for a in self.actors]
+        refs = [a.run.remote(fn, args, kwargs, hub, self.data_plane) for a in self.actors]
         limit = (self.config.wait_timeout_s or 10 ** 9) + self.config.connect_timeout_s + 30
         ready, pending = ray.wait(refs, num_returns=p, timeout=limit)
         outcomes = []
