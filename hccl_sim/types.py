@@ -66,8 +66,24 @@ _ALIASES = {"fp16": "float16", "half": "float16", "fp32": "float32", "float": "f
             "char": "int8", "int": "int32", "uchar": "uint8"}
 
 
+_NAME_CACHE = {}
+
+
 def dtype_name(dtype) -> str:
     """Canonical name of a numpy dtype or a dtype name; HcclError if HCCL has no such type."""
+    try:
+        return _NAME_CACHE[dtype]
+    except (KeyError, TypeError):
+        pass
+    name = _dtype_name(dtype)
+    try:
+        _NAME_CACHE[dtype] = name
+    except TypeError:
+        pass
+    return name
+
+
+def _dtype_name(dtype) -> str:
     if isinstance(dtype, str):
         name = _ALIASES.get(dtype.lower(), dtype.lower())
         if name in DTYPES:

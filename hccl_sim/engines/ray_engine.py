@@ -21,6 +21,7 @@ Simulated time comes from the same planner as every engine, so it equals the loc
 from __future__ import annotations
 
 import os
+import select
 import socket
 import sys
 import threading
@@ -28,7 +29,7 @@ import time
 import traceback
 import uuid
 import weakref
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from types import SimpleNamespace
 
 import numpy as np
@@ -50,14 +51,23 @@ class _Abort(Exception):
     pass
 
 
-def _recv(conn, deadline, rank, what):
+def _poller(conn):
+    """A poll object registered once (Connection.poll builds a new selector on every call)."""
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
+    return poller
+
+
+def _recv(conn, deadline, rank, what, poller=None):
     """Receive one message before the deadline (None = no deadline)."""
+    poller = poller or _poller(conn)
     while True:
         remaining = None if deadline is None else deadline - time.monotonic()
         if remaining is not None and remaining <= 0:
             raise HcclError("E_TIMEOUT", f"no reply from the hub while waiting for {what} (HCCL_EXEC_TIMEOUT)", rank=rank)
         try:
-            if conn.poll(_POLL_S if remaining is None else min(_POLL_S, remaining)):
+            wait_ms = int(1000 * (_POLL_S if remaining is None else min(_POLL_S, remaining))) + 1
+            if poller.poll(wait_ms):
                 return conn.recv()
         except (EOFError, OSError):
             raise HcclError("E_REMOTE", f"lost the control connection while waiting for {what}", rank=rank)
@@ -91,15 +101,21 @@ class Hub(threading.Thread):
             return
         finally:
             self.server.close()
-        by_conn = {conn: rank for rank, conn in self.conns.items()}
-        live = set(by_conn)
+        by_fd = {conn.fileno(): (rank, conn) for rank, conn in self.conns.items()}
+        poller = select.poll()
+        for fd in by_fd:
+            poller.register(fd, select.POLLIN)
+        live = set(by_fd)
         while live:
-            for conn in wait(list(live), timeout=_POLL_S):
-                rank = by_conn[conn]
+            for fd, _ in poller.poll(int(_POLL_S * 1000)):
+                if fd not in live:
+                    continue
+                rank, conn = by_fd[fd]
                 try:
                     msg = conn.recv()
                 except (EOFError, OSError):
-                    live.discard(conn)
+                    live.discard(fd)
+                    poller.unregister(fd)
                     if rank not in self.exited:
                         self.exited.add(rank)
                         self._fail(rank, "its process died (control connection closed)")
@@ -109,7 +125,8 @@ class Hub(threading.Thread):
                 except Exception as exc:   # noqa: BLE001 - reported to every rank
                     self._fail(rank, f"hub error: {type(exc).__name__}: {exc}")
                 if msg[0] == "exit":
-                    live.discard(conn)
+                    live.discard(fd)
+                    poller.unregister(fd)
 
     def _send(self, rank, msg):
         conn = self.conns.get(rank)
@@ -186,16 +203,20 @@ class Hub(threading.Thread):
                     self.plans.clear()
                 plan = self.plans[key] = make_plan(sig, self.topo, self.config, [c - base for c in clocks], itemsize)
             p = self.size
-            inputs = [m[6][1] for m in msgs]
             buffers = []
-            for x, m in zip(inputs, msgs):
-                out_shape = m[6][2]
-                out = None if x is None else np.empty(out_shape, dtype=x.dtype)
-                buffers.append((x, out, _scratch(sig, plan, x, p)))
+            for m in msgs:
+                raw = m[6][1]
+                if raw is None:
+                    buffers.append((None, None, None))
+                    continue
+                data, dt, shape, out_shape = raw
+                x = np.frombuffer(data, dtype=dt).reshape(shape)
+                buffers.append((x, np.empty(out_shape, dtype=dt), _scratch(sig, plan, x, p)))
             move_share(plan, buffers, None if redop is None else ReduceOp(redop))
             info = (plan.algo, plan.nbytes, [base + e for e in plan.exits])
             for r in range(p):
-                self._send(r, ("result", seq, info, buffers[r][1]))
+                out = buffers[r][1]
+                self._send(r, ("result", seq, info, None if out is None else out.tobytes()))
             del self.colls[seq]
         else:
             descs = [m[6][1] for m in msgs]
@@ -275,6 +296,7 @@ class RemoteGroup:
         sock.settimeout(None)
         self.conn = Connection(sock.detach())
         self.conn.send(("hello", rank))
+        self._poller = _poller(self.conn)
         self.transport = self           # point to point goes through the hub too
         self._shared = {}               # id(array) -> segment name, for arrays peers can map
 
@@ -285,7 +307,10 @@ class RemoteGroup:
     def result_array(self, shape, dtype):
         """Results live in shared segments from a pool: peers write them in place (no copy out),
         and a segment is reused only when user code no longer holds its array (or a view of it)."""
-        key = (tuple(shape), np.dtype(dtype).str)
+        dtype = np.dtype(dtype)
+        if self.data_plane != "shm" or int(np.prod(shape, dtype=np.int64)) * dtype.itemsize <= INLINE_BYTES // 2:
+            return np.empty(shape, dtype=dtype)   # small ops travel inline: nothing to share
+        key = (tuple(shape), dtype.str)
         pool = self.result_pool.setdefault(key, [])
         for entry in pool:
             if sys.getrefcount(entry[1]) <= 2:     # only the pool's tuple and getrefcount's argument
@@ -302,7 +327,7 @@ class RemoteGroup:
         return None if not self.config.wait_timeout_s else time.monotonic() + self.config.wait_timeout_s
 
     def _reply(self, what, expected):
-        msg = _recv(self.conn, self.deadline(), self.rank, what)
+        msg = _recv(self.conn, self.deadline(), self.rank, what, self._poller)
         if msg[0] in ("abort", "error"):
             raise HcclError(msg[1], msg[2], rank=self.rank)
         if msg[0] not in expected:
@@ -317,11 +342,12 @@ class RemoteGroup:
         red = None if redop is None else redop.value
         if nbytes <= INLINE_BYTES or self.data_plane == "socket":
             # small ops, and ranks that share no memory: the bytes travel with the control messages
-            self.conn.send(("coll", seq, sig, clock, itemsize, red, ("inline", x, None if out is None else out.shape)))
+            raw = None if x is None else (np.ascontiguousarray(x).tobytes(), x.dtype.str, x.shape, out.shape)
+            self.conn.send(("coll", seq, sig, clock, itemsize, red, ("inline", raw)))
             msg = self._reply(opname, ("result",))
             algo, total, exits = msg[2]
             if out is not None:
-                np.copyto(out, msg[3])
+                out.reshape(-1).view(np.uint8)[:] = np.frombuffer(msg[3], dtype=np.uint8)
             return SimpleNamespace(algo=algo, nbytes=total, exits=exits), True
         p = self.size
         in_name = self._segment_of(x)
