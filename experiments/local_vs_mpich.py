@@ -45,10 +45,12 @@ def local_walls(p, nbytes, iters, warmup, topology, algo):
     return walls, all(r[1] for r in res), res[0][2]
 
 
-def mpich_walls(p, nbytes, iters, warmup):
+def mpich_walls(p, nbytes, iters, warmup, back_to_back=False):
     env = dict(os.environ, PYTHONPATH=str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = ["mpiexec", "-n", str(p), sys.executable, str(HERE / "mpi_allreduce_peer.py"),
            "--bytes", str(nbytes), "--iters", str(iters), "--warmup", str(warmup)]
+    if back_to_back:
+        cmd.append("--back-to-back")
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"mpiexec failed: {out.stderr.strip()[-500:]}")
