@@ -78,8 +78,8 @@ class Cluster:
 
     With engine="ray" each rank is a Ray actor (joining the cluster at `address` or RAY_ADDRESS,
     else starting a local Ray) that keeps its device, runtime and shared memory across runs.
-    `data_plane` is "shm" (ranks on one host, the default there) or "socket" (bytes over the
-    control connections, the default when ranks span hosts)."""
+    `data_plane` is "shm" (ranks on one host, the default there), "object" (Ray's object
+    store, the default when ranks span hosts) or "socket" (bytes over the control connections)."""
 
     def __init__(self, topology=None, engine: str = "local", env: dict | None = None, policy: str | None = None,
                  address: str | None = None, data_plane: str | None = None):

@@ -144,11 +144,12 @@ def test_run_with_engine_ray_and_address(ray_instance):
     assert results == [3, 3, 3]
 
 
-def test_socket_data_plane_for_ranks_on_other_hosts(ray_instance):
-    """The path ranks on different hosts take: bytes over the control connections, same answers."""
+@pytest.mark.parametrize("plane", ["object", "socket"])
+def test_data_planes_for_ranks_on_other_hosts(ray_instance, plane):
+    """The paths ranks that share no memory take (Ray's object store; the control sockets)."""
     topo = hccl_sim.topology("atlas800t-a2")
-    with hccl_sim.Cluster(topo, engine="ray", data_plane="socket") as cluster:
-        assert cluster._ray.data_plane == "socket"
+    with hccl_sim.Cluster(topo, engine="ray", data_plane=plane) as cluster:
+        assert cluster._ray.data_plane == plane
         results = cluster.run(all_collectives, args=(40_000, np.float32, "min", "ring", 2))
         check(results, 8, 40_000, np.float32, "min", 2)
         assert cluster.run(timeline, args=(30_000,)) == hccl_sim.run(timeline, topology=topo, args=(30_000,))

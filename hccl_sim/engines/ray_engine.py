@@ -11,10 +11,10 @@ straight on all ranks' shared buffers, reading and reducing in place, and the hu
 ranks when every share is done: two hand-offs per op, no pickling. Ops of a few KiB travel inline
 through the hub instead, which moves them itself. Results come from a pool of shared segments, a
 segment being reused only once user code has dropped its array, so no rank copies results out.
-Ranks on different hosts cannot share memory: there (or with data_plane="socket") every rank
-sends its input over its TCP connection to the hub, which runs the op and sends each rank its
-result. (Moving the bytes through Ray's object store instead is still to come: ObjectRefs passed
-over the hub's sockets are outside Ray's ownership protocol.)
+Ranks on different hosts cannot share memory: there (data_plane="object", the default then)
+every rank puts its input in Ray's object store and hands the reference to the hub actor by a
+Ray call, the hub runs the op, and every rank fetches its result by another call, so Ray moves
+the bytes between hosts. data_plane="socket" sends them over the hub's connections instead.
 
 Simulated time comes from the same planner as every engine, so it equals the local engine's.
 """
@@ -88,6 +88,8 @@ class Hub(threading.Thread):
         self.failure = None
         self.p2p_sends, self.p2p_recvs, self.p2p_senders = {}, {}, {}
         self.plans = {}                 # (signature, itemsize, relative entry clocks) -> plan
+        self.objects = threading.Condition()
+        self.deposits, self.results = {}, {}    # object data plane: (seq, rank) -> array
 
     def run(self):
         try:
@@ -193,6 +195,9 @@ class Hub(threading.Thread):
             del self.colls[seq]
             return
         clocks = [m[3] for m in msgs]
+        if msgs[0][6][0] == "object":
+            self._start_object(seq, sigs[0], msgs, clocks)
+            return
         if msgs[0][6][0] == "inline":
             sig, itemsize, redop = sigs[0], msgs[0][4], msgs[0][5]
             base = min(clocks)
@@ -222,6 +227,45 @@ class Hub(threading.Thread):
             descs = [m[6][1] for m in msgs]
             for r in range(self.size):
                 self._send(r, ("go", seq, clocks, descs))
+
+    def deposit(self, seq, rank, refs):
+        """A rank's input for collective #seq, as a Ray object (called through the hub actor)."""
+        import ray
+        value = ray.get(refs[0])
+        with self.objects:
+            self.deposits[(seq, rank)] = value
+            self.objects.notify_all()
+
+    def fetch(self, seq, rank):
+        with self.objects:
+            return self.results.pop((seq, rank))
+
+    def _start_object(self, seq, sig, msgs, clocks):
+        """Ranks that share no memory: inputs arrive through Ray's object store, results leave by it."""
+        p = self.size
+        deadline = None if not self.config.wait_timeout_s else time.monotonic() + self.config.wait_timeout_s
+        with self.objects:
+            while not all((seq, r) in self.deposits for r in range(p)):
+                if deadline is not None and time.monotonic() > deadline:
+                    for r in range(p):
+                        self._send(r, ("error", "E_TIMEOUT", f"inputs of collective #{seq} did not arrive in time"))
+                    return
+                self.objects.wait(_POLL_S)
+            inputs = [self.deposits.pop((seq, r)) for r in range(p)]
+        itemsize, redop = msgs[0][4], msgs[0][5]
+        plan = make_plan(sig, self.topo, self.config, clocks, itemsize)
+        buffers = []
+        for x, m in zip(inputs, msgs):
+            out = None if x is None else np.empty(m[6][1], dtype=x.dtype)
+            buffers.append((x, out, _scratch(sig, plan, x, p)))
+        move_share(plan, buffers, None if redop is None else ReduceOp(redop))
+        with self.objects:
+            for r in range(p):
+                self.results[(seq, r)] = buffers[r][1]
+        info = (plan.algo, plan.nbytes, plan.exits)
+        for r in range(p):
+            self._send(r, ("result", seq, info, None))
+        del self.colls[seq]
 
     # point to point, relayed ------------------------------------------------------------------------
     def _p2p(self, rank, msg):
@@ -287,9 +331,10 @@ class _Message:
 class RemoteGroup:
     """What a communicator needs from its engine, over the hub and shared memory."""
 
-    def __init__(self, rank, topo, config, hub_address, owned, attached, result_pool=None, data_plane="shm"):
+    def __init__(self, rank, topo, config, hub_address, owned, attached, result_pool=None, data_plane="shm",
+                 hub_actor=None):
         self.rank, self.topo, self.config, self.size = rank, topo, config, topo.num_ranks
-        self.data_plane = data_plane
+        self.data_plane, self.hub_actor = data_plane, hub_actor
         self.result_pool = {} if result_pool is None else result_pool
         self.owned, self.attached = owned, attached
         sock = socket.create_connection(hub_address, timeout=config.connect_timeout_s)
@@ -340,6 +385,16 @@ class RemoteGroup:
         opname = COLLECTIVE_NAMES.get(sig.name, sig.name)
         nbytes = 0 if x is None else x.nbytes + out.nbytes
         red = None if redop is None else redop.value
+        if self.data_plane == "object" and nbytes > INLINE_BYTES:
+            import ray
+            # the ref travels through a Ray call, so Ray tracks it and moves the bytes between hosts
+            ray.get(self.hub_actor.deposit.remote(seq, rank, [ray.put(np.ascontiguousarray(x))]),
+                    timeout=self.config.wait_timeout_s or None)
+            self.conn.send(("coll", seq, sig, clock, itemsize, red, ("object", out.shape)))
+            msg = self._reply(opname, ("result",))
+            algo, total, exits = msg[2]
+            np.copyto(out, ray.get(self.hub_actor.fetch.remote(seq, rank), timeout=self.config.wait_timeout_s or None))
+            return SimpleNamespace(algo=algo, nbytes=total, exits=exits), True
         if nbytes <= INLINE_BYTES or self.data_plane == "socket":
             # small ops, and ranks that share no memory: the bytes travel with the control messages
             raw = None if x is None else (np.ascontiguousarray(x).tobytes(), x.dtype.str, x.shape, out.shape)
@@ -437,12 +492,12 @@ def _rank_actor_class():
             self.hub.start()
             return self.hub.address
 
-        def run(self, fn, args, kwargs, hub_address, data_plane="shm"):
+        def run(self, fn, args, kwargs, hub_address, data_plane="shm", hub_actor=None):
             group = None
             self.device.reset_timeline()
             try:
                 group = RemoteGroup(self.rank, self.topo, self.config, hub_address, self.owned, self.attached,
-                                    self.result_pool, data_plane)
+                                    self.result_pool, data_plane, hub_actor)
                 group._shared.update(self._device_arrays)
                 for entries in self.result_pool.values():
                     for name, arr in entries:
@@ -474,17 +529,25 @@ def _rank_actor_class():
             leaks = self.runtime.finalize() if self.runtime.state == "ready" else []
             return leaks
 
-    @ray.remote(num_cpus=0)
+    @ray.remote(num_cpus=0, max_concurrency=64)
     class HubActor:
-        """The control-plane hub, in a process of its own so no rank's work delays it."""
+        """The control-plane hub, in a process of its own so no rank's work delays it; its methods
+        also carry the object data plane's deposits and fetches."""
 
         def __init__(self, topo, config):
             self.topo, self.config = topo, config
+            self.hub = None
 
         def start_hub(self, size, accept_timeout):
-            hub = Hub(self.topo, self.config, size, accept_timeout)
-            hub.start()
-            return hub.address
+            self.hub = Hub(self.topo, self.config, size, accept_timeout)
+            self.hub.start()
+            return self.hub.address
+
+        def deposit(self, seq, rank, refs):
+            return self.hub.deposit(seq, rank, refs)
+
+        def fetch(self, seq, rank):
+            return self.hub.fetch(seq, rank)
 
     return RankActor, HubActor
 
@@ -494,8 +557,8 @@ class RayCluster:
 
     def __init__(self, topo, config, address: str | None = None, data_plane: str | None = None):
         import ray
-        if data_plane not in (None, "shm", "socket"):
-            raise HcclError("E_PARA", f"data_plane {data_plane!r}: expected shm or socket")
+        if data_plane not in (None, "shm", "object", "socket"):
+            raise HcclError("E_PARA", f"data_plane {data_plane!r}: expected shm, object or socket")
         self.topo, self.config = topo, config
         self.session = uuid.uuid4().hex[:10]
         self._started_ray = False
@@ -517,8 +580,8 @@ class RayCluster:
         self.pids = [i["pid"] for i in infos]
         self._closed = False
         self.nodes = sorted({i["node"] for i in infos})
-        # ranks that cannot share memory send their bytes over the hub's connections
-        self.data_plane = data_plane or ("shm" if len(self.nodes) == 1 else "socket")
+        # ranks that cannot share memory exchange their bytes through Ray's object store
+        self.data_plane = data_plane or ("shm" if len(self.nodes) == 1 else "object")
 
     def run(self, fn, args=(), kwargs=None):
         if self._closed:
@@ -526,7 +589,7 @@ class RayCluster:
         ray = self._ray
         p = self.topo.num_ranks
         hub = ray.get(self.hub_actor.start_hub.remote(p, float(self.config.connect_timeout_s)), timeout=60)
-        refs = [a.run.remote(fn, args, kwargs, hub, self.data_plane) for a in self.actors]
+        refs = [a.run.remote(fn, args, kwargs, hub, self.data_plane, self.hub_actor) for a in self.actors]
         limit = (self.config.wait_timeout_s or 10 ** 9) + self.config.connect_timeout_s + 30
         ready, pending = ray.wait(refs, num_returns=p, timeout=limit)
         outcomes = []
