@@ -4,13 +4,15 @@ Rules (DESIGN.md "Simulated time"):
 - A rank posts step i when step i-1 has completed; at post its local ops (Copy, Stage) queue on
   the rank's device engine, and its Sends and Recvs wait for their partners.
 - A transfer is ready when both sides have posted it (plus one notify for the receiver's
-  "ready" handshake). Transfers are granted ports in simulated-time order, ties broken by the
-  order the algorithm issues them in its step (a mesh issues peer i+1 first, then i+2, ...), then
-  sender rank, then receiver rank: start = max(ready, egress port free, ingress port free); the ports are then busy for bytes / bottleneck bandwidth; data arrives route
+  "ready" handshake). Each port serves its step's transfers in the order the algorithm issues
+  them (a mesh issues peer i+1 first, then i+2, ...; then sender, receiver): a transfer is
+  granted when it heads the queues of both its ports and starts at max(ready, egress port free,
+  ingress port free); the ports are then busy for bytes / bottleneck bandwidth; data arrives route
   latency later.
 - Reducing receives from one sender in one step are a batch (HCCL writes them to the peer's
-  scratch and notifies once): when the last has arrived, the receiver's device engine reduces
-  them in turn (free where the DMA engine reduces inline), and the batch completes.
+  scratch and notifies once); once a step's reducing receives have all arrived, the receiver's
+  device engine reduces the batches in issue order, each starting no earlier than its last
+  arrival (free where the DMA engine reduces inline).
 - A receive completes when its data is in place (its batch reduced); the matching send
   completes when the receiver has consumed it, plus one notify (the zero-copy ack).
 - A step completes at the latest completion of its operations.
@@ -19,7 +21,7 @@ hcomm.vtiming computes the same times vectorised over ranks; tests hold the two 
 """
 from __future__ import annotations
 
-import heapq
+import bisect
 from collections import deque
 
 from topologies.errors import HcclError
@@ -38,11 +40,22 @@ class _Rank:
         self.step_end = clock
 
 
-class _Batch:
-    __slots__ = ("count", "arrived", "last", "members")
+class _Transfer:
+    __slots__ = ("src", "dst", "key", "send_op", "recv_op", "send_post", "recv_post", "egress", "ingress",
+                 "route", "arrive")
 
-    def __init__(self, count):
-        self.count, self.arrived, self.last, self.members = count, 0, 0, []
+    def __init__(self, src, dst, key):
+        self.src, self.dst, self.key = src, dst, key
+        self.send_op = self.recv_op = self.send_post = self.recv_post = None
+        self.egress = self.ingress = self.route = self.arrive = None
+
+
+class _Inbox:
+    """The reducing receives of one rank's step, reduced together once all have arrived."""
+    __slots__ = ("expected", "arrived")
+
+    def __init__(self, expected):
+        self.expected, self.arrived = expected, []
 
 
 def replay(schedules, entry_ns, topo, dtype: str = "float32", redop: str | None = "sum",
@@ -61,10 +74,10 @@ def replay(schedules, entry_ns, topo, dtype: str = "float32", redop: str | None 
     dm = topo.device_model
     engine_free = [0] * p
     port_free = {}
-    unmatched_sends, unmatched_recvs = {}, {}
-    heap = []
+    queues = {}                 # port -> pending transfers, in issue order
+    pending_sends, pending_recvs = {}, {}
+    inboxes = [None] * p
     seq = [0]
-    batches = {}
 
     def local(r, op, t):
         cost = dm.copy_ns(op.nbytes)
@@ -75,13 +88,23 @@ def replay(schedules, entry_ns, topo, dtype: str = "float32", redop: str | None 
                            {"bytes": op.nbytes}))
         return end
 
-    def match(src, dst, send_post, send_op, recv_post, recv_op, batch):
-        if send_op.nbytes != recv_op.nbytes:
-            raise HcclError("E_INTERNAL", f"schedule mismatch: rank {src} sends {send_op.nbytes} B to rank {dst}, "
-                            f"which expects {recv_op.nbytes} B", op=op_name)
-        ready = max(send_post, recv_post) + topo.notify_ns(src, dst)
+    def transfer_for(src, dst, order, sending):
+        """The k-th send from src to dst pairs with the k-th receive at dst from src."""
+        mine, theirs = (pending_sends, pending_recvs) if sending else (pending_recvs, pending_sends)
+        waiting = theirs.get((src, dst))
+        if waiting:
+            return waiting.popleft()
         seq[0] += 1
-        heapq.heappush(heap, (ready, send_op.order, src, dst, seq[0], send_op, recv_op, batch))
+        tr = _Transfer(src, dst, (order, src, dst, seq[0]))
+        tr.route = topo.route(src, dst)
+        tr.egress, tr.ingress = ("out",) + tr.route.egress, ("in",) + tr.route.ingress
+        mine.setdefault((src, dst), deque()).append(tr)
+        return tr
+
+    def enqueue(port, tr):
+        q = queues.setdefault(port, [])
+        bisect.insort(q, (tr.key, tr))
+        return port
 
     def post(r):
         rk = ranks[r]
@@ -89,31 +112,19 @@ def replay(schedules, entry_ns, topo, dtype: str = "float32", redop: str | None 
             step = rk.steps[rk.index]
             t = rk.clock
             end, pending = t, 0
-            counts = {}
-            for op in step:
-                if isinstance(op, Recv) and op.reduce_with is not None:
-                    counts[op.peer] = counts.get(op.peer, 0) + 1
-            for peer, count in counts.items():
-                batches[(r, peer, rk.index)] = _Batch(count)
+            touched = []
+            reducing = sum(1 for op in step if isinstance(op, Recv) and op.reduce_with is not None)
+            inboxes[r] = _Inbox(reducing) if reducing else None
             for op in step:
                 if isinstance(op, Send):
-                    key = (r, op.peer)
-                    waiting = unmatched_recvs.get(key)
-                    if waiting:
-                        rt, rop, batch = waiting.popleft()
-                        match(r, op.peer, t, op, rt, rop, batch)
-                    else:
-                        unmatched_sends.setdefault(key, deque()).append((t, op))
+                    tr = transfer_for(r, op.peer, op.order, True)
+                    tr.send_op, tr.send_post = op, t
+                    touched.append(enqueue(tr.egress, tr))
                     pending += 1
                 elif isinstance(op, Recv):
-                    key = (op.peer, r)
-                    batch = batches[(r, op.peer, rk.index)] if op.reduce_with is not None else None
-                    waiting = unmatched_sends.get(key)
-                    if waiting:
-                        st, sop = waiting.popleft()
-                        match(op.peer, r, st, sop, t, op, batch)
-                    else:
-                        unmatched_recvs.setdefault(key, deque()).append((t, op, batch))
+                    tr = transfer_for(op.peer, r, op.order, False)
+                    tr.recv_op, tr.recv_post = op, t
+                    touched.append(enqueue(tr.ingress, tr))
                     pending += 1
             for op in step:
                 if isinstance(op, (Copy, Stage)):
@@ -123,7 +134,69 @@ def replay(schedules, entry_ns, topo, dtype: str = "float32", redop: str | None 
                 rk.index += 1
                 continue
             rk.pending, rk.step_end = pending, end
+            serve(touched)
             return
+
+    def head(port):
+        q = queues.get(port)
+        return q[0][1] if q else None
+
+    def serve(ports):
+        """Grant ports to transfers that head both their queues and whose two sides have posted."""
+        work = list(ports)
+        while work:
+            tr = head(work.pop())
+            if tr is None or tr.send_post is None or tr.recv_post is None:
+                continue
+            if head(tr.egress) is not tr or head(tr.ingress) is not tr:
+                continue
+            queues[tr.egress].pop(0)
+            queues[tr.ingress].pop(0)
+            arrived(tr)
+            work.extend((tr.egress, tr.ingress))
+
+    def arrived(tr):
+        sop, rop = tr.send_op, tr.recv_op
+        if sop.nbytes != rop.nbytes:
+            raise HcclError("E_INTERNAL", f"schedule mismatch: rank {tr.src} sends {sop.nbytes} B to rank {tr.dst}, "
+                            f"which expects {rop.nbytes} B", op=op_name)
+        route = tr.route
+        ready = max(tr.send_post, tr.recv_post) + topo.notify_ns(tr.src, tr.dst)
+        wire = route.cost_ns(sop.nbytes) - route.latency_ns
+        start = max(ready, port_free.get(tr.egress, 0), port_free.get(tr.ingress, 0))
+        port_free[tr.egress] = port_free[tr.ingress] = start + wire
+        tr.arrive = start + wire + route.latency_ns
+        if events is not None:
+            events.append((tr.src, f"send->{tr.dst}", start, tr.arrive, {"bytes": sop.nbytes, "link": route.kind}))
+            events.append((tr.dst, f"recv<-{tr.src}", start, tr.arrive, {"bytes": sop.nbytes, "link": route.kind}))
+        if rop.reduce_with is None:
+            finish(tr.dst, tr.arrive)
+            finish(tr.src, tr.arrive + topo.notify_ns(tr.dst, tr.src))
+            return
+        inbox = inboxes[tr.dst]
+        inbox.arrived.append(tr)
+        if len(inbox.arrived) == inbox.expected:
+            reduce_inbox(tr.dst, inbox)
+
+    def reduce_inbox(dst, inbox):
+        """One batch per sender, reduced in the order their last transfers were issued."""
+        batches = {}
+        for tr in inbox.arrived:
+            batches.setdefault(tr.src, []).append(tr)
+        order = sorted(batches.values(), key=lambda b: max(t.key for t in b))
+        for batch in order:
+            last = max(t.arrive for t in batch)
+            cost = sum(dm.reduce_ns(t.recv_op.nbytes, dtype, redop) for t in batch)
+            done = last
+            if cost:
+                rstart = max(last, engine_free[dst])
+                done = engine_free[dst] = rstart + cost
+                if events is not None:
+                    events.append((dst, "reduce", rstart, done, {"bytes": sum(t.recv_op.nbytes for t in batch),
+                                                                "from": batch[0].src}))
+            for t in batch:
+                finish(dst, done)
+                finish(t.src, done + topo.notify_ns(dst, t.src))
 
     def finish(r, t):
         rk = ranks[r]
@@ -137,37 +210,6 @@ def replay(schedules, entry_ns, topo, dtype: str = "float32", redop: str | None 
 
     for r in range(p):
         post(r)
-
-    while heap:
-        ready, _, src, dst, _, sop, rop, batch = heapq.heappop(heap)
-        route = topo.route(src, dst)
-        wire = route.cost_ns(sop.nbytes) - route.latency_ns
-        start = max(ready, port_free.get(("out",) + route.egress, 0), port_free.get(("in",) + route.ingress, 0))
-        port_free[("out",) + route.egress] = port_free[("in",) + route.ingress] = start + wire
-        arrive = start + wire + route.latency_ns
-        if events is not None:
-            events.append((src, f"send->{dst}", start, arrive, {"bytes": sop.nbytes, "link": route.kind}))
-            events.append((dst, f"recv<-{src}", start, arrive, {"bytes": sop.nbytes, "link": route.kind}))
-        if batch is None:
-            finish(dst, arrive)
-            finish(src, arrive + topo.notify_ns(dst, src))
-            continue
-        batch.arrived += 1
-        batch.last = max(batch.last, arrive)
-        batch.members.append((src, rop))
-        if batch.arrived < batch.count:
-            continue
-        cost = sum(dm.reduce_ns(op.nbytes, dtype, redop) for _, op in batch.members)
-        done = batch.last
-        if cost:
-            rstart = max(batch.last, engine_free[dst])
-            done = engine_free[dst] = rstart + cost
-            if events is not None:
-                events.append((dst, "reduce", rstart, done, {"bytes": sum(op.nbytes for _, op in batch.members),
-                                                            "from": src}))
-        for member_src, _ in batch.members:
-            finish(dst, done)
-            finish(member_src, done + topo.notify_ns(dst, member_src))
 
     stuck = [r for r, rk in enumerate(ranks) if rk.index < len(rk.steps)]
     if stuck:

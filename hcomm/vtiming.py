@@ -213,19 +213,16 @@ def _struct_rank(pr):
 
 
 def _order_for(pr, ready):
-    """Reuse the last order when the new ready times sort the same way (ties included)."""
-    struct = _struct_rank(pr)
+    """Ports serve a step's transfers in the algorithm's issue order, whatever their ready times
+    (a transfer still starts no earlier than it is ready), so the order is structural: it is
+    computed once per step structure."""
     cached = getattr(pr, "_order", None)
     if cached is not None:
-        r = ready[cached.order]
-        d = np.diff(r)
-        if (d >= 0).all():
-            ties = d == 0
-            if not ties.any() or (np.diff(struct[cached.order])[ties] > 0).all():
-                return cached
+        return cached
+    struct = _struct_rank(pr)
     od = _Order()
     n = pr.n
-    od.order = np.lexsort((struct, ready))
+    od.order = np.argsort(struct, kind="stable")
     od.pos = np.empty(n, dtype=_I64)
     od.pos[od.order] = np.arange(n)
     od.p_out = _predecessor(pr.eport, od.pos)
@@ -273,7 +270,7 @@ def _order_for(pr, ready):
 
 
 def _contended(pr, ready, engine, clock):
-    """Transfers sharing ports, served in (ready, issue order) order, then each receiver's
+    """Transfers sharing ports, served in issue order, then each receiver's
     reductions: one batch per sender, in the order the batches' last transfers were served."""
     od = _order_for(pr, ready)
     wire_end = np.zeros(pr.n, dtype=_I64)
