@@ -55,10 +55,6 @@ class Step:
     def timing(self) -> "Step":
         return self
 
-    @property
-    def num_transfers(self) -> int:
-        return len(self.t_src)
-
 
 class TimingView:
     """Just what the timing model needs of a step."""
@@ -138,16 +134,6 @@ class StepBuilder:
 
     def empty(self) -> bool:
         return not (self._t or self._c or self._g)
-
-
-def step(**kwargs) -> Step:
-    """One-call form: step(transfers=[...kwargs...], copies=[...], ...)."""
-    b = StepBuilder()
-    for kw in kwargs.get("transfers", ()):
-        b.transfers(**kw)
-    for kw in kwargs.get("copies", ()):
-        b.copies(**kw)
-    return b.build()
 
 
 def _concat(steps, names, factory):

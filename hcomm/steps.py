@@ -20,9 +20,6 @@ class Slice(NamedTuple):
     start: int
     stop: int
 
-    def overlaps(self, other: "Slice") -> bool:
-        return self.buf == other.buf and self.start < other.stop and other.start < self.stop and self.start < self.stop
-
 
 class Send(NamedTuple):
     """Expose `src` to `peer`, which reads it in place. `order` is the transfer's place in its
