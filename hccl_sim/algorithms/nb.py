@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, ceil_log2, local_copy
-from .nhr import _add, halving_reducescatter
+from .nhr import _add, halving_reducescatter, row_chunks
 
 NAME = "NB"
 COLLECTIVES = ("allreduce", "reducescatter", "allgather")
@@ -31,9 +31,11 @@ def allgather(n: int, offs, unit: int, buf=OUTPUT) -> list:
     for s in range(L):
         P = 1 << s
         cnt = n - P if s == L - 1 and n & (n - 1) else P
-        blocks = (r[:, None] - np.arange(cnt)[None, :]) % n
         b = StepBuilder()
-        _add(b, np.repeat(r, cnt), np.repeat((r + P) % n, cnt), unit, buf, offs, blocks, buf, offs[blocks], -1)
+        for rows in row_chunks(n, cnt):       # bounded memory on thousands of servers
+            rr = r[rows]
+            blocks = (rr[:, None] - np.arange(cnt)[None, :]) % n
+            _add(b, np.repeat(rr, cnt), np.repeat((rr + P) % n, cnt), unit, buf, offs, blocks, buf, offs[blocks], -1)
         steps.append(b.build())
     return steps
 

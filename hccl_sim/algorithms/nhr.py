@@ -58,6 +58,12 @@ def slice_map(n: int) -> tuple:
     return tuple(mapping)
 
 
+def row_chunks(n: int, cnt: int, budget: int = 1 << 21):
+    """Slices of the n senders such that a chunk's (senders x blocks) matrices stay small."""
+    rows = max(1, budget // max(cnt, 1))
+    return [slice(i, min(i + rows, n)) for i in range(0, n, rows)]
+
+
 def received_before(delta, step: int, n: int):
     """Whether a rank already holds a partial of a block at relative distance `delta` before
     `step` (it received that block at step s' < step: delta = k 2^(s'+1) with k < count(s'))."""
@@ -116,16 +122,18 @@ def halving_reducescatter(n, offs, unit, src, acc, out, out_lo, smap, direction)
     for s in range(L):
         P = 1 << s
         cnt = (n - 1 + P) // (2 * P)
-        to = (r + direction * P) % n
-        u = (to[:, None] + direction * 2 * P * np.arange(cnt)[None, :]) % n
-        sender_has = received_before((direction * (u - r[:, None])) % n, s, n)
-        receiver_has = received_before((direction * (u - to[:, None])) % n, s, n)
-        blocks = smap[u]
         last = s == L - 1
         b = StepBuilder()
-        _add(b, np.repeat(r, cnt), np.repeat(to, cnt), unit, np.where(sender_has, acc, src), offs, blocks,
-             out if last else acc, out_lo[to][:, None] if last else offs[blocks],
-             np.where(receiver_has, acc, src))
+        for rows in row_chunks(n, cnt):       # bounded memory on thousands of servers
+            rr = r[rows]
+            to = (rr + direction * P) % n
+            u = (to[:, None] + direction * 2 * P * np.arange(cnt)[None, :]) % n
+            sender_has = received_before((direction * (u - rr[:, None])) % n, s, n)
+            receiver_has = received_before((direction * (u - to[:, None])) % n, s, n)
+            blocks = smap[u]
+            _add(b, np.repeat(rr, cnt), np.repeat(to, cnt), unit, np.where(sender_has, acc, src), offs, blocks,
+                 out if last else acc, out_lo[to][:, None] if last else offs[blocks],
+                 np.where(receiver_has, acc, src))
         steps.append(b.build())
     return steps
 
@@ -140,10 +148,11 @@ def allgather(n: int, offs, unit: int, buf=OUTPUT, smap=None) -> list:
     for s in range(L):
         d = 1 << (L - 1 - s)
         cnt = (n - 1 + d) // (2 * d)
-        u = (r[:, None] - 2 * d * np.arange(cnt)[None, :]) % n
         b = StepBuilder()
-        blocks = smap[u]
-        _add(b, np.repeat(r, cnt), np.repeat((r + d) % n, cnt), unit, buf, offs, blocks, buf, offs[blocks], -1)
+        for rows in row_chunks(n, cnt):
+            rr = r[rows]
+            blocks = smap[(rr[:, None] - 2 * d * np.arange(cnt)[None, :]) % n]
+            _add(b, np.repeat(rr, cnt), np.repeat((rr + d) % n, cnt), unit, buf, offs, blocks, buf, offs[blocks], -1)
         steps.append(b.build())
     return steps
 
