@@ -131,6 +131,33 @@ class AttachedSegments:
         self.forget()
 
 
+def new_session() -> str:
+    """A session id naming its driver (host, pid), so orphans can be recognised later."""
+    import socket
+    import uuid
+    host = "".join(c for c in socket.gethostname() if c.isalnum())[:16] or "host"
+    return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def sweep_orphans() -> int:
+    """Unlink segments of sessions whose driver ran on this host and is no longer alive."""
+    import socket
+    host = "".join(c for c in socket.gethostname() if c.isalnum())[:16] or "host"
+    removed = 0
+    for path in leftovers():
+        name = os.path.basename(path)[len(PREFIX):]
+        parts = name.split("-", 2)
+        if len(parts) < 3 or parts[0] != host or not parts[1].isdigit():
+            continue
+        if not os.path.exists(f"/proc/{parts[1]}"):
+            try:
+                os.unlink(path)
+                removed += 1
+            except FileNotFoundError:
+                pass
+    return removed
+
+
 def leftovers(session: str | None = None) -> list:
     """Segment files of a session (or of every session) still in /dev/shm."""
     return sorted(glob.glob(f"/dev/shm/{PREFIX}{session + '_' if session else ''}*"))

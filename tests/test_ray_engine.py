@@ -153,3 +153,25 @@ def test_data_planes_for_ranks_on_other_hosts(ray_instance, plane):
         results = cluster.run(all_collectives, args=(40_000, np.float32, "min", "ring", 2))
         check(results, 8, 40_000, np.float32, "min", 2)
         assert cluster.run(timeline, args=(30_000,)) == hccl_sim.run(timeline, topology=topo, args=(30_000,))
+
+
+def test_orphaned_segments_of_dead_drivers_are_swept(tmp_path):
+    """A driver killed before it could clean up leaves segments; the next cluster removes them."""
+    import subprocess
+    import sys
+    from multiprocessing import shared_memory
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    host = shm.new_session().split("-")[0]
+    name = f"{shm.PREFIX}{host}-{proc.pid}-deadbeef_0_input_1"
+    seg = shared_memory.SharedMemory(name=name, create=True, size=4096)
+    seg.close()
+    try:
+        shm.sweep_orphans()
+        assert os.path.exists(f"/dev/shm/{name}")          # its driver is alive: kept
+        proc.kill()
+        proc.wait()
+        assert shm.sweep_orphans() >= 1 and not os.path.exists(f"/dev/shm/{name}")
+    finally:
+        proc.kill()
+        if os.path.exists(f"/dev/shm/{name}"):
+            os.unlink(f"/dev/shm/{name}")

@@ -27,7 +27,6 @@ import sys
 import threading
 import time
 import traceback
-import uuid
 import weakref
 from multiprocessing.connection import Connection
 from types import SimpleNamespace
@@ -560,7 +559,8 @@ class RayCluster:
         if data_plane not in (None, "shm", "object", "socket"):
             raise HcclError("E_PARA", f"data_plane {data_plane!r}: expected shm, object or socket")
         self.topo, self.config = topo, config
-        self.session = uuid.uuid4().hex[:10]
+        shm.sweep_orphans()             # segments of drivers that died on this host
+        self.session = shm.new_session()
         self._started_ray = False
         if not ray.is_initialized():
             address = address or os.environ.get("RAY_ADDRESS")
