@@ -41,12 +41,13 @@ class Step:
     `tkey`, when set, names the step's timing-relevant structure (who sends how many bytes to
     whom, which receives reduce, local copies): steps with equal keys are priced from one
     precomputation."""
-    __slots__ = ARRAYS + ("tkey", "cache")
+    __slots__ = ARRAYS + ("tkey", "skey", "cache")
 
     def __init__(self):
         for name in ARRAYS:
             setattr(self, name, _EMPTY)
         self.tkey = None
+        self.skey = None            # names the structure without the bytes (see LazyStep)
         self.cache = {}
 
     def full(self) -> "Step":
@@ -69,10 +70,13 @@ class TimingView:
 class LazyStep:
     """A step materialised on demand: programs with thousands of steps over thousands of ranks
     (a flat ring) would not fit in memory as arrays. `timing()` gives the cheap timing view."""
-    __slots__ = ("_full", "_timing", "tkey", "cache")
+    __slots__ = ("_full", "_timing", "tkey", "skey", "cache")
 
-    def __init__(self, full, timing=None, tkey=None):
-        self._full, self._timing, self.tkey, self.cache = full, timing, tkey, {}
+    def __init__(self, full, timing=None, tkey=None, skey=None):
+        """`skey`, when set, names everything the timing model needs except the transfers' byte
+        counts (who sends to whom, which receives reduce, local ops): such steps share their
+        routes, ports and service order and only re-price their bytes."""
+        self._full, self._timing, self.tkey, self.skey, self.cache = full, timing, tkey, skey, {}
 
     def full(self) -> Step:
         return self._full()

@@ -24,7 +24,7 @@ _CACHE_LIMIT = 20000
 class _Prep:
     """Per-step arrays that depend only on the step's structure and the topology."""
     __slots__ = ("src", "dst", "nf", "nb", "wire", "lat", "red", "rflag", "eport", "iport", "l_rank", "l_cost", "fast",
-                 "perm", "inv", "src_unique", "dst_unique", "cost_fwd", "n", "_struct", "_order", "listing")
+                 "perm", "inv", "src_unique", "dst_unique", "cost_fwd", "n", "_struct", "_order", "listing", "_bw")
 
 
 def _distinct(values) -> bool:
@@ -70,7 +70,7 @@ def _aggregate_pairs(pr) -> None:
 
 def _prep(view, topo, dtype, redop, p) -> _Prep:
     pr = _Prep()
-    pr._struct = pr._order = None
+    pr._struct = pr._order = pr._bw = None
     src = np.asarray(view.t_src, dtype=_I64)
     dst = np.asarray(view.t_dst, dtype=_I64)
     pr.src, pr.dst, pr.n = src, dst, len(src)
@@ -79,6 +79,7 @@ def _prep(view, topo, dtype, redop, p) -> _Prep:
     if len(src):
         lat, bw, eport, iport = topo.route_arrays(src, dst)
         from topologies.model import transfer_ns_array
+        pr._bw = bw
         pr.wire = transfer_ns_array(view.t_bytes, bw)
         pr.lat = lat
         pr.eport, pr.iport = eport, iport
@@ -129,8 +130,42 @@ def step_key(st):
     return None
 
 
+def _reprice(base, view, topo, dtype, redop):
+    """A step's prep from a cached one of the same structure: only the byte-dependent costs change."""
+    pr = _Prep()
+    for name in _Prep.__slots__:
+        setattr(pr, name, getattr(base, name, None))
+    dm = topo.device_model
+    from topologies.model import transfer_ns_array
+    nbytes = np.asarray(view.t_bytes, dtype=_I64)
+    pr.wire = transfer_ns_array(nbytes, base._bw)
+    pr.red = np.where(pr.rflag, dm.reduce_ns_array(nbytes, dtype, redop or "sum"), 0)
+    pr.cost_fwd = pr.nf + pr.wire + pr.lat + pr.red
+    if len(pr.l_rank) or len(np.asarray(view.c_rank)) or len(np.asarray(view.g_rank)):
+        return None                          # local ops' costs depend on bytes too: price afresh
+    costly = pr.red > 0
+    pr.fast = _distinct(pr.eport) and _distinct(pr.iport) and _distinct(pr.dst[costly])
+    pr._order = None                          # costly receives depend on bytes: order afresh if contended
+    return pr
+
+
 def _prep_for(st, topo, dtype, redop, p, cache):
     key = step_key(st)
+    skey = getattr(st, "skey", None)
+    if key is None and skey is not None:
+        ck = ("structure", skey, dtype, redop)
+        base = cache.get(ck)
+        view = st.timing()
+        if base is not None:
+            pr = _reprice(base, view, topo, dtype, redop)
+            if pr is not None:
+                return pr
+        pr = _prep(view, topo, dtype, redop, p)
+        if pr.n == len(view.t_src) and not len(pr.l_rank):   # no pair aggregation: safe to share
+            if len(cache) >= _CACHE_LIMIT:
+                cache.clear()
+            cache[ck] = pr
+        return pr
     if key is not None:
         ck = (key, dtype, redop)
         pr = cache.get(ck)

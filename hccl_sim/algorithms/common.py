@@ -118,14 +118,16 @@ def tile(program: list, ranks, shifts=None) -> list:
     key = hash((ranks.tobytes(), ranks.shape))
     out = []
     for st in program:
+        skey = None if getattr(st, "skey", None) is None else ("tile", st.skey, key)
         if isinstance(st, Step) and G * (len(st.t_src) + len(st.c_rank) + len(st.g_rank)) <= _EAGER_OPS:
             new = _tile_full(st, ranks, shift)
             new.tkey = None if st.tkey is None else ("tile", st.tkey, key)
+            new.skey = skey
             out.append(new)
         else:
             out.append(LazyStep(lambda st=st: _tile_full(st.full(), ranks, shift),
                                 lambda st=st: _tile_timing(st.timing(), ranks),
-                                None if st.tkey is None else ("tile", st.tkey, key)))
+                                None if st.tkey is None else ("tile", st.tkey, key), skey))
     return out
 
 

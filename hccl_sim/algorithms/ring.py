@@ -39,14 +39,15 @@ def _ring_steps(count, n, full, sizes, shift, reduce, tag):
 
     def timing(s):
         return TimingView(r, right, np.roll(sizes, shift(s)), rflag)
+    skey = ("ring-structure", n, reduce)
     if count * n <= _EAGER_TRANSFERS:
         out = []
         for s in range(count):
             st = full(s)
-            st.tkey = key(s)
+            st.tkey, st.skey = key(s), skey
             out.append(st)
         return out
-    return [LazyStep(lambda s=s: full(s), lambda s=s: timing(s), key(s)) for s in range(count)]
+    return [LazyStep(lambda s=s: full(s), lambda s=s: timing(s), key(s), skey) for s in range(count)]
 
 NAME = "ring"
 COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce")
