@@ -58,7 +58,7 @@ def _engine(engine):
 
 
 def run(fn, topology=None, engine: str = "local", args=(), kwargs=None, env: dict | None = None,
-        trace: bool = False, policy: str | None = None, address: str | None = None):
+        policy: str | None = None, address: str | None = None):
     """Run fn(comm, *args, **kwargs) once on every rank; return the results indexed by rank.
 
     An exception on any rank releases the others and reaches the caller as an HcclError naming
@@ -70,7 +70,7 @@ def run(fn, topology=None, engine: str = "local", args=(), kwargs=None, env: dic
         with Cluster(topo, engine="ray", env=env, policy=policy, address=address) as cluster:
             return cluster.run(fn, args=args, kwargs=kwargs)
     from .engines.local import run_local
-    return run_local(fn, topo, config, args=args, kwargs=kwargs, trace=trace)
+    return run_local(fn, topo, config, args=args, kwargs=kwargs)
 
 
 class Cluster:
@@ -92,13 +92,13 @@ class Cluster:
             from .engines.ray_engine import RayCluster
             self._ray = RayCluster(self.topology, self.config, address=address, data_plane=data_plane)
 
-    def run(self, fn, args=(), kwargs=None, trace: bool = False):
+    def run(self, fn, args=(), kwargs=None):
         if not self._open:
             raise HcclError("E_IN_STATUS", "the cluster is closed")
         if self._ray is not None:
             return self._ray.run(fn, args=args, kwargs=kwargs)
         from .engines.local import run_local
-        return run_local(fn, self.topology, self.config, args=args, kwargs=kwargs, trace=trace)
+        return run_local(fn, self.topology, self.config, args=args, kwargs=kwargs)
 
     def close(self):
         self._open = False

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import glob
 import os
+import socket
+import uuid
 import weakref
 from multiprocessing import resource_tracker, shared_memory
 
@@ -131,31 +133,24 @@ class AttachedSegments:
         self.forget()
 
 
+def _host() -> str:
+    return "".join(c for c in socket.gethostname() if c.isalnum())[:16] or "host"
+
+
 def new_session() -> str:
     """A session id naming its driver (host, pid), so orphans can be recognised later."""
-    import socket
-    import uuid
-    host = "".join(c for c in socket.gethostname() if c.isalnum())[:16] or "host"
-    return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    return f"{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 def sweep_orphans() -> int:
     """Unlink segments of sessions whose driver ran on this host and is no longer alive."""
-    import socket
-    host = "".join(c for c in socket.gethostname() if c.isalnum())[:16] or "host"
-    removed = 0
+    host = _host()
+    orphans = []
     for path in leftovers():
-        name = os.path.basename(path)[len(PREFIX):]
-        parts = name.split("-", 2)
-        if len(parts) < 3 or parts[0] != host or not parts[1].isdigit():
-            continue
-        if not os.path.exists(f"/proc/{parts[1]}"):
-            try:
-                os.unlink(path)
-                removed += 1
-            except FileNotFoundError:
-                pass
-    return removed
+        parts = os.path.basename(path)[len(PREFIX):].split("-", 2)
+        if len(parts) == 3 and parts[0] == host and parts[1].isdigit() and not os.path.exists(f"/proc/{parts[1]}"):
+            orphans.append(path)
+    return _unlink(orphans)
 
 
 def leftovers(session: str | None = None) -> list:
@@ -165,8 +160,12 @@ def leftovers(session: str | None = None) -> list:
 
 def cleanup(session: str) -> int:
     """Unlink every segment of a session; returns how many were left behind."""
+    return _unlink(leftovers(session))
+
+
+def _unlink(paths) -> int:
     removed = 0
-    for path in leftovers(session):
+    for path in paths:
         try:
             os.unlink(path)
             removed += 1

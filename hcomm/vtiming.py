@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .program import Step
+
 _I64 = np.int64
 _CACHE_LIMIT = 20000
 
@@ -125,7 +127,7 @@ def _content_key(st):
 def step_key(st):
     if st.tkey is not None:
         return st.tkey
-    if type(st).__name__ == "Step":
+    if isinstance(st, Step):
         return _content_key(st)
     return None
 
@@ -177,7 +179,7 @@ def _prep_for(st, topo, dtype, redop, p, cache):
     local = st.cache.get((id(topo), dtype, redop)) if hasattr(st, "cache") else None
     if local is None:
         local = _prep(st.timing(), topo, dtype, redop, p)
-        if type(st).__name__ == "Step":   # eager steps keep their prep; lazy ones are rebuilt each time
+        if isinstance(st, Step):   # eager steps keep their prep; lazy ones are rebuilt each time
             st.cache[(id(topo), dtype, redop)] = local
     return local
 

@@ -38,6 +38,19 @@ def local_copy(n: int, count: int, unit: int, src=INPUT, dst=OUTPUT, src_lo=0, d
     return [StepBuilder().copies(np.arange(n), unit, src, src_lo, src_lo + count, dst, dst_lo).build()]
 
 
+def relay_broadcast(rounds, N: int, unit: int, root: int, src, dst) -> list:
+    """Broadcast steps from (senders, receivers) rounds: the root sends from src (and copies it to
+    dst in the first step), every other sender forwards what it received in dst."""
+    steps = []
+    for k, (senders, receivers) in enumerate(rounds):
+        senders = np.asarray(senders, dtype=np.int64)
+        b = StepBuilder().transfers(senders, receivers, unit, np.where(senders == root, src, dst), 0, N, dst, 0)
+        if k == 0 and src != dst:
+            b.copies([root], unit, src, 0, N, dst, 0)
+        steps.append(b.build())
+    return steps
+
+
 def single_rank_reducescatter(offs, unit, src, out, out_lo, block: int = 0) -> list:
     """A one-rank ReduceScatter: its block, copied into place unless it is there already."""
     if src == out and offs[block] == out_lo[0]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, single_rank_reducescatter, ceil_log2, fold, local_copy
+from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, relay_broadcast, single_rank_reducescatter, ceil_log2, fold, local_copy
 
 NAME = "H-D_R"
 COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce")
@@ -143,16 +143,11 @@ def broadcast(n: int, N: int, unit: int, root: int = 0, src=INPUT, dst=OUTPUT) -
     """Binomial tree from the root: in step k, relative ranks below 2^k send to rel + 2^k."""
     if n == 1 or N == 0:
         return local_copy(n, N, unit, src, dst) if src != dst else []
-    steps = []
+    rounds = []
     for k in range(ceil_log2(n)):
         rel = np.arange(min(1 << k, n - (1 << k)))
-        senders = (rel + root) % n
-        b = StepBuilder().transfers(senders, (rel + (1 << k) + root) % n, unit,
-                                    np.where(rel == 0, src, dst), 0, N, dst, 0)
-        if k == 0 and src != dst:
-            b.copies([root], unit, src, 0, N, dst, 0)
-        steps.append(b.build())
-    return steps
+        rounds.append(((rel + root) % n, (rel + (1 << k) + root) % n))
+    return relay_broadcast(rounds, N, unit, root, src, dst)
 
 
 def reduce(n: int, N: int, unit: int, root: int = 0, src=INPUT, dst=OUTPUT) -> list:

@@ -20,7 +20,8 @@ import numpy as np
 
 from hcomm.program import LazyStep, TimingView
 
-from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, local_copy, single_rank_reducescatter
+from .common import (INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, local_copy, relay_broadcast,
+                     single_rank_reducescatter)
 
 _EAGER_TRANSFERS = 1 << 15   # larger ring programs are built step by step on demand
 
@@ -108,14 +109,7 @@ def allgather(n: int, offs, unit: int, buf=OUTPUT) -> list:
 def broadcast(n: int, N: int, unit: int, root: int = 0, src=INPUT, dst=OUTPUT) -> list:
     if n == 1 or N == 0:
         return local_copy(n, N, unit, src, dst) if src != dst else []
-    steps = []
-    for k in range(n - 1):
-        sender, receiver = (root + k) % n, (root + k + 1) % n
-        b = StepBuilder().transfers([sender], [receiver], unit, src if k == 0 else dst, 0, N, dst, 0)
-        if k == 0 and src != dst:
-            b.copies([root], unit, src, 0, N, dst, 0)
-        steps.append(b.build())
-    return steps
+    return relay_broadcast([([(root + k) % n], [(root + k + 1) % n]) for k in range(n - 1)], N, unit, root, src, dst)
 
 
 def reduce(n: int, N: int, unit: int, root: int = 0, src=INPUT, dst=OUTPUT) -> list:

@@ -44,7 +44,7 @@ class _Slot:
 class LocalGroup:
     """Rendezvous and transport shared by the threads of one local run."""
 
-    def __init__(self, topo, config, trace: bool = False, dataplane: str = "central"):
+    def __init__(self, topo, config, dataplane: str = "central"):
         if dataplane not in ("central", "threads"):
             raise ValueError(f"dataplane must be central or threads, got {dataplane!r}")
         self.dataplane = dataplane
@@ -52,8 +52,6 @@ class LocalGroup:
         self.config = config
         self.size = topo.num_ranks
         self.transport = InProcessTransport(self.size, config.wait_timeout_s)
-        self.trace = trace
-        self.traced = []           # plans with events, when tracing
         self._cond = threading.Condition()
         self._slots = {}
         self._exited = set()
@@ -100,9 +98,7 @@ class LocalGroup:
             problem = check_signatures(slot.signatures)
             if problem:
                 raise HcclError("E_PARA", problem)
-            slot.plan = make_plan(slot.signatures[0], self.topo, self.config, slot.clocks, itemsize, trace=self.trace)
-            if self.trace:
-                self.traced.append(slot.plan)
+            slot.plan = make_plan(slot.signatures[0], self.topo, self.config, slot.clocks, itemsize)
             if self.dataplane == "central":
                 self._move_all(slot)
         except HcclError as exc:
@@ -165,12 +161,10 @@ class LocalGroup:
         return self._failure
 
 
-def run_local(fn, topo, config, args=(), kwargs=None, trace=False, group_out=None, dataplane="central"):
+def run_local(fn, topo, config, args=(), kwargs=None, dataplane="central"):
     """Run fn(comm, *args, **kwargs) on every rank of `topo` as threads; results by rank."""
     kwargs = kwargs or {}
-    group = LocalGroup(topo, config, trace=trace, dataplane=dataplane)
-    if group_out is not None:
-        group_out.append(group)
+    group = LocalGroup(topo, config, dataplane=dataplane)
     p = group.size
     results = [None] * p
 

@@ -36,7 +36,7 @@ import numpy as np
 from hcomm import shm
 from topologies.errors import HcclError
 
-from ..communicator import Communicator
+from ..communicator import Communicator, make_scratch
 from ..dataplane import move_share
 from ..device import Runtime
 from ..planner import COLLECTIVE_NAMES, check_signatures, loops_for, make_plan
@@ -44,10 +44,6 @@ from ..types import ReduceOp
 
 INLINE_BYTES = 64 << 10        # ops this small travel through the hub
 _POLL_S = 0.2
-
-
-class _Abort(Exception):
-    pass
 
 
 def _poller(conn):
@@ -85,7 +81,7 @@ class Hub(threading.Thread):
         self.colls = {}
         self.exited = set()
         self.failure = None
-        self.p2p_sends, self.p2p_recvs, self.p2p_senders = {}, {}, {}
+        self.p2p_sends, self.p2p_recvs = {}, {}
         self.plans = {}                 # (signature, itemsize, relative entry clocks) -> plan
         self.objects = threading.Condition()
         self.deposits, self.results = {}, {}    # object data plane: (seq, rank) -> array
@@ -95,6 +91,8 @@ class Hub(threading.Thread):
             while len(self.conns) < self.size:
                 sock, _ = self.server.accept()
                 conn = Connection(sock.detach())
+                if not conn.poll(self.server.gettimeout()):       # a peer that connects but never says hello
+                    raise socket.timeout("no hello")
                 rank = conn.recv()[1]
                 self.conns[rank] = conn
         except (socket.timeout, OSError, EOFError):
@@ -215,7 +213,7 @@ class Hub(threading.Thread):
                     continue
                 data, dt, shape, out_shape = raw
                 x = np.frombuffer(data, dtype=dt).reshape(shape)
-                buffers.append((x, np.empty(out_shape, dtype=dt), _scratch(sig, plan, x, p)))
+                buffers.append((x, np.empty(out_shape, dtype=dt), make_scratch(sig, plan, x, p)))
             move_share(plan, buffers, None if redop is None else ReduceOp(redop))
             info = (plan.algo, plan.nbytes, [base + e for e in plan.exits])
             for r in range(p):
@@ -256,7 +254,7 @@ class Hub(threading.Thread):
         buffers = []
         for x, m in zip(inputs, msgs):
             out = None if x is None else np.empty(m[6][1], dtype=x.dtype)
-            buffers.append((x, out, _scratch(sig, plan, x, p)))
+            buffers.append((x, out, make_scratch(sig, plan, x, p)))
         move_share(plan, buffers, None if redop is None else ReduceOp(redop))
         with self.objects:
             for r in range(p):
@@ -278,7 +276,6 @@ class Hub(threading.Thread):
                 self._send(dst, ("data", rank, tag, data, clock))
             else:
                 self.p2p_sends.setdefault(key, []).append((data, clock))
-            self.p2p_senders.setdefault(key, []).append(rank)
         elif kind == "recv":
             _, src, tag = msg
             key = (src, rank, tag)
@@ -300,11 +297,6 @@ class Hub(threading.Thread):
             if src == rank and waiters:
                 self._send(dst, ("error", "E_PARA", f"rank {src} returned without sending what this rank waits for "
                                                     f"(tag {tag!r})"))
-
-
-def _scratch(sig, plan, x, p):
-    from ..communicator import make_scratch
-    return make_scratch(sig, plan, x, p)
 
 
 def _node_ip():
@@ -473,7 +465,6 @@ def _rank_actor_class():
             self.rank, self.topo, self.config, self.session = rank, topo, config, session
             self.runtime = Runtime(rank, topo).init()
             self.device = self.runtime.set_device(topo.device_of[rank])
-            self._group = None
 
             def storage(shape, dtype):
                 name, arr = shm.PrivateSegment.array(session, rank, "hbm", shape, dtype)
@@ -484,12 +475,6 @@ def _rank_actor_class():
             self.result_pool = {}
             self.owned = shm.OwnedSegments(session, rank)
             self.attached = shm.AttachedSegments()
-            self.hub = None
-
-        def start_hub(self, size, accept_timeout):
-            self.hub = Hub(self.topo, self.config, size, accept_timeout)
-            self.hub.start()
-            return self.hub.address
 
         def run(self, fn, args, kwargs, hub_address, data_plane="shm", hub_actor=None):
             group = None
