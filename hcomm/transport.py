@@ -15,21 +15,74 @@ from collections import deque
 from topologies.errors import HcclError
 
 _POLL_S = 0.05   # how often a waiter re-checks abort; wake-ups on progress are immediate
+STALL_S = 2.0    # every live rank waiting this long with no progress anywhere is a deadlock
+
+
+class Watch:
+    """Who is waiting for what, to turn a deadlock among ranks into an error instead of a hang.
+
+    Any message posted, consumed or rendezvous joined counts as progress. When every rank that
+    has not returned is waiting and nothing has progressed for STALL_S, every waiter raises."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._lock = threading.Lock()
+        self._waiting = {}
+        self._exited = set()
+        self._progress = 0
+        self._stalled = None          # (progress count, since) while everyone waits
+
+    def progress(self):
+        self._progress += 1
+
+    def exited(self, rank):
+        with self._lock:
+            self._exited.add(rank)
+            self._progress += 1
+
+    def waiting(self, rank, what):
+        with self._lock:
+            self._waiting[rank] = what
+
+    def done(self, rank):
+        with self._lock:
+            self._waiting.pop(rank, None)
+            self._progress += 1
+
+    def check(self, rank, op):
+        with self._lock:
+            live = self.size - len(self._exited)
+            if len(self._waiting) < live:
+                self._stalled = None
+                return
+            now = time.monotonic()
+            if self._stalled is None or self._stalled[0] != self._progress:
+                self._stalled = (self._progress, now)
+                return
+            if now - self._stalled[1] < STALL_S:
+                return
+            who = "; ".join(f"rank {r} waits for {w}" for r, w in sorted(self._waiting.items())[:8])
+        raise HcclError("E_TIMEOUT", f"deadlock: every rank is waiting and none can proceed ({who})", rank=rank, op=op)
+
+
 
 
 class Message:
     """One posted send: a view of the sender's registered memory plus small metadata."""
-    __slots__ = ("src", "dst", "tag", "data", "meta", "reply", "_done")
+    __slots__ = ("src", "dst", "tag", "data", "meta", "reply", "_done", "_watch")
 
-    def __init__(self, src, dst, tag, data, meta):
+    def __init__(self, src, dst, tag, data, meta, watch=None):
         self.src, self.dst, self.tag, self.data, self.meta = src, dst, tag, data, meta
         self.reply = None
         self._done = threading.Event()
+        self._watch = watch
 
     def consumed(self, reply=None):
         """Called by the receiver once it no longer needs the sender's memory."""
         self.reply = reply
         self._done.set()
+        if self._watch is not None:
+            self._watch.done(self.src)      # the sender's wait is satisfied
 
 
 class _Channel:
@@ -51,6 +104,7 @@ class InProcessTransport:
         self._registered = [dict() for _ in range(size)]
         self._abort = None   # (code, reason) once aborted
         self._exited = set()
+        self.watch = Watch(size)
 
     # registered memory -------------------------------------------------------------------
     def register(self, rank: int, name: str, array) -> None:
@@ -74,6 +128,7 @@ class InProcessTransport:
     def mark_exited(self, rank: int) -> None:
         """`rank` will post and consume nothing more: waits on it fail at once."""
         self._exited.add(rank)
+        self.watch.exited(rank)
         self.abort_wake()
 
     def abort_wake(self):
@@ -110,42 +165,61 @@ class InProcessTransport:
         return self.post_view(src, dst, tag, view, meta)
 
     def post_view(self, src: int, dst: int, tag, view, meta=None) -> Message:
-        msg = Message(src, dst, tag, view, meta)
+        msg = Message(src, dst, tag, view, meta, self.watch)
         ch = self._channel(src, dst, tag)
         with ch.cond:
             ch.queue.append(msg)
             ch.cond.notify_all()
+        self.watch.done(dst)                # whatever dst waits for may now be here: not stuck
         return msg
 
     def take(self, src: int, dst: int, tag, deadline=None, op: str | None = None) -> Message:
         """Wait for the next message from `src` to `dst` on `tag`."""
         ch = self._channel(src, dst, tag)
         with ch.cond:
-            while not ch.queue:
-                self._check_abort(dst, op)
-                if src in self._exited:
-                    raise HcclError("E_PARA", f"rank {src} returned without sending what this rank waits for "
-                                    f"(tag {tag!r})", rank=dst, op=op)
-                remaining = _remaining(deadline)
-                if remaining is not None and remaining <= 0:
-                    raise HcclError("E_TIMEOUT", f"no data from rank {src} within {self.timeout_s:g} s "
-                                    "(HCCL_EXEC_TIMEOUT)", rank=dst, op=op)
-                ch.cond.wait(_POLL_S if remaining is None else min(_POLL_S, remaining))
+            if ch.queue:
+                return ch.queue.popleft()
+            what = f"data from rank {src}" + (f" ({op})" if op else "")
+            try:
+                while not ch.queue:
+                    self._check_abort(dst, op)
+                    self.watch.waiting(dst, what)
+                    self.watch.check(dst, op)
+                    if src in self._exited:
+                        raise HcclError("E_PARA", f"rank {src} returned without sending what this rank waits for "
+                                        f"(tag {tag!r})", rank=dst, op=op)
+                    remaining = _remaining(deadline)
+                    if remaining is not None and remaining <= 0:
+                        raise HcclError("E_TIMEOUT", f"no data from rank {src} within {self.timeout_s:g} s "
+                                        "(HCCL_EXEC_TIMEOUT)", rank=dst, op=op)
+                    ch.cond.wait(_POLL_S if remaining is None else min(_POLL_S, remaining))
+            finally:
+                self.watch.done(dst)
             return ch.queue.popleft()
 
     def wait_consumed(self, msg: Message, deadline=None, op: str | None = None):
         """Wait until the receiver of `msg` has consumed it; returns its reply."""
+        if msg._done.is_set():
+            return msg.reply
+        try:
+            self._wait_consumed(msg, deadline, op)
+        finally:
+            self.watch.done(msg.src)
+        return msg.reply
+
+    def _wait_consumed(self, msg, deadline, op):
         while not msg._done.wait(_POLL_S if deadline is None else max(0.0, min(_POLL_S, deadline - time.monotonic()))):
             if msg._done.is_set():
                 break
             self._check_abort(msg.src, op)
+            self.watch.waiting(msg.src, f"rank {msg.dst} to take its data" + (f" ({op})" if op else ""))
+            self.watch.check(msg.src, op)
             if msg.dst in self._exited:
                 raise HcclError("E_PARA", f"rank {msg.dst} returned without receiving what this rank sent "
                                 f"(tag {msg.tag!r})", rank=msg.src, op=op)
             if deadline is not None and time.monotonic() >= deadline:
                 raise HcclError("E_TIMEOUT", f"rank {msg.dst} did not consume the data sent to it within "
                                 f"{self.timeout_s:g} s (HCCL_EXEC_TIMEOUT)", rank=msg.src, op=op)
-        return msg.reply
 
 
 def _remaining(deadline):

@@ -125,3 +125,20 @@ def test_error_codes_are_hccl_results():
     assert exc.value == 9 and "rank 3" in str(exc) and "all_reduce" in str(exc)
     with pytest.raises(ValueError):
         HcclError("E_NOPE", "x")
+
+
+DEADLOCKS = {
+    "both receive first": lambda c: c.recv(1 - c.rank) if c.rank < 2 else None,
+    "collective against a receive": lambda c: c.all_reduce(np.ones(2)) if c.rank == 0 else c.recv(0),
+    "everyone sends, nobody receives": lambda c: c.send(np.ones(2), (c.rank + 1) % 3),
+}
+
+
+@pytest.mark.parametrize("case", DEADLOCKS)
+def test_deadlock_is_an_error_not_a_hang(case):
+    """With the default 1836 s HCCL_EXEC_TIMEOUT, a deadlock among ranks still ends in seconds."""
+    import time
+    t0 = time.monotonic()
+    with pytest.raises(HcclError, match="deadlock: every rank is waiting") as info:
+        hccl_sim.run(DEADLOCKS[case], topology=hccl_sim.topology("fullmesh", ranks=3))
+    assert info.value.code == "E_TIMEOUT" and time.monotonic() - t0 < 20

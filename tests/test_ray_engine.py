@@ -175,3 +175,11 @@ def test_orphaned_segments_of_dead_drivers_are_swept(tmp_path):
         proc.kill()
         if os.path.exists(f"/dev/shm/{name}"):
             os.unlink(f"/dev/shm/{name}")
+
+
+def test_deadlock_is_an_error_not_a_hang(cluster8):
+    t0 = time.monotonic()
+    with pytest.raises(HcclError, match="deadlock: every rank is waiting"):
+        cluster8.run(lambda comm: comm.recv((comm.rank + 1) % comm.size))
+    assert time.monotonic() - t0 < 30
+    assert cluster8.run(lambda comm: float(comm.all_reduce(np.ones(2))[0]))[0] == 8.0

@@ -76,22 +76,35 @@ class LocalGroup:
             slot.clocks[rank] = clock
             slot.data[rank] = data
             slot.arrived += 1
+            watch = self.transport.watch
+            watch.progress()
             if slot.arrived == self.size:
                 self._plan(slot, itemsize)
+                for r in range(self.size):
+                    watch.done(r)           # every rank's wait is satisfied
                 self._cond.notify_all()
-            while not slot.done:
-                self._check_waiting(rank, seq, slot, opname)
-                if deadline is not None and time.monotonic() >= deadline:
-                    missing = [r for r, s in enumerate(slot.signatures) if s is None]
-                    raise HcclError("E_TIMEOUT", f"ranks {missing} did not call {opname} (collective #{seq}) within "
-                                    f"{self.config.wait_timeout_s} s (HCCL_EXEC_TIMEOUT)", rank=rank, op=opname)
-                self._cond.wait(_POLL_S)
+            try:
+                self._wait_slot(rank, seq, slot, opname, deadline, watch)
+            finally:
+                watch.done(rank)
             slot.taken += 1
             if slot.taken == self.size:
                 del self._slots[seq]
         if slot.error is not None:
             raise HcclError(slot.error.code, slot.error.reason, rank=rank, op=opname)
         return slot.plan, self.dataplane == "central"
+
+    def _wait_slot(self, rank, seq, slot, opname, deadline, watch):
+        """Called with the condition held: wait until the collective's plan is ready."""
+        while not slot.done:
+            self._check_waiting(rank, seq, slot, opname)
+            watch.waiting(rank, f"{opname} (collective #{seq})")
+            watch.check(rank, opname)
+            if deadline is not None and time.monotonic() >= deadline:
+                missing = [r for r, s in enumerate(slot.signatures) if s is None]
+                raise HcclError("E_TIMEOUT", f"ranks {missing} did not call {opname} (collective #{seq}) within "
+                                f"{self.config.wait_timeout_s} s (HCCL_EXEC_TIMEOUT)", rank=rank, op=opname)
+            self._cond.wait(_POLL_S)
 
     def _plan(self, slot, itemsize):
         try:

@@ -34,6 +34,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from hcomm import shm
+from hcomm.transport import STALL_S
 from topologies.errors import HcclError
 
 from ..communicator import Communicator, make_scratch
@@ -83,6 +84,8 @@ class Hub(threading.Thread):
         self.failure = None
         self.p2p_sends, self.p2p_recvs = {}, {}
         self.plans = {}                 # (signature, itemsize, relative entry clocks) -> plan
+        self.waiting = {}               # rank -> what it waits for at the hub (deadlock detection)
+        self.last_progress = time.monotonic()
         self.objects = threading.Condition()
         self.deposits, self.results = {}, {}    # object data plane: (seq, rank) -> array
 
@@ -106,7 +109,10 @@ class Hub(threading.Thread):
             poller.register(fd, select.POLLIN)
         live = set(by_fd)
         while live:
-            for fd, _ in poller.poll(int(_POLL_S * 1000)):
+            ready = poller.poll(int(_POLL_S * 1000))
+            if not ready:
+                self._check_deadlock()
+            for fd, _ in ready:
                 if fd not in live:
                     continue
                 rank, conn = by_fd[fd]
@@ -119,6 +125,7 @@ class Hub(threading.Thread):
                         self.exited.add(rank)
                         self._fail(rank, "its process died (control connection closed)")
                     continue
+                self.last_progress = time.monotonic()
                 try:
                     self._handle(rank, msg)
                 except Exception as exc:   # noqa: BLE001 - reported to every rank
@@ -127,7 +134,17 @@ class Hub(threading.Thread):
                     live.discard(fd)
                     poller.unregister(fd)
 
+    def _check_deadlock(self):
+        """Every rank that has not returned waits here and nothing moved for STALL_S: tell them."""
+        live = self.size - len(self.exited)
+        if not self.waiting or len(self.waiting) < live or time.monotonic() - self.last_progress < STALL_S:
+            return
+        who = "; ".join(f"rank {r} waits for {w}" for r, w in sorted(self.waiting.items())[:8])
+        for rank in list(self.waiting):
+            self._send(rank, ("error", "E_TIMEOUT", f"deadlock: every rank is waiting and none can proceed ({who})"))
+
     def _send(self, rank, msg):
+        self.waiting.pop(rank, None)
         conn = self.conns.get(rank)
         if conn is not None and rank not in self.exited:
             try:
@@ -150,6 +167,7 @@ class Hub(threading.Thread):
             _, seq = msg[:2]
             slot = self.colls.setdefault(seq, {"msgs": {}, "done": set()})
             slot["msgs"][rank] = msg
+            self.waiting[rank] = f"{COLLECTIVE_NAMES.get(msg[2].name, msg[2].name)} (collective #{seq})"
             if self.failure is not None:
                 self._send(rank, ("abort", "E_REMOTE", f"rank {self.failure[0]} failed: {self.failure[1]}"))
             elif len(slot["msgs"]) == self.size:
@@ -157,6 +175,7 @@ class Hub(threading.Thread):
             else:
                 self._check_exited(seq, slot)
         elif kind == "done":
+            self.waiting[rank] = f"the other ranks' shares of collective #{msg[1]}"
             slot = self.colls[msg[1]]
             slot["done"].add(rank)
             if len(slot["done"]) == self.size:
@@ -270,6 +289,7 @@ class Hub(threading.Thread):
         if kind == "send":
             _, dst, tag, data, clock = msg
             key = (rank, dst, tag)
+            self.waiting[rank] = f"rank {dst} to take its data (send)"
             waiting = self.p2p_recvs.get(key)
             if waiting:
                 waiting.pop(0)
@@ -279,6 +299,7 @@ class Hub(threading.Thread):
         elif kind == "recv":
             _, src, tag = msg
             key = (src, rank, tag)
+            self.waiting[rank] = f"data from rank {src} (recv)"
             queued = self.p2p_sends.get(key)
             if queued:
                 data, clock = queued.pop(0)
