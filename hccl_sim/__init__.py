@@ -23,7 +23,7 @@ from topologies.errors import HCCL_RESULT, HcclError
 from .communicator import Communicator, OpRecord
 from .env import Config
 from .planner import Signature, make_plan
-from .types import DTYPES, ReduceOp, dtype_name, numpy_dtype
+from .types import DTYPES, ReduceOp, dtype_name, numpy_dtype, parse_reduce_op
 
 __all__ = ["topology", "run", "simulate", "Cluster", "Communicator", "ReduceOp", "HcclError", "HCCL_RESULT",
            "Topology", "Estimate", "OpRecord", "ENGINES", "busbw_factor"]
@@ -187,7 +187,7 @@ def simulate(op: str, nbytes: int, topology=None, algo: str | None = None, dtype
         raise HcclError("E_PARA", f"root must be a rank in [0, {p}), got {root}")
     count = op_count(name, nbytes, p, itemsize)
     shape = (count // p,) if name == "allgather" else (count,)
-    red = ReduceOp(redop).value if name in ("allreduce", "reducescatter", "reduce") else None
+    red = parse_reduce_op(redop).value if name in ("allreduce", "reducescatter", "reduce") else None
     sig = Signature(name, shape, dname, red, root if name in ("broadcast", "reduce") else None, algo)
     plan = make_plan(sig, topo, Config.from_env(env, policy), [0] * p, itemsize, trace=trace)
     est = Estimate(name, count * itemsize, count, dname, plan.algo, p,

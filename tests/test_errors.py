@@ -118,6 +118,10 @@ def test_bad_engine_and_topology_arguments():
         hccl_sim.topology("fullmesh", ranks=4, bandwidth=0)
     with pytest.raises(HcclError, match="unknown collective"):
         hccl_sim.simulate("allscatter", 8)
+    with pytest.raises(HcclError, match="avg"):
+        hccl_sim.simulate("allreduce", 8, redop="avg")
+    with pytest.raises(HcclError, match="nbytes"):
+        hccl_sim.simulate("allreduce", -1)
 
 
 def test_error_codes_are_hccl_results():
