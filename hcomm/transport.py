@@ -33,7 +33,8 @@ class Watch:
         self._stalled = None          # (progress count, since) while everyone waits
 
     def progress(self):
-        self._progress += 1
+        with self._lock:
+            self._progress += 1
 
     def exited(self, rank):
         with self._lock:
@@ -63,8 +64,6 @@ class Watch:
                 return
             who = "; ".join(f"rank {r} waits for {w}" for r, w in sorted(self._waiting.items())[:8])
         raise HcclError("E_TIMEOUT", f"deadlock: every rank is waiting and none can proceed ({who})", rank=rank, op=op)
-
-
 
 
 class Message:
