@@ -20,6 +20,7 @@ import topologies
 from topologies import Topology
 from topologies.errors import HCCL_RESULT, HcclError
 
+from . import collectives
 from .communicator import Communicator, OpRecord
 from .env import Config
 from .planner import Signature, make_plan
@@ -30,9 +31,7 @@ __all__ = ["topology", "run", "simulate", "Cluster", "Communicator", "ReduceOp",
 __version__ = "0.1.0"
 
 ENGINES = ("local", "ray", "timing")
-OPS = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall")
-_OP_ALIASES = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
-               "all_to_all": "alltoall", "alltoall": "alltoall", "bcast": "broadcast"}
+OPS = collectives.DATA_COLLECTIVES
 
 
 def topology(spec, **params) -> Topology:
@@ -114,11 +113,7 @@ class Cluster:
 
 def busbw_factor(op: str, p: int) -> float:
     """nccl-tests' bus-bandwidth factor (PERFORMANCE.md)."""
-    if op == "allreduce":
-        return 2 * (p - 1) / p
-    if op in ("allgather", "reducescatter", "alltoall"):
-        return (p - 1) / p
-    return 1.0
+    return collectives.get(op).busbw_factor(p)
 
 
 @dataclass(frozen=True)
@@ -151,18 +146,12 @@ class Estimate:
 
 
 def canonical_op(op: str) -> str:
-    name = _OP_ALIASES.get(op.lower(), op.lower()) if isinstance(op, str) else None
-    if name not in OPS:
-        raise HcclError("E_PARA", f"unknown collective {op!r}; expected one of {', '.join(OPS)}")
-    return name
+    return collectives.get(op).name
 
 
 def op_count(op: str, nbytes: int, p: int, itemsize: int) -> int:
     """Element count of the op's buffer for a size in bytes (nccl-tests: block ops round to p)."""
-    count = nbytes // itemsize
-    if op in ("allgather", "reducescatter", "alltoall"):
-        count -= count % p
-    return count
+    return collectives.get(op).count_for_bytes(nbytes, p, itemsize)
 
 
 def simulate(op: str, nbytes: int, topology=None, algo: str | None = None, dtype="float32", redop="sum",
@@ -185,10 +174,11 @@ def simulate(op: str, nbytes: int, topology=None, algo: str | None = None, dtype
         raise HcclError("E_PARA", f"nbytes must be a non-negative integer, got {nbytes!r}")
     if not 0 <= root < p:
         raise HcclError("E_PARA", f"root must be a rank in [0, {p}), got {root}")
-    count = op_count(name, nbytes, p, itemsize)
-    shape = (count // p,) if name == "allgather" else (count,)
-    red = parse_reduce_op(redop).value if name in ("allreduce", "reducescatter", "reduce") else None
-    sig = Signature(name, shape, dname, red, root if name in ("broadcast", "reduce") else None, algo)
+    coll = collectives.get(name)
+    count = coll.count_for_bytes(nbytes, p, itemsize)
+    shape = coll.input_shape_for_bytes(nbytes, p, itemsize)
+    red = parse_reduce_op(redop).value if coll.reducing else None
+    sig = Signature(name, shape, dname, red, root if coll.rooted else None, algo)
     plan = make_plan(sig, topo, Config.from_env(env, policy), [0] * p, itemsize, trace=trace)
     est = Estimate(name, count * itemsize, count, dname, plan.algo, p,
                    tuple((e - s) / 1e9 for s, e in zip(plan.entry, plan.exits)))

@@ -16,16 +16,14 @@ import numpy as np
 
 from topologies.errors import HcclError
 
-from . import busbw_factor, canonical_op, op_count, simulate
+from . import busbw_factor, canonical_op, collectives, op_count, simulate
 from . import trace as chrome
 from .env import Config
 from .types import dtype_name, nccl_name, numpy_dtype
 from .verifiable import expected, rank_input
 
-ROOTED = ("broadcast", "reduce")
-REDUCING = ("allreduce", "reducescatter", "reduce")
-_CALL = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
-         "broadcast": "broadcast", "reduce": "reduce", "alltoall": "all_to_all"}
+ROOTED = tuple(n for n in collectives.DATA_COLLECTIVES if collectives.of(n).rooted)
+REDUCING = tuple(n for n in collectives.DATA_COLLECTIVES if collectives.of(n).reducing)
 
 
 def parse_size(text: str) -> int:
@@ -129,7 +127,7 @@ def _sweep(comm, spec, emit=None):
     through `emit` (in-process engines) or returns them all (actors)."""
     p = comm.size
     itemsize = numpy_dtype(spec.dtype).itemsize
-    call = getattr(comm, _CALL[spec.op])
+    call = getattr(comm, collectives.of(spec.op).method)
     rank = comm.rank
     kwargs = {"algo": spec.algo}
     if spec.op in REDUCING:
@@ -139,7 +137,7 @@ def _sweep(comm, spec, emit=None):
     rows = []
     for size in spec.sizes:
         count = op_count(spec.op, size, p, itemsize)
-        per_rank = count // p if spec.op == "allgather" else count
+        per_rank = collectives.of(spec.op).input_shape_for_bytes(count * itemsize, p, itemsize)[0]
         x = rank_input(rank, per_rank, spec.dtype, spec.redop)
         for _ in range(spec.warmup):
             call(x, **kwargs)

@@ -8,7 +8,6 @@ Engines differ only in the group object they hand the communicator (rendezvous +
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,8 +15,10 @@ import numpy as np
 from hcomm.executor import execute
 from topologies.errors import HcclError
 
-from . import algorithms
-from .planner import COLLECTIVE_NAMES, Signature, program_rank_steps
+from hcomm.cost import as_cost
+
+from . import collectives as colls
+from .planner import Signature, program_rank_steps
 from .device import Device, DeviceArray, Work
 from .types import ReduceOp, dtype_name, parse_reduce_op, reducer
 
@@ -52,6 +53,7 @@ class Communicator:
         self.config = group.config
         self._group = group
         self._transport = group.transport
+        self.cost = as_cost(group.topo)      # prices point-to-point ops like collectives
         self._seq = 0
         self.last_op: OpRecord | None = None
         self.device = device if device is not None else Device(rank, group.topo)
@@ -95,60 +97,47 @@ class Communicator:
         except HcclError as exc:
             raise HcclError("E_PARA", exc.reason, rank=self.rank, op=opname)
 
-    def _divisible(self, x, opname):
-        if x.shape[0] % self.size:
-            raise HcclError("E_PARA", f"input's first dimension ({x.shape[0]}) must be divisible by the number "
-                            f"of ranks ({self.size})", rank=self.rank, op=opname)
-
     # collectives ----------------------------------------------------------------------------------
     def _empty(self, shape, dtype):
         """A result array, from the engine when it keeps results where peers can write them."""
         make = getattr(self._group, "result_array", None)
         return np.empty(shape, dtype=dtype) if make is None else make(shape, dtype)
 
+    def _call(self, name, x, op=None, root=None, algo=None, stream=None):
+        """Check one collective call locally, then run it (collectives.py says what each one is)."""
+        coll = colls.of(name)
+        x = self._array(x, coll.method)
+        problem = coll.check_input(x.shape, self.size)
+        if problem:
+            raise HcclError("E_PARA", problem, rank=self.rank, op=coll.method)
+        redop = self._redop(op, coll.method) if coll.reducing else None
+        root = self._root(root, coll.method) if coll.rooted else None
+        out = self._empty(coll.output_shape(x.shape, self.size), x.dtype)
+        sig = Signature(name, x.shape, dtype_name(x.dtype), None if redop is None else redop.value, root, algo)
+        return self._collective(sig, x, out, redop, stream, coll.result(out, self.rank, root))
+
     def all_reduce(self, x, op="sum", algo=None, stream=None):
-        x = self._array(x, "all_reduce")
-        redop = self._redop(op, "all_reduce")
-        out = self._empty(x.shape, x.dtype)
-        return self._collective(Signature("allreduce", x.shape, dtype_name(x.dtype), redop.value, None, algo), x, out, redop, stream, out)
+        return self._call("allreduce", x, op=op, algo=algo, stream=stream)
 
     def all_gather(self, x, algo=None, stream=None):
         """Inputs of every rank concatenated along axis 0 in rank order."""
-        x = self._array(x, "all_gather", min_ndim=1)
-        out = self._empty((self.size * x.shape[0],) + x.shape[1:], x.dtype)
-        return self._collective(Signature("allgather", x.shape, dtype_name(x.dtype), None, None, algo), x, out, None, stream, out)
+        return self._call("allgather", x, algo=algo, stream=stream)
 
     def reduce_scatter(self, x, op="sum", algo=None, stream=None):
         """Block `rank` of the reduction of every rank's x (x.shape[0] divisible by size)."""
-        x = self._array(x, "reduce_scatter", min_ndim=1)
-        self._divisible(x, "reduce_scatter")
-        redop = self._redop(op, "reduce_scatter")
-        out = self._empty((x.shape[0] // self.size,) + x.shape[1:], x.dtype)
-        return self._collective(Signature("reducescatter", x.shape, dtype_name(x.dtype), redop.value, None, algo),
-                                x, out, redop, stream, out)
+        return self._call("reducescatter", x, op=op, algo=algo, stream=stream)
 
     def broadcast(self, x, root: int = 0, algo=None, stream=None):
         """The root's x on every rank (x gives the shape and dtype elsewhere)."""
-        x = self._array(x, "broadcast")
-        root = self._root(root, "broadcast")
-        out = self._empty(x.shape, x.dtype)
-        return self._collective(Signature("broadcast", x.shape, dtype_name(x.dtype), None, root, algo), x, out, None, stream, out)
+        return self._call("broadcast", x, root=root, algo=algo, stream=stream)
 
     def reduce(self, x, root: int = 0, op="sum", algo=None, stream=None):
         """The reduction at the root; None on the other ranks."""
-        x = self._array(x, "reduce")
-        root = self._root(root, "reduce")
-        redop = self._redop(op, "reduce")
-        out = self._empty(x.shape, x.dtype)
-        return self._collective(Signature("reduce", x.shape, dtype_name(x.dtype), redop.value, root, algo), x, out,
-                                redop, stream, out if self.rank == root else None)
+        return self._call("reduce", x, op=op, root=root, algo=algo, stream=stream)
 
     def all_to_all(self, x, algo=None, stream=None):
         """Block j of x goes to rank j; received blocks concatenated in rank order."""
-        x = self._array(x, "all_to_all", min_ndim=1)
-        self._divisible(x, "all_to_all")
-        out = self._empty(x.shape, x.dtype)
-        return self._collective(Signature("alltoall", x.shape, dtype_name(x.dtype), None, None, algo), x, out, None, stream, out)
+        return self._call("alltoall", x, algo=algo, stream=stream)
 
     def barrier(self) -> None:
         self._collective(Signature("barrier", (), "uint8", None, None, None), None, None, None, None, None)
@@ -167,8 +156,7 @@ class Communicator:
         dev = self.device
         start = dev.clock
         msg = self._transport.post_view(self.rank, dst, ("p2p", tag), np.ascontiguousarray(x), meta=start)
-        end = self._transport.wait_consumed(msg, self._transport.deadline(), "send")
-        dev.clock = end + self.topology.notify_ns(dst, self.rank)
+        dev.clock = self._transport.wait_consumed(msg, self._transport.deadline(), "send")   # priced by the receiver
         self.last_op = OpRecord("send", "p2p", x.nbytes, x.size, dtype_name(x.dtype), start, dev.clock)
 
     def recv(self, src: int, tag: int = 0) -> np.ndarray:
@@ -176,9 +164,8 @@ class Communicator:
         start = self.device.clock
         msg = self._transport.take(src, self.rank, ("p2p", tag), self._transport.deadline(), "recv")
         data = np.array(msg.data, copy=True)
-        ready = max(msg.meta, start) + self.topology.notify_ns(src, self.rank)
-        end = ready + self.topology.route(src, self.rank).cost_ns(data.nbytes)
-        msg.consumed(reply=end)
+        end, send_end = self.cost.p2p_ns(src, self.rank, data.nbytes, msg.meta, start)
+        msg.consumed(reply=send_end)
         self.device.clock = end
         self.last_op = OpRecord("recv", "p2p", data.nbytes, data.size, dtype_name(data.dtype), start, end)
         return data
@@ -191,17 +178,18 @@ class Communicator:
         itemsize = x.dtype.itemsize if x is not None else 1
         dev = self.device
         queue = stream if stream is not None else dev.default_stream
+        opname = colls.of(sig.name).method
         if queue.device is not dev:
-            raise HcclError("E_PARA", "stream belongs to another device", rank=self.rank, op=COLLECTIVE_NAMES[sig.name])
+            raise HcclError("E_PARA", "stream belongs to another device", rank=self.rank, op=opname)
         entry = max(queue.tail, dev.clock)
         plan, moved = self._group.rendezvous(self.rank, seq, sig, entry, itemsize, (x, out, redop))
         if not moved:
             self._move_data(plan, sig, x, out, redop)
         end = plan.exits[self.rank]
         queue.tail = end
-        queue.tasks.append((COLLECTIVE_NAMES[sig.name], entry, end))
+        queue.tasks.append((opname, entry, end))
         count = 0 if x is None else x.size
-        self.last_op = OpRecord(COLLECTIVE_NAMES[sig.name], plan.algo, plan.nbytes, count, sig.dtype, entry, end)
+        self.last_op = OpRecord(opname, plan.algo, plan.nbytes, count, sig.dtype, entry, end)
         if stream is not None:
             return Work(result, stream, end, self.last_op)
         dev.clock = max(dev.clock, end)
@@ -212,38 +200,19 @@ class Communicator:
         rank, tr = self.rank, self._transport
         reduce_fn = reducer(redop) if redop is not None else None
         deadline = tr.deadline()
-        opname = COLLECTIVE_NAMES[sig.name]
-        if sig.name == "barrier":
+        coll = plan.collective
+        if not coll.carries_data:
             tr.register(rank, "input", _EMPTY)
-            execute(program_rank_steps(plan.programs[0], self.size)[rank], rank, tr, COLLECTIVE_TAG, None, deadline, opname)
+            for _, program in plan.loop_programs():
+                execute(program_rank_steps(program, self.size)[rank], rank, tr, COLLECTIVE_TAG, None, deadline,
+                        coll.method)
             return
-        scratch = make_scratch(sig, plan, x, self.size)
-        for (a, b), program in zip(plan.loops, plan.programs):
-            for name, view in loop_views(sig, self.size, x, out, scratch, a, b).items():
+        scratch = coll.scratch(self.size, plan.loops, x.dtype)
+        for (a, b), program in plan.loop_programs():
+            for name, view in coll.views(self.size, x, out, scratch, a, b).items():
                 tr.register(rank, name, view)
-            execute(program_rank_steps(program, self.size)[rank], rank, tr, COLLECTIVE_TAG, reduce_fn, deadline, opname)
-
-
-def make_scratch(sig, plan, x, p):
-    """The communicator-buffer area a schedule may use (ReduceScatter partials, AlltoAll bundles).
-
-    Each loop has columns of its own, so workers sharing an op never race across loops."""
-    if sig.name in ("reducescatter", "alltoall") and plan.loops:
-        return np.empty((p, plan.loops[-1][1]), dtype=x.dtype)
-    return None
-
-
-def loop_views(sig, p, x, out, scratch, a, b) -> dict:
-    """The named buffers one loop's schedule addresses: views of the user's arrays, rows = rank blocks."""
-    xf, of = x.reshape(-1), out.reshape(-1)
-    if sig.name not in algorithms.BLOCK_COLLECTIVES:
-        return {"input": xf[a:b], "output": of[a:b]}
-    if sig.name == "allgather":
-        return {"input": xf[a:b].reshape(1, -1), "output": of.reshape(p, -1)[:, a:b]}
-    if sig.name == "reducescatter":
-        return {"input": xf.reshape(p, -1)[:, a:b], "output": of[a:b].reshape(1, -1), "scratch": scratch[:, a:b]}
-    return {"input": xf.reshape(p, -1)[:, a:b], "output": of.reshape(p, -1)[:, a:b],     # alltoall
-            "scratch": scratch[:, a:b]}
+            execute(program_rank_steps(program, self.size)[rank], rank, tr, COLLECTIVE_TAG, reduce_fn, deadline,
+                    coll.method)
 
 
 _EMPTY = np.empty(0, dtype=np.uint8)

@@ -11,8 +11,6 @@ from __future__ import annotations
 from hcomm.program import BUFFERS
 from hcomm.program import execute as execute_moves
 
-from .algorithms import BLOCK_COLLECTIVES
-from .communicator import loop_views
 from .planner import program_moves
 from .types import reducer
 
@@ -21,19 +19,19 @@ def move_share(plan, buffers, redop, part: int = 0, parts: int = 1) -> None:
     """Run share `part` of `parts` of `plan`'s data moves.
 
     Args:
-        buffers: per rank (input, output, scratch) arrays, as the communicator allocated them.
+        buffers: per rank (input, output, scratch) arrays (scratch from Collective.scratch).
         redop: the ReduceOp, or None for data movement only.
     """
-    sig = plan.signature
-    if sig.name == "barrier":
+    coll = plan.collective
+    if not coll.carries_data:
         return
     p = len(buffers)
     reduce_fn = reducer(redop) if redop is not None else None
-    block = sig.name in BLOCK_COLLECTIVES
-    for (a, b), program in zip(plan.loops, plan.programs):
+    block = coll.block
+    for (a, b), program in plan.loop_programs():
         moves, aligned = program_moves(program)
         n = b - a
-        named = [loop_views(sig, p, x, out, scratch, a, b) for x, out, scratch in buffers]
+        named = [coll.views(p, x, out, scratch, a, b) for x, out, scratch in buffers]
         views = [[v.get(name) for name in BUFFERS] for v in named]
         if parts == 1:
             execute_moves(moves, views, reduce_fn)

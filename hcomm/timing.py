@@ -26,6 +26,7 @@ from collections import deque
 
 from topologies.errors import HcclError
 
+from .cost import as_cost
 from .steps import Copy, Recv, Send, Stage
 
 
@@ -58,20 +59,21 @@ class _Inbox:
         self.expected, self.arrived = expected, []
 
 
-def replay(schedules, entry_ns, topo, dtype: str = "float32", redop: str | None = "sum",
+def replay(schedules, entry_ns, cost, dtype: str = "float32", redop: str | None = "sum",
            events: list | None = None, op_name: str = "op"):
     """Replay per-rank step lists; return every rank's exit clock (ns).
 
     Args:
         schedules: one list of steps (tuples of hcomm.steps ops) per rank.
         entry_ns: every rank's clock at entry.
-        topo: the Topology whose routes, ports and device model price the steps.
+        cost: the hcomm.cost.CostModel (or a Topology, taken as its cost model) pricing the steps.
         dtype, redop: what a reduction reduces (decides inline reduce on hardware presets).
         events: optional list to append Chrome-trace-like (rank, name, start_ns, end_ns, args).
     """
+    model = as_cost(cost)
     p = len(schedules)
     ranks = [_Rank(s, int(t)) for s, t in zip(schedules, entry_ns)]
-    dm = topo.device_model
+    dm = model.device_model
     engine_free = [0] * p
     port_free = {}
     queues = {}                 # port -> pending transfers, in issue order
@@ -96,7 +98,7 @@ def replay(schedules, entry_ns, topo, dtype: str = "float32", redop: str | None 
             return waiting.popleft()
         seq[0] += 1
         tr = _Transfer(src, dst, (order, src, dst, seq[0]))
-        tr.route = topo.route(src, dst)
+        tr.route = model.route(src, dst)
         tr.egress, tr.ingress = ("out",) + tr.route.egress, ("in",) + tr.route.ingress
         mine.setdefault((src, dst), deque()).append(tr)
         return tr
@@ -161,7 +163,7 @@ def replay(schedules, entry_ns, topo, dtype: str = "float32", redop: str | None 
             raise HcclError("E_INTERNAL", f"schedule mismatch: rank {tr.src} sends {sop.nbytes} B to rank {tr.dst}, "
                             f"which expects {rop.nbytes} B", op=op_name)
         route = tr.route
-        ready = max(tr.send_post, tr.recv_post) + topo.notify_ns(tr.src, tr.dst)
+        ready = max(tr.send_post, tr.recv_post) + model.notify_ns(tr.src, tr.dst)
         wire = route.cost_ns(sop.nbytes) - route.latency_ns
         start = max(ready, port_free.get(tr.egress, 0), port_free.get(tr.ingress, 0))
         port_free[tr.egress] = port_free[tr.ingress] = start + wire
@@ -171,7 +173,7 @@ def replay(schedules, entry_ns, topo, dtype: str = "float32", redop: str | None 
             events.append((tr.dst, f"recv<-{tr.src}", start, tr.arrive, {"bytes": sop.nbytes, "link": route.kind}))
         if rop.reduce_with is None:
             finish(tr.dst, tr.arrive)
-            finish(tr.src, tr.arrive + topo.notify_ns(tr.dst, tr.src))
+            finish(tr.src, tr.arrive + model.notify_ns(tr.dst, tr.src))
             return
         inbox = inboxes[tr.dst]
         inbox.arrived.append(tr)
@@ -196,7 +198,7 @@ def replay(schedules, entry_ns, topo, dtype: str = "float32", redop: str | None 
                                                                 "from": batch[0].src}))
             for t in batch:
                 finish(dst, done)
-                finish(t.src, done + topo.notify_ns(dst, t.src))
+                finish(t.src, done + model.notify_ns(dst, t.src))
 
     def finish(r, t):
         rk = ranks[r]

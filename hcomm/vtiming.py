@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .cost import as_cost
 from .program import Step
 
 _I64 = np.int64
@@ -70,23 +71,23 @@ def _aggregate_pairs(pr) -> None:
     pr.wire, pr.red, pr.n = wire, red, len(uniq)
 
 
-def _prep(view, topo, dtype, redop, p) -> _Prep:
+def _prep(view, cost, dtype, redop, p) -> _Prep:
     pr = _Prep()
     pr._struct = pr._order = pr._bw = None
     src = np.asarray(view.t_src, dtype=_I64)
     dst = np.asarray(view.t_dst, dtype=_I64)
     pr.src, pr.dst, pr.n = src, dst, len(src)
     pr.listing = np.arange(len(src), dtype=_I64)
-    dm = topo.device_model
+    dm = cost.device_model
     if len(src):
-        lat, bw, eport, iport = topo.route_arrays(src, dst)
+        lat, bw, eport, iport = cost.route_arrays(src, dst)
         from topologies.model import transfer_ns_array
         pr._bw = bw
         pr.wire = transfer_ns_array(view.t_bytes, bw)
         pr.lat = lat
         pr.eport, pr.iport = eport, iport
-        pr.nf = topo.notify_arrays(src, dst)
-        pr.nb = topo.notify_arrays(dst, src)
+        pr.nf = cost.notify_arrays(src, dst)
+        pr.nb = cost.notify_arrays(dst, src)
         pr.rflag = np.asarray(view.t_rbuf) >= 0
         pr.red = np.where(pr.rflag, dm.reduce_ns_array(view.t_bytes, dtype, redop or "sum"), 0)
         _aggregate_pairs(pr)
@@ -132,12 +133,12 @@ def step_key(st):
     return None
 
 
-def _reprice(base, view, topo, dtype, redop):
+def _reprice(base, view, cost, dtype, redop):
     """A step's prep from a cached one of the same structure: only the byte-dependent costs change."""
     pr = _Prep()
     for name in _Prep.__slots__:
         setattr(pr, name, getattr(base, name, None))
-    dm = topo.device_model
+    dm = cost.device_model
     from topologies.model import transfer_ns_array
     nbytes = np.asarray(view.t_bytes, dtype=_I64)
     pr.wire = transfer_ns_array(nbytes, base._bw)
@@ -151,7 +152,7 @@ def _reprice(base, view, topo, dtype, redop):
     return pr
 
 
-def _prep_for(st, topo, dtype, redop, p, cache):
+def _prep_for(st, cost, dtype, redop, p, cache):
     key = step_key(st)
     skey = getattr(st, "skey", None)
     if key is None and skey is not None:
@@ -159,10 +160,10 @@ def _prep_for(st, topo, dtype, redop, p, cache):
         base = cache.get(ck)
         view = st.timing()
         if base is not None:
-            pr = _reprice(base, view, topo, dtype, redop)
+            pr = _reprice(base, view, cost, dtype, redop)
             if pr is not None:
                 return pr
-        pr = _prep(view, topo, dtype, redop, p)
+        pr = _prep(view, cost, dtype, redop, p)
         if pr.n == len(view.t_src) and not len(pr.l_rank):   # no pair aggregation: safe to share
             if len(cache) >= _CACHE_LIMIT:
                 cache.clear()
@@ -174,13 +175,13 @@ def _prep_for(st, topo, dtype, redop, p, cache):
         if pr is None:
             if len(cache) >= _CACHE_LIMIT:
                 cache.clear()
-            pr = cache[ck] = _prep(st.timing(), topo, dtype, redop, p)
+            pr = cache[ck] = _prep(st.timing(), cost, dtype, redop, p)
         return pr
-    local = st.cache.get((id(topo), dtype, redop)) if hasattr(st, "cache") else None
+    local = st.cache.get((cost.key, dtype, redop)) if hasattr(st, "cache") else None
     if local is None:
-        local = _prep(st.timing(), topo, dtype, redop, p)
+        local = _prep(st.timing(), cost, dtype, redop, p)
         if isinstance(st, Step):   # eager steps keep their prep; lazy ones are rebuilt each time
-            st.cache[(id(topo), dtype, redop)] = local
+            st.cache[(cost.key, dtype, redop)] = local
     return local
 
 
@@ -334,20 +335,22 @@ def _contended(pr, ready, engine, clock):
     return done
 
 
-def program_times(program, entry, topo, dtype="float32", redop="sum"):
-    """Every rank's exit clock (ns, int64 array) for a program entered at `entry` clocks.
+def program_times(program, entry, cost, dtype="float32", redop="sum"):
+    """Every rank's exit clock (ns, int64 array) for a program entered at `entry` clocks, priced
+    by `cost` (an hcomm.cost.CostModel; a Topology is taken as its cost model).
 
     Timing is shift-invariant (every operation is a max or an addition of constants), so when a
     step of a run of identical steps moves every rank's clock by the same amount, each remaining
     step of the run does exactly that too, and the run is finished in one addition."""
     clock = np.asarray(entry, dtype=_I64).copy()
     p = len(clock)
-    cache = topo.__dict__.setdefault("_vtiming_cache", {})
+    cost = as_cost(cost)
+    cache = cost.cache("vtiming")
     n = len(program)
     t = 0
     while t < n:
         st = program[t]
-        pr = _prep_for(st, topo, dtype, redop, p, cache)
+        pr = _prep_for(st, cost, dtype, redop, p, cache)
         key = step_key(st)
         run = 1
         if key is not None:

@@ -7,7 +7,8 @@ import pytest
 import hccl_sim
 import topologies
 from hccl_sim.env import Config
-from hccl_sim.planner import Signature, pipeline_contexts, select
+from hccl_sim.planner import Signature, choose
+from hccl_sim.selection.hccl import pipeline_contexts
 
 from test_collectives import all_collectives, check
 
@@ -76,14 +77,61 @@ def test_hccl_algo_env_and_per_op_form():
 
 
 def test_hccl_fallbacks_for_unsupported_combinations():
+    """HCCL's documented fallbacks run, and say so in the label (never silently)."""
     topo = hccl_sim.topology("atlas800t-a2", servers=4)
-    assert labels(topo, "broadcast", 1 << 20, algo="ring").endswith("level1:H-D_R")     # Broadcast: ring -> HD
-    assert labels(topo, "broadcast", 1 << 20, algo="NHR").endswith("level1:NHR")
-    assert labels(topo, "reduce", 1 << 20, algo="NHR").endswith("level1:H-D_R")        # Reduce: NHR -> HD
-    assert labels(topo, "alltoall", 1 << 20, algo="ring").endswith("level1:pairwise")
+    fb = "level0:fullmesh;level1:H-D_R ({} unsupported for {}: HCCL falls back to H-D_R)"
+    assert labels(topo, "broadcast", 1 << 20, algo="ring") == fb.format("ring", "broadcast")
+    assert labels(topo, "broadcast", 1 << 20, algo="NHR") == "level0:fullmesh;level1:NHR"
+    assert labels(topo, "reduce", 1 << 20, algo="NHR") == fb.format("NHR", "reduce")
+    assert labels(topo, "alltoall", 1 << 20, algo="ring") == \
+        "level0:fullmesh;level1:pairwise (ring unsupported for alltoall: HCCL runs pairwise)"
+    assert labels(topo, "alltoall", 1 << 20, algo="pairwise") == "level0:fullmesh;level1:pairwise"
     big = hccl_sim.topology("atlas800t-a2", servers=800)                                 # too many FFTS contexts
     assert pipeline_contexts("allreduce", 800, 8) > 65535
-    assert labels(big, "allreduce", 1 << 30, algo="pipeline").endswith("level1:H-D_R")
+    got = labels(big, "allreduce", 1 << 30, algo="pipeline")
+    assert got.startswith("level0:fullmesh;level1:H-D_R (pipeline needs ") and "65535" in got
+
+
+def test_explicit_choice_is_never_replaced_silently(caplog):
+    """The cases a review found silently replaced: each now runs as asked, runs HCCL's documented
+    fallback and says so (label and log), or is an error naming what is supported."""
+    mesh8, two = hccl_sim.topology("fullmesh", ranks=8), hccl_sim.topology("atlas800t-a2", servers=2)
+    with caplog.at_level("WARNING", logger="hccl_sim.selection"):
+        got = labels(mesh8, "allreduce", 1 << 20, algo="pipeline")
+    assert got == "H-D_R (pipeline needs 910B servers: HCCL falls back to H-D_R)"
+    assert any("pipeline needs 910B servers" in r.getMessage() for r in caplog.records)
+    assert labels(mesh8, "allreduce", 1 << 20, algo="pairwise").endswith(
+        "(pairwise applies to alltoall only: HCCL ignores it for allreduce and selects)")
+    assert labels(two, "allreduce", 1 << 20, algo="fullmesh") == \
+        "level0:fullmesh;level1:ring (fullmesh is not a level1 algorithm: HCCL ignores it and selects)"
+    assert labels(hccl_sim.topology("atlas800t-a2"), "allreduce", 1 << 20, algo="ring") == \
+        "level0:fullmesh (one server: no level1, ring not used)"
+    with pytest.raises(hccl_sim.HcclError, match="allreduce on synthetic topologies supports ring, H-D_R") as e:
+        labels(mesh8, "allreduce", 1 << 20, algo="star")
+    assert e.value.code == "E_PARA"
+    with pytest.raises(hccl_sim.HcclError, match="not built by hccl-sim") as e:
+        labels(two, "allreduce", 1 << 20, algo="level0:NA;level1:AHC")
+    assert e.value.code == "E_NOT_SUPPORT"
+    assert labels(mesh8, "allreduce", 1 << 20, algo="fullmesh") == "fullmesh"      # a flat algorithm: runs
+
+
+def test_star_added_through_the_registry():
+    """Star (one-step rooted ops) came in as one module plus one registry line: it runs flat and as
+    level1, gives exact results, and costs a + n b on a full mesh (reference §2.2)."""
+    from hccl_sim.algorithms import registry
+    assert registry.supporting("broadcast", "level1") == ["H-D_R", "NHR", "star"]
+    topo = hccl_sim.topology("fullmesh", ranks=6, bandwidth=10e9, latency=4e-6)
+    est = hccl_sim.simulate("broadcast", 1 << 20, topology=topo, algo="star")
+    assert est.algo == "star" and round(est.time * 1e9) == 4000 + -(-(1 << 20) * 10**9 // 10**10)
+    def rooted(comm):
+        x = (np.arange(37, dtype=np.int32) * (comm.rank + 2)) % 11
+        return comm.broadcast(x, root=2, algo="star"), comm.reduce(x, root=2, algo="star"), comm.last_op.algo
+    for name, params in (("fullmesh", {"ranks": 5}), ("atlas800t-a2", {"servers": 3})):
+        t = hccl_sim.topology(name, **params)
+        xs = [(np.arange(37, dtype=np.int32) * (r + 2)) % 11 for r in range(t.num_ranks)]
+        for r, (b, red, algo) in enumerate(hccl_sim.run(rooted, topology=t)):
+            assert np.array_equal(b, xs[2]) and algo.endswith("star")
+            assert (red is None) == (r != 2) and (r != 2 or np.array_equal(red, sum(xs)))
 
 
 # The hccl policy's decisions on the cases HCCL's code documents (coll_alg_operator.cc).

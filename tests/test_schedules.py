@@ -8,7 +8,10 @@ import hccl_sim
 from hccl_sim import algorithms
 from hccl_sim.algorithms import nhr
 from hccl_sim.env import Config
-from hccl_sim.planner import Choice, build_program, select, Signature
+from hccl_sim import collectives
+from hccl_sim.algorithms import registry
+from hccl_sim.planner import Signature, build_program, choose
+from hccl_sim.selection import Choice
 from hcomm import program as prog
 from hcomm.timing import replay
 from hcomm.vtiming import program_times
@@ -16,7 +19,8 @@ from topologies.errors import HcclError
 
 from conftest import add, onehot_input
 
-FLAT_CASES = [(algo, coll) for algo, mod in algorithms.FLAT.items() for coll in mod.COLLECTIVES]
+FLAT_CASES = [(a.name, coll) for a in registry.ALGORITHMS.values() for coll in a.collectives
+              if a.supports(coll, "flat") and coll != "barrier"]
 L = 2  # elements per rank block, to catch column mix-ups
 
 
@@ -64,7 +68,7 @@ def verify(program, coll, p, n, root, label):
 
 
 def unit_for(coll):
-    return L * 4 if coll in algorithms.BLOCK_COLLECTIVES else 4
+    return L * 4 if coll in collectives.BLOCK else 4
 
 
 @pytest.mark.parametrize("algo,coll", FLAT_CASES)
@@ -118,14 +122,14 @@ def hier_cases():
 @pytest.mark.parametrize("label,topo", list(hier_cases()))
 def test_hierarchical_programs(label, topo):
     p = topo.num_ranks
-    for coll in algorithms.COLLECTIVES:
+    for coll in collectives.DATA_COLLECTIVES:
         for l1 in ("ring", "H-D_R", "NHR", "NB", "pipeline", None):
             sig = Signature(coll, (p * 3 + 2,), "float32", "sum" if coll in ("allreduce", "reducescatter", "reduce")
                             else None, 1 if coll in ("broadcast", "reduce") else None, l1)
-            choice = select(sig, topo, Config(), 4)
+            choice = choose(sig, topo, Config(), 4)
             n = 3 * p + 2
             root = 1 if p > 1 else 0
-            program = build_program(coll, choice, topo, L if coll in algorithms.BLOCK_COLLECTIVES else n, 4, root)
+            program = build_program(coll, choice, topo, L if coll in collectives.BLOCK else n, 4, root)
             verify(program, coll, p, n, root, f"{label} {coll} {choice.label}")
 
 
@@ -147,14 +151,14 @@ def test_vectorised_timing_equals_reference(name, params):
     p = topo.num_ranks
     rng = np.random.default_rng(p)
     flat = topo.device == "synthetic"
-    for coll in algorithms.COLLECTIVES:
-        algos = [a for a in algorithms.FLAT if algorithms.supports(a, coll)] if flat else \
+    for coll in collectives.DATA_COLLECTIVES:
+        algos = registry.supporting(coll, "flat") if flat else \
             ["ring", "H-D_R", "NHR", "NB", "pipeline"]
         for algo in algos:
             sig = Signature(coll, (p * 40,), "float32" if algo != "NB" else "int64",
                             "sum" if coll in ("allreduce", "reducescatter", "reduce") else None,
                             2 % p if coll in ("broadcast", "reduce") else None, algo)
-            choice = select(sig, topo, Config(), 4)
+            choice = choose(sig, topo, Config(), 4)
             for length in (40 * p, 3):
                 program = build_program(coll, choice, topo, length, 8 if algo == "NB" else 4, sig.root)
                 for entry in (np.zeros(p, dtype=np.int64), rng.integers(0, 50_000, p)):
@@ -193,7 +197,7 @@ def test_lazy_steps_and_repricing_equal_reference(monkeypatch):
         p = topo.num_ranks
         for coll in ("allreduce", "allgather", "reducescatter"):
             sig = Signature(coll, (p * 7 + 3,), "float32", "sum" if coll != "allgather" else None, None, algo)
-            choice = select(sig, topo, Config(), 4)
+            choice = choose(sig, topo, Config(), 4)
             length = 7 * p + 3 if coll == "allreduce" else 5
             program = build_program(coll, choice, topo, length, 4, None)
             assert any(type(st).__name__ == "LazyStep" for st in program)

@@ -10,6 +10,8 @@ from .common import INPUT, StepBuilder
 
 NAME = "dissemination"
 COLLECTIVES = ("barrier",)
+LEVELS = ("flat",)
+DESCRIPTION = "barrier in ceil(log2 p) notify rounds"
 
 
 def barrier(n: int) -> list:

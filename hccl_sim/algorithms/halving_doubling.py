@@ -27,6 +27,8 @@ from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, relay_broadcast
 
 NAME = "H-D_R"
 COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce")
+LEVELS = ("flat", "level1")
+DESCRIPTION = "recursive halving-doubling with HCCL's non-power-of-two fold"
 
 
 def _real(v, rem):

@@ -21,11 +21,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import halving_doubling, mesh, nb, nhr, pairwise, ring
+from . import mesh, nhr, pairwise, registry, ring
 from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, sequence, side_by_side, tile
 
-LEVEL1 = {"ring": ring, "H-D_R": halving_doubling, "NHR": nhr, "NB": nb}
 LEVEL0 = {"fullmesh": mesh, "ring": ring}
+
+
+def _level1(name: str, collective: str):
+    """The module of a level1 algorithm (registry), checked to build `collective`."""
+    algo = registry.get(name)
+    if not algo.supports(collective, "level1"):
+        raise ValueError(f"{name} does not build level1 {collective}")   # the planner checked this
+    return algo.module
 
 
 class Servers:
@@ -86,7 +93,7 @@ def allreduce(srv: Servers, N: int, unit: int, l0: str, l1: str, oneshot=None) -
                 k, chunks, unit, INPUT, OUTPUT, OUTPUT, chunks[:-1], owner=_owner(srv, k))))
     if srv.m > 1:
         src = INPUT if srv.K == 1 else OUTPUT
-        mod = LEVEL1[l1]
+        mod = _level1(l1, "allreduce")
         kw = {"oneshot": oneshot} if mod is nhr else {}
         phases.append(_level1_chunks(srv, chunks, lambda n: mod.allreduce(srv.m, n, unit, src, OUTPUT, **kw)))
     if srv.K > 1:
@@ -112,7 +119,7 @@ def allgather(srv: Servers, unit: int, l0: str, l1: str) -> list:
                               srv.ranks[s][None, :]))
         phases.append(side_by_side(*progs))
     if srv.m > 1:
-        mod = LEVEL1[l1]
+        mod = _level1(l1, "allgather")
         ranks = np.stack([srv.group(i) for i in range(srv.K)])
         phases.append(tile(mod.allgather(srv.m, srv.start, unit, OUTPUT), ranks))
     return sequence(*phases)
@@ -123,7 +130,7 @@ def reducescatter(srv: Servers, unit: int, l0: str, l1: str) -> list:
     K, m = srv.K, srv.m
     phases = []
     if m > 1:
-        mod = LEVEL1[l1]
+        mod = _level1(l1, "reducescatter")
         ranks = np.stack([srv.group(i) for i in range(K)])
         out, out_lo = (SCRATCH, srv.start[:-1]) if K > 1 else (OUTPUT, np.zeros(m, dtype=np.int64))
         phases.append(tile(mod.reducescatter(m, srv.start, unit, INPUT, SCRATCH, out, out_lo), ranks))
@@ -152,7 +159,7 @@ def broadcast(srv: Servers, N: int, unit: int, root: int, l0: str, l1: str, ones
         phases.append(tile(mesh.scatter(k0, chunks, unit, c0, INPUT, OUTPUT, owner=_owner(srv, k0)),
                            srv.ranks[s0][None, :]))
     if srv.m > 1:
-        mod = LEVEL1[l1]
+        mod = _level1(l1, "broadcast")
         kw = {"oneshot": oneshot} if mod is nhr else {}
         src = INPUT if srv.K == 1 else OUTPUT
         phases.append(_level1_chunks(srv, chunks, lambda n: mod.broadcast(srv.m, n, unit, s0, src, OUTPUT, **kw)))
@@ -169,7 +176,7 @@ def reduce(srv: Servers, N: int, unit: int, root: int, l0: str, l1: str) -> list
         phases.append(_per_server(srv, lambda k: mesh.reducescatter(
             k, chunks, unit, INPUT, OUTPUT, OUTPUT, chunks[:-1], owner=_owner(srv, k))))
     if srv.m > 1:
-        mod = LEVEL1[l1]
+        mod = _level1(l1, "reduce")
         src = INPUT if srv.K == 1 else OUTPUT
         phases.append(_level1_chunks(srv, chunks, lambda n: mod.reduce(srv.m, n, unit, s0, src, OUTPUT)))
     if srv.K > 1:

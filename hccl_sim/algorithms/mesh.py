@@ -16,6 +16,8 @@ from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, local_copy
 
 NAME = "fullmesh"
 COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall")
+LEVELS = ("flat", "level0")
+DESCRIPTION = "every rank exchanges with all peers at once"
 
 
 def round_robin(a, b, n):

@@ -17,6 +17,8 @@ from .nhr import _add, halving_reducescatter, row_chunks
 
 NAME = "NB"
 COLLECTIVES = ("allreduce", "reducescatter", "allgather")
+LEVELS = ("flat", "level1")
+DESCRIPTION = "nonuniform Bruck: ceil(log2 p) steps, no extra volume for any p"
 
 
 def reducescatter(n: int, offs, unit: int, src=INPUT, acc=SCRATCH, out=OUTPUT, out_lo=None) -> list:

@@ -29,6 +29,8 @@ from .common import (INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, ceil_log2, loc
 
 NAME = "NHR"
 COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast")
+LEVELS = ("flat", "level1")
+DESCRIPTION = "nonuniform hierarchical ring: ceil(log2 p) steps for any p"
 ALLREDUCE_SMALL_BYTES = 256 * 1024
 BROADCAST_SMALL_BYTES = 2 * 1024 * 1024
 

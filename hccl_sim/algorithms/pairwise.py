@@ -14,6 +14,8 @@ from .common import INPUT, OUTPUT, StepBuilder
 
 NAME = "pairwise"
 COLLECTIVES = ("alltoall",)
+LEVELS = ("flat", "level1")
+DESCRIPTION = "AlltoAll in p-1 steps, one peer per step (no incast)"
 
 
 def alltoall(n: int, unit: int, src=INPUT, dst=OUTPUT, rows: int = 1, src_lo=0, dst_lo=0) -> list:

@@ -23,6 +23,8 @@ from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, bounds
 
 NAME = "pipeline"
 COLLECTIVES = ("allreduce", "reducescatter", "allgather")
+LEVELS = ("level1",)
+DESCRIPTION = "inter-server ring overlapped with intra-server mesh forwarding"
 
 
 class _Layout:

@@ -52,6 +52,9 @@ def _ring_steps(count, n, full, sizes, shift, reduce, tag):
 
 NAME = "ring"
 COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce")
+LEVELS = ("flat", "level0", "level1")
+NOT_AT = {"level1": ("broadcast",)}    # HCCL: ring does not run inter-server Broadcast (falls back to H-D_R)
+DESCRIPTION = "each rank sends to its right neighbour, receives from its left"
 
 
 def allreduce(n: int, N: int, unit: int, src=INPUT, dst=OUTPUT) -> list:

@@ -19,10 +19,11 @@ from hcomm.transport import InProcessTransport
 from topologies.errors import HcclError
 
 
-from ..communicator import Communicator, make_scratch
+from ..communicator import Communicator
 from ..dataplane import move_share
 from ..device import Runtime
-from ..planner import COLLECTIVE_NAMES, check_signatures, make_plan
+from .. import collectives as colls
+from ..planner import check_signatures, make_plan
 
 _POLL_S = 0.05
 _SWITCH_INTERVAL_S = 50e-6
@@ -66,7 +67,7 @@ class LocalGroup:
         each sender's arrays in place) before releasing the others: one hand-off per rank per
         op instead of several per schedule step.
         """
-        opname = COLLECTIVE_NAMES.get(sig.name, sig.name)
+        opname = colls.of(sig.name).method
         deadline = None if not self.config.wait_timeout_s else time.monotonic() + self.config.wait_timeout_s
         with self._cond:
             slot = self._slots.get(seq)
@@ -120,13 +121,14 @@ class LocalGroup:
         slot.data = None
 
     def _move_all(self, slot):
-        plan, sig, p = slot.plan, slot.plan.signature, self.size
-        if sig.name == "barrier":
+        plan, p = slot.plan, self.size
+        coll = plan.collective
+        if not coll.carries_data:
             return
         x0 = slot.data[0][0]
         redop = slot.data[0][2]
-        buffers = [(x, out, make_scratch(sig, plan, x, p)) for x, out, _ in slot.data]
-        nbytes = x0.nbytes * (p if sig.name == "allgather" else 1) * p
+        buffers = [(x, out, coll.scratch(p, plan.loops, x.dtype)) for x, out, _ in slot.data]
+        nbytes = coll.op_bytes(x0.size, p, x0.itemsize) * p
         parts = min(self._workers, max(1, nbytes // _PARALLEL_MIN_BYTES))
         if parts == 1:
             move_share(plan, buffers, redop)

@@ -37,10 +37,11 @@ from hcomm import shm
 from hcomm.transport import STALL_S
 from topologies.errors import HcclError
 
-from ..communicator import Communicator, make_scratch
+from ..communicator import Communicator
 from ..dataplane import move_share
 from ..device import Runtime
-from ..planner import COLLECTIVE_NAMES, check_signatures, loops_for, make_plan
+from .. import collectives as colls
+from ..planner import check_signatures, make_plan, op_loops
 from ..types import ReduceOp
 
 INLINE_BYTES = 64 << 10        # ops this small travel through the hub
@@ -167,7 +168,7 @@ class Hub(threading.Thread):
             _, seq = msg[:2]
             slot = self.colls.setdefault(seq, {"msgs": {}, "done": set()})
             slot["msgs"][rank] = msg
-            self.waiting[rank] = f"{COLLECTIVE_NAMES.get(msg[2].name, msg[2].name)} (collective #{seq})"
+            self.waiting[rank] = f"{colls.of(msg[2].name).method} (collective #{seq})"
             if self.failure is not None:
                 self._send(rank, ("abort", "E_REMOTE", f"rank {self.failure[0]} failed: {self.failure[1]}"))
             elif len(slot["msgs"]) == self.size:
@@ -196,7 +197,7 @@ class Hub(threading.Thread):
         gone = [r for r in self.exited if r not in slot["msgs"]]
         if gone:
             sig = next(iter(slot["msgs"].values()))[2]
-            opname = COLLECTIVE_NAMES.get(sig.name, sig.name)
+            opname = colls.of(sig.name).method
             for r in slot["msgs"]:
                 self._send(r, ("error", "E_PARA", f"rank {gone[0]} returned without calling {opname} (collective "
                                                   f"#{seq}): ranks made different sequences of collective calls"))
@@ -232,7 +233,7 @@ class Hub(threading.Thread):
                     continue
                 data, dt, shape, out_shape = raw
                 x = np.frombuffer(data, dtype=dt).reshape(shape)
-                buffers.append((x, np.empty(out_shape, dtype=dt), make_scratch(sig, plan, x, p)))
+                buffers.append((x, np.empty(out_shape, dtype=dt), plan.collective.scratch(p, plan.loops, x.dtype)))
             move_share(plan, buffers, None if redop is None else ReduceOp(redop))
             info = (plan.algo, plan.nbytes, [base + e for e in plan.exits])
             for r in range(p):
@@ -273,7 +274,7 @@ class Hub(threading.Thread):
         buffers = []
         for x, m in zip(inputs, msgs):
             out = None if x is None else np.empty(m[6][1], dtype=x.dtype)
-            buffers.append((x, out, make_scratch(sig, plan, x, p)))
+            buffers.append((x, out, None if x is None else plan.collective.scratch(p, plan.loops, x.dtype)))
         move_share(plan, buffers, None if redop is None else ReduceOp(redop))
         with self.objects:
             for r in range(p):
@@ -394,7 +395,7 @@ class RemoteGroup:
 
     def rendezvous(self, rank, seq, sig, clock, itemsize, data):
         x, out, redop = data
-        opname = COLLECTIVE_NAMES.get(sig.name, sig.name)
+        opname = colls.of(sig.name).method
         nbytes = 0 if x is None else x.nbytes + out.nbytes
         red = None if redop is None else redop.value
         if self.data_plane == "object" and nbytes > INLINE_BYTES:
@@ -426,9 +427,8 @@ class RemoteGroup:
         if out_name is None:
             out_name, oview = self.owned.array("output", out.shape, out.dtype)
         sc_name, sc_shape = None, None
-        if sig.name in ("reducescatter", "alltoall"):
-            loops = loops_for(sig, p, itemsize, self.config.buffsize_bytes)
-            sc_shape = (p, loops[-1][1])
+        sc_shape = colls.of(sig.name).scratch_shape(p, op_loops(sig, p, itemsize, self.config))
+        if sc_shape is not None:
             sc_name, _ = self.owned.array("scratch", sc_shape, x.dtype)
         desc = (in_name, x.shape, out_name, out.shape, sc_name, sc_shape, x.dtype.str)
         self.conn.send(("coll", seq, sig, clock, itemsize, red, ("shm", desc)))

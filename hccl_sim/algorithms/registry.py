@@ -1,0 +1,57 @@
+"""The algorithm registry: every algorithm by its HCCL name, with what it can run and where.
+
+One entry per algorithm module (each module declares NAME, DESCRIPTION, COLLECTIVES and LEVELS
+next to its builders, and NOT_AT where HCCL does not run a collective it builds at some level). Levels: "flat" (over all ranks of a synthetic topology), "level0" (inside
+a server), "level1" (among the same-index cards of all servers; pipeline spans both levels).
+Selection policies (hccl_sim.selection) and the planner read this table; nothing else lists
+algorithms. Adding an algorithm is its module plus one line in MODULES.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+from topologies.errors import HcclError
+
+from . import dissemination, halving_doubling, mesh, nb, nhr, pairwise, pipeline, ring, star
+
+MODULES = (ring, halving_doubling, nhr, nb, mesh, pairwise, pipeline, star, dissemination)
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str                 # HCCL's token or log name: "ring", "H-D_R", "NHR", ...
+    module: ModuleType        # its builders: one function per collective it supports
+    description: str
+    collectives: tuple
+    levels: tuple
+    not_at: dict              # level -> collectives the module builds but HCCL does not run there
+
+    def supports(self, collective: str, level: str = "flat") -> bool:
+        return (collective in self.collectives and level in self.levels
+                and collective not in self.not_at.get(level, ()))
+
+
+ALGORITHMS = {m.NAME: Algorithm(m.NAME, m, m.DESCRIPTION, tuple(m.COLLECTIVES), tuple(m.LEVELS),
+                                dict(getattr(m, "NOT_AT", {}))) for m in MODULES}
+
+
+def get(name: str) -> Algorithm:
+    algo = ALGORITHMS.get(name)
+    if algo is None:
+        raise HcclError("E_PARA", f"unknown algorithm {name!r}; known: {', '.join(ALGORITHMS)}")
+    return algo
+
+
+def supporting(collective: str, level: str = "flat") -> list:
+    """Names of the algorithms that run `collective` at `level`, in registry order."""
+    return [a.name for a in ALGORITHMS.values() if a.supports(collective, level)]
+
+
+def supports(name: str, collective: str, level: str = "flat") -> bool:
+    algo = ALGORITHMS.get(name)
+    return algo is not None and algo.supports(collective, level)
+
+
+def module(name: str) -> ModuleType:
+    return get(name).module

@@ -1,0 +1,327 @@
+"""The collective registry: what each collective *is*, in one class per collective.
+
+Everything about a collective that is not an algorithm lives here, and every other part reads it
+(the Communicator, the planner, the data planes of every engine, bench, verifiable inputs, the
+tests): its names (HCCL/nccl-tests spelling and the Communicator method), the shape of its result,
+how its buffers are laid out for a schedule (whole vectors, or rows of rank blocks), the CCL-buffer
+loops of op-base mode, the scratch area a schedule may use, the bytes staged in and out of the CCL
+buffer, nccl-tests' size and bus-bandwidth factor, and a numpy reference result. Adding Gather,
+Scatter or a V variant is one class here plus the algorithms that build it (cf. msccl-tools'
+`Collective`, nccl-tests' `testColl`).
+
+Layouts: a *vector* collective (AllReduce, Broadcast, Reduce) schedules elements of one vector;
+a *block* collective (AllGather, ReduceScatter, AlltoAll) schedules p rank blocks, and a loop takes
+the same element range [a, b) of every block.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from topologies.errors import HcclError
+
+from .types import ReduceOp
+
+# An op whose per-rank buffer is larger than this cannot be priced in int64 nanoseconds at the
+# slowest link rates (2^56 B at 20 GB/s is ~3.6e18 ns, near int64's 9.2e18); real HCCL counts are
+# uint64, so this is an emulator limit, stated in the error.
+MAX_OP_BYTES = 1 << 56
+
+
+@dataclass(frozen=True)
+class Loops:
+    """The CCL-buffer loops of an op: `per` elements (per block for block collectives) processed
+    `cap` at a time. Kept in closed form, so a 2^50-byte op is two numbers, not millions of ranges."""
+    per: int
+    cap: int
+
+    def __len__(self) -> int:
+        return -(-self.per // self.cap) if self.per else 0
+
+    @property
+    def full(self) -> int:
+        """How many loops hold exactly `cap` elements."""
+        return self.per // self.cap
+
+    @property
+    def tail(self) -> int:
+        """Elements of the last, partial loop (0 when every loop is full)."""
+        return self.per % self.cap
+
+    @property
+    def extent(self) -> int:
+        """Elements of the largest loop (what a scratch area must hold)."""
+        return min(self.per, self.cap)
+
+    def __iter__(self):
+        for a in range(0, self.per, self.cap):
+            yield a, min(a + self.cap, self.per)
+
+    def __getitem__(self, i: int):
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(i)
+        a = i * self.cap
+        return a, min(a + self.cap, self.per)
+
+
+class Collective:
+    """Base of every collective. Subclasses set the class attributes and override what differs."""
+    name: str = ""              # HCCL / nccl-tests name: "allreduce"
+    method: str = ""            # the Communicator method: "all_reduce"
+    block: bool = False         # schedules rank blocks (True) or one vector (False)
+    reducing: bool = False      # takes a reduce op
+    rooted: bool = False        # takes a root
+    min_ndim: int = 0           # inputs need at least this many dimensions
+    divisible: bool = False     # input's first dimension must be divisible by the rank count
+    has_scratch: bool = False   # its schedules use the communicator's scratch area
+    carries_data: bool = True
+
+    def __repr__(self):
+        return f"<collective {self.name}>"
+
+    # ---- calls -------------------------------------------------------------------------------
+    def check_input(self, shape: tuple, p: int) -> Optional[str]:
+        """None if an input of `shape` is valid on p ranks, else what is wrong."""
+        if len(shape) < self.min_ndim:
+            return f"input must have at least {self.min_ndim} dimension(s), got shape {shape}"
+        if self.divisible and shape[0] % p:
+            return (f"input's first dimension ({shape[0]}) must be divisible by the number of ranks ({p})")
+        return None
+
+    def output_shape(self, shape: tuple, p: int) -> tuple:
+        return tuple(shape)
+
+    def result(self, out, rank: int, root: Optional[int]):
+        """What the call returns on `rank`."""
+        return out
+
+    # ---- sizes -------------------------------------------------------------------------------
+    def op_bytes(self, count: int, p: int, itemsize: int) -> int:
+        """The op's size as nccl-tests counts it, for a per-rank input of `count` elements."""
+        return count * itemsize
+
+    def count_for_bytes(self, nbytes: int, p: int, itemsize: int) -> int:
+        """nccl-tests' element count of the op's buffer for a size in bytes (block ops round to p)."""
+        count = nbytes // itemsize
+        return count - count % p if self.block else count
+
+    def input_shape_for_bytes(self, nbytes: int, p: int, itemsize: int) -> tuple:
+        """Each rank's input shape for an op of `nbytes` (nccl-tests sizing)."""
+        return (self.count_for_bytes(nbytes, p, itemsize),)
+
+    def busbw_factor(self, p: int) -> float:
+        """nccl-tests' bus-bandwidth factor (PERFORMANCE.md)."""
+        return 1.0
+
+    # ---- layout of a schedule's buffers ----------------------------------------------------------
+    def loops(self, count: int, p: int, itemsize: int, buffsize: int) -> Loops:
+        """op-base mode: data larger than the CCL buffer is processed in buffer-sized loops."""
+        if self.block:
+            per = count if self.name == "allgather" else count // p
+            return Loops(per, max(1, buffsize // (p * itemsize)))
+        return Loops(count, max(1, buffsize // itemsize))
+
+    def loop_length(self, a: int, b: int) -> int:
+        """The `length` a program of one loop is built for (elements, or per-block elements)."""
+        return b - a
+
+    def program_unit(self, length: int, itemsize: int) -> int:
+        """Bytes of one schedule unit: an element (vector ops) or a loop's block (block ops)."""
+        return length * itemsize if self.block else itemsize
+
+    def scratch(self, p: int, loops: Loops, dtype) -> Optional[np.ndarray]:
+        """The communicator-buffer area a schedule may use; each loop has columns of its own, so
+        workers sharing an op never race across loops."""
+        if not self.has_scratch or not len(loops):
+            return None
+        return np.empty((p, loops.per), dtype=dtype)
+
+    def scratch_shape(self, p: int, loops: Loops):
+        return (p, loops.per) if self.has_scratch and len(loops) else None
+
+    def views(self, p: int, x, out, scratch, a: int, b: int) -> dict:
+        """The named buffers one loop's schedule addresses (views of the user's arrays)."""
+        return {"input": x.reshape(-1)[a:b], "output": out.reshape(-1)[a:b]}
+
+    def stage_bytes(self, p: int, length: int, itemsize: int, root: int):
+        """Bytes every rank copies user -> CCL buffer and CCL buffer -> user around one loop."""
+        vec = np.full(p, length * itemsize, dtype=np.int64)
+        return vec, vec.copy()
+
+    # ---- reference -------------------------------------------------------------------------------
+    def reference(self, inputs: list, redop: Optional[ReduceOp] = None, root: int = 0) -> list:
+        """Every rank's expected result from every rank's input (numpy, in rank order)."""
+        raise NotImplementedError(self.name)
+
+
+def _reduce_all(inputs, redop):
+    from .types import reducer
+    acc = np.array(inputs[0], copy=True)
+    fn = reducer(redop or ReduceOp.SUM)
+    for x in inputs[1:]:
+        fn(x, acc, acc)
+    return acc
+
+
+class AllReduce(Collective):
+    name, method, reducing = "allreduce", "all_reduce", True
+
+    def busbw_factor(self, p):
+        return 2 * (p - 1) / p
+
+    def reference(self, inputs, redop=None, root=0):
+        total = _reduce_all(inputs, redop)
+        return [total.copy() for _ in inputs]
+
+
+class Broadcast(Collective):
+    name, method, rooted = "broadcast", "broadcast", True
+
+    def stage_bytes(self, p, length, itemsize, root):
+        return super().stage_bytes(p, length, itemsize, root)
+
+    def reference(self, inputs, redop=None, root=0):
+        return [np.array(inputs[root], copy=True) for _ in inputs]
+
+
+class Reduce(Collective):
+    name, method, reducing, rooted = "reduce", "reduce", True, True
+
+    def result(self, out, rank, root):
+        return out if rank == root else None
+
+    def stage_bytes(self, p, length, itemsize, root):
+        ins, outs = super().stage_bytes(p, length, itemsize, root)
+        outs[:] = 0
+        outs[root] = length * itemsize
+        return ins, outs
+
+    def reference(self, inputs, redop=None, root=0):
+        total = _reduce_all(inputs, redop)
+        return [total if r == root else None for r in range(len(inputs))]
+
+
+class AllGather(Collective):
+    name, method, block, min_ndim = "allgather", "all_gather", True, 1
+
+    def output_shape(self, shape, p):
+        return (p * shape[0],) + tuple(shape[1:])
+
+    def op_bytes(self, count, p, itemsize):
+        return count * itemsize * p          # nccl-tests: the whole gathered output
+
+    def input_shape_for_bytes(self, nbytes, p, itemsize):
+        return (self.count_for_bytes(nbytes, p, itemsize) // p,)
+
+    def busbw_factor(self, p):
+        return (p - 1) / p
+
+    def views(self, p, x, out, scratch, a, b):
+        return {"input": x.reshape(-1)[a:b].reshape(1, -1), "output": out.reshape(p, -1)[:, a:b]}
+
+    def stage_bytes(self, p, length, itemsize, root):
+        ins, outs = super().stage_bytes(p, length, itemsize, root)
+        return ins, outs * p
+
+    def reference(self, inputs, redop=None, root=0):
+        total = np.concatenate(inputs, axis=0)
+        return [total.copy() for _ in inputs]
+
+
+class ReduceScatter(Collective):
+    name, method, block, reducing = "reducescatter", "reduce_scatter", True, True
+    min_ndim, divisible, has_scratch = 1, True, True
+
+    def output_shape(self, shape, p):
+        return (shape[0] // p,) + tuple(shape[1:])
+
+    def busbw_factor(self, p):
+        return (p - 1) / p
+
+    def views(self, p, x, out, scratch, a, b):
+        return {"input": x.reshape(p, -1)[:, a:b], "output": out.reshape(-1)[a:b].reshape(1, -1),
+                "scratch": scratch[:, a:b]}
+
+    def stage_bytes(self, p, length, itemsize, root):
+        ins, outs = super().stage_bytes(p, length, itemsize, root)
+        return ins * p, outs
+
+    def reference(self, inputs, redop=None, root=0):
+        total = _reduce_all(inputs, redop)
+        return list(np.split(total, len(inputs), axis=0))
+
+
+class AllToAll(Collective):
+    name, method, block = "alltoall", "all_to_all", True
+    min_ndim, divisible, has_scratch = 1, True, True
+
+    def busbw_factor(self, p):
+        return (p - 1) / p
+
+    def views(self, p, x, out, scratch, a, b):
+        return {"input": x.reshape(p, -1)[:, a:b], "output": out.reshape(p, -1)[:, a:b], "scratch": scratch[:, a:b]}
+
+    def stage_bytes(self, p, length, itemsize, root):
+        ins, outs = super().stage_bytes(p, length, itemsize, root)
+        return ins * p, outs * p
+
+    def reference(self, inputs, redop=None, root=0):
+        p = len(inputs)
+        blocks = [np.split(x, p, axis=0) for x in inputs]
+        return [np.concatenate([blocks[src][dst] for src in range(p)], axis=0) for dst in range(p)]
+
+
+class Barrier(Collective):
+    """No data: every rank leaves once all have arrived."""
+    name, method, carries_data = "barrier", "barrier", False
+
+    def loops(self, count, p, itemsize, buffsize):
+        return Loops(1, 1)          # one (empty) program
+
+    def stage_bytes(self, p, length, itemsize, root):
+        zero = np.zeros(p, dtype=np.int64)
+        return zero, zero.copy()
+
+    def reference(self, inputs, redop=None, root=0):
+        return [None for _ in inputs]
+
+
+COLLECTIVES = {c.name: c for c in (AllReduce(), AllGather(), ReduceScatter(), Broadcast(), Reduce(), AllToAll(),
+                                   Barrier())}
+"""name -> Collective, in nccl-tests' order; `barrier` last (it carries no data)."""
+DATA_COLLECTIVES = tuple(n for n, c in COLLECTIVES.items() if c.carries_data)
+BLOCK = tuple(n for n, c in COLLECTIVES.items() if c.block)
+VECTOR = tuple(n for n, c in COLLECTIVES.items() if c.carries_data and not c.block)
+_ALIASES = {c.method: c.name for c in COLLECTIVES.values()}
+_ALIASES.update({"bcast": "broadcast", "all-reduce": "allreduce", "all-gather": "allgather",
+                 "reduce-scatter": "reducescatter", "all-to-all": "alltoall", "all_to_all": "alltoall"})
+
+
+def get(name) -> Collective:
+    """The collective called `name` (HCCL spelling, Communicator method name, or a common alias)."""
+    key = name.lower() if isinstance(name, str) else None
+    c = COLLECTIVES.get(_ALIASES.get(key, key)) if key is not None else None
+    if c is None or not c.carries_data:
+        raise HcclError("E_PARA", f"unknown collective {name!r}; expected one of {', '.join(DATA_COLLECTIVES)}")
+    return c
+
+
+def of(name: str) -> Collective:
+    """The collective of an internal (already canonical) name, barrier included."""
+    return COLLECTIVES[name]
+
+
+def check_op_bytes(nbytes: int, what: str = "op") -> None:
+    if nbytes > MAX_OP_BYTES:
+        raise HcclError("E_PARA", f"{what} of {nbytes} bytes per rank is larger than this emulator can price "
+                        f"(at most 2^56 = {MAX_OP_BYTES} bytes: beyond that simulated nanoseconds overflow int64)")
+
+
+def prod(shape) -> int:
+    return math.prod(shape)

@@ -1,0 +1,136 @@
+"""Algorithm selection, apart from how algorithms are built (SimGrid SMPI's split).
+
+`select` decides what runs for one collective call: the flat algorithm (synthetic topologies), or
+HCCL's level0 and level1 (hardware presets). An explicit choice (the `algo=` argument, else
+HCCL_ALGO's level1 token) runs as asked, or by one of HCCL's documented fallbacks, which is then
+named in the label (`last_op.algo`) and logged; anything else is an HcclError naming what the
+collective and topology support (`hccl.resolve_explicit`). Without one, the policy decides:
+`hccl` (HCCL's own rules, selection/hccl.py) or `model` (the fastest by this emulator's timing
+model, selection/model.py).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, NamedTuple, Optional
+
+from topologies.errors import HcclError
+
+from ..algo_config import ALGO_TOKENS, parse_hccl_algo
+from ..algorithms import registry
+from . import hccl, model
+
+log = logging.getLogger("hccl_sim.selection")
+
+POLICIES = {"hccl": hccl.choose, "model": model.choose}
+_ALIASES = {"hd": "H-D_R", "h-d": "H-D_R", "rhd": "H-D_R", "h-d_r": "H-D_R", "nhr": "NHR", "nb": "NB",
+            "mesh": "fullmesh", "ring": "ring", "star": "star", "pipeline": "pipeline", "pairwise": "pairwise",
+            "fullmesh": "fullmesh"}
+
+
+class Choice(NamedTuple):
+    """What runs: one flat algorithm, or level0 + level1 of the hierarchy, and why if not as asked."""
+    flat: bool
+    level0: Optional[str]
+    level1: Optional[str]
+    note: Optional[str] = None
+
+    @property
+    def structure(self) -> tuple:
+        """What the program depends on (the note does not change a single step)."""
+        return (self.flat, self.level0, self.level1)
+
+    @property
+    def label(self) -> str:
+        if self.flat:
+            text = self.level1
+        elif self.level1 is None:
+            text = f"level0:{self.level0}"
+        elif self.level0 is None:
+            text = f"level1:{self.level1}"
+        else:
+            text = f"level0:{self.level0};level1:{self.level1}"
+        return text if self.note is None else f"{text} ({self.note})"
+
+
+@dataclass
+class Context:
+    """One call to select for: the call, where it runs, and how to price a candidate."""
+    name: str                      # canonical collective name
+    signature: object              # planner.Signature
+    topo: object
+    config: object
+    itemsize: int
+    servers: object                # algorithms.hierarchy.Servers
+    price: Callable                # Choice -> makespan in ns on this emulator's timing model
+    cache: dict                    # the cost model's cache for policy decisions
+
+    @property
+    def flat(self) -> bool:
+        return self.topo.device == "synthetic"
+
+
+def requested_token(name: str, algo, config) -> Optional[str]:
+    """The level1 token asked for by `algo=` (a token or a whole HCCL_ALGO string) or HCCL_ALGO."""
+    if algo is not None:
+        if not isinstance(algo, str):
+            raise HcclError("E_PARA", f"algo must be a string, got {type(algo).__name__}")
+        if ":" in algo:
+            return parse_hccl_algo(algo, source="algo").levels_for(name).get("level1")
+        token = algo if algo in ALGO_TOKENS or algo in registry.ALGORITHMS else _ALIASES.get(algo.lower())
+        if token is None:
+            known = sorted(set(ALGO_TOKENS) | set(registry.ALGORITHMS))
+            raise HcclError("E_PARA", f"unknown algorithm {algo!r}; expected an HCCL token or algorithm "
+                            f"({', '.join(known)}) or an HCCL_ALGO string")
+        return token
+    return config.algo.levels_for(name).get("level1")
+
+
+_logged = set()
+
+
+def _log_note(name, token, choice):
+    key = (name, token, choice.note)
+    if key not in _logged:
+        _logged.add(key)
+        log.warning("%s: %s", name, choice.label)
+
+
+def select(ctx: Context) -> Choice:
+    name = ctx.name
+    if name == "barrier":
+        return Choice(True, None, "dissemination")
+    token = requested_token(name, ctx.signature.algo, ctx.config)
+    if token in ("NA", "null"):
+        token = None
+    policy = POLICIES[ctx.config.policy]
+    srv = ctx.servers
+    if ctx.flat:
+        if token is not None:
+            algo, note = hccl.resolve_explicit(name, token, ctx, level="flat")
+            if algo is not None:
+                return _noted(name, token, Choice(True, None, algo, note))
+            return _noted(name, token, Choice(True, None, policy(ctx, True, None), note))
+        return Choice(True, None, policy(ctx, True, None))
+    l0 = hccl.level0_for(ctx.topo, srv)
+    if not srv.equal and name in ("reducescatter", "alltoall"):
+        algo = "pairwise" if name == "alltoall" else "ring"
+        note = None if token in (None, algo) else f"unequal servers: HCCL runs {name} flat with {algo}"
+        return _noted(name, token, Choice(True, None, algo, note))
+    if srv.m == 1:
+        note = None if token is None else f"one server: no level1, {token} not used"
+        return _noted(name, token, Choice(False, l0, None, note))
+    if srv.K == 1:
+        l0 = None
+    note = None
+    if token is not None:
+        algo, note = hccl.resolve_explicit(name, token, ctx, level="level1")
+        if algo is not None:
+            return _noted(name, token, Choice(False, l0, algo, note))
+    return _noted(name, token, Choice(False, l0, policy(ctx, False, l0), note))
+
+
+def _noted(name, token, choice):
+    if choice.note is not None:
+        _log_note(name, token, choice)
+    return choice

@@ -1,0 +1,113 @@
+"""The cost model: one object per (topology content, link state) that prices every transfer and
+owns every cache built from prices.
+
+Everything that turns a schedule into simulated time goes through a CostModel: the vectorised
+engine (hcomm.vtiming), the event-driven reference (hcomm.timing), the planner's program and
+timing caches, the selection policies' decisions, and point-to-point send/recv. Keys are content:
+a CostModel is found by the topology's fingerprint (two equal topologies share one), and every
+cache it owns lives and dies with it, so a different link state (the fault schedules of the
+faults issue) is a different CostModel whose caches start empty — no stale fault-free price can
+be served for a faulty link. Today every link is as the topology built it: `link_state` is the
+empty tuple and `version` 0; a fault plan will supply the timed link changes.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+
+import numpy as np
+
+_MODELS_KEPT = 16          # cost models kept alive for topologies no longer referenced elsewhere
+_CACHE_LIMIT = 4096        # entries per cache before it is emptied (programs can be large)
+
+
+def fingerprint(topo) -> str:
+    """A digest of everything about a topology that prices a transfer (computed once per object)."""
+    got = getattr(topo, "_fingerprint", None)
+    if got is not None:
+        return got
+    h = hashlib.sha1()
+    h.update(repr((topo.name, topo.device, topo.device_model)).encode())
+    h.update(np.asarray(topo.server_of, dtype=np.int64).tobytes())
+    h.update(np.asarray(topo.device_of, dtype=np.int64).tobytes())
+    params = {k: v for k, v in topo.params.items() if k != "router"}
+    h.update(repr(sorted(params.items(), key=lambda kv: kv[0])).encode())
+    router = topo.params.get("router")
+    if router is not None:
+        h.update(repr(sorted((k, repr(v)) for k, v in vars(router).items() if not isinstance(v, np.ndarray))).encode())
+    else:
+        for a, b, data in sorted(topo.graph.edges(data=True), key=lambda e: (str(e[0]), str(e[1]))):
+            h.update(repr((a, b, data["kind"], data["bandwidth"], data["latency_ns"], sorted(data["ports"].items(),
+                                                                                            key=str))).encode())
+    topo._fingerprint = h.hexdigest()
+    return topo._fingerprint
+
+
+class CostModel:
+    """Prices transfers, copies, reductions and notifies on one topology in one link state."""
+
+    def __init__(self, topo, link_state: tuple = ()):
+        self.topology = topo
+        self.device_model = topo.device_model
+        self.server_of = topo.server_of
+        self.num_ranks = topo.num_ranks
+        self.link_state = link_state
+        self.version = 0
+        self.key = (fingerprint(topo), link_state)
+        self._caches = {}
+
+    _shared: "OrderedDict[tuple, CostModel]" = OrderedDict()
+
+    @classmethod
+    def of(cls, topo, link_state: tuple = ()) -> "CostModel":
+        """The cost model of `topo` in `link_state`, shared by every equal topology."""
+        key = (fingerprint(topo), link_state)
+        model = cls._shared.get(key)
+        if model is None:
+            model = cls._shared[key] = cls(topo, link_state)
+            while len(cls._shared) > _MODELS_KEPT:
+                cls._shared.popitem(last=False)
+        else:
+            cls._shared.move_to_end(key)
+        return model
+
+    def cache(self, name: str) -> dict:
+        """The cache called `name` (programs, timings, vtiming, selection, ...), owned by this model.
+
+        Callers key entries by content; a cache that grows past its limit is emptied."""
+        c = self._caches.get(name)
+        if c is None or len(c) > _CACHE_LIMIT:
+            c = self._caches[name] = {}
+        return c
+
+    # ---- prices -----------------------------------------------------------------------------------
+    def route(self, src: int, dst: int):
+        return self.topology.route(src, dst)
+
+    def route_arrays(self, src, dst):
+        return self.topology.route_arrays(src, dst)
+
+    def notify_ns(self, src: int, dst: int) -> int:
+        return self.topology.notify_ns(src, dst)
+
+    def notify_arrays(self, src, dst):
+        return self.topology.notify_arrays(src, dst)
+
+    def p2p_ns(self, src: int, dst: int, nbytes: int, send_clock: int, recv_clock: int) -> tuple:
+        """(receiver's exit, sender's exit) clocks of one send/recv pair, priced as a one-transfer
+        step: the transfer starts once both sides have posted and the sender's notify has arrived
+        (HCCL's record/wait), crosses the route (latency + bytes / bottleneck bandwidth), and the
+        sender learns it was consumed one notify later; staged through the CCL buffer on presets
+        that stage (a local copy on each side)."""
+        dm = self.device_model
+        stage = dm.copy_ns(nbytes) if dm.staging and nbytes else 0
+        ready = max(send_clock + stage, recv_clock) + self.notify_ns(src, dst)
+        arrive = ready + self.route(src, dst).cost_ns(nbytes)
+        return arrive + stage, arrive + self.notify_ns(dst, src)
+
+
+def as_cost(cost_or_topology) -> CostModel:
+    """A CostModel as given, or the shared one of a Topology."""
+    if isinstance(cost_or_topology, CostModel):
+        return cost_or_topology
+    return CostModel.of(cost_or_topology)
