@@ -12,15 +12,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hcomm.executor import execute
 from topologies.errors import HcclError
 
 from hcomm.cost import as_cost
 
 from . import collectives as colls
-from .planner import Signature, program_rank_steps
+from .engines.base import Call, RankBuffers
+from .planner import Signature
 from .device import Device, DeviceArray, Work
-from .types import ReduceOp, dtype_name, parse_reduce_op, reducer
+from .types import dtype_name, parse_reduce_op
 
 COLLECTIVE_TAG = "coll"
 
@@ -99,9 +99,8 @@ class Communicator:
 
     # collectives ----------------------------------------------------------------------------------
     def _empty(self, shape, dtype):
-        """A result array, from the engine when it keeps results where peers can write them."""
-        make = getattr(self._group, "result_array", None)
-        return np.empty(shape, dtype=dtype) if make is None else make(shape, dtype)
+        """A result array from the engine (which may keep results where peers can write them)."""
+        return self._group.result_array(shape, dtype)
 
     def _call(self, name, x, op=None, root=None, algo=None, stream=None):
         """Check one collective call locally, then run it (collectives.py says what each one is)."""
@@ -172,7 +171,10 @@ class Communicator:
 
     # the common path -------------------------------------------------------------------------------
     def _collective(self, sig: Signature, x, out, redop, stream, result):
-        """Run a collective; with `stream`, it enters at the stream's time and returns a Work."""
+        """Run a collective; with `stream`, it enters at the stream's time and returns a Work.
+
+        The engine contract (engines/base.py): a rendezvous that yields the plan, then the
+        execution that moves this rank's data."""
         seq = self._seq
         self._seq += 1
         itemsize = x.dtype.itemsize if x is not None else 1
@@ -182,9 +184,8 @@ class Communicator:
         if queue.device is not dev:
             raise HcclError("E_PARA", "stream belongs to another device", rank=self.rank, op=opname)
         entry = max(queue.tail, dev.clock)
-        plan, moved = self._group.rendezvous(self.rank, seq, sig, entry, itemsize, (x, out, redop))
-        if not moved:
-            self._move_data(plan, sig, x, out, redop)
+        plan = self._group.rendezvous(self.rank, Call(seq, sig, entry, itemsize))
+        self._group.execute(self.rank, seq, plan, RankBuffers(x, out, None), redop)
         end = plan.exits[self.rank]
         queue.tail = end
         queue.tasks.append((opname, entry, end))
@@ -195,24 +196,4 @@ class Communicator:
         dev.clock = max(dev.clock, end)
         return result
 
-    def _move_data(self, plan, sig, x, out, redop):
-        """Execute this rank's schedule over the transport (engines whose ranks run apart)."""
-        rank, tr = self.rank, self._transport
-        reduce_fn = reducer(redop) if redop is not None else None
-        deadline = tr.deadline()
-        coll = plan.collective
-        if not coll.carries_data:
-            tr.register(rank, "input", _EMPTY)
-            for _, program in plan.loop_programs():
-                execute(program_rank_steps(program, self.size)[rank], rank, tr, COLLECTIVE_TAG, None, deadline,
-                        coll.method)
-            return
-        scratch = coll.scratch(self.size, plan.loops, x.dtype)
-        for (a, b), program in plan.loop_programs():
-            for name, view in coll.views(self.size, x, out, scratch, a, b).items():
-                tr.register(rank, name, view)
-            execute(program_rank_steps(program, self.size)[rank], rank, tr, COLLECTIVE_TAG, reduce_fn, deadline,
-                    coll.method)
 
-
-_EMPTY = np.empty(0, dtype=np.uint8)

@@ -27,7 +27,8 @@ def ray_instance():
         # rank actors unpickle functions defined in these test modules by reference
         here = os.path.dirname(os.path.abspath(__file__))
         path = os.environ.get("PYTHONPATH", "")
-        ray.init(include_dashboard=False, log_to_driver=False, num_cpus=2,
+        # address="local": a Ray of this session's own, even when a `ray start` cluster runs here
+        ray.init(address="local", include_dashboard=False, log_to_driver=False, num_cpus=2,
                  runtime_env={"env_vars": {"PYTHONPATH": here + (os.pathsep + path if path else "")}})
     yield ray
     if started:

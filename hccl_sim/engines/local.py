@@ -13,17 +13,17 @@ import sys
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-import time
+
+import numpy as np
 
 from hcomm.transport import InProcessTransport
 from topologies.errors import HcclError
 
 
 from ..communicator import Communicator
-from ..dataplane import move_share
 from ..device import Runtime
-from .. import collectives as colls
-from ..planner import check_signatures, make_plan
+from . import executors
+from . import rendezvous as rdv
 
 _POLL_S = 0.05
 _SWITCH_INTERVAL_S = 50e-6
@@ -31,19 +31,25 @@ _PARALLEL_MIN_BYTES = 4 << 20   # below this an op's data moves on one thread
 
 
 class _Slot:
-    __slots__ = ("signatures", "clocks", "data", "arrived", "taken", "done", "plan", "error")
+    """One phase (rendezvous or execution) of one collective, as the ranks meet in it."""
+    __slots__ = ("items", "arrived", "taken", "done", "plan", "error")
 
     def __init__(self, p):
-        self.signatures = [None] * p
-        self.clocks = [None] * p
-        self.data = [None] * p
+        self.items = [None] * p           # every rank's Call (rendezvous) or RankBuffers (execution)
         self.arrived = self.taken = 0
         self.done = False
         self.plan = self.error = None
 
 
 class LocalGroup:
-    """Rendezvous and transport shared by the threads of one local run."""
+    """The engine contract (engines/base.py) for the threads of one local run.
+
+    The rendezvous carries no data: the last rank to arrive plans the op once for all. Execution
+    is the central data program: ranks register their buffers, and the last to arrive moves
+    every rank's data (reading each sender's arrays in place, on a worker pool for large ops)
+    before releasing the others: one hand-off per rank per phase instead of several per schedule
+    step. With dataplane="threads" each rank runs its own schedule over the in-process transport
+    instead (the per-rank executor)."""
 
     def __init__(self, topo, config, dataplane: str = "central"):
         if dataplane not in ("central", "threads"):
@@ -54,89 +60,91 @@ class LocalGroup:
         self.size = topo.num_ranks
         self.transport = InProcessTransport(self.size, config.wait_timeout_s)
         self._cond = threading.Condition()
-        self._slots = {}
+        self._slots = {}                  # (phase, seq) -> _Slot
         self._exited = set()
         self._failure = None       # (rank, exception) of the first failure
         self._workers = max(1, os.cpu_count() or 1)
         self._executor = None
 
-    def rendezvous(self, rank, seq, sig, clock, itemsize, data=None):
-        """Meet the other ranks for collective #seq; returns (plan, whether the data has moved).
+    def rendezvous(self, rank, call):
+        """Meet the other ranks for collective #call.seq; returns the shared plan."""
+        slot = self._meet(rank, "plan", call.seq, call.signature, call, self._plan)
+        return slot.plan
 
-        With the central data plane the last rank to arrive moves every rank's data (reading
-        each sender's arrays in place) before releasing the others: one hand-off per rank per
-        op instead of several per schedule step.
-        """
-        opname = colls.of(sig.name).method
-        deadline = None if not self.config.wait_timeout_s else time.monotonic() + self.config.wait_timeout_s
+    def execute(self, rank, seq, plan, buffers, redop):
+        if self.dataplane == "threads":
+            executors.per_rank(rank, plan, buffers, redop, self.transport, self.size)
+            return
+        self._meet(rank, "data", seq, plan.signature, buffers, lambda slot: self._move_all(slot, plan, redop))
+
+    def _meet(self, rank, phase, seq, sig, item, last):
+        """Wait until every rank has brought its item to (phase, seq); the last to arrive runs `last`."""
+        limit = rdv.deadline(self.config)
+        key = (phase, seq)
         with self._cond:
-            slot = self._slots.get(seq)
+            slot = self._slots.get(key)
             if slot is None:
-                slot = self._slots[seq] = _Slot(self.size)
-            slot.signatures[rank] = sig
-            slot.clocks[rank] = clock
-            slot.data[rank] = data
+                slot = self._slots[key] = _Slot(self.size)
+            slot.items[rank] = item
             slot.arrived += 1
             watch = self.transport.watch
             watch.progress()
             if slot.arrived == self.size:
-                self._plan(slot, itemsize)
+                try:
+                    last(slot)
+                except HcclError as exc:
+                    slot.error = exc
+                slot.done = True
+                slot.items = None
                 for r in range(self.size):
                     watch.done(r)           # every rank's wait is satisfied
                 self._cond.notify_all()
             try:
-                self._wait_slot(rank, seq, slot, opname, deadline, watch)
+                self._wait_slot(rank, seq, slot, sig, limit, watch)
             finally:
                 watch.done(rank)
             slot.taken += 1
             if slot.taken == self.size:
-                del self._slots[seq]
+                del self._slots[key]
         if slot.error is not None:
-            raise HcclError(slot.error.code, slot.error.reason, rank=rank, op=opname)
-        return slot.plan, self.dataplane == "central"
+            raise HcclError(slot.error.code, slot.error.reason, rank=rank, op=rdv.opname(sig))
+        return slot
 
-    def _wait_slot(self, rank, seq, slot, opname, deadline, watch):
-        """Called with the condition held: wait until the collective's plan is ready."""
+    def _wait_slot(self, rank, seq, slot, sig, limit, watch):
+        """Called with the condition held: wait until the phase is complete."""
+        opname = rdv.opname(sig)
         while not slot.done:
-            self._check_waiting(rank, seq, slot, opname)
+            self._check_waiting(rank, seq, slot, sig)
             watch.waiting(rank, f"{opname} (collective #{seq})")
             watch.check(rank, opname)
-            if deadline is not None and time.monotonic() >= deadline:
-                missing = [r for r, s in enumerate(slot.signatures) if s is None]
-                raise HcclError("E_TIMEOUT", f"ranks {missing} did not call {opname} (collective #{seq}) within "
-                                f"{self.config.wait_timeout_s} s (HCCL_EXEC_TIMEOUT)", rank=rank, op=opname)
+            if rdv.expired(limit):
+                missing = [r for r, s in enumerate(slot.items) if s is None]
+                raise rdv.missing_error(rank, sig, seq, missing, self.config)
             self._cond.wait(_POLL_S)
 
-    def _plan(self, slot, itemsize):
-        try:
-            problem = check_signatures(slot.signatures)
-            if problem:
-                raise HcclError("E_PARA", problem)
-            slot.plan = make_plan(slot.signatures[0], self.topo, self.config, slot.clocks, itemsize)
-            if self.dataplane == "central":
-                self._move_all(slot)
-        except HcclError as exc:
-            slot.error = exc
-        slot.done = True
-        slot.data = None
+    def _plan(self, slot):
+        slot.plan = rdv.plan_calls(slot.items, self.topo, self.config)
 
-    def _move_all(self, slot):
-        plan, p = slot.plan, self.size
+    def _move_all(self, slot, plan, redop):
+        p = self.size
         coll = plan.collective
         if not coll.carries_data:
             return
-        x0 = slot.data[0][0]
-        redop = slot.data[0][2]
-        buffers = [(x, out, coll.scratch(p, plan.loops, x.dtype)) for x, out, _ in slot.data]
+        buffers = [executors.with_scratch(plan, b, p) for b in slot.items]
+        x0 = buffers[0].input
         nbytes = coll.op_bytes(x0.size, p, x0.itemsize) * p
         parts = min(self._workers, max(1, nbytes // _PARALLEL_MIN_BYTES))
         if parts == 1:
-            move_share(plan, buffers, redop)
+            executors.central_share(plan, buffers, redop)
             return
-        futures = [self._pool().submit(move_share, plan, buffers, redop, part, parts) for part in range(1, parts)]
-        move_share(plan, buffers, redop, 0, parts)
+        futures = [self._pool().submit(executors.central_share, plan, buffers, redop, part, parts)
+                   for part in range(1, parts)]
+        executors.central_share(plan, buffers, redop, 0, parts)
         for f in futures:
             f.result()
+
+    def result_array(self, shape, dtype):
+        return np.empty(shape, dtype=dtype)
 
     def _pool(self):
         if self._executor is None:
@@ -148,22 +156,20 @@ class LocalGroup:
             self._executor.shutdown(wait=True)
             self._executor = None
 
-    def _check_waiting(self, rank, seq, slot, opname):
+    def _check_waiting(self, rank, seq, slot, sig):
         if self._failure is not None:
             fr, exc = self._failure
-            raise HcclError("E_REMOTE", f"aborted while waiting in {opname} (collective #{seq}): rank {fr} failed: "
-                            f"{type(exc).__name__}: {exc}", rank=rank, op=opname)
-        gone = [r for r in self._exited if slot.signatures[r] is None]
+            raise rdv.peer_failed_error(rank, sig, seq, fr, rdv.describe_failure(exc))
+        gone = [r for r in self._exited if slot.items[r] is None]
         if gone:
-            raise HcclError("E_PARA", f"rank {gone[0]} returned without calling {opname} (collective #{seq}): "
-                            "ranks made different sequences of collective calls", rank=rank, op=opname)
+            raise HcclError("E_PARA", rdv.returned_early_reason(sig, seq, gone[0]), rank=rank, op=rdv.opname(sig))
 
     def fail(self, rank, exc):
         with self._cond:
             if self._failure is None:
                 self._failure = (rank, exc)
             self._cond.notify_all()
-        self.transport.abort("E_REMOTE", f"rank {rank} failed: {type(exc).__name__}: {exc}")
+        self.transport.abort("E_REMOTE", f"rank {rank} failed: {rdv.describe_failure(exc)}")
 
     def exit(self, rank):
         with self._cond:

@@ -29,7 +29,6 @@ import time
 import traceback
 import weakref
 from multiprocessing.connection import Connection
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -341,6 +340,26 @@ class _Message:
         self._group.conn.send(("consumed", self._src, self._tag, reply))
 
 
+class _HubResult:
+    """What the hub reports for an op it moved itself (inline and object planes)."""
+    __slots__ = ("algo", "nbytes", "exits")
+
+    def __init__(self, algo, nbytes, exits):
+        self.algo, self.nbytes, self.exits = algo, nbytes, exits
+
+
+class _FusedPlan:
+    """A plan the hub completes during the data exchange: algo, nbytes and exits once executed."""
+    __slots__ = ("call", "algo", "nbytes", "exits")
+
+    def __init__(self, call):
+        self.call = call
+        self.algo = self.nbytes = self.exits = None
+
+    def complete(self, plan):
+        self.algo, self.nbytes, self.exits = plan.algo, plan.nbytes, plan.exits
+
+
 class RemoteGroup:
     """What a communicator needs from its engine, over the hub and shared memory."""
 
@@ -393,8 +412,18 @@ class RemoteGroup:
                             rank=self.rank)
         return msg
 
-    def rendezvous(self, rank, seq, sig, clock, itemsize, data):
-        x, out, redop = data
+    def rendezvous(self, rank, call):
+        """The hub still fuses the rendezvous with the data exchange (one round trip per op); the
+        plan is therefore completed by `execute`. The shared-memory control plane replaces this."""
+        return _FusedPlan(call)
+
+    def execute(self, rank, seq, pending, buffers, redop):
+        call = pending.call
+        plan = self._exchange(rank, seq, call.signature, call.clock, call.itemsize, buffers.input, buffers.output,
+                              redop)
+        pending.complete(plan)
+
+    def _exchange(self, rank, seq, sig, clock, itemsize, x, out, redop):
         opname = colls.of(sig.name).method
         nbytes = 0 if x is None else x.nbytes + out.nbytes
         red = None if redop is None else redop.value
@@ -407,7 +436,7 @@ class RemoteGroup:
             msg = self._reply(opname, ("result",))
             algo, total, exits = msg[2]
             np.copyto(out, ray.get(self.hub_actor.fetch.remote(seq, rank), timeout=self.config.wait_timeout_s or None))
-            return SimpleNamespace(algo=algo, nbytes=total, exits=exits), True
+            return _HubResult(algo, total, exits)
         if nbytes <= INLINE_BYTES or self.data_plane == "socket":
             # small ops, and ranks that share no memory: the bytes travel with the control messages
             raw = None if x is None else (np.ascontiguousarray(x).tobytes(), x.dtype.str, x.shape, out.shape)
@@ -416,7 +445,7 @@ class RemoteGroup:
             algo, total, exits = msg[2]
             if out is not None:
                 out.reshape(-1).view(np.uint8)[:] = np.frombuffer(msg[3], dtype=np.uint8)
-            return SimpleNamespace(algo=algo, nbytes=total, exits=exits), True
+            return _HubResult(algo, total, exits)
         p = self.size
         in_name = self._segment_of(x)
         if in_name is None:       # a host array: register it by copying into the CCL input segment
@@ -449,12 +478,12 @@ class RemoteGroup:
         live = {name for d in descs for name in (d[0], d[2], d[4]) if name}
         self.attached.forget(keep=live | self.attached.recent)
         self.attached.recent = live
-        return plan, True
+        return plan
 
     # the transport interface the communicator's send/recv use
     def post_view(self, src, dst, tag, view, meta=None):
         self.conn.send(("send", dst, tag, np.array(view, copy=True), meta))
-        return SimpleNamespace(dst=dst, tag=tag)
+        return (dst, tag)
 
     def wait_consumed(self, msg, deadline=None, op=None):
         return self._reply(op or "send", ("sent",))[3]

@@ -1,0 +1,67 @@
+"""The engine contract: what a Communicator needs from the engine that placed its rank.
+
+An engine places ranks (threads, Ray actors, MPI processes) and hands each rank's Communicator a
+`Group`. Every collective call then goes through the group in two separate phases:
+
+1. `rendezvous(rank, call) -> OpPlan`. Carries no data: every rank's `Call` (signature, entry
+   clock, item size) goes in, the shared plan comes out (hccl_sim.planner.make_plan, so every
+   engine gets the same plan and the same simulated times). Mismatched calls, a rank that failed
+   or returned early, and a missed deadline are raised on every waiting rank as HcclErrors
+   (engines.rendezvous holds this bookkeeping for every engine).
+2. `execute(rank, seq, plan, buffers, redop)`. Moves the bytes, by one of two executors:
+   - the central data program (`dataplane.move_share`): for ranks that share memory, each
+     participant runs a share of the op's serial data program over every rank's registered
+     buffers in place, then all meet once more (no rank returns before its output is complete);
+   - the per-rank executor (`hcomm.executor.execute`) over an hcomm Transport (post / take /
+     consumed / wait-consumed / deadline / abort): each rank runs its own schedule, sending its
+     own slices to the peers the schedule names. Used whenever ranks share no memory.
+
+Point-to-point send/recv use `group.transport` directly and are priced by the cost model.
+Results come from `result_array` (an engine may keep them where peers can write them).
+`fail(rank, exc)` and `exit(rank)` tell the group that a rank raised or returned, so waits on it
+end at once. Every wait has a deadline (HCCL_EXEC_TIMEOUT).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Protocol
+
+import numpy as np
+
+
+class Call(NamedTuple):
+    """One rank's side of a collective call, as the rendezvous compares it."""
+    seq: int                  # the call's number on this communicator (0, 1, ...)
+    signature: object         # planner.Signature: what every rank must agree on
+    clock: int                # the rank's entry clock, ns
+    itemsize: int             # bytes per element (1 for a barrier)
+
+
+class RankBuffers(NamedTuple):
+    """One rank's registered memory for a collective: the user's input and output, and the
+    communicator-buffer scratch area the schedule may use (None when it uses none)."""
+    input: Optional[np.ndarray]
+    output: Optional[np.ndarray]
+    scratch: Optional[np.ndarray]
+
+
+class Group(Protocol):
+    """What every engine gives a Communicator (see the module docstring for the semantics)."""
+    size: int
+    topo: object              # topologies.Topology
+    config: object            # env.Config
+    transport: object         # an hcomm Transport, for point to point
+
+    def rendezvous(self, rank: int, call: Call):
+        """Meet every rank for collective #call.seq; return the shared OpPlan."""
+
+    def execute(self, rank: int, seq: int, plan, buffers: RankBuffers, redop) -> None:
+        """Move this rank's part of the op's data; returns when this rank's output is complete."""
+
+    def result_array(self, shape: tuple, dtype) -> np.ndarray:
+        """An array for a collective's result."""
+
+    def fail(self, rank: int, exc: BaseException) -> None:
+        """`rank` raised: release every waiting rank with an error naming it."""
+
+    def exit(self, rank: int) -> None:
+        """`rank` returned: waits on it fail at once instead of at their deadline."""

@@ -1,0 +1,62 @@
+"""Rendezvous bookkeeping shared by every engine: deadlines, the signature check and the plan,
+and the wording of every failure a waiting rank can be told about.
+
+Engines differ in how ranks meet (a condition variable among threads, a hub over sockets, shared
+memory among processes, MPI); what they decide when they meet, and what they tell a rank that
+waits in vain, is the same and lives here, so that every engine reports the same errors.
+The stall watch (every live rank waiting and nothing moving: a deadlock) is hcomm's Watch.
+"""
+from __future__ import annotations
+
+import time
+
+from topologies.errors import HcclError
+
+from .. import collectives as colls
+from ..planner import check_signatures, make_plan
+
+
+def deadline(config):
+    """The monotonic time by which a wait on peers must end (None: HCCL_EXEC_TIMEOUT=0, never)."""
+    return None if not config.wait_timeout_s else time.monotonic() + config.wait_timeout_s
+
+
+def expired(limit) -> bool:
+    return limit is not None and time.monotonic() >= limit
+
+
+def opname(sig) -> str:
+    return colls.of(sig.name).method
+
+
+def plan_calls(calls: list, topo, config):
+    """The shared plan of one collective from every rank's Call (rank order), or an HcclError
+    (E_PARA) naming who called what when the calls differ."""
+    problem = check_signatures([c.signature for c in calls])
+    if problem:
+        raise HcclError("E_PARA", problem)
+    first = calls[0]
+    return make_plan(first.signature, topo, config, [c.clock for c in calls], first.itemsize)
+
+
+# ---- what a waiting rank is told -------------------------------------------------------------------
+
+def missing_error(rank, sig, seq, missing, config) -> HcclError:
+    op = opname(sig)
+    return HcclError("E_TIMEOUT", f"ranks {missing} did not call {op} (collective #{seq}) within "
+                     f"{config.wait_timeout_s} s (HCCL_EXEC_TIMEOUT)", rank=rank, op=op)
+
+
+def peer_failed_error(rank, sig, seq, failed_rank, cause) -> HcclError:
+    op = opname(sig)
+    return HcclError("E_REMOTE", f"aborted while waiting in {op} (collective #{seq}): rank {failed_rank} failed: "
+                     f"{cause}", rank=rank, op=op)
+
+
+def returned_early_reason(sig, seq, gone_rank) -> str:
+    return (f"rank {gone_rank} returned without calling {opname(sig)} (collective #{seq}): "
+            "ranks made different sequences of collective calls")
+
+
+def describe_failure(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
