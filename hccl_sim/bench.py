@@ -155,7 +155,7 @@ def _sweep(comm, spec, emit=None):
             want = expected(spec.op, rank, p, per_rank, spec.dtype, spec.redop, spec.root)
             wrong = 0.0 if want is None else float(np.count_nonzero(y.reshape(-1) != want))
         stats = np.array([wrong, float(sum(sim)) if sim else 0.0] + wall, dtype=np.float64)
-        gathered = comm.all_gather(stats, algo="ring").reshape(p, -1)
+        gathered = comm.all_gather(stats).reshape(p, -1)
         if rank == 0:
             wrongs = gathered[:, 0]
             walls = gathered[:, 2:].max(axis=0) if spec.iters else np.zeros(1)
