@@ -15,7 +15,6 @@ the same element range [a, b) of every block.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -154,10 +153,8 @@ class Collective:
         vec = np.full(p, length * itemsize, dtype=np.int64)
         return vec, vec.copy()
 
-    # ---- reference -------------------------------------------------------------------------------
-    def reference(self, inputs: list, redop: Optional[ReduceOp] = None, root: int = 0) -> list:
-        """Every rank's expected result from every rank's input (numpy, in rank order)."""
-        raise NotImplementedError(self.name)
+    # Each subclass defines reference(inputs, redop=None, root=0) -> list: every rank's expected
+    # result from every rank's input (numpy, in rank order).
 
 
 def _reduce_all(inputs, redop):
@@ -182,9 +179,6 @@ class AllReduce(Collective):
 
 class Broadcast(Collective):
     name, method, rooted = "broadcast", "broadcast", True
-
-    def stage_bytes(self, p, length, itemsize, root):
-        return super().stage_bytes(p, length, itemsize, root)
 
     def reference(self, inputs, redop=None, root=0):
         return [np.array(inputs[root], copy=True) for _ in inputs]
@@ -322,6 +316,3 @@ def check_op_bytes(nbytes: int, what: str = "op") -> None:
         raise HcclError("E_PARA", f"{what} of {nbytes} bytes per rank is larger than this emulator can price "
                         f"(at most 2^56 = {MAX_OP_BYTES} bytes: beyond that simulated nanoseconds overflow int64)")
 
-
-def prod(shape) -> int:
-    return math.prod(shape)

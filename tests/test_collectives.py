@@ -156,3 +156,31 @@ def test_cluster_keeps_running():
         a = cluster.run(lambda c: c.all_reduce(np.array([c.rank])))
         b = cluster.run(lambda c, k: c.all_reduce(np.array([c.rank * k])), args=(3,))
     assert all(int(x[0]) == 6 for x in a) and all(int(x[0]) == 18 for x in b)
+
+
+@pytest.mark.parametrize("p", [1, 3, 4, 7])
+def test_registry_reference_matches_every_collective(p):
+    """collectives.py is the one description of each collective: the Communicator's results equal
+    each class's numpy reference, and its shapes, layouts and nccl-tests factors are what it says."""
+    from hccl_sim import collectives
+    topo = hccl_sim.topology("fullmesh", ranks=p)
+    n = 3 * p
+
+    def every(comm):
+        x = (np.arange(n, dtype=np.int64) * (comm.rank + 3)) % 13
+        return x, {name: getattr(comm, c.method)(x, **({"root": p - 1} if c.rooted else {}))
+                   for name, c in collectives.COLLECTIVES.items() if c.carries_data}
+    results = hccl_sim.run(every, topology=topo)
+    inputs = [x for x, _ in results]
+    for name in collectives.DATA_COLLECTIVES:
+        coll = collectives.get(name)
+        want = coll.reference(inputs, None, p - 1)
+        for r, (_, got) in enumerate(results):
+            if want[r] is None:
+                assert got[name] is None
+            else:
+                assert np.array_equal(got[name], want[r]), (name, r)
+                assert got[name].shape == coll.output_shape(inputs[r].shape, p)
+    assert collectives.get("all_reduce").busbw_factor(4) == 1.5 and collectives.get("bcast").busbw_factor(4) == 1.0
+    with pytest.raises(hccl_sim.HcclError, match="unknown collective"):
+        collectives.get("gatherv")

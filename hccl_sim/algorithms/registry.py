@@ -1,10 +1,11 @@
 """The algorithm registry: every algorithm by its HCCL name, with what it can run and where.
 
-One entry per algorithm module (each module declares NAME, DESCRIPTION, COLLECTIVES and LEVELS
-next to its builders, and NOT_AT where HCCL does not run a collective it builds at some level). Levels: "flat" (over all ranks of a synthetic topology), "level0" (inside
-a server), "level1" (among the same-index cards of all servers; pipeline spans both levels).
-Selection policies (hccl_sim.selection) and the planner read this table; nothing else lists
-algorithms. Adding an algorithm is its module plus one line in MODULES.
+One entry per algorithm module: each module declares NAME, DESCRIPTION, COLLECTIVES and LEVELS
+next to its builders, and NOT_AT where HCCL does not run a collective it builds at some level.
+Levels: "flat" (over all ranks of a synthetic topology), "level0" (inside a server), "level1"
+(among the same-index cards of all servers; pipeline spans both levels). Selection policies
+(hccl_sim.selection) and the planner read this table; nothing else lists algorithms. Adding an
+algorithm is its module plus one line in MODULES.
 """
 from __future__ import annotations
 
