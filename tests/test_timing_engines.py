@@ -115,3 +115,30 @@ def test_trace_events_cover_transfers():
     sends = [e for e in plan.events if e[1].startswith("send")]
     assert len(sends) == 4 * 2 * 3      # ranks x (RS + AG) x (p - 1)
     assert max(e[3] for e in plan.events) == round(est.time * 1e9)
+
+
+def test_buffer_loops_priced_in_closed_form_equal_loop_by_loop():
+    """Identical CCL-buffer loops are priced once their shift pattern repeats (timing is
+    shift-invariant): equal to pricing every loop, and a 2^50-byte op is two numbers, not millions."""
+    import numpy as np
+    from hcomm.cost import CostModel
+    from hcomm.vtiming import program_times
+    from hccl_sim import planner
+    from hccl_sim.env import Config
+    topo = hccl_sim.topology("atlas800t-a2", servers=2)
+    config = Config.from_env({"HCCL_BUFFSIZE": "1"})
+    for name, count in (("allreduce", (37 << 18) + 5), ("allgather", (9 << 16) + 3), ("broadcast", 3 << 20)):
+        sig = planner.Signature(name, (count,), "float32", "sum" if name == "allreduce" else None,
+                                3 if name == "broadcast" else None, None)
+        entry = list(np.random.default_rng(1).integers(0, 40_000, topo.num_ranks))
+        plan = planner.make_plan(sig, topo, config, entry, 4)
+        assert len(plan.loops) > 5
+        clock = np.asarray(entry, dtype=np.int64)
+        for _, program in plan.loop_programs():
+            clock = program_times(program, clock, CostModel.of(topo), "float32", "sum")
+        assert list(clock) == plan.exits, name
+    huge = hccl_sim.simulate("allreduce", 1 << 50, topology=topo)
+    assert huge.time > 1e4 and huge.algo.endswith("pipeline")
+    with pytest.raises(hccl_sim.HcclError, match="larger than this emulator can price") as e:
+        hccl_sim.simulate("allreduce", 1 << 70, topology=topo)
+    assert e.value.code == "E_PARA"
