@@ -1,0 +1,358 @@
+"""Same-host control plane in one shared-memory segment: the rendezvous of a collective without a hub.
+
+The ranks of a session (separate processes that know each other only by the session string) attach
+one segment holding, per rank, a published sequence number and a slot of up to `slot_bytes`.
+`allgather(seq, payload)` publishes this rank's bytes for collective #seq and returns every rank's;
+it is the whole rendezvous of a collective (each rank publishes its call signature and entry clock,
+or a tiny op's input, and then plans locally). `barrier(seq)` is an allgather of nothing.
+
+Slots are double-buffered by the parity of seq: a rank may run one op ahead of the slowest, and it
+publishes into a slot again (seq + 2) only after every rank has published seq + 1, i.e. has read seq.
+
+Waiting: a few `os.sched_yield()` polls, then a futex wait on the missing rank's "ring" word, a
+32-bit mirror of its sequence number that the publisher wakes. Spinning longer starves peers when
+8-16 processes share 2 cores; the futex keeps waiting ranks off the run queue. Waits end at their
+deadline (E_TIMEOUT naming the ranks missing), on an abort any rank or the creator sets (the
+abort's code and reason), when a missing rank closed its handle (E_PARA) or its process is gone
+(E_REMOTE). Anything that breaks a wait also changes the ring words (a high bit), so a waiter
+cannot sleep through it; a dead process cannot, so liveness is polled while blocked.
+
+Ordering: a publisher writes payload, then sequence, then ring; readers read in the reverse order.
+That is safe on x86-64 (stores are not reordered with stores, loads not with loads); other
+architectures would need fences Python cannot issue, so `create` refuses them (E_NOT_SUPPORT).
+One handle per process, used by one thread at a time.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import platform
+import time
+
+from topologies.errors import HCCL_RESULT, HcclError
+
+from . import shm
+
+DEFAULT_SLOT_BYTES = 4096
+MAGIC = 0x6863636c63746c31          # "hcclctl1"
+SPINS = 2                            # sched_yield polls always made before blocking
+YIELD_S = 0.001                      # and polls with sched_yield until a wait is this old (see the bench)
+BLOCK_SLICE_S = 0.01                 # longest single futex sleep: bounds a lost wake-up and dead-peer checks
+LIVENESS_S = 0.1                     # how often a blocked waiter checks that missing peers' processes live
+REASON_BYTES = 256
+
+_HEADER = 64                         # magic, size, slot_bytes, abort flag
+_RECORD = 64 + REASON_BYTES          # per rank (and one for the creator): words, then an abort reason
+_W_MAGIC, _W_SIZE, _W_SLOT, _W_ABORT = 0, 1, 2, 3
+_R_SEQ, _R_RING, _R_PID, _R_START, _R_STATE, _R_CODE, _R_ASEQ, _R_RLEN = range(8)
+_DETACHED, _ATTACHED, _CLOSED = 0, 1, 2
+_MASK = 0x3FFFFFFF                   # ring = published seq & _MASK; _BROKEN marks abort or close
+_BROKEN = 0x40000000
+_CODE_NAMES = {v: k for k, v in HCCL_RESULT.items()}
+
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1      # not FUTEX_PRIVATE: the word is shared between processes
+_SYS_FUTEX = {"x86_64": 202}.get(platform.machine())
+_libc = ctypes.CDLL(None, use_errno=True)
+_syscall = _libc.syscall
+_syscall.restype = ctypes.c_long
+_L = ctypes.c_long                   # syscall is variadic: pass every argument full width
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def segment_name(session: str) -> str:
+    """Under the session's prefix, so shm.cleanup(session) and shm.sweep_orphans remove it."""
+    return f"{shm.PREFIX}{session}_control"
+
+
+class _Mapping:
+    """A /dev/shm file mapped shared. Not multiprocessing.shared_memory: its resource tracker,
+    shared by spawned children, would track (and complain about or unlink) a segment every
+    attacher registers."""
+
+    def __init__(self, name: str, create_bytes: int | None = None):
+        self.name, self.path = name, f"/dev/shm/{name}"
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create_bytes is not None else 0)
+        fd = os.open(self.path, flags, 0o600)
+        try:
+            if create_bytes is not None:
+                os.ftruncate(fd, create_bytes)
+            self._mmap = mmap.mmap(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+        self.buf = memoryview(self._mmap)
+
+    def close(self):
+        self.buf.release()
+        self._mmap.close()
+
+    def unlink(self):
+        os.unlink(self.path)
+
+
+def _proc_start_time(pid: int):
+    """The process's start time in clock ticks (tells a live peer from a reused pid), None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+    if fields[0] in (b"Z", b"X"):        # killed but not yet reaped: as good as gone
+        return None
+    return int(fields[19])
+
+
+class ControlBlock:
+    """A handle on a session's control segment: the creator's (rank None) or one rank's."""
+
+    def __init__(self, seg, session: str, rank, owner: bool):
+        self._seg, self.session, self.rank, self._owner = seg, session, rank, owner
+        self._q = seg.buf.cast("q")
+        if self._q[_W_MAGIC] != MAGIC:
+            self._release()
+            raise HcclError("E_INTERNAL", f"segment {seg.name} is not a control block", rank=rank)
+        self.size, self.slot_bytes = int(self._q[_W_SIZE]), int(self._q[_W_SLOT])
+        self._stride = (8 + self.slot_bytes + 63) // 64 * 64
+        self._slots = _HEADER + (self.size + 1) * _RECORD
+        probe = ctypes.c_char.from_buffer(seg.buf)
+        self._base = ctypes.addressof(probe)     # the mapping's address, for futex calls
+        del probe                                 # an export would keep the segment from closing
+        self._ts = _Timespec()
+        self._seq_at = [self._rec(j) + _R_SEQ for j in range(self.size)]
+        self._closed = False
+
+    # ---- life cycle ----------------------------------------------------------------------------
+    @classmethod
+    def create(cls, session: str, size: int, slot_bytes: int = DEFAULT_SLOT_BYTES) -> "ControlBlock":
+        """Create the session's segment (E_PARA if it exists). The creator's handle unlinks it on close."""
+        if _SYS_FUTEX is None:
+            raise HcclError("E_NOT_SUPPORT", f"the shared-memory control plane needs x86-64 memory ordering "
+                                             f"(this is {platform.machine()}); use the hub")
+        for what, v, lo in (("size", size, 1), ("slot_bytes", slot_bytes, 0)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo or v > 1 << 30:
+                raise HcclError("E_PARA", f"control block {what} {v!r}: expected an integer from {lo} to 2**30")
+        nbytes = _HEADER + (size + 1) * _RECORD + size * 2 * ((8 + slot_bytes + 63) // 64 * 64)
+        try:
+            seg = _Mapping(segment_name(session), nbytes)
+        except FileExistsError:
+            raise HcclError("E_PARA", f"session {session!r} already has a control block") from None
+        q = seg.buf.cast("q")
+        q[_W_SIZE], q[_W_SLOT], q[_W_MAGIC] = size, slot_bytes, MAGIC
+        q.release()
+        return cls(seg, session, None, owner=True)
+
+    @classmethod
+    def attach(cls, session: str, rank: int) -> "ControlBlock":
+        """Attach as `rank`, recording this process so peers can tell when it dies."""
+        try:
+            seg = _Mapping(segment_name(session))
+        except FileNotFoundError:
+            raise HcclError("E_NOT_FOUND", f"session {session!r} has no control block", rank=rank) from None
+        block = cls(seg, session, None, owner=False)
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < block.size:
+            block.close()
+            raise HcclError("E_PARA", f"rank {rank!r}: the control block has ranks 0..{block.size - 1}")
+        block.rank = rank
+        r = block._rec(rank)
+        q = block._q
+        if q[r + _R_STATE] == _ATTACHED and _proc_start_time(q[r + _R_PID]) == q[r + _R_START] \
+                and q[r + _R_PID] != os.getpid():
+            block.close()
+            raise HcclError("E_PARA", f"rank {rank} is already attached by live process {q[r + _R_PID]}", rank=rank)
+        q[r + _R_PID], q[r + _R_START] = os.getpid(), _proc_start_time(os.getpid())
+        q[r + _R_STATE] = _ATTACHED
+        q[r + _R_RING] = q[r + _R_SEQ] & _MASK      # clears a _BROKEN mark left by an earlier close
+        return block
+
+    def close(self):
+        """Detach. A rank's handle marks it closed (waiters for it get E_PARA at once); the creator's
+        unlinks the segment (mappings other processes hold stay valid until they close)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.rank is not None:
+            r = self._rec(self.rank)
+            self._q[r + _R_STATE] = _CLOSED
+            self._break(self.rank)
+        self._release()
+        if self._owner:
+            try:
+                self._seg.unlink()
+            except FileNotFoundError:
+                pass
+
+    def reset(self):
+        """Creator only, while no rank is inside a call (between runs): sequences restart at 0, any
+        abort is cleared and closed ranks count as not yet attached, so a new run can follow a
+        failed one. Handles that stay attached carry on from seq 0."""
+        if not self._owner:
+            raise HcclError("E_PARA", "only the control block's creator may reset it", rank=self.rank)
+        q = self._q
+        for j in range(self.size + 1):
+            r = self._rec(j)
+            q[r + _R_SEQ], q[r + _R_RING], q[r + _R_CODE], q[r + _R_RLEN] = 0, 0, 0, 0
+            if q[r + _R_STATE] == _CLOSED:      # a rank that left the last run may attach for this one
+                q[r + _R_STATE] = _DETACHED
+        q[_W_ABORT] = 0
+
+    def _release(self):
+        self._q.release()
+        self._seg.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- abort ---------------------------------------------------------------------------------
+    def abort(self, code: str, reason: str, seq: int = -1):
+        """Fail every current and future wait of the session with `code` (an HCCL result name)."""
+        if code not in HCCL_RESULT:
+            raise HcclError("E_PARA", f"unknown HCCL result code {code!r}", rank=self.rank)
+        who = self.size if self.rank is None else self.rank
+        r = self._rec(who)
+        raw = reason.encode("utf-8", "replace")[:REASON_BYTES]
+        self._seg.buf[r * 8 + 64:r * 8 + 64 + len(raw)] = raw
+        q = self._q
+        q[r + _R_RLEN], q[r + _R_ASEQ], q[r + _R_CODE] = len(raw), seq, HCCL_RESULT[code]
+        if q[_W_ABORT] == 0:               # the first abort is the one reported
+            q[_W_ABORT] = who + 1
+        for j in range(self.size):
+            self._break(j)
+
+    def abort_error(self):
+        """The session's abort as an HcclError for this rank, or None."""
+        who = self._q[_W_ABORT]
+        if not who:
+            return None
+        r = self._rec(who - 1)
+        raw = bytes(self._seg.buf[r * 8 + 64:r * 8 + 64 + self._q[r + _R_RLEN]]).decode("utf-8", "replace")
+        origin = "the driver" if who - 1 == self.size else f"rank {who - 1}"
+        return HcclError(_CODE_NAMES.get(self._q[r + _R_CODE], "E_INTERNAL"), f"aborted by {origin}: {raw}",
+                         rank=self.rank)
+
+    # ---- the rendezvous ------------------------------------------------------------------------
+    def allgather(self, seq: int, payload: bytes, deadline: float | None, op: str | None = None) -> list:
+        """Every rank's payload for collective #seq (this rank's own object at its index).
+
+        seq must be this rank's previous seq + 1 (0 first); deadline is a time.monotonic() value or
+        None; `op` names the operation in errors."""
+        q, rank = self._q, self.rank
+        if rank is None or self._closed:
+            raise HcclError("E_IN_STATUS", "allgather needs an attached, open rank handle", rank=rank, op=op)
+        r = self._rec(rank)
+        if seq != q[r + _R_SEQ]:
+            raise HcclError("E_INTERNAL", f"collective #{seq} out of order: this rank's next is #{q[r + _R_SEQ]}",
+                            rank=rank, op=op)
+        n = len(payload)
+        if n > self.slot_bytes:
+            raise HcclError("E_PARA", f"control payload of {n} bytes exceeds the slot ({self.slot_bytes} bytes): "
+                                      f"send it over the data plane", rank=rank, op=op)
+        err = self.abort_error()
+        if err is not None:
+            raise err
+        buf, parity = self._seg.buf, seq & 1
+        off = self._slots + (rank * 2 + parity) * self._stride
+        q[off >> 3] = n
+        buf[off + 8:off + 8 + n] = payload
+        target = seq + 1
+        q[r + _R_SEQ] = target
+        q[r + _R_RING] = target & _MASK
+        _syscall(_L(_SYS_FUTEX), _L(self._base + (r + _R_RING) * 8), _L(_FUTEX_WAKE), _L(0x7FFFFFFF), None, None, _L(0))
+        self._wait(target, deadline, seq, op)
+        out = []
+        for j in range(self.size):
+            if j == rank:
+                out.append(payload)
+                continue
+            off = self._slots + (j * 2 + parity) * self._stride
+            out.append(bytes(buf[off + 8:off + 8 + q[off >> 3]]))
+        return out
+
+    def barrier(self, seq: int, deadline: float | None, op: str | None = "barrier"):
+        self.allgather(seq, b"", deadline, op)
+
+    # ---- waiting -------------------------------------------------------------------------------
+    def _wait(self, target, deadline, seq, op):
+        q, p, seq_at = self._q, self.size, self._seq_at
+        j, spins, next_check, yield_until = 0, 0, None, 0.0
+        while True:
+            while j < p and q[seq_at[j]] >= target:     # sequences only grow: arrived ranks stay arrived
+                j += 1
+            if j == p:
+                return
+            if q[_W_ABORT]:
+                raise self.abort_error()
+            if spins < SPINS:
+                spins += 1
+                if spins == SPINS:
+                    yield_until = time.monotonic() + YIELD_S
+                os.sched_yield()
+                continue
+            if YIELD_S and time.monotonic() < yield_until:
+                os.sched_yield()
+                continue
+            ring_at = seq_at[j] + (_R_RING - _R_SEQ)
+            ring = q[ring_at]                           # read before re-checking: a publish after this changes it
+            if q[seq_at[j]] >= target:
+                continue
+            if q[_W_ABORT]:
+                raise self.abort_error()
+            now = time.monotonic()
+            if next_check is None:
+                next_check = now + LIVENESS_S
+            elif now >= next_check:
+                self._check_missing(target, seq, op)
+                next_check = now + LIVENESS_S
+            if deadline is not None and now >= deadline:
+                self._check_missing(target, seq, op)
+                missing = [k for k in range(p) if q[seq_at[k]] < target]
+                where = ", ".join(f"rank {k}: " + ("never attached" if q[seq_at[k] + _R_STATE] == _DETACHED else
+                                                   f"last at #{q[seq_at[k]] - 1}" if q[seq_at[k]] else "none yet")
+                                  for k in missing[:8])
+                raise HcclError("E_TIMEOUT", f"collective #{seq}: ranks {missing} have not arrived by the deadline "
+                                             f"({where})", rank=self.rank, op=op)
+            sleep = BLOCK_SLICE_S if deadline is None else min(BLOCK_SLICE_S, max(deadline - now, 0.0))
+            if ring & _BROKEN:       # closed (the abort case raised above): let the check report it
+                self._check_missing(target, seq, op)
+                sleep = min(sleep, 0.001)
+            self._ts.tv_sec = int(sleep)
+            self._ts.tv_nsec = int((sleep - int(sleep)) * 1e9)
+            _syscall(_L(_SYS_FUTEX), _L(self._base + ring_at * 8), _L(_FUTEX_WAIT), _L(ring),
+                     ctypes.byref(self._ts), None, _L(0))
+
+    def _check_missing(self, target, seq, op):
+        """A missing rank that closed its handle or whose process is gone will never arrive."""
+        q = self._q
+        for k in range(self.size):
+            r = self._rec(k)
+            if q[r + _R_SEQ] >= target:
+                continue
+            state, pid = q[r + _R_STATE], q[r + _R_PID]
+            if state == _CLOSED:
+                raise HcclError("E_PARA", f"collective #{seq}: rank {k} closed its control block without calling it "
+                                          f"(ranks made different sequences of collective calls)", rank=self.rank, op=op)
+            if state == _ATTACHED and _proc_start_time(pid) != q[r + _R_START]:
+                raise HcclError("E_REMOTE", f"collective #{seq}: rank {k} (pid {pid}) died before arriving",
+                                rank=self.rank, op=op)
+
+    # ---- helpers -------------------------------------------------------------------------------
+    def _rec(self, who: int) -> int:
+        """Word index of a record (ranks 0..size-1, the creator at size)."""
+        return (_HEADER + who * _RECORD) >> 3
+
+    def _break(self, j: int):
+        """Change rank j's ring word and wake its waiters, so none sleeps through an abort or close."""
+        at = self._rec(j) + _R_RING
+        self._q[at] = self._q[at] | _BROKEN
+        _syscall(_L(_SYS_FUTEX), _L(self._base + at * 8), _L(_FUTEX_WAKE), _L(0x7FFFFFFF), None, None, _L(0))
+
+    def status(self) -> list:
+        """Per rank (published seq count, pid, state) for diagnostics."""
+        names = {_DETACHED: "detached", _ATTACHED: "attached", _CLOSED: "closed"}
+        return [(int(self._q[self._rec(j) + _R_SEQ]), int(self._q[self._rec(j) + _R_PID]),
+                 names.get(self._q[self._rec(j) + _R_STATE], "?")) for j in range(self.size)]
