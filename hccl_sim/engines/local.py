@@ -15,7 +15,7 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 import time
 
-from hcomm.transport import InProcessTransport
+from hcomm.transports.inprocess import InProcessTransport
 from topologies.errors import HcclError
 
 

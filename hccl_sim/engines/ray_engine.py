@@ -34,7 +34,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from hcomm import shm
-from hcomm.transport import STALL_S
+from hcomm.transports.inprocess import STALL_S
 from topologies.errors import HcclError
 
 from ..communicator import Communicator, make_scratch
