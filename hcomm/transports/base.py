@@ -221,7 +221,8 @@ class PeerEndpoint:
     which calls `_deliver(src, tag, data, meta, msg_id)`; `_send_ack(src, msg_id, reply)` gets
     the reply back, where `_acknowledged(msg_id, reply)` completes the handle. `_peer_down(peer,
     reason, clean)` records a peer whose link is gone; `_probe(peer)` (optional) is called while
-    a wait on `peer` lasts, to find out whether it still lives."""
+    a wait on `peer` lasts, to find out whether it still lives (for transports that learn of a
+    dead peer only by asking)."""
 
     def __init__(self, rank: int, size: int, timeout_s: float | None = None):
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
@@ -337,15 +338,21 @@ class PeerEndpoint:
         now = time.monotonic()
         if now < probe_at:
             return probe_at
-        self._probe(peer)
+        reason = self._probe(peer)
+        if reason is not None and peer not in self._down:
+            self._down[peer] = (reason, False)
         return now + PROBE_EVERY_S
 
     # called by subclasses --------------------------------------------------------------------------------
     def _deliver(self, src, tag, data, meta, msg_id) -> None:
         msg = RemoteMessage(self, src, tag, data, meta, msg_id)
         with self._cond:
-            self._inbox.setdefault((src, tag), deque()).append(msg)
-            self._cond.notify_all()
+            self._enqueue(msg)
+
+    def _enqueue(self, msg) -> None:
+        """Queue an arrived message (lock held)."""
+        self._inbox.setdefault((msg.src, msg.tag), deque()).append(msg)
+        self._cond.notify_all()
 
     def _acknowledged(self, msg_id, reply) -> None:
         with self._cond:
@@ -370,8 +377,10 @@ class PeerEndpoint:
     def _announce_exit(self) -> None:
         """Tell the peers this rank sends and consumes nothing more (best effort)."""
 
-    def _probe(self, peer) -> None:
-        """Find out, without blocking, whether `peer` is still alive; `_peer_down` if not."""
+    def _probe(self, peer) -> Optional[str]:
+        """Find out, without blocking and with the endpoint's lock held, whether `peer` is still
+        alive: None if it may be, else why it is not."""
+        return None
 
 
 PROBE_AFTER_S = 0.5      # a wait this long starts asking whether its peer still lives
