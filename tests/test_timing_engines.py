@@ -10,7 +10,7 @@ import hccl_sim
 from hccl_sim import HcclError
 from hccl_sim.engines.local import run_local
 from hccl_sim.env import Config
-from hcomm.transport import InProcessTransport
+from hcomm.transports.inprocess import InProcessTransport
 
 OPS = {"allreduce": lambda c, x, a: c.all_reduce(x, algo=a),
        "allgather": lambda c, x, a: c.all_gather(x, algo=a),

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from hcomm.transport import InProcessTransport
+from hcomm.transports.inprocess import InProcessTransport
 from topologies.errors import HcclError
 
 

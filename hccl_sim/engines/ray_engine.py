@@ -33,7 +33,7 @@ from multiprocessing.connection import Connection
 import numpy as np
 
 from hcomm import shm
-from hcomm.transport import STALL_S
+from hcomm.transports.inprocess import STALL_S
 from topologies.errors import HcclError
 
 from ..communicator import Communicator

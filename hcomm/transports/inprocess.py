@@ -14,7 +14,9 @@ from collections import deque
 
 from topologies.errors import HcclError
 
-_POLL_S = 0.05   # how often a waiter re-checks abort; wake-ups on progress are immediate
+from .base import (POLL_S as _POLL_S, AbortState, Message as _MessageBase, Registry, consume_exited,
+                   consume_timeout, remaining, take_exited, take_timeout, waiting_for_consumer, waiting_for_data)
+
 STALL_S = 2.0    # every live rank waiting this long with no progress anywhere is a deadlock
 
 
@@ -66,12 +68,13 @@ class Watch:
         raise HcclError("E_TIMEOUT", f"deadlock: every rank is waiting and none can proceed ({who})", rank=rank, op=op)
 
 
-class Message:
-    """One posted send: a view of the sender's registered memory plus small metadata."""
-    __slots__ = ("src", "dst", "tag", "data", "meta", "reply", "_done", "_watch")
+class Message(_MessageBase):
+    """One posted send: a view of the sender's registered memory plus small metadata. It is
+    both what the receiver takes and the sender's handle."""
+    __slots__ = ("reply", "_done", "_watch")
 
     def __init__(self, src, dst, tag, data, meta, watch=None):
-        self.src, self.dst, self.tag, self.data, self.meta = src, dst, tag, data, meta
+        super().__init__(src, dst, tag, data, meta)
         self.reply = None
         self._done = threading.Event()
         self._watch = watch
@@ -100,28 +103,24 @@ class InProcessTransport:
         self.timeout_s = timeout_s
         self._channels = {}
         self._channels_lock = threading.Lock()
-        self._registered = [dict() for _ in range(size)]
-        self._abort = None   # (code, reason) once aborted
+        self._registry = Registry()
+        self._abort = AbortState()
         self._exited = set()
         self.watch = Watch(size)
 
     # registered memory -------------------------------------------------------------------
     def register(self, rank: int, name: str, array) -> None:
-        self._registered[rank][name] = array
+        self._registry.register(rank, name, array)
 
     def deregister(self, rank: int, name: str) -> None:
-        self._registered[rank].pop(name, None)
+        self._registry.deregister(rank, name)
 
     def region(self, rank: int, name: str):
-        try:
-            return self._registered[rank][name]
-        except KeyError:
-            raise HcclError("E_PTR", f"buffer {name!r} is not registered", rank=rank)
+        return self._registry.region(rank, name)
 
     # abort -----------------------------------------------------------------------------------
     def abort(self, code: str, reason: str) -> None:
-        if self._abort is None:
-            self._abort = (code, reason)
+        self._abort.set(code, reason)
         self.abort_wake()
 
     def mark_exited(self, rank: int) -> None:
@@ -139,12 +138,11 @@ class InProcessTransport:
 
     @property
     def aborted(self):
-        return self._abort
+        return self._abort.aborted
 
-    def _check_abort(self, rank, op):
-        if self._abort is not None:
-            code, reason = self._abort
-            raise HcclError(code, f"aborted: {reason}", rank=rank, op=op)
+    def close(self) -> None:
+        """Nothing to release but the waiters: they are woken and fail."""
+        self.abort("E_INTERNAL", "transport closed")
 
     def deadline(self):
         return None if not self.timeout_s else time.monotonic() + self.timeout_s
@@ -178,20 +176,18 @@ class InProcessTransport:
         with ch.cond:
             if ch.queue:
                 return ch.queue.popleft()
-            what = f"data from rank {src}" + (f" ({op})" if op else "")
+            what = waiting_for_data(src, op)
             try:
                 while not ch.queue:
-                    self._check_abort(dst, op)
+                    self._abort.check(dst, op)
                     self.watch.waiting(dst, what)
                     self.watch.check(dst, op)
                     if src in self._exited:
-                        raise HcclError("E_PARA", f"rank {src} returned without sending what this rank waits for "
-                                        f"(tag {tag!r})", rank=dst, op=op)
-                    remaining = _remaining(deadline)
-                    if remaining is not None and remaining <= 0:
-                        raise HcclError("E_TIMEOUT", f"no data from rank {src} within {self.timeout_s:g} s "
-                                        "(HCCL_EXEC_TIMEOUT)", rank=dst, op=op)
-                    ch.cond.wait(_POLL_S if remaining is None else min(_POLL_S, remaining))
+                        raise take_exited(src, dst, tag, op)
+                    left = remaining(deadline)
+                    if left is not None and left <= 0:
+                        raise take_timeout(src, dst, self.timeout_s, op)
+                    ch.cond.wait(_POLL_S if left is None else min(_POLL_S, left))
             finally:
                 self.watch.done(dst)
             return ch.queue.popleft()
@@ -210,16 +206,10 @@ class InProcessTransport:
         while not msg._done.wait(_POLL_S if deadline is None else max(0.0, min(_POLL_S, deadline - time.monotonic()))):
             if msg._done.is_set():
                 break
-            self._check_abort(msg.src, op)
-            self.watch.waiting(msg.src, f"rank {msg.dst} to take its data" + (f" ({op})" if op else ""))
+            self._abort.check(msg.src, op)
+            self.watch.waiting(msg.src, waiting_for_consumer(msg.dst, op))
             self.watch.check(msg.src, op)
             if msg.dst in self._exited:
-                raise HcclError("E_PARA", f"rank {msg.dst} returned without receiving what this rank sent "
-                                f"(tag {msg.tag!r})", rank=msg.src, op=op)
+                raise consume_exited(msg.src, msg.dst, msg.tag, op)
             if deadline is not None and time.monotonic() >= deadline:
-                raise HcclError("E_TIMEOUT", f"rank {msg.dst} did not consume the data sent to it within "
-                                f"{self.timeout_s:g} s (HCCL_EXEC_TIMEOUT)", rank=msg.src, op=op)
-
-
-def _remaining(deadline):
-    return None if deadline is None else deadline - time.monotonic()
+                raise consume_timeout(msg.src, msg.dst, self.timeout_s, op)

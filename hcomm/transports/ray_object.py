@@ -1,0 +1,211 @@
+"""Ray object-store transport: payloads between rank actors through Ray's object store.
+
+Each rank lives in a Ray actor that mixes in `RayMailbox` and holds its endpoint as
+`self.hcomm_transport`. A send puts the slice in the object store (`ray.put`: one copy into the
+sender's node's store) and hands the reference, wrapped in a list so that Ray passes the reference
+and not the value, to the receiver's actor by a method call (`hcomm_deliver`); the receiver fetches
+it when it takes the message (Ray pulls it across nodes; on one node the array is a read-only view
+of shared memory, no copy), and its `consumed(reply)` calls `hcomm_ack` on the sender's actor,
+which completes the sender's handle and drops the reference.
+
+The actor must be threaded (`max_concurrency` >= 2): its main method blocks in the executor while
+peers' deliveries and acknowledgements run on its other threads. Threaded actors run calls in any
+order, so deliveries carry a per-(sender, receiver) sequence number and are queued in order; a
+rank's goodbye (`hcomm_bye`) carries how many messages it sent, so it never overtakes them. A dead
+peer is found by pinging it while a wait on it lasts (Ray tells of a dead actor only when asked):
+E_REMOTE naming the rank. Tags and meta travel pickled with the call (small control data only).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayError
+
+from topologies.errors import HcclError
+
+from .base import POLL_S, PeerEndpoint, RemoteMessage, peer_lost, remaining, take_timeout
+from ..executor import execute
+
+
+class RayMailbox:
+    """The methods by which peers reach a rank's endpoint; mix into the rank's actor class."""
+
+    def hcomm_deliver(self, src, seq, tag, refs, meta, msg_id):
+        self.hcomm_transport._delivered(src, seq, tag, refs[0], meta, msg_id)
+
+    def hcomm_ack(self, msg_id, reply):
+        self.hcomm_transport._acknowledged(msg_id, reply)
+
+    def hcomm_bye(self, src, sent):
+        self.hcomm_transport._said_bye(src, sent)
+
+    def hcomm_ping(self):
+        return True
+
+
+class _RayMessage(RemoteMessage):
+    __slots__ = ("ref",)
+
+    def consumed(self, reply=None) -> None:
+        self.ref = None
+        super().consumed(reply)
+
+
+class RayObjectTransport(PeerEndpoint):
+    """One rank's endpoint, living in that rank's actor; `start(actors)` joins it to the others."""
+
+    def __init__(self, rank: int, size: int, timeout_s: float | None = None):
+        super().__init__(rank, size, timeout_s)
+        self._actors = None
+        self._sent = [0] * self.size        # messages sent to each rank (their sequence numbers)
+        self._next = [0] * self.size        # the sequence number expected next from each rank
+        self._held = {}                     # (src, seq) -> message that overtook an earlier one
+        self._bye_after = {}                # src -> how many messages it sent before its goodbye
+        self._pings = {}                    # peer -> ping in flight
+
+    def start(self, actors) -> None:
+        """`actors`: the actor handle of every rank (a sequence or a mapping rank -> handle)."""
+        try:
+            handles = [actors[r] for r in range(self.size)]
+        except (KeyError, IndexError, TypeError) as exc:
+            raise HcclError("E_PARA", f"start() needs the actor of every one of {self.size} ranks: "
+                            f"{type(exc).__name__}: {exc}", rank=self.rank) from None
+        self._actors = handles
+
+    def _actor(self, rank):
+        if self._actors is None:
+            raise HcclError("E_INTERNAL", "start(actors) was not called: no actor for any peer", rank=self.rank)
+        return self._actors[rank]
+
+    # sending --------------------------------------------------------------------------------------
+    def _send_data(self, handle, view, meta):
+        actor = self._actor(handle.dst)
+        ref = ray.put(view)
+        with self._cond:
+            seq = self._sent[handle.dst]
+            self._sent[handle.dst] = seq + 1
+            # submitted under the lock: a goodbye's count then covers every delivery submitted before it
+            call = actor.hcomm_deliver.remote(self.rank, seq, handle.tag, [ref], meta, handle.id)
+        handle.keep = (ref, call)           # the object lives (owned by this rank) until the ack
+
+    def _send_ack(self, src, msg_id, reply):
+        self._actor(src).hcomm_ack.remote(msg_id, reply)
+
+    def _announce_exit(self):
+        if self._actors is None:
+            return
+        with self._cond:
+            for peer in range(self.size):
+                if peer != self.rank:
+                    self._actors[peer].hcomm_bye.remote(self.rank, self._sent[peer])
+
+    # receiving -------------------------------------------------------------------------------------
+    def _delivered(self, src, seq, tag, ref, meta, msg_id):
+        with self._cond:
+            self._held[(src, seq)] = (tag, ref, meta, msg_id)
+            while (src, self._next[src]) in self._held:
+                tag, ref, meta, msg_id = self._held.pop((src, self._next[src]))
+                msg = _RayMessage(self, src, tag, None, meta, msg_id)
+                msg.ref = ref
+                self._enqueue(msg)
+                self._next[src] += 1
+            self._check_bye(src)
+
+    def _said_bye(self, src, sent):
+        with self._cond:
+            self._bye_after[src] = sent
+            self._check_bye(src)
+
+    def _check_bye(self, src):
+        if src in self._bye_after and self._next[src] >= self._bye_after[src] and src not in self._down:
+            self._down[src] = ("returned", True)
+            self._cond.notify_all()
+
+    def take(self, src, dst, tag, deadline=None, op=None):
+        msg = super().take(src, dst, tag, deadline, op)
+        ref = msg.ref
+        while True:                  # fetch (from another node, maybe) within the same deadline
+            self._abort.check(dst, op)
+            left = remaining(deadline)
+            if left is not None and left <= 0:
+                raise take_timeout(src, dst, self.timeout_s, op)
+            ready, _ = ray.wait([ref], timeout=POLL_S * 4 if left is None else min(POLL_S * 4, left), fetch_local=True)
+            if ready:
+                break
+        try:
+            msg.data = ray.get(ref, timeout=max(1.0, remaining(deadline) or 1.0))
+        except GetTimeoutError:
+            raise take_timeout(src, dst, self.timeout_s, op) from None
+        except RayError as exc:
+            raise peer_lost(src, dst, f"its data could not be fetched ({type(exc).__name__})", op) from None
+        return msg
+
+    def _probe(self, peer):
+        ping = self._pings.get(peer)
+        if ping is None:
+            self._pings[peer] = self._actor(peer).hcomm_ping.remote()
+            return None
+        ready, _ = ray.wait([ping], timeout=0)
+        if not ready:
+            return None              # busy or slow is not dead: the deadline covers that
+        del self._pings[peer]
+        try:
+            ray.get(ping, timeout=0)
+        except RayActorError as exc:
+            return f"its actor died ({type(exc).__name__})"
+        except RayError as exc:
+            return f"it does not answer ({type(exc).__name__})"
+        return None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._announce_exit()
+        self.abort("E_INTERNAL", f"rank {self.rank}'s Ray transport was closed")
+        with self._cond:
+            self._closed = True
+            self._pings.clear()
+            for handle in self._pending.values():
+                handle.keep = None
+            self._inbox.clear()
+            self._held.clear()
+
+
+class ScheduleRunner(RayMailbox):
+    """A bare rank actor: hosts one endpoint and runs per-rank schedules over it. Tests and
+    benchmarks use it (`ray.remote(num_cpus=0, max_concurrency=4)(ScheduleRunner)`); engines mix
+    `RayMailbox` into their own rank actors instead."""
+
+    def __init__(self, rank: int, size: int, timeout_s: float | None = None):
+        self.rank = rank
+        self.hcomm_transport = RayObjectTransport(rank, size, timeout_s)
+
+    def start(self, actors) -> str:
+        """Join the peers; returns the id of the Ray node this rank runs on."""
+        self.hcomm_transport.start(actors)
+        return ray.get_runtime_context().get_node_id()
+
+    def run(self, steps, buffers: dict, tag, reduce_fn, op: str | None = None, repeat: int = 1, keep=("output",)):
+        """Register `buffers` (name -> array, or a callable making one here), execute `steps`
+        `repeat` times; returns ({name: array for name in keep}, seconds of each repetition)."""
+        tr = self.hcomm_transport
+        arrays = {name: (b() if callable(b) else np.array(b, copy=True)) for name, b in buffers.items()}
+        for name, array in arrays.items():
+            tr.register(self.rank, name, array)
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            execute(steps, self.rank, tr, tag, reduce_fn, tr.deadline(), op)
+            times.append(time.perf_counter() - t0)
+        return {name: arrays[name] for name in keep}, times
+
+    def mark_exited(self) -> None:
+        self.hcomm_transport.mark_exited(self.rank)
+
+    def abort(self, code: str, reason: str) -> None:
+        self.hcomm_transport.abort(code, reason)
+
+    def close(self) -> None:
+        self.hcomm_transport.close()

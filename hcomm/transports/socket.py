@@ -1,0 +1,351 @@
+"""Socket transport: direct TCP connections between ranks, peer to peer, no hub.
+
+Each rank's endpoint listens on a port of its own (`address`); the caller exchanges the addresses
+(its bootstrap: a dict rank -> (host, port), or a callable) and calls `start(peers)`, which
+connects to every peer within HCCL_CONNECT_TIMEOUT (`eager=True`, the default) or lets the first
+send to a peer connect (`eager=False`).
+
+One connection per ordered pair (a -> b), opened by a: it carries a's data frames to b and b's
+acknowledgements back, so neither end ever has to decide who connects. A frame is a fixed prefix
+(kind, header length, payload length), a small JSON header (message id, tag, dtype, shape, meta)
+and the payload's raw bytes: sent from the slice's own memory with sendmsg (no copy, no pickle),
+received with recv_into straight into a numpy array of the right shape. Per outgoing connection a
+sender thread writes the frames that `post` queues (so `post` never blocks and a step's sends to
+different peers overlap) and a reader thread completes handles from acknowledgements; per incoming
+connection a reader thread demultiplexes data frames by (src, tag) into the endpoint's inbox.
+
+A rank that closes says so first (a BYE frame): waits on it then fail with E_PARA ("returned
+without ..."). A connection that breaks without one (the peer's process died) fails every wait on
+that peer with E_REMOTE naming it. Tags and meta must be JSON values (tags may be tuples).
+"""
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+
+from topologies.errors import HcclError
+
+from .base import POLL_S, PeerEndpoint, check_rank, connect_timeout, peer_lost
+
+_PREFIX = struct.Struct("!BIQ")          # kind, header bytes, payload bytes
+HELLO, DATA, ACK, BYE = 1, 2, 3, 4
+_MAX_HEADER = 1 << 20
+_JOIN_S = 5.0
+
+
+def _tuples(x):
+    """JSON turns tuples into lists; a tag is hashable, so every list in one was a tuple."""
+    return tuple(_tuples(v) for v in x) if isinstance(x, list) else x
+
+
+def _plain(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    raise TypeError(f"{type(o).__name__} is not a JSON value")
+
+
+def _encode(kind, header, payload=None) -> list:
+    try:
+        head = json.dumps(header, default=_plain, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as exc:
+        raise HcclError("E_PARA", f"a socket transport sends tags and meta as JSON: {exc}") from None
+    nbytes = 0 if payload is None else payload.nbytes
+    parts = [_PREFIX.pack(kind, len(head), nbytes) + head]
+    if nbytes:
+        parts.append(memoryview(payload).cast("B"))
+    return parts
+
+
+def _send_all(sock, parts) -> None:
+    """sendmsg until every byte of every part is written (sendmsg may write part of them)."""
+    views = [memoryview(p) for p in parts]
+    while views:
+        sent = sock.sendmsg(views)
+        while views and sent >= len(views[0]):
+            sent -= len(views[0])
+            views.pop(0)
+        if views and sent:
+            views[0] = views[0][sent:]
+
+
+def _recv_into(sock, view) -> None:
+    got, n = 0, len(view)
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise EOFError("connection closed")
+        got += k
+
+
+def _read_frame(sock):
+    prefix = bytearray(_PREFIX.size)
+    _recv_into(sock, memoryview(prefix))
+    kind, hlen, nbytes = _PREFIX.unpack(prefix)
+    if hlen > _MAX_HEADER:
+        raise ValueError(f"frame header of {hlen} bytes: not a peer of this transport")
+    head = bytearray(hlen)
+    _recv_into(sock, memoryview(head))
+    return kind, json.loads(head), nbytes
+
+
+class _Link:
+    """One TCP connection with a peer, and the threads that serve it."""
+
+    def __init__(self, sock, peer, outgoing):
+        self.sock, self.peer, self.outgoing = sock, peer, outgoing
+        self.send_lock = threading.Lock()
+        self.queue = queue.SimpleQueue() if outgoing else None
+        self.threads = []
+
+    def send(self, parts):
+        with self.send_lock:
+            _send_all(self.sock, parts)
+
+    def shutdown(self):
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+class SocketTransport(PeerEndpoint):
+    """One rank's endpoint: listens at once; `start(peers)` joins it to the others."""
+
+    def __init__(self, rank: int, size: int, timeout_s: float | None = None, connect_timeout_s: float = 120.0,
+                 host: str = "127.0.0.1", port: int = 0):
+        super().__init__(rank, size, timeout_s)
+        if not connect_timeout_s or connect_timeout_s <= 0:
+            raise HcclError("E_PARA", f"connect_timeout_s must be > 0, got {connect_timeout_s!r}", rank=self.rank)
+        self.connect_timeout_s = float(connect_timeout_s)
+        try:
+            self._listener = socket.create_server((host, port), backlog=max(16, 2 * self.size))
+        except OSError as exc:
+            raise HcclError("E_TCP_CONNECT", f"cannot listen on {host}:{port}: {exc}", rank=self.rank) from None
+        self._listener.settimeout(POLL_S * 4)
+        self.address = (host, self._listener.getsockname()[1])
+        self._peers = None
+        self._outgoing, self._incoming = {}, {}
+        self._links_cond = threading.Condition()
+        self._connect_lock = threading.Lock()
+        self._said_bye = False
+        self._acceptor = threading.Thread(target=self._accept_loop, daemon=True, name=f"hcomm-sock{self.rank}-accept")
+        self._acceptor.start()
+
+    # bootstrap ---------------------------------------------------------------------------------------
+    def start(self, peers, eager: bool = True) -> None:
+        """`peers`: rank -> (host, port) for every rank (a mapping or a callable). With `eager`,
+        connect to every peer and wait until every peer has connected back, within the connect
+        timeout; E_TIMEOUT naming the ranks that did not."""
+        self._peers = peers
+        if not eager:
+            return
+        for peer in range(self.size):
+            if peer != self.rank:
+                self._link_to(peer)
+        deadline = time.monotonic() + self.connect_timeout_s
+        with self._links_cond:
+            while len(self._incoming) < self.size - 1 and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = sorted(set(range(self.size)) - set(self._incoming) - {self.rank})
+                    raise connect_timeout(missing[0], self.rank, self.connect_timeout_s,
+                                          f"ranks {missing} never connected to this rank")
+                self._links_cond.wait(min(POLL_S, left))
+
+    def _address_of(self, peer):
+        if self._peers is None:
+            raise HcclError("E_INTERNAL", "start(peers) was not called: no address for any peer", rank=self.rank)
+        try:
+            host, port = self._peers(peer) if callable(self._peers) else self._peers[peer]
+            return str(host), int(port)
+        except HcclError:
+            raise
+        except Exception as exc:
+            raise HcclError("E_PARA", f"no address for rank {peer} in the bootstrap: {type(exc).__name__}: {exc}",
+                            rank=self.rank) from None
+
+    def _link_to(self, peer) -> _Link:
+        link = self._outgoing.get(peer)
+        if link is not None:
+            return link
+        with self._connect_lock:
+            link = self._outgoing.get(peer)
+            if link is None:
+                link = self._connect(peer)
+        return link
+
+    def _connect(self, peer) -> _Link:
+        address = self._address_of(peer)
+        deadline = time.monotonic() + self.connect_timeout_s
+        delay, last = 0.01, None
+        while True:
+            self._abort.check(self.rank, "connect")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise connect_timeout(peer, self.rank, self.connect_timeout_s, f"{address[0]}:{address[1]}: {last}")
+            try:
+                sock = socket.create_connection(address, timeout=min(left, 5.0))
+                break
+            except OSError as exc:       # not listening yet, or refused: retry until the deadline
+                last = exc
+                time.sleep(min(delay, max(0.0, left)))
+                delay = min(delay * 2, 0.5)
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        link = _Link(sock, peer, outgoing=True)
+        try:
+            link.send(_encode(HELLO, {"rank": self.rank, "size": self.size}))
+        except OSError as exc:
+            sock.close()
+            raise peer_lost(peer, self.rank, f"connection refused after connecting: {exc}", "connect") from None
+        link.threads = [threading.Thread(target=self._sender, args=(link,), daemon=True, name=f"hcomm-sock{self.rank}-to{peer}"),
+                        threading.Thread(target=self._reader, args=(link,), daemon=True, name=f"hcomm-sock{self.rank}-ack{peer}")]
+        with self._links_cond:
+            self._outgoing[peer] = link
+            self._links_cond.notify_all()
+        for t in link.threads:
+            t.start()
+        return link
+
+    def _accept_loop(self):
+        while not self._closed:
+            try:
+                sock, _ = self._listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._greet, args=(sock,), daemon=True, name=f"hcomm-sock{self.rank}-greet").start()
+
+    def _greet(self, sock):
+        """Read a new connection's HELLO; then it is this rank's incoming link from that peer."""
+        try:
+            sock.settimeout(self.connect_timeout_s)
+            kind, head, _ = _read_frame(sock)
+            peer = head.get("rank")
+            if kind != HELLO or head.get("size") != self.size or not isinstance(peer, int) \
+                    or not 0 <= peer < self.size or peer == self.rank:
+                raise ValueError(f"bad greeting {head!r}")
+            sock.settimeout(None)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except (OSError, ValueError, EOFError):
+            sock.close()                 # not one of ours: ignore it
+            return
+        link = _Link(sock, peer, outgoing=False)
+        link.threads = [threading.current_thread()]
+        with self._links_cond:
+            if self._closed or peer in self._incoming:
+                sock.close()
+                return
+            self._incoming[peer] = link
+            self._links_cond.notify_all()
+        self._reader(link)
+
+    # the threads of a link ---------------------------------------------------------------------------
+    def _sender(self, link):
+        while True:
+            parts = link.queue.get()
+            if parts is None:
+                return
+            try:
+                link.send(parts)
+            except OSError as exc:
+                self._peer_down(link.peer, f"connection broke while sending to it: {exc}")
+                return
+
+    def _reader(self, link):
+        """Data frames on an incoming link, acknowledgements on an outgoing one; BYE on both."""
+        peer, sock, bye = link.peer, link.sock, False
+        try:
+            while True:
+                kind, head, nbytes = _read_frame(sock)
+                if kind == DATA:
+                    data = np.empty(tuple(head["shape"]), dtype=np.dtype(head["dtype"]))
+                    if data.nbytes != nbytes:
+                        raise ValueError(f"payload of {nbytes} bytes for shape {head['shape']} {head['dtype']}")
+                    if nbytes:
+                        _recv_into(sock, memoryview(data).cast("B"))
+                    self._deliver(peer, _tuples(head["tag"]), data, head.get("meta"), head["id"])
+                elif kind == ACK:
+                    self._acknowledged(head["id"], head.get("reply"))
+                elif kind == BYE:
+                    bye = True
+                    self._peer_down(peer, "returned", clean=True)
+                else:
+                    raise ValueError(f"unknown frame kind {kind}")
+        except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
+            if not bye and not self._closed:
+                why = "its connection closed (process died?)" if isinstance(exc, EOFError) else f"{type(exc).__name__}: {exc}"
+                self._peer_down(peer, why)
+
+    # the PeerEndpoint hooks --------------------------------------------------------------------------
+    def _send_data(self, handle, view, meta):
+        if view.dtype.hasobject or view.dtype.fields is not None:
+            raise HcclError("E_PARA", f"a socket transport moves plain numeric arrays, not dtype {view.dtype}",
+                            rank=self.rank)
+        if handle.dst in self._down:
+            reason, clean = self._down[handle.dst]
+            if not clean:
+                raise peer_lost(handle.dst, self.rank, reason, None)
+        link = self._link_to(handle.dst)
+        handle.keep = view          # the sender thread reads it; the caller may not write it until the ack
+        link.queue.put(_encode(DATA, {"id": handle.id, "tag": handle.tag, "dtype": view.dtype.str,
+                                      "shape": view.shape, "meta": meta}, view))
+
+    def _send_ack(self, src, msg_id, reply):
+        link = self._incoming.get(src)
+        if link is None:
+            return
+        try:
+            link.send(_encode(ACK, {"id": msg_id, "reply": reply}))
+        except OSError as exc:
+            self._peer_down(src, f"connection broke while acknowledging to it: {exc}")
+
+    def _announce_exit(self):
+        if self._said_bye:
+            return
+        self._said_bye = True
+        bye = _encode(BYE, {})
+        with self._links_cond:
+            links = list(self._outgoing.values()) + list(self._incoming.values())
+        for link in links:
+            if link.outgoing:
+                link.queue.put(bye)      # after the data already queued on it
+            else:
+                try:
+                    link.send(bye)
+                except OSError:
+                    pass
+
+    # shutdown ----------------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._announce_exit()
+        self.abort("E_INTERNAL", f"rank {self.rank}'s socket transport was closed")
+        with self._links_cond:
+            links = list(self._outgoing.values()) + list(self._incoming.values())
+        for link in links:
+            if link.outgoing:
+                link.queue.put(None)
+        end = time.monotonic() + _JOIN_S
+        for link in links:          # let the senders flush their BYE before the sockets go
+            if link.outgoing:
+                link.threads[0].join(max(0.0, end - time.monotonic()))
+        self._closed = True
+        for link in links:
+            link.shutdown()
+        for link in links:
+            for t in link.threads:
+                if t is not threading.current_thread():
+                    t.join(max(0.0, end - time.monotonic()))
+            link.sock.close()
+        self._acceptor.join(max(0.0, end - time.monotonic()))
+        self._listener.close()

@@ -1,0 +1,402 @@
+"""Every transport runs real programs with the per-rank executor, each rank apart from the others:
+threads (in-process), spawned processes (socket), Ray actors on a two-node Ray cluster (Ray object
+store). Results equal numpy's; deadlines expire with E_TIMEOUT; a dead peer is E_REMOTE naming it;
+a peer that returned is E_PARA; abort wakes waiters; no process, thread or /dev/shm entry is left."""
+import os
+import re
+import threading
+import time
+
+import numpy as np
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+from ray.exceptions import RayTaskError
+
+from hcomm.executor import execute
+from hcomm.steps import Recv, Send, Slice
+from hcomm.transports import InProcessTransport, Transport
+from hcomm.transports.ray_object import RayObjectTransport, ScheduleRunner
+from hcomm.transports.socket import SocketTransport
+from topologies.errors import HcclError
+
+from transport_cases import (CASES, SIZES, SPAWN, case_buffers, case_expected, case_steps, check_outputs,
+                             run_cases, socket_rank)
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def descendants():
+    """Live processes below this one (no psutil here: read /proc)."""
+    parent = {}
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if fields[0] != "Z":
+                    parent[int(pid)] = int(fields[1])
+            except OSError:
+                pass
+    found, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, pp in parent.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
+def shm_leaks(before):
+    """/dev/shm entries new since `before` that are not another program's: other developers share
+    this machine, so entries named for a live process outside this test's tree are theirs, and
+    so are multiprocessing's named semaphores (these tests use pipes, never semaphores)."""
+    ours = descendants() | {os.getpid()}
+    leaked = []
+    for name in set(os.listdir("/dev/shm")) - before:
+        pid = re.search(r"-(\d+)-", name)
+        if name.startswith("sem.mp-") or (pid and int(pid.group(1)) not in ours
+                                           and os.path.exists(f"/proc/{pid.group(1)}")):
+            continue
+        leaked.append(name)
+    return leaked
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    shm = set(os.listdir("/dev/shm"))
+    yield
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and [t for t in threading.enumerate() if t.name.startswith("hcomm-")]:
+        time.sleep(0.05)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("hcomm-")]
+    assert not SPAWN.active_children()
+    assert not shm_leaks(shm)
+
+
+# ---- in-process: ranks are threads ---------------------------------------------------------------------
+
+def threads(p, body):
+    results, errors = [None] * p, []
+
+    def one(rank):
+        try:
+            results[rank] = body(rank)
+        except BaseException as exc:
+            errors.append(exc)
+    ts = [threading.Thread(target=one, args=(r,)) for r in range(p)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert not errors, errors
+    return results
+
+
+@pytest.mark.parametrize("p", SIZES)
+def test_inprocess_runs_programs(p):
+    tr = InProcessTransport(p, timeout_s=30)
+    assert isinstance(tr, Transport)
+    check_outputs(threads(p, lambda rank: run_cases(tr, rank, p)), p)
+
+
+# ---- socket: ranks are spawned processes -----------------------------------------------------------------
+
+class SocketGroup:
+    """Ranks 0..p-1 as spawned processes, or rank 0 here (`parent=True`) and the rest spawned.
+    Each child talks to the parent over a pipe of its own (its bootstrap and its results)."""
+
+    def __init__(self, p, scenario, timeout_s=30, parent=False):
+        self.p = p
+        self.transport = SocketTransport(0, p, timeout_s=timeout_s, connect_timeout_s=30) if parent else None
+        self.conns, self.procs = {}, {}
+        for rank in range(1 if parent else 0, p):
+            mine, theirs = SPAWN.Pipe()
+            self.conns[rank] = mine
+            self.procs[rank] = SPAWN.Process(target=socket_rank, args=(rank, p, scenario, theirs, timeout_s))
+            self.procs[rank].start()
+            theirs.close()
+        peers = {0: self.transport.address} if parent else {}
+        for rank, conn in self.conns.items():
+            assert conn.poll(60), f"rank {rank} did not start"
+            peers[rank] = conn.recv()
+        for conn in self.conns.values():
+            conn.send(peers)
+        if parent:
+            self.transport.start(peers)
+
+    def collect(self):
+        got = {}
+        for rank, conn in self.conns.items():
+            assert conn.poll(120), f"rank {rank} did not finish"
+            got[rank] = conn.recv()
+        bad = [v for v in got.values() if isinstance(v, BaseException)]
+        assert not bad, bad
+        return got
+
+    def close(self):
+        for conn in self.conns.values():
+            try:
+                conn.send("quit")
+            except OSError:
+                pass
+        if self.transport is not None:
+            self.transport.close()
+        for proc in self.procs.values():
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+        for conn in self.conns.values():
+            conn.close()
+
+
+@pytest.mark.parametrize("p", SIZES)
+def test_socket_runs_programs_across_processes(p):
+    group = SocketGroup(p, "cases")
+    try:
+        check_outputs(group.collect(), p)
+    finally:
+        group.close()
+    assert all(proc.exitcode == 0 for proc in group.procs.values())
+
+
+# ---- Ray object store: ranks are actors on two Ray nodes ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A two-node Ray cluster on this machine (one per module); the ranks' traffic crosses nodes."""
+    if ray.is_initialized():
+        ray.shutdown()       # another module's instance: this module needs a cluster of its own
+    shm = set(os.listdir("/dev/shm"))
+    cluster = Cluster()
+    try:
+        for k in range(2):
+            cluster.add_node(num_cpus=0, resources={f"node{k}": 64}, object_store_memory=256 << 20,
+                             include_dashboard=False)
+        ray.init(address=cluster.address, log_to_driver=False)
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    deadline = time.monotonic() + 20
+    while descendants() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not descendants()
+    assert not shm_leaks(shm)
+
+
+RankActor = ray.remote(ScheduleRunner)
+
+
+class RayGroup:
+    """p rank actors, the first half of the ranks on node0 and the rest on node1."""
+
+    def __init__(self, p, timeout_s=30):
+        self.actors = [RankActor.options(num_cpus=0, max_concurrency=4, resources={f"node{(2 * r) // p}": 1})
+                       .remote(r, p, timeout_s) for r in range(p)]
+        self.nodes = ray.get([a.start.remote(self.actors) for a in self.actors], timeout=120)
+
+    def close(self):
+        for actor in self.actors:
+            try:
+                ray.get(actor.close.remote(), timeout=30)
+            except ray.exceptions.RayActorError:
+                pass
+            ray.kill(actor)
+
+
+def ray_cause(ref, timeout=60):
+    """The HcclError a rank actor's call raised."""
+    with pytest.raises(RayTaskError) as info:
+        ray.get(ref, timeout=timeout)
+    assert isinstance(info.value.cause, HcclError), info.value
+    return info.value.cause
+
+
+@pytest.mark.parametrize("p", SIZES)
+def test_ray_object_runs_programs_across_two_nodes(ray_cluster, p):
+    group = RayGroup(p)
+    try:
+        assert len(set(group.nodes)) == 2           # ranks really sit on both nodes
+        for i, (coll, algo) in enumerate(CASES):
+            steps = case_steps(coll, algo, p)
+            outs = ray.get([a.run.remote(steps[r], case_buffers(coll, p, r), ("case", i), np.add, coll)
+                            for r, a in enumerate(group.actors)], timeout=120)
+            want = case_expected(coll, p)
+            for rank, (buffers, _) in enumerate(outs):
+                assert np.array_equal(buffers["output"], want), (coll, algo, p, rank)
+    finally:
+        group.close()
+
+
+# ---- failures, the same for every transport ----------------------------------------------------------------
+
+RECV_FROM_1 = [(Recv(1, Slice("output", 0, 4), 32),)]
+SEND_TO_1 = [(Send(1, Slice("input", 0, 4), 32),)]
+BUFFERS = {"input": np.arange(4, dtype=np.int64), "output": np.zeros(4, dtype=np.int64)}
+
+
+class InProcessPair:
+    def __init__(self, timeout_s):
+        self.tr = InProcessTransport(2, timeout_s)
+        self._thread = None
+
+    def start0(self, steps):
+        for name, array in BUFFERS.items():
+            self.tr.register(0, name, array.copy())
+        self._error = None
+
+        def body():
+            try:
+                execute(steps, 0, self.tr, "t", np.add, self.tr.deadline(), "test")
+            except HcclError as exc:
+                self._error = exc
+        self._thread = threading.Thread(target=body)
+        self._thread.start()
+
+    def error0(self):
+        self._thread.join(60)
+        assert not self._thread.is_alive()
+        return self._error
+
+    def abort0(self, code, reason):
+        self.tr.abort(code, reason)
+
+    def exit1(self):
+        self.tr.mark_exited(1)
+
+    def close(self):
+        self.tr.close()
+
+
+class SocketPair(InProcessPair):
+    """Rank 0 here, rank 1 a spawned process."""
+
+    def __init__(self, timeout_s):
+        self.group = SocketGroup(2, "serve", timeout_s=timeout_s, parent=True)
+        self.tr = self.group.transport
+
+    def kill1(self):
+        self.group.procs[1].kill()
+
+    def exit1(self):
+        self.group.conns[1].send("exit")
+
+    def close(self):
+        self.group.close()
+
+
+class RayPair:
+    def __init__(self, timeout_s):
+        self.group = RayGroup(2, timeout_s)
+        self.a0, self.a1 = self.group.actors
+
+    def start0(self, steps):
+        self._ref = self.a0.run.remote(steps, BUFFERS, "t", np.add, "test")
+
+    def error0(self):
+        try:
+            ray.get(self._ref, timeout=60)
+        except RayTaskError as exc:
+            assert isinstance(exc.cause, HcclError), exc
+            return exc.cause
+        return None
+
+    def abort0(self, code, reason):
+        ray.get(self.a0.abort.remote(code, reason), timeout=30)
+
+    def kill1(self):
+        ray.kill(self.a1)
+
+    def exit1(self):
+        ray.get(self.a1.mark_exited.remote(), timeout=30)
+
+    def close(self):
+        self.group.close()
+
+
+PAIRS = {"inprocess": InProcessPair, "socket": SocketPair, "ray_object": RayPair}
+
+
+@pytest.fixture(params=list(PAIRS))
+def pair_of(request):
+    made = []
+
+    def make(timeout_s):
+        if request.param == "ray_object":
+            request.getfixturevalue("ray_cluster")
+        made.append(PAIRS[request.param](timeout_s))
+        return made[-1]
+    yield make
+    for pair in made:
+        pair.close()
+
+
+@pytest.mark.parametrize("steps, wording", [(RECV_FROM_1, "no data from rank 1 within 0.4 s"),
+                                            (SEND_TO_1, "rank 1 did not consume the data sent to it within 0.4 s")])
+def test_deadline_expires_with_e_timeout(pair_of, steps, wording):
+    pair = pair_of(0.4)
+    t0 = time.monotonic()
+    pair.start0(steps)
+    err = pair.error0()
+    assert err is not None and err.code == "E_TIMEOUT" and wording in str(err) and err.rank == 0
+    assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize("steps", [RECV_FROM_1, SEND_TO_1])
+def test_peer_that_returned_is_e_para(pair_of, steps):
+    pair = pair_of(30)
+    pair.exit1()
+    pair.start0(steps)
+    err = pair.error0()
+    assert err is not None and err.code == "E_PARA" and "rank 1 returned without" in str(err)
+
+
+def test_abort_wakes_waiters(pair_of):
+    pair = pair_of(60)
+    pair.start0(RECV_FROM_1)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    pair.abort0("E_INTERNAL", "test abort")
+    err = pair.error0()
+    assert err is not None and err.code == "E_INTERNAL" and "aborted: test abort" in str(err)
+    assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize("kind", ["socket", "ray_object"])
+@pytest.mark.parametrize("steps", [RECV_FROM_1, SEND_TO_1])
+def test_dead_peer_is_e_remote_naming_it(request, kind, steps):
+    if kind == "ray_object":
+        request.getfixturevalue("ray_cluster")
+    pair = PAIRS[kind](60)
+    try:
+        pair.start0(steps)
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        pair.kill1()
+        err = pair.error0()
+        assert err is not None and err.code == "E_REMOTE" and "lost rank 1" in str(err), err
+        assert time.monotonic() - t0 < 10
+    finally:
+        pair.close()
+
+
+def test_bad_use_is_an_hccl_error():
+    tr = SocketTransport(0, 2, timeout_s=1)
+    try:
+        with pytest.raises(HcclError, match="serves rank 0, not rank 1"):
+            tr.post_view(1, 0, "t", np.zeros(2))
+        with pytest.raises(HcclError, match="start\\(peers\\) was not called"):
+            tr.post_view(0, 1, "t", np.zeros(2))
+        with pytest.raises(HcclError, match="dst must be a rank in \\[0, 2\\)"):
+            tr.post_view(0, 7, "t", np.zeros(2))
+        with pytest.raises(HcclError, match="not registered"):
+            tr.post(0, 1, "t", "input", 0, 1)
+        tr.start({1: ("127.0.0.1", 1)}, eager=False)     # nobody listens there
+        tr.connect_timeout_s = 0.3
+        with pytest.raises(HcclError, match="could not connect to rank 1 within 0.3 s") as info:
+            tr.post_view(0, 1, "t", np.zeros(2))
+        assert info.value.code == "E_TIMEOUT"
+    finally:
+        tr.close()
+    with pytest.raises(HcclError, match="size must be a positive int"):
+        RayObjectTransport(0, 0)
