@@ -88,7 +88,7 @@ class Cluster:
         self._open = True
         self._ray = None
         if self.engine == "ray":
-            from .engines.ray_engine import RayCluster
+            from .engines.ray import RayCluster
             self._ray = RayCluster(self.topology, self.config, address=address, data_plane=data_plane)
 
     def run(self, fn, args=(), kwargs=None):

@@ -1,8 +1,9 @@
 """Run one rank's schedule on real buffers over a transport (the data plane of real engines).
 
-Per step: post every Send (a view of this rank's registered memory), run local copies, take
-every Recv in order and copy or reduce straight from the sender's memory, acknowledge it, then
-wait until this rank's own sends have been consumed before the next step may write anything.
+Per step: post every Send (a view of this rank's registered memory), run the step's local copies
+(copies run at the start of their step in every engine: hcomm.program.data_moves), take every
+Recv in order and copy or reduce straight from the sender's memory, acknowledge it, then wait
+until this rank's own sends have been consumed before the next step may write anything.
 """
 from __future__ import annotations
 
@@ -21,8 +22,11 @@ def execute(schedule, rank: int, transport, tag, reduce_fn, deadline=None, op: s
                 s = item.src
                 posted.append(transport.post(rank, item.peer, tag, s.buf, s.start, s.stop))
         for item in step:
-            kind = type(item)
-            if kind is Recv:
+            if type(item) is Copy:
+                s, d = item.src, item.dst
+                np.copyto(region(rank, d.buf)[d.start:d.stop], region(rank, s.buf)[s.start:s.stop])
+        for item in step:
+            if type(item) is Recv:
                 msg = transport.take(item.peer, rank, tag, deadline, op)
                 d = item.dst
                 out = region(rank, d.buf)[d.start:d.stop]
@@ -32,8 +36,5 @@ def execute(schedule, rank: int, transport, tag, reduce_fn, deadline=None, op: s
                     w = item.reduce_with
                     reduce_fn(msg.data, region(rank, w.buf)[w.start:w.stop], out)
                 msg.consumed()
-            elif kind is Copy:
-                s, d = item.src, item.dst
-                np.copyto(region(rank, d.buf)[d.start:d.stop], region(rank, s.buf)[s.start:s.stop])
         for msg in posted:
             transport.wait_consumed(msg, deadline, op)

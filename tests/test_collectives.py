@@ -99,13 +99,21 @@ def test_larger_than_communicator_buffer(p, algo):
 
 @pytest.mark.parametrize("dataplane", ["central", "threads"])
 def test_data_planes_agree(dataplane):
-    """The threaded data plane executes each rank's schedule over the zero-copy transport."""
+    """The threaded data plane executes each rank's schedule over the zero-copy transport (the
+    per-rank executor every engine whose ranks share no memory uses): every algorithm, flat and
+    on HCCL's hierarchy, including schedules whose steps copy and reduce into one slice."""
     for p in (1, 2, 3, 8, 11):
         topo = hccl_sim.topology("fullmesh", ranks=p)
-        for algo in (None, "ring", "H-D_R"):
+        for algo in (None, "ring", "H-D_R", "NHR", "NB", "fullmesh"):
             results = run_local(all_collectives, topo, Config(), args=(3 * p + 2, np.int64, "max", algo, p // 2),
                                 dataplane=dataplane)
             check(results, p, 3 * p + 2, np.int64, "max", p // 2)
+    for name, kw in (("atlas800t-a2", {}), ("atlas800t-a2", {"servers": 2}), ("atlas800-910a", {"servers": 2})):
+        topo = hccl_sim.topology(name, **kw)
+        for count in (5, 67):
+            results = run_local(all_collectives, topo, Config(), args=(count, np.int32, "min", None, 3),
+                                dataplane=dataplane)
+            check(results, topo.num_ranks, count, np.int32, "min", 3)
 
 
 def test_large_op_split_across_cores():

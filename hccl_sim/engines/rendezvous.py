@@ -8,6 +8,7 @@ The stall watch (every live rank waiting and nothing moving: a deadlock) is hcom
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from topologies.errors import HcclError
@@ -60,3 +61,27 @@ def returned_early_reason(sig, seq, gone_rank) -> str:
 
 def describe_failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+class PlanCache:
+    """Plans by (call, relative entry clocks): a rank that plans every op itself (engines without a
+    planning hub) plans each distinct call once. Timing is shift-invariant, so a cached plan moved
+    by the earliest entry clock is exactly the plan of the shifted call."""
+
+    def __init__(self, topo, config, limit: int = 1024):
+        self.topo, self.config, self.limit = topo, config, limit
+        self._plans = {}
+
+    def plan(self, calls: list):
+        first = calls[0]
+        if any(c.signature != first.signature or c.itemsize != first.itemsize for c in calls):
+            return plan_calls(calls, self.topo, self.config)     # raises the mismatch error
+        base = min(c.clock for c in calls)
+        key = (first.signature, first.itemsize, tuple(c.clock - base for c in calls))
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= self.limit:
+                self._plans.clear()
+            rel = [c._replace(clock=c.clock - base) for c in calls]
+            plan = self._plans[key] = plan_calls(rel, self.topo, self.config)
+        return dataclasses.replace(plan, entry=[base + t for t in plan.entry], exits=[base + t for t in plan.exits])

@@ -1,0 +1,154 @@
+"""The rank actor: one Ray actor per rank, owning its simulated NPU (runtime, device, HBM), its
+shared-memory segments and, for each run, its endpoint of the peer transport.
+
+The actor is threaded: `run` blocks in the user's function while peers' deliveries (the object
+plane's mailbox), the driver's status polls and its deadlock notice run on other threads.
+"""
+from __future__ import annotations
+
+import os
+import time
+import traceback
+
+from hcomm.transports.ray_object import RayMailbox
+
+from topologies.errors import HcclError
+
+from ...communicator import Communicator
+from ...device import Runtime
+from .control import ShmControl, TransportControl
+from .group import RayGroup
+from .protocol import Outcome, RankInfo, RankStatus
+from .shm_plane import SharedArea
+from .watch import RankWatch
+
+CONTROL_SLOT_BYTES = 20 << 10      # room for an inline op's input (group.INLINE_BYTES) and its framing
+
+
+def _node():
+    import ray
+    ctx = ray.get_runtime_context()
+    return ctx.get_node_id(), ray.util.get_node_ip_address()
+
+
+class RankActorBase(RayMailbox):
+    """One rank: its runtime, device (HBM, streams) and shared-memory segments live across runs."""
+
+    def __init__(self, rank, topo, config, session):
+        self.rank, self.topo, self.config, self.session = rank, topo, config, session
+        self.runtime = Runtime(rank, topo).init()
+        self.device = self.runtime.set_device(topo.device_of[rank])
+        self.shared = SharedArea(session, rank)
+        self.device.storage = self.shared.device_storage
+        self.hcomm_transport = None        # this run's endpoint (RayMailbox delivers into it)
+        self.watch = RankWatch()
+        self._block_owner = None           # the control block, in the actor that creates it
+        self._control = None
+
+    def info(self) -> RankInfo:
+        import resource
+        node_id, ip = _node()
+        return RankInfo(self.rank, os.getpid(), node_id, ip, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+    # ---- the control block (same host) -----------------------------------------------------------
+    def create_control(self, size: int) -> None:
+        from hcomm.shm_control import ControlBlock
+        self._block_owner = ControlBlock.create(self.session, size, CONTROL_SLOT_BYTES)
+
+    def reset_control(self) -> None:
+        self._block_owner.reset()
+
+    # ---- one run ---------------------------------------------------------------------------------
+    def prepare(self, plane: str):
+        """This run's peer transport endpoint; returns its address (socket plane) or None."""
+        size = self.topo.num_ranks
+        if plane == "object":
+            from hcomm.transports.ray_object import RayObjectTransport
+            self.hcomm_transport = RayObjectTransport(self.rank, size, self.config.wait_timeout_s)
+            return None
+        from hcomm.transports.socket import SocketTransport
+        host = _node()[1] if plane == "socket" else "127.0.0.1"    # peers on other hosts must reach it
+        self.hcomm_transport = SocketTransport(self.rank, size, self.config.wait_timeout_s,
+                                               connect_timeout_s=float(self.config.connect_timeout_s), host=host)
+        return self.hcomm_transport.address
+
+    def run(self, fn, args, kwargs, spec, actors=None) -> Outcome:
+        transport = self.hcomm_transport
+        group = None
+        self.device.reset_timeline()
+        self.watch = RankWatch()
+        try:
+            if spec.plane == "object":
+                transport.start(actors)
+            else:
+                transport.start(spec.peers, eager=False)
+            control = self._open_control(spec, transport)
+            group = RayGroup(self.rank, self.topo, self.config, spec.plane, control, transport, self.watch,
+                             self.shared)
+            comm = Communicator(self.rank, group, self.device)
+            comm.runtime = self.runtime
+            try:
+                value = fn(comm, *args, **(kwargs or {}))
+            finally:
+                self.device.free(comm.ccl_buffer)
+        except BaseException as exc:   # noqa: BLE001 - reported to the driver and the other ranks
+            at = time.time()
+            if group is not None:
+                group.fail(self.rank, exc)
+            self._finish(transport)
+            if isinstance(exc, HcclError):
+                return Outcome(self.rank, False, code=exc.code, reason=exc.reason, op=exc.op, at=at)
+            return Outcome(self.rank, False, reason=str(exc), error_type=type(exc).__name__,
+                           traceback=traceback.format_exc(limit=8), at=at)
+        group.exit(self.rank)
+        self._finish(transport)
+        return Outcome(self.rank, True, value=value)
+
+    def _open_control(self, spec, transport):
+        """The shared control block when ranks share a host (attached for this run: closing it at
+        the end tells ranks still waiting that this one has returned), else the transport."""
+        if spec.plane == "shm" or self._has_block():
+            from hcomm.shm_control import ControlBlock
+            self._control = ShmControl(ControlBlock.attach(self.session, self.rank))
+            return self._control
+        return TransportControl(transport, self.rank, self.topo.num_ranks)
+
+    def _has_block(self):
+        from hcomm.shm_control import segment_name
+        return os.path.exists(f"/dev/shm/{segment_name(self.session)}")
+
+    def _finish(self, transport):
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+        if transport is not None:
+            transport.close()
+        self.hcomm_transport = None
+
+    def status(self) -> RankStatus:
+        what, progress = self.watch.snapshot()
+        return RankStatus(self.rank, what, progress)
+
+    def stop_deadlock(self, message: str) -> None:
+        """The driver saw every rank waiting with nothing moving: end this rank's wait."""
+        if self._control is not None:
+            self._control.abort("E_TIMEOUT", message)
+        tr = self.hcomm_transport
+        if tr is not None:
+            tr.abort("E_TIMEOUT", message)
+
+    def close(self):
+        leaks = self.runtime.finalize() if self.runtime.state == "ready" else []
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+        if self._block_owner is not None:
+            self._block_owner.close()
+            self._block_owner = None
+        self.shared.close()
+        return leaks
+
+
+def rank_actor_class():
+    import ray
+    return ray.remote(num_cpus=0, max_concurrency=8)(RankActorBase)

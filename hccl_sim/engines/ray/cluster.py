@@ -1,0 +1,225 @@
+"""The driver's side of the Ray engine: actors placed by server, the data plane chosen from where
+they landed, runs launched and watched, every failure reported as one HcclError.
+
+Placement: one placement-group bundle per server, spread over Ray nodes (STRICT_SPREAD when there
+are at least as many nodes as servers), every rank actor in its server's bundle, so a `ray start`
+cluster of several machines maps servers onto machines. Where every actor landed is read from
+Ray's node ids (not host names): all on one node -> the shared-memory planes (control block +
+shm data); otherwise the socket plane (control and data peer to peer), or `data_plane="object"`
+(Ray's object store). Forcing "socket" or "object" on one node runs the cross-host path there.
+
+A run: reset the control block, let every actor open its transport endpoint (the driver hands
+out the addresses), run `fn` on every actor, and poll them while it runs: a rank that raised
+is reported by the earliest error that is not a consequence of another's (an abort, a departed
+peer); every rank waiting with nothing moving for STALL_S is a deadlock, told to every rank.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from hcomm import shm
+from topologies.errors import HcclError
+
+from .actors import rank_actor_class
+from .protocol import RunSpec
+from .watch import STALL_S
+
+PLANES = ("shm", "socket", "object")
+_TICK_S = 0.5                       # how often a running job is polled
+_START_TIMEOUT_S = 120
+
+
+class RayCluster:
+    """Actors for every rank of a topology, kept across runs."""
+
+    def __init__(self, topo, config, address: str | None = None, data_plane: str | None = None):
+        import ray
+        if data_plane not in (None,) + PLANES:
+            raise HcclError("E_PARA", f"data_plane {data_plane!r}: expected one of {', '.join(PLANES)}")
+        self.topo, self.config = topo, config
+        self._requested = data_plane
+        shm.sweep_orphans()             # segments of drivers that died on this host
+        self.session = shm.new_session()
+        self._started_ray = False
+        self._closed = True
+        self._pg = None
+        if not ray.is_initialized():
+            address = address or os.environ.get("RAY_ADDRESS")
+            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+            quiet = dict(log_to_driver=False, logging_level=logging.WARNING)
+            if address:
+                ray.init(address=address, **quiet)
+            else:
+                os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+                ray.init(address="local", include_dashboard=False, **quiet)
+                self._started_ray = True
+        self._ray = ray
+        try:
+            self._start_actors()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_actors(self):
+        ray = self._ray
+        p = self.topo.num_ranks
+        actor_cls = rank_actor_class()
+        topo_ref = ray.put(self.topo)
+        options = self._placement()
+        self._closed = False
+        self.actors = [actor_cls.options(**options(r)).remote(r, topo_ref, self.config, self.session) for r in range(p)]
+        infos = self._gather([a.info.remote() for a in self.actors], "start", max(_START_TIMEOUT_S,
+                                                                                  self.config.connect_timeout_s))
+        self.pids = [i.pid for i in infos]
+        self.node_of = [i.node_id for i in infos]
+        self.nodes = sorted(set(self.node_of))
+        one_node = len(self.nodes) == 1
+        plane = self.data_plane = self._requested or ("shm" if one_node else "socket")
+        if plane == "shm" and not one_node:
+            raise HcclError("E_PARA", f"data_plane 'shm' needs every rank on one Ray node; ranks landed on "
+                            f"{len(self.nodes)} nodes (use 'socket' or 'object')")
+        if one_node:
+            self._gather([self.actors[0].create_control.remote(p)], "create the control block", 60)
+
+    def _placement(self):
+        """Actor options per rank: its server's placement-group bundle when Ray has several nodes."""
+        ray = self._ray
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        if len(nodes) <= 1:
+            return lambda r: {}
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        servers = sorted(set(self.topo.server_of))
+        index = {s: i for i, s in enumerate(servers)}
+        strategy = "STRICT_SPREAD" if len(servers) <= len(nodes) else "SPREAD"
+        self._pg = placement_group([{"CPU": 0.001} for _ in servers], strategy=strategy)
+        try:
+            ray.get(self._pg.ready(), timeout=_START_TIMEOUT_S)
+        except Exception as exc:   # noqa: BLE001 - GetTimeoutError and kin, reported as one error
+            raise HcclError("E_TIMEOUT", f"Ray could not place {len(servers)} servers on {len(nodes)} nodes "
+                            f"({strategy}): {type(exc).__name__}: {exc}") from None
+
+        def options(rank):
+            return {"scheduling_strategy": PlacementGroupSchedulingStrategy(
+                self._pg, placement_group_bundle_index=index[self.topo.server_of[rank]])}
+        return options
+
+    def _gather(self, refs, what, timeout):
+        """ray.get of one call per rank, every Ray failure an HcclError naming the rank."""
+        ray = self._ray
+        out = []
+        for r, ref in enumerate(refs):
+            try:
+                out.append(ray.get(ref, timeout=timeout))
+            except ray.exceptions.GetTimeoutError:
+                raise HcclError("E_TIMEOUT", f"rank {r}'s actor did not {what} within {timeout:g} s", rank=r) from None
+            except ray.exceptions.RayError as exc:
+                raise HcclError("E_REMOTE", f"rank {r}'s actor failed to {what}: {type(exc).__name__}: "
+                                f"{str(exc).splitlines()[0] if str(exc) else ''}", rank=r) from None
+        return out
+
+    # ---- runs -------------------------------------------------------------------------------------
+    def run(self, fn, args=(), kwargs=None):
+        if self._closed:
+            raise HcclError("E_IN_STATUS", "the Ray cluster is closed")
+        ray = self._ray
+        plane = self.data_plane
+        if len(self.nodes) == 1:
+            self._gather([self.actors[0].reset_control.remote()], "reset the control block", 60)
+        addresses = self._gather([a.prepare.remote(plane) for a in self.actors], "open its transport",
+                                 self.config.connect_timeout_s or 120)
+        spec = RunSpec(self.session, plane, {r: a for r, a in enumerate(addresses)})
+        actors = self.actors if plane == "object" else None
+        refs = [a.run.remote(fn, args, kwargs, spec, actors) for a in self.actors]
+        outcomes = self._watch(refs)
+        errors = [o for o in outcomes if not o.ok]
+        if errors:
+            primary = [e for e in errors if not e.secondary] or errors
+            raise min(primary, key=lambda e: (e.at, e.rank)).error()
+        return [o.value for o in outcomes]
+
+    def _watch(self, refs):
+        """Wait for every rank's Outcome, polling for deadlocks; nothing waits past the limit."""
+        ray = self._ray
+        p = len(refs)
+        limit = time.monotonic() + (self.config.wait_timeout_s or 10 ** 9) + self.config.connect_timeout_s + 30
+        done = {}
+        stalled = None                  # (progress total, since) while every running rank waits
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=_TICK_S)
+            for ref in ready:
+                done[refs.index(ref)] = self._outcome(refs.index(ref), ref)
+            if not pending:
+                break
+            if time.monotonic() > limit:
+                for ref in pending:
+                    r = refs.index(ref)
+                    done[r] = _timeout_outcome(r)
+                break
+            stalled = self._check_stall([refs.index(ref) for ref in pending], stalled)
+        return [done[r] for r in range(p)]
+
+    def _outcome(self, rank, ref):
+        from .protocol import Outcome
+        ray = self._ray
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            return Outcome(rank, False, code="E_REMOTE", reason=f"its actor died: {str(exc).splitlines()[0]}",
+                           at=time.time())
+        except ray.exceptions.RayError as exc:      # e.g. a result that does not pickle
+            return Outcome(rank, False, code="E_INTERNAL", reason=f"{type(exc).__name__}: {exc}", at=time.time())
+
+    def _check_stall(self, running, stalled):
+        ray = self._ray
+        try:
+            statuses = ray.get([self.actors[r].status.remote() for r in running], timeout=10)
+        except ray.exceptions.RayError:
+            return None                 # an actor died: its run's outcome will say so
+        if any(s.waiting is None for s in statuses):
+            return None
+        total = sum(s.progress for s in statuses)
+        now = time.monotonic()
+        if stalled is None or stalled[0] != total:
+            return (total, now)
+        if now - stalled[1] < STALL_S:
+            return stalled
+        who = "; ".join(f"rank {s.rank} waits for {s.waiting}" for s in statuses[:8])
+        message = f"deadlock: every rank is waiting and none can proceed ({who})"
+        ray.get([self.actors[r].stop_deadlock.remote(message) for r in running], timeout=10)
+        return None
+
+    def close(self):
+        if getattr(self, "_closing", False):
+            return
+        self._closing = True
+        ray = self._ray if hasattr(self, "_ray") else None
+        actors = getattr(self, "actors", [])
+        if ray is not None and actors:
+            try:
+                ray.get([a.close.remote() for a in actors], timeout=30)
+            except Exception:   # noqa: BLE001 - dead actors cannot close; their segments are cleaned below
+                pass
+            for a in actors:
+                try:
+                    ray.kill(a)
+                except Exception:   # noqa: BLE001 - already gone
+                    pass
+        if self._pg is not None:
+            try:
+                from ray.util.placement_group import remove_placement_group
+                remove_placement_group(self._pg)
+            except Exception:   # noqa: BLE001 - the cluster may be gone
+                pass
+        self._closed = True
+        shm.cleanup(self.session)
+        if self._started_ray and ray is not None:
+            ray.shutdown()
+
+
+def _timeout_outcome(rank):
+    from .protocol import Outcome
+    return Outcome(rank, False, code="E_TIMEOUT", reason="did not finish in time", at=time.time())

@@ -1,0 +1,121 @@
+"""One rank's Group (the engine contract, engines/base.py) inside its Ray actor.
+
+Rendezvous: the rank's call (signature, entry clock, item size) goes through the control plane's
+allgather (shared memory on one host, the peer transport across hosts); every rank then plans
+the op itself, identically (planner + PlanCache), so there is no hub and no planning round trip.
+
+Execution, by the data plane the cluster chose:
+- "shm" (every rank on one host): ops whose input fits a control slot travel in a second
+  allgather and every rank computes the whole (tiny) op locally; larger ones name their shared
+  segments in that allgather, every rank runs its 1/p share of the op's data program on all ranks'
+  buffers in place (the central data program), and a barrier closes the op.
+- "socket" / "object" (ranks that share no memory): the per-rank executor runs this rank's own
+  schedule over the peer-to-peer transport (direct TCP, or Ray's object store); no rank touches
+  another's data or computes another's result.
+Point-to-point send/recv use the peer transport on every plane.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+from topologies.errors import HcclError
+
+from .. import executors
+from .. import rendezvous as rdv
+from ..base import Call, RankBuffers
+from ...planner import Signature, op_loops
+from .protocol import CallPayload
+from .watch import WatchedTransport
+
+INLINE_BYTES = 16 << 10            # inputs up to this size travel in the control plane (shm plane)
+_RETURNED = re.compile(r"rank (\d+) closed its control block")   # hcomm.shm_control: that rank's run returned
+
+
+class RayGroup:
+    def __init__(self, rank, topo, config, plane, control, transport, watch, shared=None):
+        self.rank, self.topo, self.config, self.size = rank, topo, config, topo.num_ranks
+        self.plane, self.control, self.watch, self.shared = plane, control, watch, shared
+        self.transport = WatchedTransport(transport, watch)
+        self._plans = rdv.PlanCache(topo, config)
+        self._seq = 0                      # the control plane's own sequence (several per collective)
+        self.inline_bytes = min(INLINE_BYTES, control.max_payload)
+
+    # ---- the control plane -----------------------------------------------------------------------
+    def _allgather(self, payload: bytes, what: str, op: str) -> list:
+        seq = self._seq
+        self._seq += 1
+        with self.watch.waiting(what):
+            return self.control.allgather(seq, payload, rdv.deadline(self.config), op)
+
+    # ---- the contract ------------------------------------------------------------------------------
+    def rendezvous(self, rank, call: Call):
+        sig = call.signature
+        op = rdv.opname(sig)
+        try:
+            raws = self._allgather(CallPayload(sig, call.clock, call.itemsize).encode(),
+                                   f"{op} (collective #{call.seq})", op)
+        except HcclError as exc:
+            gone = _RETURNED.search(exc.reason)
+            if gone is None:
+                raise
+            raise HcclError("E_PARA", rdv.returned_early_reason(sig, call.seq, int(gone.group(1))), rank=rank,
+                            op=op) from None
+        calls = [Call(call.seq, c.signature, c.clock, c.itemsize)
+                 for c in (CallPayload.decode(r, Signature) for r in raws)]
+        try:
+            return self._plans.plan(calls)
+        except HcclError as exc:
+            raise HcclError(exc.code, exc.reason, rank=rank, op=op) from None
+
+    def execute(self, rank, seq, plan, buffers: RankBuffers, redop) -> None:
+        coll = plan.collective
+        if not coll.carries_data:
+            return                          # a barrier: the rendezvous was it
+        op = coll.method
+        if self.plane != "shm":
+            with self.watch.waiting(f"{op} (collective #{seq}) data"):
+                executors.per_rank(rank, plan, buffers, redop, self.transport, self.size)
+            return
+        x, out = buffers.input, buffers.output
+        if x.nbytes <= self.inline_bytes:
+            self._inline(rank, seq, plan, x, out, redop, op)
+        else:
+            self._shared_shares(rank, seq, plan, buffers, redop, op)
+
+    def _inline(self, rank, seq, plan, x, out, redop, op):
+        """Every rank's input in the control plane; every rank computes the op from all of them."""
+        raws = self._allgather(np.ascontiguousarray(x).tobytes(), f"{op} (collective #{seq}) inputs", op)
+        p = self.size
+        bufs = []
+        for j, raw in enumerate(raws):
+            xj = np.frombuffer(raw, dtype=x.dtype).reshape(x.shape)
+            oj = out if j == rank else np.empty(out.shape, dtype=out.dtype)
+            bufs.append(executors.with_scratch(plan, RankBuffers(xj, oj, None), p))
+        executors.central_share(plan, bufs, redop)
+
+    def _shared_shares(self, rank, seq, plan, buffers, redop, op):
+        p = self.size
+        scratch_shape = plan.collective.scratch_shape(p, op_loops(plan.signature, p, buffers.input.itemsize,
+                                                                  self.config))
+        desc, copy_back = self.shared.describe(buffers, scratch_shape)
+        descs = [type(desc).decode(r) for r in
+                 self._allgather(desc.encode(), f"{op} (collective #{seq}) buffers", op)]
+        bufs = [self.shared.attach(d) for d in descs]
+        executors.central_share(plan, bufs, redop, rank, p)
+        self._allgather(b"", f"the other ranks' shares of {op} (collective #{seq})", op)
+        if copy_back is not None:
+            np.copyto(buffers.output, copy_back)
+        self.shared.forget_except(descs)
+
+    def result_array(self, shape, dtype):
+        dtype = np.dtype(dtype)
+        if self.plane != "shm" or int(np.prod(shape, dtype=np.int64)) * dtype.itemsize <= self.inline_bytes:
+            return np.empty(shape, dtype=dtype)
+        return self.shared.result_array(shape, dtype)
+
+    def fail(self, rank, exc) -> None:
+        self.control.abort("E_REMOTE", f"rank {rank} failed: {rdv.describe_failure(exc)}")
+
+    def exit(self, rank) -> None:
+        self.transport.mark_exited(rank)

@@ -1,0 +1,97 @@
+"""Typed messages of the Ray engine: what crosses between the driver, the rank actors and the
+control plane. Nothing positional: every message is a small frozen dataclass.
+
+- RankInfo      an actor's answer at start-up: where it runs (Ray node id, pid).
+- RunSpec       the driver's instructions for one run: the session, the data plane, the peers'
+                transport addresses, whether this actor creates the shared control block.
+- Outcome       an actor's answer for one run: its result, or its error (code, reason, when).
+- RankStatus    what a rank is waiting for, for the driver's stall watch.
+- CallPayload   a rank's side of a collective's rendezvous (signature, entry clock, item size),
+                the bytes the control plane's allgather carries.
+- SharedBuffers a rank's buffers on the shared-memory data plane: segment names and shapes.
+"""
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from topologies.errors import HcclError
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    pid: int
+    node_id: str
+    node_ip: str
+    rss_mb: float
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    session: str
+    plane: str                          # "shm" | "socket" | "object"
+    peers: dict = field(default_factory=dict)   # rank -> (host, port) of its socket transport
+
+
+@dataclass(frozen=True)
+class Outcome:
+    rank: int
+    ok: bool
+    value: Any = None
+    code: Optional[str] = None          # HcclResult name for an HcclError, None for another exception
+    reason: str = ""
+    op: Optional[str] = None
+    error_type: str = ""
+    traceback: str = ""
+    at: float = 0.0                     # time.time() when the error was caught (earliest = root cause)
+
+    def error(self) -> HcclError:
+        if self.code:
+            return HcclError(self.code, self.reason, rank=self.rank, op=self.op)
+        return HcclError("E_INTERNAL", f"{self.error_type}: {self.reason}\n{self.traceback}".rstrip(), rank=self.rank)
+
+    @property
+    def secondary(self) -> bool:
+        """An error caused by another rank's failure (an abort, a lost or departed peer)."""
+        if self.reason.startswith("its actor died"):
+            return False                # the dead rank itself: the root cause
+        return self.code in ("E_REMOTE",) or self.reason.startswith("aborted")
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    rank: int
+    waiting: Optional[str]              # what it waits for, None when running
+    progress: int                       # waits completed so far (changes whenever it moves)
+
+
+@dataclass(frozen=True)
+class CallPayload:
+    signature: Any
+    clock: int
+    itemsize: int
+
+    def encode(self) -> bytes:
+        return pickle.dumps((tuple(self.signature), self.clock, self.itemsize), protocol=pickle.HIGHEST_PROTOCOL)
+
+    @staticmethod
+    def decode(raw: bytes, signature_type):
+        sig, clock, itemsize = pickle.loads(raw)
+        return CallPayload(signature_type(*sig), clock, itemsize)
+
+
+@dataclass(frozen=True)
+class SharedBuffers:
+    input: tuple                        # (segment name, shape)
+    output: tuple
+    scratch: Optional[tuple]
+    dtype: str
+
+    def encode(self) -> bytes:
+        return pickle.dumps((self.input, self.output, self.scratch, self.dtype), protocol=pickle.HIGHEST_PROTOCOL)
+
+    @staticmethod
+    def decode(raw: bytes) -> "SharedBuffers":
+        return SharedBuffers(*pickle.loads(raw))

@@ -1,0 +1,89 @@
+"""The Ray engine's same-host data plane: every rank's buffers in shared memory, so that each rank
+can run its share of the op's data program on all ranks' buffers in place (no pickling, no copy
+through another process).
+
+A rank's device arrays and pooled results already live in segments of their own and are shared
+as they are; a host input is copied into the rank's CCL input segment. Results come from a pool
+of segments, a segment being reused only once user code has dropped its array (or any view of
+it), so peers write results in place and nobody copies them out.
+"""
+from __future__ import annotations
+
+import sys
+import weakref
+
+import numpy as np
+
+from hcomm import shm
+
+from .protocol import SharedBuffers
+
+
+class SharedArea:
+    """One rank's shared segments: owned (CCL input/output/scratch), pooled results, peers' attached."""
+
+    def __init__(self, session: str, rank: int):
+        self.session, self.rank = session, rank
+        self.owned = shm.OwnedSegments(session, rank)
+        self.attached = shm.AttachedSegments()
+        self.result_pool = {}           # (shape, dtype) -> [(segment name, array)]
+        self._shared = {}               # id(array) -> (segment name, weakref): arrays peers can map
+
+    def share(self, name, arr):
+        self._shared[id(arr)] = (name, weakref.ref(arr))
+        return arr
+
+    def device_storage(self, shape, dtype):
+        """Storage for the rank's device arrays: a segment each, so collectives on them are zero-copy."""
+        name, arr = shm.PrivateSegment.array(self.session, self.rank, "hbm", shape, dtype)
+        return self.share(name, arr)
+
+    def result_array(self, shape, dtype):
+        dtype = np.dtype(dtype)
+        key = (tuple(shape), dtype.str)
+        pool = self.result_pool.setdefault(key, [])
+        for entry in pool:
+            if sys.getrefcount(entry[1]) <= 2:     # only the pool's tuple and getrefcount's argument
+                return entry[1]
+        name, arr = shm.PrivateSegment.array(self.session, self.rank, "result", shape, dtype)
+        pool.append((name, arr))
+        return self.share(name, arr)
+
+    def _segment_of(self, arr):
+        got = self._shared.get(id(arr))
+        return got[0] if got is not None and got[1]() is arr else None
+
+    def describe(self, buffers, scratch_shape):
+        """(SharedBuffers naming this rank's segments, the output view to copy back or None)."""
+        x, out = buffers.input, buffers.output
+        in_name = self._segment_of(x)
+        if in_name is None:                     # a host array: register it by copying into the CCL input
+            in_name, xin = self.owned.array("input", x.shape, x.dtype)
+            np.copyto(xin, x)
+        out_name, copy_back = self._segment_of(out), None
+        if out_name is None:
+            out_name, copy_back = self.owned.array("output", out.shape, out.dtype)
+        sc = None
+        if scratch_shape is not None:
+            sc_name, _ = self.owned.array("scratch", scratch_shape, x.dtype)
+            sc = (sc_name, scratch_shape)
+        return SharedBuffers((in_name, x.shape), (out_name, out.shape), sc, x.dtype.str), copy_back
+
+    def attach(self, desc: SharedBuffers):
+        from ..base import RankBuffers
+        a = self.attached
+        return RankBuffers(a.array(desc.input[0], desc.input[1], desc.dtype),
+                           a.array(desc.output[0], desc.output[1], desc.dtype),
+                           None if desc.scratch is None else a.array(desc.scratch[0], desc.scratch[1], desc.dtype))
+
+    def forget_except(self, descs):
+        """Drop mappings of segments that are gone (replaced or freed arrays); the persistent ones
+        stay mapped, so their pages fault in once."""
+        live = {n for d in descs for n in (d.input[0], d.output[0], d.scratch[0] if d.scratch else None) if n}
+        self.attached.forget(keep=live | self.attached.recent)
+        self.attached.recent = live
+
+    def close(self):
+        self.result_pool.clear()        # their finalizers unlink the segments
+        self.owned.close()
+        self.attached.close()

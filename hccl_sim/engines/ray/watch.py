@@ -1,0 +1,56 @@
+"""What a rank is waiting for, so the driver can tell a deadlock from a slow rank.
+
+Ranks of the Ray engine live in separate processes, possibly on separate hosts, so no one of them
+sees every wait. Each rank records what it waits for and counts the waits it completes; the
+driver polls every rank (RankActor.status) and, when every rank that has not returned is waiting
+and no count has moved for STALL_S, tells each one (E_TIMEOUT, "deadlock: ..."), as the local
+engine's in-process watch does.
+"""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+
+from hcomm.transports.inprocess import STALL_S
+
+__all__ = ["RankWatch", "WatchedTransport", "STALL_S"]
+
+
+class RankWatch:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.what = None
+        self.progress = 0
+
+    @contextmanager
+    def waiting(self, what: str):
+        with self._lock:
+            self.what = what
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.what = None
+                self.progress += 1
+
+    def snapshot(self):
+        with self._lock:
+            return self.what, self.progress
+
+
+class WatchedTransport:
+    """A transport whose blocking waits are recorded in a RankWatch (everything else passes through)."""
+
+    def __init__(self, transport, watch: RankWatch):
+        self._tr, self._watch = transport, watch
+
+    def __getattr__(self, name):
+        return getattr(self._tr, name)
+
+    def take(self, src, dst, tag, deadline=None, op=None):
+        with self._watch.waiting(f"data from rank {src}" + (f" ({op})" if op else "")):
+            return self._tr.take(src, dst, tag, deadline, op)
+
+    def wait_consumed(self, handle, deadline=None, op=None):
+        with self._watch.waiting(f"rank {handle.dst} to take its data" + (f" ({op})" if op else "")):
+            return self._tr.wait_consumed(handle, deadline, op)
