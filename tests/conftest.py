@@ -1,4 +1,8 @@
 """Shared helpers: symbolic buffers for schedule verification and small topologies."""
+import os
+import re
+import time
+
 import numpy as np
 import pytest
 
@@ -27,3 +31,73 @@ def fullmesh():
         return hccl_sim.topology("fullmesh", ranks=p, bandwidth=bandwidth, latency=latency,
                                  reduce_bandwidth=reduce_bandwidth)
     return make
+
+
+# ---- processes and shared memory a test leaves behind ----------------------------------------------
+
+def descendants():
+    """Live processes below this one (no psutil here: read /proc)."""
+    parent = {}
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if fields[0] != "Z":
+                    parent[int(pid)] = int(fields[1])
+            except OSError:
+                pass
+    found, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, pp in parent.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
+def shm_leaks(before):
+    """/dev/shm entries new since `before` that are not another program's: other developers share
+    this machine, so entries named for a live process outside this test's tree are theirs, and
+    so are multiprocessing's named semaphores (these tests use pipes, never semaphores)."""
+    ours = descendants() | {os.getpid()}
+    leaked = []
+    for name in set(os.listdir("/dev/shm")) - before:
+        pid = re.search(r"-(\d+)-", name)
+        if name.startswith("sem.mp-") or (pid and int(pid.group(1)) not in ours
+                                           and os.path.exists(f"/proc/{pid.group(1)}")):
+            continue
+        leaked.append(name)
+    return leaked
+
+
+# ---- the test session's one Ray instance: a two-node cluster on this machine ------------------------
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """Two Ray nodes on this machine (ray.cluster_utils), so traffic between ranks placed on
+    different nodes really crosses Ray nodes. Node k has 1 CPU and the custom resource node{k}."""
+    import ray
+    from ray.cluster_utils import Cluster
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if ray.is_initialized():
+        ray.shutdown()
+    before = set(os.listdir("/dev/shm"))
+    cluster = Cluster()
+    # rank actors unpickle functions defined in these test modules by reference
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.environ.get("PYTHONPATH", "")
+    try:
+        for k in range(2):
+            cluster.add_node(num_cpus=1, resources={f"node{k}": 64}, object_store_memory=256 << 20,
+                             include_dashboard=False)
+        ray.init(address=cluster.address, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": here + (os.pathsep + path if path else "")}})
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    deadline = time.monotonic() + 60           # Ray's idle workers can take a while to exit on a busy machine
+    while descendants() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not descendants()
+    assert not shm_leaks(before)

@@ -19,20 +19,9 @@ pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="session")
-def ray_instance():
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    started = not ray.is_initialized()
-    if started:
-        # rank actors unpickle functions defined in these test modules by reference
-        here = os.path.dirname(os.path.abspath(__file__))
-        path = os.environ.get("PYTHONPATH", "")
-        # address="local": a Ray of this session's own, even when a `ray start` cluster runs here
-        ray.init(address="local", include_dashboard=False, log_to_driver=False, num_cpus=2,
-                 runtime_env={"env_vars": {"PYTHONPATH": here + (os.pathsep + path if path else "")}})
-    yield ray
-    if started:
-        ray.shutdown()
+def ray_instance(ray_cluster):
+    """The session's two-node Ray cluster (conftest.ray_cluster), connected."""
+    return ray
 
 
 @pytest.fixture(scope="session")
@@ -60,13 +49,25 @@ def test_results_and_times_equal_the_local_engine(cluster8, count):
     assert cluster8.run(timeline, args=(count,)) == hccl_sim.run(timeline, topology=topo, args=(count,))
 
 
-def test_two_servers_and_every_algorithm(ray_instance):
+def test_two_servers_on_two_ray_nodes(ray_instance):
+    """A server per Ray node (placement group per server, spread): the plane is chosen from Ray's
+    node ids, traffic between the nodes is peer to peer (each rank runs its own schedule over direct
+    sockets), and results and simulated times equal the local engine's."""
     topo = hccl_sim.topology("atlas800t-a2", servers=2)
     with hccl_sim.Cluster(topo, engine="ray") as cluster:
+        r = cluster._ray
+        assert r.data_plane == "socket" and len(r.nodes) == 2
+        assert len(set(r.node_of[:8])) == 1 and len(set(r.node_of[8:])) == 1 and r.node_of[0] != r.node_of[8]
         for algo in ("ring", "NHR", "pipeline"):
             results = cluster.run(all_collectives, args=(20_000, np.float32, "max", algo, 9))
             check(results, 16, 20_000, np.float32, "max", 9)
         assert cluster.run(timeline, args=(5000,)) == hccl_sim.run(timeline, topology=topo, args=(5000,))
+    with hccl_sim.Cluster(topo, engine="ray", data_plane="object") as cluster:   # Ray's object store between nodes
+        results = cluster.run(all_collectives, args=(3001, np.int32, "sum", "H-D_R", 11))
+        check(results, 16, 3001, np.int32, "sum", 11)
+        assert cluster.run(timeline, args=(700,)) == hccl_sim.run(timeline, topology=topo, args=(700,))
+    with pytest.raises(HcclError, match="needs every rank on one Ray node"):
+        hccl_sim.Cluster(topo, engine="ray", data_plane="shm")
 
 
 def test_point_to_point_streams_and_device_arrays(cluster8):

@@ -20,44 +20,11 @@ from hcomm.transports.ray_object import RayObjectTransport, ScheduleRunner
 from hcomm.transports.socket import SocketTransport
 from topologies.errors import HcclError
 
+from conftest import descendants, shm_leaks
 from transport_cases import (CASES, SIZES, SPAWN, case_buffers, case_expected, case_steps, check_outputs,
                              run_cases, socket_rank)
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def descendants():
-    """Live processes below this one (no psutil here: read /proc)."""
-    parent = {}
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                if fields[0] != "Z":
-                    parent[int(pid)] = int(fields[1])
-            except OSError:
-                pass
-    found, frontier = set(), {os.getpid()}
-    while frontier:
-        frontier = {pid for pid, pp in parent.items() if pp in frontier} - found
-        found |= frontier
-    return found
-
-
-def shm_leaks(before):
-    """/dev/shm entries new since `before` that are not another program's: other developers share
-    this machine, so entries named for a live process outside this test's tree are theirs, and
-    so are multiprocessing's named semaphores (these tests use pipes, never semaphores)."""
-    ours = descendants() | {os.getpid()}
-    leaked = []
-    for name in set(os.listdir("/dev/shm")) - before:
-        pid = re.search(r"-(\d+)-", name)
-        if name.startswith("sem.mp-") or (pid and int(pid.group(1)) not in ours
-                                           and os.path.exists(f"/proc/{pid.group(1)}")):
-            continue
-        leaked.append(name)
-    return leaked
 
 
 @pytest.fixture(autouse=True)
@@ -160,29 +127,6 @@ def test_socket_runs_programs_across_processes(p):
 
 
 # ---- Ray object store: ranks are actors on two Ray nodes ------------------------------------------------
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """A two-node Ray cluster on this machine (one per module); the ranks' traffic crosses nodes."""
-    if ray.is_initialized():
-        ray.shutdown()       # another module's instance: this module needs a cluster of its own
-    shm = set(os.listdir("/dev/shm"))
-    cluster = Cluster()
-    try:
-        for k in range(2):
-            cluster.add_node(num_cpus=0, resources={f"node{k}": 64}, object_store_memory=256 << 20,
-                             include_dashboard=False)
-        ray.init(address=cluster.address, log_to_driver=False)
-        yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-    deadline = time.monotonic() + 20
-    while descendants() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not descendants()
-    assert not shm_leaks(shm)
-
 
 RankActor = ray.remote(ScheduleRunner)
 
