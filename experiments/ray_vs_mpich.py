@@ -4,8 +4,11 @@
   and device arrays whose memory is already shared) against MPICH `Allreduce` on 8 processes.
 - 8-byte AllReduce latency on 8 ranks, both.
 - Ray actor start-up time and memory per rank.
+- With --nodes 2: the 8 ranks as two 4-card servers on a two-node Ray cluster made on this machine
+  (ray.cluster_utils), one server per node, so the op crosses Ray nodes on the peer-to-peer plane.
 
-    python experiments/ray_vs_mpich.py
+    python experiments/ray_vs_mpich.py            # one node: shared-memory control and data planes
+    python experiments/ray_vs_mpich.py --nodes 2  # two Ray nodes: per-rank schedules over sockets
 """
 import argparse
 import json
@@ -63,20 +66,35 @@ def main():
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--small-iters", type=int, default=300)
+    ap.add_argument("--nodes", type=int, default=1, choices=(1, 2))
     args = ap.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
-    topo = hccl_sim.topology("atlas800t-a2") if args.ranks == 8 else hccl_sim.topology("fullmesh", ranks=args.ranks)
+    nodes = None
+    if args.nodes == 2:
+        topo = hccl_sim.topology("atlas800t-a2", devices_per_server=[args.ranks // 2, args.ranks - args.ranks // 2])
+    elif args.ranks == 8:
+        topo = hccl_sim.topology("atlas800t-a2")
+    else:
+        topo = hccl_sim.topology("fullmesh", ranks=args.ranks)
     t0 = time.perf_counter()
-    ray.init(include_dashboard=False, log_to_driver=False)
+    if args.nodes == 2:
+        from ray.cluster_utils import Cluster
+        nodes = Cluster()
+        for k in range(2):
+            nodes.add_node(num_cpus=1, include_dashboard=False)
+        ray.init(address=nodes.address, log_to_driver=False)
+    else:
+        ray.init(address="local", include_dashboard=False, log_to_driver=False)
     t_ray = time.perf_counter() - t0
     t0 = time.perf_counter()
     cluster = hccl_sim.Cluster(topo, engine="ray")
     t_actors = time.perf_counter() - t0
     infos = ray.get([a.info.remote() for a in cluster._ray.actors])
-    report = {"ranks": args.ranks, "ray_init_s": t_ray, "actor_startup_s": t_actors,
-              "actor_rss_mb": [i["rss_mb"] for i in infos]}
-    print(f"# ray.init {t_ray:.2f} s; {args.ranks} rank actors up in {t_actors:.2f} s; peak RSS per actor "
+    report = {"ranks": args.ranks, "nodes": len(cluster._ray.nodes), "plane": cluster._ray.data_plane,
+              "ray_init_s": t_ray, "actor_startup_s": t_actors, "actor_rss_mb": [i.rss_mb for i in infos]}
+    print(f"# ray.init {t_ray:.2f} s; {args.ranks} rank actors up in {t_actors:.2f} s on {report['nodes']} Ray "
+          f"node(s), data plane {report['plane']}; peak RSS per actor "
           f"{statistics.median(report['actor_rss_mb']):.0f} MB (median)")
     rows = []
     try:
@@ -92,12 +110,14 @@ def main():
                 rows.append({"engine": "hccl-sim ray" + (" (device arrays)" if device else ""), "bytes": nbytes,
                              "median_s": statistics.median(walls), "correct": all(r[1] for r in res)})
                 if nbytes == 8:
-                    break             # 8-byte ops go inline through the hub either way
+                    break             # 8-byte ops travel in the control plane either way
             mw, mok = mpich_walls(args.ranks, nbytes, iters, 2)
             rows.append({"engine": "mpi4py+MPICH", "bytes": nbytes, "median_s": statistics.median(mw), "correct": mok})
     finally:
         cluster.close()
         ray.shutdown()
+        if nodes is not None:
+            nodes.shutdown()
     print("# time per op: 'back to back' = mean over ops issued in a row; otherwise the median of ops each "
           "timed after a barrier (slowest rank)")
     print(f"# {'engine':32s} {'size(B)':>10s} {'time(us)':>11s} {'busbw(GB/s)':>11s} {'correct':>7s}")
@@ -109,7 +129,7 @@ def main():
     print(f"# 64 MiB AllReduce: hccl-sim ray is {peer / ours:.2f}x MPICH's busbw")
     report["rows"] = rows
     OUT.mkdir(exist_ok=True)
-    (OUT / "ray_vs_mpich.json").write_text(json.dumps(report, indent=2))
+    (OUT / f"ray_vs_mpich{'_2nodes' if args.nodes == 2 else ''}.json").write_text(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":
