@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import warnings
 
 import topologies
 from topologies.errors import HcclError
@@ -115,11 +116,17 @@ def cmd_bench(args) -> int:
     topo = _topology(args)
     if args.iters < 1 or args.warmup_iters < 0:
         raise HcclError("E_PARA", "-n must be >= 1 and -w >= 0")
-    step = parse_size(args.stepbytes) if args.stepbytes else 0
-    if step and args.stepfactor:
-        raise HcclError("E_PARA", "use either -f or -i, not both")
-    spec = BenchSpec(op=args.op, sizes=sizes(parse_size(args.minbytes), parse_size(args.maxbytes),
-                                             args.stepfactor or 4, step),
+    if args.stepbytes is not None and args.stepfactor is not None:
+        raise HcclError("E_PARA", "use either -f (multiply) or -i (add bytes), not both")
+    step = 0
+    if args.stepbytes is not None:
+        step = parse_size(args.stepbytes)
+        if step < 1:
+            raise HcclError("E_PARA", f"-i {args.stepbytes}: the increment must be at least 1 byte")
+    factor = 4 if args.stepfactor is None else args.stepfactor    # 0 is refused, never the default
+    if args.check not in (0, 1):
+        raise HcclError("E_PARA", f"-c {args.check}: expected 1 (verify results) or 0")
+    spec = BenchSpec(op=args.op, sizes=sizes(parse_size(args.minbytes), parse_size(args.maxbytes), factor, step),
                      dtype=args.datatype, redop=args.redop.lower(), root=args.root, algo=args.algo,
                      engine=args.engine, iters=args.iters, warmup=args.warmup_iters, check=bool(args.check),
                      env=_env_pairs(args.env), trace=args.trace, policy=args.policy)
@@ -163,7 +170,17 @@ def cmd_topo(args) -> int:
     return 0
 
 
+def _warn_one_line(message, category, filename, lineno, file=None, line=None):
+    print(f"hccl-sim: warning: {message}", file=sys.stderr)
+
+
 def main(argv=None) -> int:
+    with warnings.catch_warnings():
+        warnings.showwarning = _warn_one_line
+        return _main(argv)
+
+
+def _main(argv) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

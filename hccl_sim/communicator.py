@@ -15,13 +15,15 @@ import numpy as np
 
 from hcomm.executor import execute
 from topologies.errors import HcclError
+from topologies.validate import is_integer
 
 from . import algorithms
 from .planner import COLLECTIVE_NAMES, Signature, program_rank_steps
-from .device import Device, DeviceArray, Work
+from .device import Device, DeviceArray, Stream, Work
 from .types import ReduceOp, dtype_name, parse_reduce_op, reducer
 
 COLLECTIVE_TAG = "coll"
+MAX_TAG = 2**31 - 1          # point-to-point tags: non-negative 32-bit ints, as MPI_TAG_UB allows at least
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,26 @@ class Communicator:
         except HcclError as exc:
             raise HcclError("E_PARA", exc.reason, rank=self.rank, op=opname)
 
+    def _algo(self, algo, opname):
+        # Checked before the rendezvous: signatures are compared (hashed) there, and a list
+        # would fail as "unhashable" instead of naming the argument.
+        if algo is not None and not isinstance(algo, str):
+            raise HcclError("E_PARA", f"algo must be a string (an HCCL token such as 'ring' or an HCCL_ALGO "
+                            f"string), got {algo!r} ({type(algo).__name__})", rank=self.rank, op=opname)
+        return algo
+
+    def _tag(self, tag, opname):
+        if not is_integer(tag) or not 0 <= tag <= MAX_TAG:
+            raise HcclError("E_PARA", f"tag must be an integer in [0, {MAX_TAG}], got {tag!r} ({type(tag).__name__})",
+                            rank=self.rank, op=opname)
+        return int(tag)
+
+    def _stream(self, stream, opname):
+        if stream is not None and not isinstance(stream, Stream):
+            raise HcclError("E_PARA", f"stream must be a Stream from comm.device.stream(), got {type(stream).__name__}",
+                            rank=self.rank, op=opname)
+        return stream
+
     def _divisible(self, x, opname):
         if x.shape[0] % self.size:
             raise HcclError("E_PARA", f"input's first dimension ({x.shape[0]}) must be divisible by the number "
@@ -107,6 +129,7 @@ class Communicator:
         return np.empty(shape, dtype=dtype) if make is None else make(shape, dtype)
 
     def all_reduce(self, x, op="sum", algo=None, stream=None):
+        algo, stream = self._algo(algo, "all_reduce"), self._stream(stream, "all_reduce")
         x = self._array(x, "all_reduce")
         redop = self._redop(op, "all_reduce")
         out = self._empty(x.shape, x.dtype)
@@ -114,12 +137,14 @@ class Communicator:
 
     def all_gather(self, x, algo=None, stream=None):
         """Inputs of every rank concatenated along axis 0 in rank order."""
+        algo, stream = self._algo(algo, "all_gather"), self._stream(stream, "all_gather")
         x = self._array(x, "all_gather", min_ndim=1)
         out = self._empty((self.size * x.shape[0],) + x.shape[1:], x.dtype)
         return self._collective(Signature("allgather", x.shape, dtype_name(x.dtype), None, None, algo), x, out, None, stream, out)
 
     def reduce_scatter(self, x, op="sum", algo=None, stream=None):
         """Block `rank` of the reduction of every rank's x (x.shape[0] divisible by size)."""
+        algo, stream = self._algo(algo, "reduce_scatter"), self._stream(stream, "reduce_scatter")
         x = self._array(x, "reduce_scatter", min_ndim=1)
         self._divisible(x, "reduce_scatter")
         redop = self._redop(op, "reduce_scatter")
@@ -129,6 +154,7 @@ class Communicator:
 
     def broadcast(self, x, root: int = 0, algo=None, stream=None):
         """The root's x on every rank (x gives the shape and dtype elsewhere)."""
+        algo, stream = self._algo(algo, "broadcast"), self._stream(stream, "broadcast")
         x = self._array(x, "broadcast")
         root = self._root(root, "broadcast")
         out = self._empty(x.shape, x.dtype)
@@ -136,6 +162,7 @@ class Communicator:
 
     def reduce(self, x, root: int = 0, op="sum", algo=None, stream=None):
         """The reduction at the root; None on the other ranks."""
+        algo, stream = self._algo(algo, "reduce"), self._stream(stream, "reduce")
         x = self._array(x, "reduce")
         root = self._root(root, "reduce")
         redop = self._redop(op, "reduce")
@@ -145,6 +172,7 @@ class Communicator:
 
     def all_to_all(self, x, algo=None, stream=None):
         """Block j of x goes to rank j; received blocks concatenated in rank order."""
+        algo, stream = self._algo(algo, "all_to_all"), self._stream(stream, "all_to_all")
         x = self._array(x, "all_to_all", min_ndim=1)
         self._divisible(x, "all_to_all")
         out = self._empty(x.shape, x.dtype)
@@ -164,6 +192,7 @@ class Communicator:
     def send(self, x, dst: int, tag: int = 0) -> None:
         x = self._array(x, "send")
         dst = self._peer(dst, "send", "dst")
+        tag = self._tag(tag, "send")
         dev = self.device
         start = dev.clock
         msg = self._transport.post_view(self.rank, dst, ("p2p", tag), np.ascontiguousarray(x), meta=start)
@@ -173,6 +202,7 @@ class Communicator:
 
     def recv(self, src: int, tag: int = 0) -> np.ndarray:
         src = self._peer(src, "recv", "src")
+        tag = self._tag(tag, "recv")
         start = self.device.clock
         msg = self._transport.take(src, self.rank, ("p2p", tag), self._transport.deadline(), "recv")
         data = np.array(msg.data, copy=True)
