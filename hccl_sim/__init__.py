@@ -29,7 +29,8 @@ from .planner import Signature, make_plan
 from .types import DTYPES, ReduceOp, dtype_name, numpy_dtype, parse_reduce_op
 
 __all__ = ["topology", "run", "simulate", "Cluster", "Communicator", "ReduceOp", "HcclError", "HCCL_RESULT",
-           "Topology", "Estimate", "OpRecord", "ENGINES", "busbw_factor", "MAX_LOCAL_RANKS"]
+           "Topology", "Estimate", "OpRecord", "ENGINES", "busbw_factor", "MAX_LOCAL_RANKS",
+           "MAX_ALLTOALL_RANKS"]
 __version__ = "0.1.0"
 
 ENGINES = ("local", "ray", "timing")
@@ -51,9 +52,13 @@ def _topology(topology_arg) -> Topology:
     return topologies.load(topology_arg)
 
 
-MAX_LOCAL_RANKS = 4096
-"""Most ranks the local engine runs: one thread each (4,096 start, meet and finish in about five
-seconds on two cores). Larger clusters: `simulate` (payload-free, up to topologies.MAX_RANKS)."""
+MAX_LOCAL_RANKS = 1024
+"""Most ranks the local engine runs: one thread each (1,024 ranks start, do an AllReduce and
+finish in about 4 s on two cores; 2,048 in 2-7 s). Larger clusters: `simulate` (payload-free, up
+to topologies.MAX_RANKS)."""
+MAX_ALLTOALL_RANKS = 2048
+"""Most ranks `simulate` prices an AlltoAll on: its p(p-1) blocks are each priced on their own
+(2,048 ranks: 3 s, 1 GB here; 4,096: 10 s, 3.8 GB; 16,384 would need about 60 GB)."""
 
 
 def _check_call(fn, args, kwargs, topo, engine):
@@ -114,6 +119,8 @@ class Cluster:
         self.engine = _engine(engine)
         self.config = Config.from_env(env, policy)
         _check_local_size(self.topology, self.engine)
+        if data_plane not in (None, "shm", "object", "socket"):
+            raise HcclError("E_PARA", f"data_plane {data_plane!r} is invalid; expected shm, object or socket (engine ray)")
         self._open = True
         self._ray = None
         if self.engine == "ray":
@@ -211,6 +218,9 @@ def simulate(op: str, nbytes: int, topology=None, algo: str | None = None, dtype
     itemsize = numpy_dtype(dname).itemsize
     p = topo.num_ranks
     nbytes = integer(nbytes, "nbytes", 0, where="simulate")
+    if name == "alltoall" and p > MAX_ALLTOALL_RANKS:
+        raise HcclError("E_PARA", f"simulate alltoall: {p} ranks are over the limit of {MAX_ALLTOALL_RANKS} "
+                        "(hccl_sim.MAX_ALLTOALL_RANKS): its p(p-1) blocks are priced one by one")
     if name in ("broadcast", "reduce"):
         root = integer(root, "root", 0, p - 1, where=f"simulate {name}")
     elif not is_integer(root):

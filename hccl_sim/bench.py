@@ -18,8 +18,9 @@ import numpy as np
 from topologies.errors import HcclError
 from topologies.validate import integer, is_integer
 
-from . import busbw_factor, canonical_op, op_count, simulate
+from . import MAX_LOCAL_RANKS, busbw_factor, canonical_op, op_count, simulate
 from . import trace as chrome
+from .communicator import MAX_REAL_ALLTOALL_RANKS
 from .env import Config
 from .types import dtype_name, nccl_name, numpy_dtype
 from .verifiable import expected, rank_input
@@ -108,7 +109,7 @@ def run_bench(spec: BenchSpec, topo, progress=None) -> list:
     rows = []
     trace_sections = []
     config = Config.from_env(spec.env, spec.policy)   # validates the environment before anything runs
-    _check_spec(spec, p)
+    check_spec(spec, p)
 
     def emit(size, count, time_s, wrong, wall_s, algo):
         nbytes = count * itemsize
@@ -142,7 +143,7 @@ def run_bench(spec: BenchSpec, topo, progress=None) -> list:
     return rows
 
 
-def _check_spec(spec: BenchSpec, p: int) -> None:
+def check_spec(spec: BenchSpec, p: int) -> None:
     """Refuse, before anything runs, a sweep that would not finish or would not fit in memory."""
     for flag, value, lo in (("-n", spec.iters, 1), ("-w", spec.warmup, 0)):
         integer(value, f"{flag} (iterations)", lo, MAX_ITERS, limit="hccl_sim.bench.MAX_ITERS")
@@ -150,6 +151,10 @@ def _check_spec(spec: BenchSpec, p: int) -> None:
         raise HcclError("E_PARA", f"a sweep has 1 to {MAX_SIZES} sizes (hccl_sim.bench.MAX_SIZES), got {len(spec.sizes)}")
     for size in spec.sizes:
         integer(size, "size", 0, where="bench")
+    _check_local_size_of(p, spec.engine)
+    if spec.engine in ("local", "ray") and canonical_op(spec.op) == "alltoall" and p > MAX_REAL_ALLTOALL_RANKS:
+        raise HcclError("E_PARA", f"bench alltoall on engine {spec.engine}: {p} ranks are over the limit of "
+                        f"{MAX_REAL_ALLTOALL_RANKS} (hccl_sim.communicator.MAX_REAL_ALLTOALL_RANKS); use --engine timing")
     if spec.engine in ("local", "ray"):
         need = 3 * p * max(spec.sizes)
         have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -157,6 +162,12 @@ def _check_spec(spec: BenchSpec, p: int) -> None:
             raise HcclError("E_MEMORY", f"bench on engine {spec.engine}: {p} ranks x {max(spec.sizes)} B of real data "
                             f"need about {need / 2**30:.1f} GiB, over {HOST_MEMORY_FRACTION:.0%} of this host's "
                             f"{have / 2**30:.1f} GiB (hccl_sim.bench.HOST_MEMORY_FRACTION); use --engine timing")
+
+
+def _check_local_size_of(p: int, engine: str) -> None:
+    if engine == "local" and p > MAX_LOCAL_RANKS:
+        raise HcclError("E_PARA", f"bench on engine local: {p} ranks are over the limit of {MAX_LOCAL_RANKS} "
+                        "(hccl_sim.MAX_LOCAL_RANKS, one thread per rank); use --engine timing")
 
 
 def _sweep(comm, spec, emit=None):

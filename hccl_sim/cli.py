@@ -13,7 +13,7 @@ import topologies
 from topologies.errors import HcclError
 
 from . import OPS, __version__
-from .bench import BenchSpec, footer, format_row, header, parse_size, run_bench, sizes, write_json
+from .bench import BenchSpec, check_spec, footer, format_row, header, parse_size, run_bench, sizes, write_json
 from .types import DTYPES
 
 DEFAULT_TOPOLOGY = "atlas800t-a2"
@@ -142,6 +142,7 @@ def cmd_bench(args) -> int:
         raise HcclError("E_PARA", f"--policy {spec.policy!r}: expected hccl or model")
     if spec.engine not in ("local", "ray", "timing"):
         raise HcclError("E_PARA", f"--engine {spec.engine!r}: bench runs on local, ray or timing")
+    check_spec(spec, topo.num_ranks)          # refused before the table's header is printed
     print(header(spec, topo), flush=True)
     rows = run_bench(spec, topo, progress=lambda row: print(format_row(row), flush=True))
     print(footer(rows))

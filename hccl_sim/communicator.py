@@ -23,6 +23,9 @@ from .device import Device, DeviceArray, Stream, Work
 from .types import ReduceOp, dtype_name, parse_reduce_op, reducer
 
 COLLECTIVE_TAG = "coll"
+MAX_REAL_ALLTOALL_RANKS = 512
+"""Most ranks an AlltoAll on real data may have: p(p-1) blocks move one by one (512 ranks: 3 s
+here; 1,024: 28 s). `hccl_sim.simulate` prices larger ones without payload."""
 MAX_TAG = 2**31 - 1          # point-to-point tags: non-negative 32-bit ints, as MPI_TAG_UB allows at least
 
 
@@ -126,7 +129,12 @@ class Communicator:
     def _empty(self, shape, dtype):
         """A result array, from the engine when it keeps results where peers can write them."""
         make = getattr(self._group, "result_array", None)
-        return np.empty(shape, dtype=dtype) if make is None else make(shape, dtype)
+        try:
+            return np.empty(shape, dtype=dtype) if make is None else make(shape, dtype)
+        except MemoryError:
+            nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+            raise HcclError("E_MEMORY", f"no host memory for the op's {nbytes} B result (shape {shape}, {dtype})",
+                            rank=self.rank) from None
 
     def all_reduce(self, x, op="sum", algo=None, stream=None):
         algo, stream = self._algo(algo, "all_reduce"), self._stream(stream, "all_reduce")
@@ -173,6 +181,10 @@ class Communicator:
     def all_to_all(self, x, algo=None, stream=None):
         """Block j of x goes to rank j; received blocks concatenated in rank order."""
         algo, stream = self._algo(algo, "all_to_all"), self._stream(stream, "all_to_all")
+        if self.size > MAX_REAL_ALLTOALL_RANKS:
+            raise HcclError("E_PARA", f"{self.size} ranks are over the limit of {MAX_REAL_ALLTOALL_RANKS} for an AlltoAll "
+                            "on real data (hccl_sim.communicator.MAX_REAL_ALLTOALL_RANKS); hccl_sim.simulate prices "
+                            "it without payload", rank=self.rank, op="all_to_all")
         x = self._array(x, "all_to_all", min_ndim=1)
         self._divisible(x, "all_to_all")
         out = self._empty(x.shape, x.dtype)

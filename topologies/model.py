@@ -39,12 +39,19 @@ def transfer_ns(nbytes: int, bandwidth: float) -> int:
     return math.ceil(nbytes * NS_PER_S / bw)
 
 
+_EXACT_MAX_BYTES = np.iinfo(np.int64).max // NS_PER_S    # ~9.2 GB: above it nbytes * 1e9 leaves int64
+MAX_CLOCK_NS = 1 << 62
+"""Largest simulated duration of one transfer, ns (146 years): clocks are int64 nanoseconds."""
+
+
 def transfer_ns_array(nbytes, bandwidth):
     """transfer_ns over arrays, rounding exactly as the scalar version."""
     nbytes = np.asarray(nbytes, dtype=np.int64)
     bw = np.broadcast_to(np.asarray(bandwidth, dtype=np.float64), nbytes.shape)
     out = np.zeros(nbytes.shape, dtype=np.int64)
     finite = np.isfinite(bw) & (nbytes > 0)
+    big = finite & (nbytes > _EXACT_MAX_BYTES)
+    finite &= ~big
     integral = finite & (bw == np.floor(bw))
     if integral.any():
         b = bw[integral].astype(np.int64)
@@ -52,6 +59,13 @@ def transfer_ns_array(nbytes, bandwidth):
     other = finite & ~integral
     if other.any():
         out[other] = np.ceil(nbytes[other] * NS_PER_S / bw[other]).astype(np.int64)
+    if big.any():
+        # int64 would wrap silently (a 64 GiB transfer came out negative): exact Python ints
+        values = [transfer_ns(int(n), float(b)) for n, b in zip(nbytes[big], bw[big])]
+        if max(values) > MAX_CLOCK_NS:
+            raise HcclError("E_PARA", f"a transfer of {int(nbytes[big].max())} B would take over {MAX_CLOCK_NS} ns, "
+                            "past the int64 nanosecond clocks of the simulation")
+        out[big] = values
     return out
 
 
