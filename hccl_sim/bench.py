@@ -18,7 +18,7 @@ import numpy as np
 from topologies.errors import HcclError
 from topologies.validate import integer, is_integer
 
-from . import MAX_LOCAL_RANKS, busbw_factor, canonical_op, op_count, simulate
+from . import MAX_ALLTOALL_RANKS, MAX_LOCAL_RANKS, busbw_factor, canonical_op, op_count, simulate
 from . import trace as chrome
 from .communicator import MAX_REAL_ALLTOALL_RANKS
 from .env import Config
@@ -152,6 +152,9 @@ def check_spec(spec: BenchSpec, p: int) -> None:
     for size in spec.sizes:
         integer(size, "size", 0, where="bench")
     _check_local_size_of(p, spec.engine)
+    if spec.engine == "timing" and canonical_op(spec.op) == "alltoall" and p > MAX_ALLTOALL_RANKS:
+        raise HcclError("E_PARA", f"bench alltoall on engine timing: {p} ranks are over the limit of "
+                        f"{MAX_ALLTOALL_RANKS} (hccl_sim.MAX_ALLTOALL_RANKS)")
     if spec.engine in ("local", "ray") and canonical_op(spec.op) == "alltoall" and p > MAX_REAL_ALLTOALL_RANKS:
         raise HcclError("E_PARA", f"bench alltoall on engine {spec.engine}: {p} ranks are over the limit of "
                         f"{MAX_REAL_ALLTOALL_RANKS} (hccl_sim.communicator.MAX_REAL_ALLTOALL_RANKS); use --engine timing")

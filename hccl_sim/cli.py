@@ -13,7 +13,7 @@ import topologies
 from topologies.errors import HcclError
 
 from . import OPS, __version__
-from .bench import BenchSpec, check_spec, footer, format_row, header, parse_size, run_bench, sizes, write_json
+from .bench import BenchSpec, footer, format_row, header, parse_size, run_bench, sizes, write_json
 from .types import DTYPES
 
 DEFAULT_TOPOLOGY = "atlas800t-a2"
@@ -142,9 +142,14 @@ def cmd_bench(args) -> int:
         raise HcclError("E_PARA", f"--policy {spec.policy!r}: expected hccl or model")
     if spec.engine not in ("local", "ray", "timing"):
         raise HcclError("E_PARA", f"--engine {spec.engine!r}: bench runs on local, ray or timing")
-    check_spec(spec, topo.num_ranks)          # refused before the table's header is printed
-    print(header(spec, topo), flush=True)
-    rows = run_bench(spec, topo, progress=lambda row: print(format_row(row), flush=True))
+    started = []
+
+    def progress(row):
+        if not started:          # the header waits for the first row: a refused sweep prints only its error
+            started.append(True)
+            print(header(spec, topo), flush=True)
+        print(format_row(row), flush=True)
+    rows = run_bench(spec, topo, progress=progress)
     print(footer(rows))
     if args.json:
         write_json(args.json, spec, topo, rows)
@@ -155,13 +160,13 @@ def cmd_bench(args) -> int:
 
 def cmd_topo(args) -> int:
     topo = _topology(args)
-    print(topo.summary())
     p = topo.num_ranks
     pairs = [tuple(args.route)] if args.route else ([(0, p - 1)] if p > 1 else [])
     if not args.route and topo.num_servers > 1:
-        pairs = [(0, 1), (0, topo.ranks_of_server(1)[0])]
-    for src, dst in pairs:
-        route = topo.route(src, dst)
+        pairs = [(0, 1), (0, topo.server_of.index(1))]
+    routes = [topo.route(src, dst) for src, dst in pairs]     # a bad --route fails before any output
+    print(topo.summary())
+    for (src, dst), route in zip(pairs, routes):
         bw = "inf" if math.isinf(route.bandwidth) else f"{route.bandwidth / 1e9:g} GB/s"
         print(f"route {src} -> {dst}: {' -> '.join(map(str, route.hops))} over {route.kind}, "
               f"latency {route.latency_ns / 1000:g} us, bottleneck {bw}, ports {route.egress[1]} -> {route.ingress[1]}")
@@ -171,13 +176,16 @@ def cmd_topo(args) -> int:
     return 0
 
 
-def _warn_one_line(message, category, filename, lineno, file=None, line=None):
-    print(f"hccl-sim: warning: {message}", file=sys.stderr)
-
-
 def main(argv=None) -> int:
+    shown = set()
+
+    def one_line(message, category, filename, lineno, file=None, line=None):
+        # each warning once, on one line (a bench sweep re-reads env= for every size)
+        if str(message) not in shown:
+            shown.add(str(message))
+            print(f"hccl-sim: warning: {message}", file=sys.stderr)
     with warnings.catch_warnings():
-        warnings.showwarning = _warn_one_line
+        warnings.showwarning = one_line
         return _main(argv)
 
 
