@@ -16,9 +16,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 import topologies
 from topologies import Topology
 from topologies.errors import HCCL_RESULT, HcclError
+from topologies.validate import integer, is_integer
 
 from . import collectives
 from .communicator import Communicator, OpRecord
@@ -27,7 +30,8 @@ from .planner import Signature, make_plan
 from .types import DTYPES, ReduceOp, dtype_name, numpy_dtype, parse_reduce_op
 
 __all__ = ["topology", "run", "simulate", "Cluster", "Communicator", "ReduceOp", "HcclError", "HCCL_RESULT",
-           "Topology", "Estimate", "OpRecord", "ENGINES", "busbw_factor"]
+           "Topology", "Estimate", "OpRecord", "ENGINES", "busbw_factor", "MAX_LOCAL_RANKS",
+           "MAX_ALLTOALL_RANKS"]
 __version__ = "0.1.0"
 
 ENGINES = ("local", "ray", "timing")
@@ -45,6 +49,33 @@ def _topology(topology_arg) -> Topology:
     if topology_arg is None:
         return topologies.load("atlas800t-a2", servers=1)
     return topologies.load(topology_arg)
+
+
+MAX_LOCAL_RANKS = 1024
+"""Most ranks the local engine runs: one thread each (1,024 ranks start, do an AllReduce and
+finish in about 4 s on two cores; 2,048 in 2-7 s). Larger clusters: `simulate` (payload-free, up
+to topologies.MAX_RANKS)."""
+MAX_ALLTOALL_RANKS = 2048
+"""Most ranks `simulate` prices an AlltoAll on: its p(p-1) blocks are each priced on their own
+(2,048 ranks: 3 s, 1 GB here; 4,096: 10 s, 3.8 GB; 16,384 would need about 60 GB)."""
+
+
+def _check_call(fn, args, kwargs, topo, engine):
+    """Arguments of run/Cluster.run checked before any rank starts."""
+    if not callable(fn):
+        raise HcclError("E_PARA", f"run: fn must be callable as fn(comm, *args, **kwargs), got {type(fn).__name__}")
+    if not isinstance(args, (tuple, list)):
+        raise HcclError("E_PARA", f"run: args must be a tuple (or list) of positional arguments, got "
+                        f"{type(args).__name__}")
+    if kwargs is not None and not (isinstance(kwargs, dict) and all(isinstance(k, str) for k in kwargs)):
+        raise HcclError("E_PARA", f"run: kwargs must be a dict of keyword arguments, got {type(kwargs).__name__}")
+    _check_local_size(topo, engine)
+
+
+def _check_local_size(topo, engine):
+    if engine == "local" and topo.num_ranks > MAX_LOCAL_RANKS:
+        raise HcclError("E_PARA", f"engine local: {topo.num_ranks} ranks are over the limit of {MAX_LOCAL_RANKS} "
+                        "(hccl_sim.MAX_LOCAL_RANKS, one thread per rank); use hccl_sim.simulate for larger clusters")
 
 
 def _engine(engine):
@@ -65,6 +96,7 @@ def run(fn, topology=None, engine: str = "local", args=(), kwargs=None, env: dic
     """
     topo = _topology(topology)
     config = Config.from_env(env, policy)
+    _check_call(fn, args, kwargs, topo, _engine(engine))
     if _engine(engine) == "ray":
         with Cluster(topo, engine="ray", env=env, policy=policy, address=address) as cluster:
             return cluster.run(fn, args=args, kwargs=kwargs)
@@ -85,6 +117,9 @@ class Cluster:
         self.topology = _topology(topology)
         self.engine = _engine(engine)
         self.config = Config.from_env(env, policy)
+        _check_local_size(self.topology, self.engine)
+        if data_plane not in (None, "shm", "object", "socket"):
+            raise HcclError("E_PARA", f"data_plane {data_plane!r} is invalid; expected shm, object or socket (engine ray)")
         self._open = True
         self._ray = None
         if self.engine == "ray":
@@ -94,6 +129,7 @@ class Cluster:
     def run(self, fn, args=(), kwargs=None):
         if not self._open:
             raise HcclError("E_IN_STATUS", "the cluster is closed")
+        _check_call(fn, args, kwargs, self.topology, self.engine)
         if self._ray is not None:
             return self._ray.run(fn, args=args, kwargs=kwargs)
         from .engines.local import run_local
@@ -170,10 +206,19 @@ def simulate(op: str, nbytes: int, topology=None, algo: str | None = None, dtype
     dname = dtype_name(dtype)
     itemsize = numpy_dtype(dname).itemsize
     p = topo.num_ranks
-    if not isinstance(nbytes, int) or nbytes < 0:
-        raise HcclError("E_PARA", f"nbytes must be a non-negative integer, got {nbytes!r}")
-    if not 0 <= root < p:
-        raise HcclError("E_PARA", f"root must be a rank in [0, {p}), got {root}")
+    nbytes = integer(nbytes, "nbytes", 0, where="simulate")
+    if name == "alltoall" and p > MAX_ALLTOALL_RANKS:
+        raise HcclError("E_PARA", f"simulate alltoall: {p} ranks are over the limit of {MAX_ALLTOALL_RANKS} "
+                        "(hccl_sim.MAX_ALLTOALL_RANKS): its p(p-1) blocks are priced one by one")
+    if name in ("broadcast", "reduce"):
+        root = integer(root, "root", 0, p - 1, where=f"simulate {name}")
+    elif not is_integer(root):
+        raise HcclError("E_PARA", f"simulate: root must be an integer rank, got {root!r} ({type(root).__name__})")
+    if algo is not None and not isinstance(algo, str):
+        raise HcclError("E_PARA", f"simulate: algo must be a string (an HCCL token or HCCL_ALGO string), "
+                        f"got {algo!r} ({type(algo).__name__})")
+    if not isinstance(trace, (bool, np.bool_)):
+        raise HcclError("E_PARA", f"simulate: trace must be True or False, got {trace!r}")
     coll = collectives.get(name)
     count = coll.count_for_bytes(nbytes, p, itemsize)
     shape = coll.input_shape_for_bytes(nbytes, p, itemsize)

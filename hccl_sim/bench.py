@@ -8,6 +8,7 @@ one op took to emulate (median over iterations of the slowest rank).
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -15,8 +16,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from topologies.errors import HcclError
+from topologies.validate import integer, is_integer
 
-from . import busbw_factor, canonical_op, collectives, op_count, simulate
+from . import MAX_ALLTOALL_RANKS, MAX_LOCAL_RANKS, busbw_factor, canonical_op, collectives, op_count, simulate
 from . import trace as chrome
 from .env import Config
 from .types import dtype_name, nccl_name, numpy_dtype
@@ -28,19 +30,34 @@ REDUCING = tuple(n for n in collectives.DATA_COLLECTIVES if collectives.of(n).re
 
 def parse_size(text: str) -> int:
     """'8', '1K', '64M', '1G' (binary multiples, as nccl-tests) -> bytes."""
-    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgGtT]?)[bB]?\s*", str(text))
+    m = re.fullmatch(r"\s*([0-9]{1,20})\s*([kKmMgGtT]?)[bB]?\s*", str(text))   # ASCII digits only
     if not m:
         raise HcclError("E_PARA", f"size {text!r} is not a byte count such as 8, 512K, 64M or 1G")
     return int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[m.group(2).lower()]
 
 
+MAX_SIZES = 1000
+"""Most rows one sweep may have (e.g. -b 0 -e 64M -i 1 would be 67 million ops): a bench finishes
+in minutes or is refused before it starts."""
+MAX_ITERS = 100_000
+"""Most timed (-n) or warm-up (-w) iterations per size."""
+HOST_MEMORY_FRACTION = 0.5
+"""Share of this host's physical memory a real-data sweep (local/ray engine) may need for its
+largest size: every rank holds an input, a result and the expected values."""
+
+
 def sizes(minbytes: int, maxbytes: int, factor: int = 2, step: int = 0) -> list:
+    """nccl-tests' size sweep: -b .. -e multiplying by -f (>= 2), or adding -i bytes (>= 1)."""
     if minbytes < 0 or maxbytes < minbytes:
         raise HcclError("E_PARA", f"size range {minbytes}..{maxbytes} is empty: need 0 <= -b <= -e")
     if step:
+        if (maxbytes - minbytes) // step + 1 > MAX_SIZES:
+            raise HcclError("E_PARA", f"-b {minbytes} -e {maxbytes} -i {step} makes {(maxbytes - minbytes) // step + 1} "
+                            f"sizes; at most {MAX_SIZES} (hccl_sim.bench.MAX_SIZES): use a larger -i or -f")
         return list(range(minbytes, maxbytes + 1, step))
-    if factor < 2:
-        raise HcclError("E_PARA", f"-f must be at least 2, got {factor}")
+    if not is_integer(factor) or factor < 2:
+        raise HcclError("E_PARA", f"-f must be an integer multiplication factor >= 2 (or use -i to add bytes), "
+                        f"got {factor!r}")
     out, s = [], minbytes
     while s <= maxbytes:
         out.append(s)
@@ -89,6 +106,7 @@ def run_bench(spec: BenchSpec, topo, progress=None) -> list:
     rows = []
     trace_sections = []
     config = Config.from_env(spec.env, spec.policy)   # validates the environment before anything runs
+    check_spec(spec, p)
 
     def emit(size, count, time_s, wrong, wall_s, algo):
         nbytes = count * itemsize
@@ -120,6 +138,37 @@ def run_bench(spec: BenchSpec, topo, progress=None) -> list:
     if spec.trace:
         chrome.write(spec.trace, trace_sections)
     return rows
+
+
+def check_spec(spec: BenchSpec, p: int) -> None:
+    """Refuse, before anything runs, a sweep that would not finish or would not fit in memory."""
+    for flag, value, lo in (("-n", spec.iters, 1), ("-w", spec.warmup, 0)):
+        integer(value, f"{flag} (iterations)", lo, MAX_ITERS, limit="hccl_sim.bench.MAX_ITERS")
+    if not spec.sizes or len(spec.sizes) > MAX_SIZES:
+        raise HcclError("E_PARA", f"a sweep has 1 to {MAX_SIZES} sizes (hccl_sim.bench.MAX_SIZES), got {len(spec.sizes)}")
+    for size in spec.sizes:
+        integer(size, "size", 0, where="bench")
+    _check_local_size_of(p, spec.engine)
+    if spec.engine == "timing" and canonical_op(spec.op) == "alltoall" and p > MAX_ALLTOALL_RANKS:
+        raise HcclError("E_PARA", f"bench alltoall on engine timing: {p} ranks are over the limit of "
+                        f"{MAX_ALLTOALL_RANKS} (hccl_sim.MAX_ALLTOALL_RANKS)")
+    limit = collectives.get(spec.op).max_ranks_with_data
+    if spec.engine in ("local", "ray") and limit is not None and p > limit:
+        raise HcclError("E_PARA", f"bench {spec.op} on engine {spec.engine}: {p} ranks are over the limit of "
+                        f"{limit} for real data (collectives max_ranks_with_data); use --engine timing")
+    if spec.engine in ("local", "ray"):
+        need = 3 * p * max(spec.sizes)
+        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        if need > HOST_MEMORY_FRACTION * have:
+            raise HcclError("E_MEMORY", f"bench on engine {spec.engine}: {p} ranks x {max(spec.sizes)} B of real data "
+                            f"need about {need / 2**30:.1f} GiB, over {HOST_MEMORY_FRACTION:.0%} of this host's "
+                            f"{have / 2**30:.1f} GiB (hccl_sim.bench.HOST_MEMORY_FRACTION); use --engine timing")
+
+
+def _check_local_size_of(p: int, engine: str) -> None:
+    if engine == "local" and p > MAX_LOCAL_RANKS:
+        raise HcclError("E_PARA", f"bench on engine local: {p} ranks are over the limit of {MAX_LOCAL_RANKS} "
+                        "(hccl_sim.MAX_LOCAL_RANKS, one thread per rank); use --engine timing")
 
 
 def _sweep(comm, spec, emit=None):

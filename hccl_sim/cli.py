@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import warnings
 
 import topologies
 from topologies.errors import HcclError
@@ -115,11 +116,17 @@ def cmd_bench(args) -> int:
     topo = _topology(args)
     if args.iters < 1 or args.warmup_iters < 0:
         raise HcclError("E_PARA", "-n must be >= 1 and -w >= 0")
-    step = parse_size(args.stepbytes) if args.stepbytes else 0
-    if step and args.stepfactor:
-        raise HcclError("E_PARA", "use either -f or -i, not both")
-    spec = BenchSpec(op=args.op, sizes=sizes(parse_size(args.minbytes), parse_size(args.maxbytes),
-                                             args.stepfactor or 4, step),
+    if args.stepbytes is not None and args.stepfactor is not None:
+        raise HcclError("E_PARA", "use either -f (multiply) or -i (add bytes), not both")
+    step = 0
+    if args.stepbytes is not None:
+        step = parse_size(args.stepbytes)
+        if step < 1:
+            raise HcclError("E_PARA", f"-i {args.stepbytes}: the increment must be at least 1 byte")
+    factor = 4 if args.stepfactor is None else args.stepfactor    # 0 is refused, never the default
+    if args.check not in (0, 1):
+        raise HcclError("E_PARA", f"-c {args.check}: expected 1 (verify results) or 0")
+    spec = BenchSpec(op=args.op, sizes=sizes(parse_size(args.minbytes), parse_size(args.maxbytes), factor, step),
                      dtype=args.datatype, redop=args.redop.lower(), root=args.root, algo=args.algo,
                      engine=args.engine, iters=args.iters, warmup=args.warmup_iters, check=bool(args.check),
                      env=_env_pairs(args.env), trace=args.trace, policy=args.policy)
@@ -135,8 +142,14 @@ def cmd_bench(args) -> int:
         raise HcclError("E_PARA", f"--policy {spec.policy!r}: expected hccl or model")
     if spec.engine not in ("local", "ray", "timing"):
         raise HcclError("E_PARA", f"--engine {spec.engine!r}: bench runs on local, ray or timing")
-    print(header(spec, topo), flush=True)
-    rows = run_bench(spec, topo, progress=lambda row: print(format_row(row), flush=True))
+    started = []
+
+    def progress(row):
+        if not started:          # the header waits for the first row: a refused sweep prints only its error
+            started.append(True)
+            print(header(spec, topo), flush=True)
+        print(format_row(row), flush=True)
+    rows = run_bench(spec, topo, progress=progress)
     print(footer(rows))
     if args.json:
         write_json(args.json, spec, topo, rows)
@@ -147,13 +160,13 @@ def cmd_bench(args) -> int:
 
 def cmd_topo(args) -> int:
     topo = _topology(args)
-    print(topo.summary())
     p = topo.num_ranks
     pairs = [tuple(args.route)] if args.route else ([(0, p - 1)] if p > 1 else [])
     if not args.route and topo.num_servers > 1:
-        pairs = [(0, 1), (0, topo.ranks_of_server(1)[0])]
-    for src, dst in pairs:
-        route = topo.route(src, dst)
+        pairs = [(0, 1), (0, topo.server_of.index(1))]
+    routes = [topo.route(src, dst) for src, dst in pairs]     # a bad --route fails before any output
+    print(topo.summary())
+    for (src, dst), route in zip(pairs, routes):
         bw = "inf" if math.isinf(route.bandwidth) else f"{route.bandwidth / 1e9:g} GB/s"
         print(f"route {src} -> {dst}: {' -> '.join(map(str, route.hops))} over {route.kind}, "
               f"latency {route.latency_ns / 1000:g} us, bottleneck {bw}, ports {route.egress[1]} -> {route.ingress[1]}")
@@ -164,6 +177,19 @@ def cmd_topo(args) -> int:
 
 
 def main(argv=None) -> int:
+    shown = set()
+
+    def one_line(message, category, filename, lineno, file=None, line=None):
+        # each warning once, on one line (a bench sweep re-reads env= for every size)
+        if str(message) not in shown:
+            shown.add(str(message))
+            print(f"hccl-sim: warning: {message}", file=sys.stderr)
+    with warnings.catch_warnings():
+        warnings.showwarning = one_line
+        return _main(argv)
+
+
+def _main(argv) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

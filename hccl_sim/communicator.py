@@ -8,21 +8,24 @@ Engines differ only in the group object they hand the communicator (rendezvous +
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from topologies.errors import HcclError
+from topologies.validate import is_integer
 
 from hcomm.cost import as_cost
 
 from . import collectives as colls
 from .engines.base import Call, RankBuffers
 from .planner import Signature
-from .device import Device, DeviceArray, Work
+from .device import Device, DeviceArray, Stream, Work
 from .types import dtype_name, parse_reduce_op
 
 COLLECTIVE_TAG = "coll"
+MAX_TAG = 2**31 - 1          # point-to-point tags: non-negative 32-bit ints, as MPI_TAG_UB allows at least
 
 
 @dataclass(frozen=True)
@@ -97,14 +100,44 @@ class Communicator:
         except HcclError as exc:
             raise HcclError("E_PARA", exc.reason, rank=self.rank, op=opname)
 
+    def _algo(self, algo, opname):
+        # Checked before the rendezvous: signatures are compared (hashed) there, and a list
+        # would fail as "unhashable" instead of naming the argument.
+        if algo is not None and not isinstance(algo, str):
+            raise HcclError("E_PARA", f"algo must be a string (an HCCL token such as 'ring' or an HCCL_ALGO "
+                            f"string), got {algo!r} ({type(algo).__name__})", rank=self.rank, op=opname)
+        return algo
+
+    def _tag(self, tag, opname):
+        if not is_integer(tag) or not 0 <= tag <= MAX_TAG:
+            raise HcclError("E_PARA", f"tag must be an integer in [0, {MAX_TAG}], got {tag!r} ({type(tag).__name__})",
+                            rank=self.rank, op=opname)
+        return int(tag)
+
+    def _stream(self, stream, opname):
+        if stream is not None and not isinstance(stream, Stream):
+            raise HcclError("E_PARA", f"stream must be a Stream from comm.device.stream(), got {type(stream).__name__}",
+                            rank=self.rank, op=opname)
+        return stream
+
     # collectives ----------------------------------------------------------------------------------
     def _empty(self, shape, dtype):
         """A result array from the engine (which may keep results where peers can write them)."""
-        return self._group.result_array(shape, dtype)
+        try:
+            return self._group.result_array(shape, dtype)
+        except MemoryError:
+            nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+            raise HcclError("E_MEMORY", f"no host memory for the op's {nbytes} B result (shape {shape}, {dtype})",
+                            rank=self.rank) from None
 
     def _call(self, name, x, op=None, root=None, algo=None, stream=None):
         """Check one collective call locally, then run it (collectives.py says what each one is)."""
         coll = colls.of(name)
+        algo, stream = self._algo(algo, coll.method), self._stream(stream, coll.method)
+        if coll.max_ranks_with_data is not None and self.size > coll.max_ranks_with_data:
+            raise HcclError("E_PARA", f"{self.size} ranks are over the limit of {coll.max_ranks_with_data} for "
+                            f"{coll.method} on real data (collectives.{type(coll).__name__}.max_ranks_with_data); "
+                            "hccl_sim.simulate prices it without payload", rank=self.rank, op=coll.method)
         x = self._array(x, coll.method)
         problem = coll.check_input(x.shape, self.size)
         if problem:
@@ -152,6 +185,7 @@ class Communicator:
     def send(self, x, dst: int, tag: int = 0) -> None:
         x = self._array(x, "send")
         dst = self._peer(dst, "send", "dst")
+        tag = self._tag(tag, "send")
         dev = self.device
         start = dev.clock
         msg = self._transport.post_view(self.rank, dst, ("p2p", tag), np.ascontiguousarray(x), meta=start)
@@ -160,6 +194,7 @@ class Communicator:
 
     def recv(self, src: int, tag: int = 0) -> np.ndarray:
         src = self._peer(src, "recv", "src")
+        tag = self._tag(tag, "recv")
         start = self.device.clock
         msg = self._transport.take(src, self.rank, ("p2p", tag), self._transport.deadline(), "recv")
         data = np.array(msg.data, copy=True)

@@ -6,8 +6,11 @@ Values come from `env={...}` given to run/Cluster/simulate, falling back to os.e
 """
 from __future__ import annotations
 
+import difflib
 import os
 import re
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from topologies.errors import HcclError
@@ -18,12 +21,13 @@ MB = 1 << 20
 
 
 def _bad(var, value, expected):
-    return HcclError("E_PARA", f"environment variable {var}={value!r} is invalid; expected {expected}")
+    return HcclError("E_PARA", f"environment variable {var}={_short(value)} is invalid; expected {expected}")
 
 
 def _int_in(var, value, lo, hi):
     text = value.strip()
-    if not re.fullmatch(r"\d+", text):
+    # ASCII digits only (\d would take "٣"), and no longer than `hi` (int() refuses 4,300 digits)
+    if not re.fullmatch(r"[0-9]+", text) or len(text.lstrip("0")) > len(str(hi)):
         raise _bad(var, value, f"an integer in [{lo}, {hi}]")
     v = int(text)
     if not lo <= v <= hi:
@@ -49,7 +53,7 @@ def parse_retry_params(value: str) -> dict:
     ranges = {"MaxCnt": (1, 10), "HoldTime": (0, 60000), "IntervalTime": (0, 60000)}
     out = {}
     for part in value.split(","):
-        m = re.fullmatch(r"\s*(\w+)\s*:\s*(\d+)\s*", part)
+        m = re.fullmatch(r"\s*(\w+)\s*:\s*([0-9]{1,9})\s*", part)
         if not m or m.group(1) not in ranges or m.group(1) in out:
             raise _bad("HCCL_OP_RETRY_PARAMS", value, expected)
         lo, hi = ranges[m.group(1)]
@@ -58,6 +62,59 @@ def parse_retry_params(value: str) -> dict:
             raise _bad("HCCL_OP_RETRY_PARAMS", value, expected)
         out[m.group(1)] = v
     return out
+
+
+MODELLED = ("HCCL_ALGO", "HCCL_BUFFSIZE", "HCCL_EXEC_TIMEOUT", "HCCL_CONNECT_TIMEOUT", "HCCL_OP_RETRY_ENABLE",
+            "HCCL_OP_RETRY_PARAMS", "HCCL_DETERMINISTIC")
+"""The HCCL variables hccl-sim reads."""
+NOT_MODELLED = (
+    "HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO", "HCCL_ASYNC_ERROR_HANDLING", "HCCL_BLOCKING_WAIT",
+    "HCCL_DEBUG_CONFIG", "HCCL_DESYNC_DEBUG", "HCCL_DFS_CONFIG", "HCCL_DIAGNOSE_ENABLE", "HCCL_ENTRY_LOG_ENABLE",
+    "HCCL_EVENT_TIMEOUT", "HCCL_FFTS_CAPACITY", "HCCL_HOST_SOCKET_PORT_RANGE", "HCCL_IF_BASE_PORT", "HCCL_IF_IP",
+    "HCCL_INTER_HCCS_DISABLE", "HCCL_INTER_SERVER_RING_ALGO_MAX_SUPPORT_SERVER_NUM", "HCCL_INTRA_PCIE_ENABLE",
+    "HCCL_INTRA_ROCE_ENABLE", "HCCL_LOGIC_SUPERPOD_ID", "HCCL_LOST_THRESHOLD", "HCCL_MEMSIZE_HD_FACTOR",
+    "HCCL_MULTI_QP_THRESHOLD", "HCCL_NPU_SOCKET_PORT_RANGE", "HCCL_OP_EXPANSION_MODE", "HCCL_RDMA_QPS_PER_CONNECTION",
+    "HCCL_RDMA_RETRY_CNT", "HCCL_RDMA_SL", "HCCL_RDMA_TC", "HCCL_RDMA_TIMEOUT", "HCCL_SOCKET_FAMILY",
+    "HCCL_SOCKET_IFNAME", "HCCL_WHITELIST_DISABLE", "HCCL_WHITELIST_FILE")
+"""HCCL variables of the real library (reference/hccl.md) that hccl-sim accepts and ignores."""
+
+
+def check_env(env) -> dict:
+    """Validate an `env=` mapping: string HCCL_* keys and string values (as in os.environ).
+
+    A key that is no HCCL variable hccl-sim or HCCL knows is most likely misspelt: it is kept (it
+    cannot change anything) but warned about, naming the closest known variable; a real HCCL
+    variable that hccl-sim does not model is warned about as ignored."""
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise HcclError("E_PARA", f"env must be a dict of HCCL_* variable names to string values, "
+                        f"got {type(env).__name__} {_short(env)}")
+    out = {}
+    for k, v in env.items():
+        if not isinstance(k, str):
+            raise HcclError("E_PARA", f"env: key {_short(k)} ({type(k).__name__}) is not a variable name; "
+                            "keys are strings such as 'HCCL_BUFFSIZE'")
+        if not k.startswith("HCCL_"):
+            raise HcclError("E_PARA", f"env: {k!r} is not an HCCL_* variable")
+        if not isinstance(v, str):
+            raise HcclError("E_PARA", f"env: {k}={_short(v)} ({type(v).__name__}) must be a string, as in the "
+                            f"process environment (e.g. {k}='{v!s:.20}')")
+        if k not in MODELLED:
+            if k in NOT_MODELLED:
+                warnings.warn(f"env: {k} is an HCCL variable that hccl-sim does not model; it is ignored",
+                              UserWarning, stacklevel=4)
+            else:
+                close = difflib.get_close_matches(k, MODELLED + NOT_MODELLED, n=1, cutoff=0.6)
+                hint = f"; did you mean {close[0]}?" if close else f"; hccl-sim reads {', '.join(MODELLED)}"
+                warnings.warn(f"env: unknown HCCL variable {k} is ignored{hint}", UserWarning, stacklevel=4)
+        out[k] = v
+    return out
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @dataclass(frozen=True)
@@ -84,10 +141,7 @@ class Config:
     @classmethod
     def from_env(cls, env: dict | None = None, policy: str | None = None) -> "Config":
         merged = {k: v for k, v in os.environ.items() if k.startswith("HCCL_")}
-        for k, v in (env or {}).items():
-            if not isinstance(k, str) or not k.startswith("HCCL_"):
-                raise HcclError("E_PARA", f"env: {k!r} is not an HCCL_* variable")
-            merged[k] = str(v)
+        merged.update(check_env(env))
         kw = {}
         if "HCCL_ALGO" in merged:
             kw["algo"] = parse_hccl_algo(merged["HCCL_ALGO"])
@@ -109,7 +163,7 @@ class Config:
                 raise _bad("HCCL_DETERMINISTIC", merged["HCCL_DETERMINISTIC"], "false, true or strict")
             kw["deterministic"] = v
         if policy is not None:
-            if policy not in ("hccl", "model"):
+            if not isinstance(policy, str) or policy not in ("hccl", "model"):
                 raise HcclError("E_PARA", f"policy {policy!r} is invalid; expected hccl or model")
             kw["policy"] = policy
         return cls(**kw)

@@ -88,10 +88,10 @@ def _dtype_name(dtype) -> str:
         name = _ALIASES.get(dtype.lower(), dtype.lower())
         if name in DTYPES:
             return name
-    else:
+    elif dtype is not None:        # np.dtype(None) is float64: never a silent default
         try:
             dt = np.dtype(dtype)
-        except TypeError:
+        except (TypeError, ValueError):
             dt = None
         if dt is not None:
             for name, (npdt, _, _) in DTYPES.items():

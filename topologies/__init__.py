@@ -9,11 +9,13 @@ import os
 
 from .errors import HCCL_RESULT, HcclError
 from .model import DeviceModel, Route, Topology, is_power_of_two, seconds_to_ns, transfer_ns
-from .presets import ALIASES, HARDWARE_PRESETS, SYNTHETIC_PRESETS, hardware, synthetic
+from .presets import (ALIASES, HARDWARE_PRESETS, MAX_LATENCY, MAX_RANKS, MIN_BANDWIDTH, SYNTHETIC_PRESETS,
+                      hardware, hardware_name, synthetic)
 from . import ranktable
 
 __all__ = ["load", "Topology", "Route", "DeviceModel", "HcclError", "HCCL_RESULT", "ranktable",
-           "is_power_of_two", "seconds_to_ns", "transfer_ns", "PRESETS"]
+           "is_power_of_two", "seconds_to_ns", "transfer_ns", "PRESETS", "MAX_RANKS", "MIN_BANDWIDTH",
+           "MAX_LATENCY"]
 
 PRESETS = HARDWARE_PRESETS + SYNTHETIC_PRESETS
 
@@ -23,7 +25,8 @@ def load(spec, **params) -> Topology:
 
     Hardware presets take `servers=N`; synthetic ones `ranks`, `bandwidth` (bytes/s),
     `latency` (s) and `reduce_bandwidth` (bytes/s); a rank table takes `preset=` (the server type
-    its servers are, default atlas800t-a2).
+    its servers are, default atlas800t-a2). No topology has more than MAX_RANKS (131,072) ranks;
+    bandwidths are >= MIN_BANDWIDTH bytes/s and latencies <= MAX_LATENCY s.
     """
     if isinstance(spec, Topology):
         if params:
@@ -49,5 +52,5 @@ def load(spec, **params) -> Topology:
         unknown = set(params) - {"preset"}
         if unknown:
             raise HcclError("E_PARA", f"rank table {spec}: unknown parameter(s) {sorted(unknown)}; it takes ['preset']")
-        return ranktable.load(spec, preset=ALIASES.get(params.get("preset", "atlas800t-a2"), params.get("preset", "atlas800t-a2")))
+        return ranktable.load(spec, preset=hardware_name(params.get("preset", "atlas800t-a2")))
     raise HcclError("E_PARA", f"unknown topology {spec!r}: expected one of {list(PRESETS)} or a rank-table .json path")

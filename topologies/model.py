@@ -13,6 +13,7 @@ This module knows nothing about how bytes move or what a collective is.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -38,12 +39,19 @@ def transfer_ns(nbytes: int, bandwidth: float) -> int:
     return math.ceil(nbytes * NS_PER_S / bw)
 
 
+_EXACT_MAX_BYTES = np.iinfo(np.int64).max // NS_PER_S    # ~9.2 GB: above it nbytes * 1e9 leaves int64
+MAX_CLOCK_NS = 1 << 62
+"""Largest simulated duration of one transfer, ns (146 years): clocks are int64 nanoseconds."""
+
+
 def transfer_ns_array(nbytes, bandwidth):
     """transfer_ns over arrays, rounding exactly as the scalar version."""
     nbytes = np.asarray(nbytes, dtype=np.int64)
     bw = np.broadcast_to(np.asarray(bandwidth, dtype=np.float64), nbytes.shape)
     out = np.zeros(nbytes.shape, dtype=np.int64)
     finite = np.isfinite(bw) & (nbytes > 0)
+    big = finite & (nbytes > _EXACT_MAX_BYTES)
+    finite &= ~big
     integral = finite & (bw == np.floor(bw))
     if integral.any():
         b = bw[integral].astype(np.int64)
@@ -51,6 +59,13 @@ def transfer_ns_array(nbytes, bandwidth):
     other = finite & ~integral
     if other.any():
         out[other] = np.ceil(nbytes[other] * NS_PER_S / bw[other]).astype(np.int64)
+    if big.any():
+        # int64 would wrap silently (a 64 GiB transfer came out negative): exact Python ints
+        values = [transfer_ns(int(n), float(b)) for n, b in zip(nbytes[big], bw[big])]
+        if max(values) > MAX_CLOCK_NS:
+            raise HcclError("E_PARA", f"a transfer of {int(nbytes[big].max())} B would take over {MAX_CLOCK_NS} ns, "
+                            "past the int64 nanosecond clocks of the simulation")
+        out[big] = values
     return out
 
 
@@ -128,19 +143,46 @@ class DeviceModel:
         return self.reduce_latency_ns + transfer_ns(nbytes, self.reduce_bandwidth)
 
 
-@dataclass
+class _LazyGraph:
+    """The `graph` field of a Topology: a networkx graph, or a zero-argument function that builds
+    it on first use. Presets pass a builder: routing and timing use analytic routers, so a
+    131,072-rank cluster (or a 10^5-rank full mesh, 5 * 10^9 links) costs no graph unless asked for."""
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            raise AttributeError(self.name)       # dataclasses: the field has no default
+        value = obj.__dict__[self.name]
+        if not isinstance(value, nx.Graph):
+            value = obj.__dict__[self.name] = value()
+        return value
+
+    def __set__(self, obj, value):
+        if not (isinstance(value, nx.Graph) or callable(value)):
+            raise TypeError(f"Topology.graph must be a networkx Graph or a function building one, got {value!r}")
+        obj.__dict__[self.name] = value
+
+    @staticmethod
+    def built(obj) -> bool:
+        return isinstance(obj.__dict__.get("graph"), nx.Graph)
+
+
+@dataclass(repr=False, eq=False)
 class Topology:
     """A modelled cluster: ranks, servers, links and the device cost model.
 
     Attributes:
         name: preset or file it came from.
-        graph: networkx graph (see module docstring).
+        graph: networkx graph (see module docstring), built on first use when the topology was
+            given a builder function instead (every preset does).
         server_of: server index of every rank.
         device_of: device (physical NPU) id of every rank within its server.
         device: device type, e.g. "910B", "910A" or "synthetic".
     """
     name: str
-    graph: nx.Graph
+    graph: nx.Graph = _LazyGraph()
     server_of: list
     device_of: list
     device: str
@@ -160,6 +202,10 @@ class Topology:
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._route_cache = {}
+
+    def __repr__(self):
+        return (f"<Topology {self.name}: {self.num_ranks} rank{'s' if self.num_ranks != 1 else ''} on "
+                f"{self.num_servers} server{'s' if self.num_servers != 1 else ''} ({self.device})>")
 
     @property
     def num_ranks(self) -> int:
@@ -239,7 +285,13 @@ class Topology:
         return dm.notify_intra_ns if self.server_of[src] == self.server_of[dst] else dm.notify_inter_ns
 
     def links_by_kind(self) -> dict:
-        """kind -> (count, set of bandwidths) over every edge of the graph."""
+        """kind -> (count, set of bandwidths) over every edge of the graph.
+
+        Presets count their links in closed form (params["links"]), so that a summary of a large
+        cluster does not build its graph."""
+        counted = self.params.get("links")
+        if counted is not None and not _LazyGraph.built(self):
+            return {kind: (count, set(bws)) for kind, (count, bws) in counted.items()}
         out = {}
         for _, _, data in self.graph.edges(data=True):
             count, bws = out.get(data["kind"], (0, set()))
@@ -252,7 +304,7 @@ class Topology:
                  f"device     : {self.device}",
                  f"ranks      : {self.num_ranks}",
                  f"servers    : {self.num_servers}"]
-        per_server = [len(self.ranks_of_server(s)) for s in sorted(set(self.server_of))]
+        per_server = [n for _, n in sorted(Counter(self.server_of).items())]
         lines.append(f"per server : {per_server if len(set(per_server)) > 1 else per_server[0]}")
         for kind, (count, bws) in sorted(self.links_by_kind().items()):
             bw = ", ".join(f"{b / 1e9:g} GB/s" for b in sorted(bws))

@@ -8,7 +8,7 @@ same-subnet NIC plan on 910B (reference/hccl.md §7).
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 
 import networkx as nx
@@ -17,6 +17,7 @@ import yaml
 from .errors import HcclError
 from .model import DeviceModel, Topology, add_link, seconds_to_ns
 from .routers import FullMeshRouter, HardwareRouter, RingRouter
+from .validate import integer, real
 
 PRESET_DIR = Path(__file__).with_name("presets")
 HARDWARE_PRESETS = ("atlas800t-a2", "atlas800-910a")
@@ -25,9 +26,18 @@ ALIASES = {"910b": "atlas800t-a2", "a2": "atlas800t-a2", "atlas800t_a2": "atlas8
            "910a": "atlas800-910a", "atlas800_910a": "atlas800-910a"}
 
 
+def hardware_name(name) -> str:
+    """The canonical name of a hardware preset (aliases such as "910b" accepted), else HcclError."""
+    canonical = ALIASES.get(name.lower(), name.lower()) if isinstance(name, str) else None
+    if canonical not in HARDWARE_PRESETS:
+        raise HcclError("E_PARA", f"unknown hardware preset {name!r}; expected one of {', '.join(HARDWARE_PRESETS)} "
+                        f"(aliases {', '.join(sorted(ALIASES))})")
+    return canonical
+
+
 @lru_cache(maxsize=None)
 def preset_data(name: str) -> dict:
-    path = PRESET_DIR / f"{name}.yaml"
+    path = PRESET_DIR / f"{hardware_name(name)}.yaml"
     with open(path, encoding="utf-8") as f:
         return yaml.safe_load(f)
 
@@ -55,31 +65,30 @@ def device_model_from(data: dict) -> DeviceModel:
     )
 
 
-def hardware(name: str, servers: int | None = None, devices_per_server: list | None = None,
-             server_ids: list | None = None, device_ids: list | None = None,
-             device_ips: list | None = None) -> Topology:
-    """Build `servers` servers of a hardware preset (or the given per-server device counts)."""
-    data = preset_data(name)
-    full = int(data["npus_per_server"])
-    if devices_per_server is None:
-        servers = 1 if servers is None else servers
-        if not isinstance(servers, int) or servers < 1:
-            raise HcclError("E_PARA", f"topology {name}: servers must be a positive integer, got {servers!r}")
-        devices_per_server = [full] * servers
-    if device_ids is None:
-        device_ids = [list(range(n)) for n in devices_per_server]
-    intra, inter = data["intra_server"], data["inter_server"]
+MAX_RANKS = 1 << 17
+"""The most ranks any topology may have: 131,072, i.e. 16,384 servers of 8 NPUs (the scale goal).
+
+Topologies are cheap at any size (graphs are built only on request), but every op plans and
+prices per rank, and a run of anything must finish in seconds or be refused up front: past this,
+`simulate` would take minutes and gigabytes before saying anything."""
+MIN_BANDWIDTH = 1e3
+"""Slowest link or reduction a synthetic preset accepts, bytes/s (1 kB/s): below it, a large op's
+time leaves the int64-nanosecond clocks that every engine keeps."""
+MAX_LATENCY = 1.0
+"""Largest per-link latency a synthetic preset accepts, seconds (10^5 times any real link): keeps
+every route's latency, in integer nanoseconds, far inside the int64 clocks."""
+
+
+def _server_graph(devices_per_server, device_ids, intra: dict, inter: dict) -> nx.Graph:
+    """The networkx graph of a hardware cluster (built on first use of Topology.graph)."""
+    group = (lambda d: 0) if intra["layout"] == "fullmesh" else (lambda d: d // int(intra["group_size"]))
     g = nx.Graph()
-    server_of, device_of = [], []
     rank = 0
     for s, devs in enumerate(device_ids):
         ranks = list(range(rank, rank + len(devs)))
         rank += len(devs)
         for r, d in zip(ranks, devs):
             g.add_node(r, server=s, device=d)
-            server_of.append(s)
-            device_of.append(d)
-        group = (lambda d: 0) if intra["layout"] == "fullmesh" else (lambda d: d // int(intra["group_size"]))
         for i, a in enumerate(ranks):
             for b in ranks[i + 1:]:
                 if group(devs[a - ranks[0]]) == group(devs[b - ranks[0]]):
@@ -92,11 +101,74 @@ def hardware(name: str, servers: int | None = None, devices_per_server: list | N
     if len(device_ids) > 1:
         for r in range(rank):
             add_link(g, r, "roce", inter["kind"], inter["bandwidth"], inter["latency_per_hop"], "roce", f"roce:{r}")
-    return Topology(name=name, graph=g, server_of=server_of, device_of=device_of, device=data["device"],
+    return g
+
+
+def _server_links(device_ids, intra: dict, inter: dict) -> dict:
+    """kind -> (count, bandwidths) of `_server_graph`'s edges, counted without building it."""
+    links = {}
+
+    def add(kind, count, bandwidth):
+        if count:
+            n, bws = links.get(kind, (0, frozenset()))
+            links[kind] = (n + count, bws | {float(bandwidth)})
+    shapes = {}
+    for devs in device_ids:
+        shapes[tuple(devs)] = shapes.get(tuple(devs), 0) + 1
+    for devs, copies in shapes.items():
+        if intra["layout"] == "fullmesh":
+            sizes = [len(devs)]
+        else:
+            size = int(intra["group_size"])
+            sizes = [sum(1 for d in devs if d // size == g) for g in {d // size for d in devs}]
+        add(intra["kind"], copies * sum(n * (n - 1) // 2 for n in sizes), intra["bandwidth"])
+        if len(sizes) > 1:
+            add(intra["cross_group"]["kind"], copies * len(devs), intra["cross_group"]["bandwidth"])
+    if len(device_ids) > 1:
+        add(inter["kind"], sum(len(devs) for devs in device_ids), inter["bandwidth"])
+    return links
+
+
+def hardware(name: str, servers: int | None = None, devices_per_server: list | None = None,
+             server_ids: list | None = None, device_ids: list | None = None,
+             device_ips: list | None = None) -> Topology:
+    """Build `servers` servers of a hardware preset (or the given per-server device counts)."""
+    data = preset_data(name)
+    full = int(data["npus_per_server"])
+    if devices_per_server is None:
+        servers = integer(1 if servers is None else servers, "servers", 1, MAX_RANKS // full, where=f"topology {name}",
+                          limit=f"{full} NPUs per server, MAX_RANKS = {MAX_RANKS} ranks")
+        devices_per_server = [full] * servers
+    if sum(devices_per_server) > MAX_RANKS:
+        raise HcclError("E_PARA", f"topology {name}: {sum(devices_per_server)} ranks are over the limit of "
+                        f"{MAX_RANKS} (topologies.MAX_RANKS)")
+    if device_ids is None:
+        device_ids = [list(range(n)) for n in devices_per_server]
+    intra, inter = data["intra_server"], data["inter_server"]
+    server_of = [s for s, devs in enumerate(device_ids) for _ in devs]
+    device_of = [d for devs in device_ids for d in devs]
+    return Topology(name=name, graph=partial(_server_graph, list(devices_per_server), device_ids, intra, inter),
+                    server_of=server_of, device_of=device_of, device=data["device"],
                     device_model=device_model_from(data), description=data.get("description", ""),
                     server_ids=server_ids, device_ips=device_ips,
                     params={"servers": len(device_ids), "devices_per_server": list(devices_per_server),
-                            "router": HardwareRouter(server_of, device_of, intra, inter)})
+                            "router": HardwareRouter(server_of, device_of, intra, inter),
+                            "links": _server_links(device_ids, intra, inter)})
+
+
+def _synthetic_graph(name: str, ranks: int, bandwidth: float, latency: float) -> nx.Graph:
+    g = nx.Graph()
+    g.add_nodes_from(range(ranks))
+    if name == "fullmesh":
+        for a in range(ranks):
+            for b in range(a + 1, ranks):
+                add_link(g, a, b, "link", bandwidth, latency, f"link:{b}", f"link:{a}")
+    else:
+        for a in range(ranks):
+            b = (a + 1) % ranks
+            if b != a and not g.has_edge(a, b):
+                add_link(g, a, b, "link", bandwidth, latency, "right", "left")
+    return g
 
 
 def synthetic(name: str, ranks: int, bandwidth: float = 25e9, latency: float = 5e-6,
@@ -106,30 +178,22 @@ def synthetic(name: str, ranks: int, bandwidth: float = 25e9, latency: float = 5
     `fullmesh` gives every pair of ranks a link with ports of its own; `ring` joins each rank to
     its two neighbours. Costs then follow HCCL's alpha-beta-gamma formulas exactly:
     alpha = latency, beta = 1/bandwidth, gamma = 1/reduce_bandwidth.
+    Bandwidths are in [MIN_BANDWIDTH, inf], latency in [0, MAX_LATENCY] s, ranks in [1, MAX_RANKS].
     """
-    if not isinstance(ranks, int) or ranks < 1:
-        raise HcclError("E_PARA", f"topology {name}: ranks must be a positive integer, got {ranks!r}")
-    for label, value in (("bandwidth", bandwidth), ("reduce_bandwidth", reduce_bandwidth)):
-        if not value > 0:
-            raise HcclError("E_PARA", f"topology {name}: {label} must be > 0 bytes/s, got {value!r}")
-    if not latency >= 0:
-        raise HcclError("E_PARA", f"topology {name}: latency must be >= 0 s, got {latency!r}")
-    g = nx.Graph()
-    g.add_nodes_from(range(ranks))
-    if name == "fullmesh":
-        for a in range(ranks):
-            for b in range(a + 1, ranks):
-                add_link(g, a, b, "link", bandwidth, latency, f"link:{b}", f"link:{a}")
-    elif name == "ring":
-        for a in range(ranks):
-            b = (a + 1) % ranks
-            if b != a and not g.has_edge(a, b):
-                add_link(g, a, b, "link", bandwidth, latency, "right", "left")
-    else:
+    if name not in SYNTHETIC_PRESETS:
         raise HcclError("E_PARA", f"unknown synthetic topology {name!r}; expected one of {SYNTHETIC_PRESETS}")
-    dm = DeviceModel(reduce_bandwidth=float(reduce_bandwidth))
-    return Topology(name=name, graph=g, server_of=[0] * ranks, device_of=list(range(ranks)), device="synthetic",
+    where = f"topology {name}"
+    ranks = integer(ranks, "ranks", 1, MAX_RANKS, where=where, limit="topologies.MAX_RANKS")
+    bandwidth = real(bandwidth, "bandwidth", MIN_BANDWIDTH, math.inf, allow_inf=True, unit="bytes/s", where=where)
+    reduce_bandwidth = real(reduce_bandwidth, "reduce_bandwidth", MIN_BANDWIDTH, math.inf, allow_inf=True,
+                            unit="bytes/s", where=where)
+    latency = real(latency, "latency", 0.0, MAX_LATENCY, unit="s", where=where)
+    links = ranks * (ranks - 1) // 2 if name == "fullmesh" else (0 if ranks == 1 else 1 if ranks == 2 else ranks)
+    dm = DeviceModel(reduce_bandwidth=reduce_bandwidth)
+    return Topology(name=name, graph=partial(_synthetic_graph, name, ranks, bandwidth, latency),
+                    server_of=[0] * ranks, device_of=list(range(ranks)), device="synthetic",
                     device_model=dm, description=f"synthetic {name}, {ranks} ranks",
                     params={"ranks": ranks, "bandwidth": bandwidth, "latency": latency,
                             "reduce_bandwidth": reduce_bandwidth,
+                            "links": {"link": (links, frozenset({bandwidth}))} if links else {},
                             "router": (FullMeshRouter if name == "fullmesh" else RingRouter)(ranks, bandwidth, latency)})

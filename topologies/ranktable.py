@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from pathlib import Path
 
 from .errors import HcclError
 from .model import Topology
-from .presets import hardware, preset_data
+from .presets import hardware, hardware_name, preset_data
 
 SUPPORTED_VERSION = "1.0"
+_ASCII_DIGITS = re.compile(r"[0-9]+")
 
 
 def _fail(where: str, message: str, path: str) -> HcclError:
@@ -39,8 +41,11 @@ def _int_string(obj: dict, key: str, where: str, path: str, lo: int, hi: int, re
     text = _string(obj, key, where, path, required)
     if text is None:
         return None
-    if not text.isdigit():
-        raise _fail(f"{where}.{key}", f"must be a decimal integer string, got {text!r}", path)
+    # str.isdigit accepts "²" and other Unicode digits; HCCL reads ASCII decimal only.
+    if not _ASCII_DIGITS.fullmatch(text):
+        raise _fail(f"{where}.{key}", f"must be a decimal integer string (ASCII digits 0-9), got {text!r}", path)
+    if len(text.lstrip("0")) > len(str(hi)):
+        raise _fail(f"{where}.{key}", f"{text[:24]}{'...' if len(text) > 24 else ''} is out of range [{lo}, {hi}]", path)
     value = int(text)
     if not lo <= value <= hi:
         raise _fail(f"{where}.{key}", f"{value} is out of range [{lo}, {hi}]", path)
@@ -49,6 +54,7 @@ def _int_string(obj: dict, key: str, where: str, path: str, lo: int, hi: int, re
 
 def parse(table: dict, preset: str = "atlas800t-a2", path: str = "<dict>") -> Topology:
     """Validate a rank table (already decoded from JSON) and build its topology on `preset` servers."""
+    preset = hardware_name(preset)
     if not isinstance(table, dict):
         raise _fail("top level", f"must be a JSON object, got {type(table).__name__}", path)
     version = _string(table, "version", "top level", path)
@@ -128,14 +134,25 @@ def parse(table: dict, preset: str = "atlas800t-a2", path: str = "<dict>") -> To
 def load(path: str | Path, preset: str = "atlas800t-a2") -> Topology:
     """Read and validate a rank-table file."""
     p = Path(path)
+    preset = hardware_name(preset)
     try:
-        text = p.read_text(encoding="utf-8")
+        raw = p.read_bytes()
     except OSError as exc:
-        raise HcclError("E_OPEN_FILE_FAILURE", f"rank table {path}: cannot read: {exc.strerror}")
+        raise HcclError("E_OPEN_FILE_FAILURE", f"rank table {path}: cannot read: {exc.strerror or exc}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise HcclError("E_PARA", f"rank table {path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset "
+                        f"{exc.start})")
     try:
         table = json.loads(text)
     except json.JSONDecodeError as exc:
         raise HcclError("E_PARA", f"rank table {path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}")
+    except RecursionError:      # json's decoder recurses once per level of nesting
+        raise HcclError("E_PARA", f"rank table {path}: JSON nested too deeply to be a rank table "
+                        "(a rank table nests 4 levels)") from None
+    except ValueError as exc:    # e.g. a 5,000-digit number literal
+        raise HcclError("E_PARA", f"rank table {path}: invalid JSON: {exc}") from None
     topo = parse(table, preset=preset, path=str(path))
     topo.name = str(path)
     return topo
@@ -144,9 +161,12 @@ def load(path: str | Path, preset: str = "atlas800t-a2") -> Topology:
 def to_dict(topo: Topology) -> dict:
     """The HCCL rank table (version 1.0) describing `topo`'s servers and devices."""
     server_list = []
-    for s in sorted(set(topo.server_of)):
+    ranks_of = {}
+    for r, s in enumerate(topo.server_of):      # one pass: ranks_of_server per server is quadratic
+        ranks_of.setdefault(s, []).append(r)
+    for s in sorted(ranks_of):
         devices = []
-        for r in topo.ranks_of_server(s):
+        for r in ranks_of[s]:
             d = topo.device_of[r]
             ip = topo.device_ips[r] if topo.device_ips and topo.device_ips[r] else f"10.{s // 256}.{s % 256}.{10 + d}"
             devices.append({"device_id": str(d), "device_ip": ip, "rank_id": str(r)})
