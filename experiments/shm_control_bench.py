@@ -35,7 +35,9 @@ def rank_main(session, rank, iters, warmup, spins, yield_s, results):
     walls, totals = [], []
     seq = 0
     try:
-        for _ in range(warmup + iters):
+        for i in range(warmup + iters):
+            if i == warmup:
+                cpu0 = time.process_time()
             deadline = time.monotonic() + 30
             t_barrier = time.perf_counter()
             block.barrier(seq, deadline)
@@ -48,7 +50,7 @@ def rank_main(session, rank, iters, warmup, spins, yield_s, results):
             totals.append(t1 - t_barrier)
         p = block.size
         ok = bool(np.array_equal(y, np.full(2, p * (p + 1) / 2, dtype=np.float32)))
-        results.put((rank, walls[warmup:], totals[warmup:], ok))
+        results.put((rank, walls[warmup:], totals[warmup:], ok, (time.process_time() - cpu0) / iters))
     finally:
         block.close()
 
@@ -66,8 +68,8 @@ def shm_walls(p, iters, warmup, spins=None, yield_s=None):
             proc.start()
         got = {}
         for _ in procs:
-            rank, walls, totals, ok = results.get(timeout=120)
-            got[rank] = (walls, totals, ok)
+            rank, walls, totals, ok, cpu = results.get(timeout=120)
+            got[rank] = (walls, totals, ok, cpu)
         for proc in procs:
             proc.join(timeout=30)
     finally:
@@ -79,7 +81,7 @@ def shm_walls(p, iters, warmup, spins=None, yield_s=None):
         shm.cleanup(session)
     walls = [max(got[r][0][i] for r in range(p)) for i in range(iters)]
     totals = [max(got[r][1][i] for r in range(p)) for i in range(iters)]
-    return walls, totals, all(g[2] for g in got.values())
+    return walls, totals, all(g[2] for g in got.values()), sum(g[3] for g in got.values())
 
 
 def main():
@@ -94,18 +96,20 @@ def main():
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rows = []
-    print(f"# {'ranks':>5} {'shm allreduce(us)':>17} {'barrier+op(us)':>14} {'mpich(us)':>10} {'ratio':>6} ok")
+    print(f"# {'ranks':>5} {'shm allreduce(us)':>17} {'barrier+op(us)':>14} {'cpu/op(us)':>10} {'mpich(us)':>10} "
+          f"{'ratio':>6} ok")
     for p in args.ranks:
-        walls, totals, ok = shm_walls(p, args.iters, args.warmup, args.spins, args.yield_s)
+        walls, totals, ok, cpu = shm_walls(p, args.iters, args.warmup, args.spins, args.yield_s)
         ours = statistics.median(walls) * 1e6
-        row = {"ranks": p, "shm_us": ours, "shm_barrier_op_us": statistics.median(totals) * 1e6, "correct": ok}
+        row = {"ranks": p, "shm_us": ours, "shm_barrier_op_us": statistics.median(totals) * 1e6, "correct": ok,
+               "cpu_us_per_op": cpu * 1e6}
         if not args.no_mpich:
             mwalls, mok = mpich_walls(p, 8, args.iters, args.warmup)
             row["mpich_us"] = statistics.median(mwalls) * 1e6
             row["ratio"] = ours / row["mpich_us"]
             row["correct"] = ok and mok
         rows.append(row)
-        print(f"  {p:>5} {ours:>17.1f} {row['shm_barrier_op_us']:>14.1f} {row.get('mpich_us', float('nan')):>10.1f} "
+        print(f"  {p:>5} {ours:>17.1f} {row['shm_barrier_op_us']:>14.1f} {cpu * 1e6:>10.1f} {row.get('mpich_us', float('nan')):>10.1f} "
               f"{row.get('ratio', float('nan')):>6.2f} {row['correct']}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -233,7 +233,7 @@ def test_closed_peer_is_a_mismatch(session):
             block.allgather(seq, payload_for(0, seq), time.monotonic() + 20)
         assert collect(procs, results) == {1: ("ok", "ok")}
         t0 = time.monotonic()
-        with pytest.raises(HcclError, match="rank 1 closed its control block without calling it") as e:
+        with pytest.raises(HcclError, match="rank 1 returned without calling it") as e:
             block.allgather(3, b"", t0 + 20)
         assert e.value.code == "E_PARA" and time.monotonic() - t0 < 0.5
 
@@ -250,3 +250,23 @@ def test_killed_creator_leaves_only_what_cleanup_removes():
         proc.join(timeout=10)
     assert shm.sweep_orphans() >= 1             # its session names a driver pid that is gone
     assert shm.leftovers(session) == []
+
+
+def test_left_rank_is_a_mismatch_until_reset(session):
+    with ControlBlock.create(session, 2) as owner, ControlBlock.attach(session, 0) as a, \
+            ControlBlock.attach(session, 1) as b:
+        b.leave()
+        with pytest.raises(HcclError, match="collective #0: rank 1 returned without calling it") as e:
+            a.allgather(0, b"", time.monotonic() + 5)
+        assert e.value.code == "E_PARA"
+        owner.reset()
+        assert [s[2] for s in owner.status()] == ["attached", "attached"]
+
+
+def test_long_wait_leaves_the_cpu_to_others(session):
+    with ControlBlock.create(session, 2), ControlBlock.attach(session, 0) as block:
+        cpu, wall = time.process_time(), time.monotonic()
+        with pytest.raises(HcclError, match="ranks \\[1\\] have not arrived"):
+            block.allgather(0, b"", wall + 1.0)
+        cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+    assert wall >= 1.0 and cpu < 0.1, f"a 1 s wait used {cpu:.3f} s of CPU"
