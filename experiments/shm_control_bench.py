@@ -3,7 +3,9 @@
 Each op, on p spawned processes: a barrier, then an 8-byte float32 AllReduce done as an allgather of
 the 8 bytes plus a local sum (what the Ray engine will do for tiny ops). Per op the slowest rank's
 time of the AllReduce (after the barrier), medians of --iters ops; MPICH runs the same pattern
-(experiments/mpi_allreduce_peer.py: Barrier, then Allreduce, max over ranks).
+(experiments/mpi_allreduce_peer.py: Barrier, then Allreduce, max over ranks). Also printed: the CPU
+time all ranks spent per barrier + AllReduce, and the machine's load average (the machine is
+shared: compare figures of one run, not across runs).
 
     python experiments/shm_control_bench.py                      # 2/4/8/16 processes
     python experiments/shm_control_bench.py --ranks 8 --yield-s 0 --spins 0   # wait variants
@@ -11,6 +13,7 @@ time of the AllReduce (after the barrier), medians of --iters ops; MPICH runs th
 import argparse
 import json
 import multiprocessing as mp
+import os
 import statistics
 import sys
 import time
@@ -96,6 +99,7 @@ def main():
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rows = []
+    print(f"# load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"# {'ranks':>5} {'shm allreduce(us)':>17} {'barrier+op(us)':>14} {'cpu/op(us)':>10} {'mpich(us)':>10} "
           f"{'ratio':>6} ok")
     for p in args.ranks:
@@ -111,6 +115,7 @@ def main():
         rows.append(row)
         print(f"  {p:>5} {ours:>17.1f} {row['shm_barrier_op_us']:>14.1f} {cpu * 1e6:>10.1f} {row.get('mpich_us', float('nan')):>10.1f} "
               f"{row.get('ratio', float('nan')):>6.2f} {row['correct']}", flush=True)
+    print(f"# load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

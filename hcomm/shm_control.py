@@ -126,8 +126,12 @@ class ControlBlock:
     def __init__(self, seg, session: str, rank, owner: bool):
         self._seg, self.session, self.rank, self._owner = seg, session, rank, owner
         self._q = seg.buf.cast("q")
-        if self._q[_W_MAGIC] != MAGIC:
-            self._release()
+        magic = self._q[_W_MAGIC]
+        if magic != MAGIC:
+            self._q.release()
+            seg.close()
+            if magic == 0:          # its creator has not finished writing the header
+                raise HcclError("E_NOT_FOUND", f"the control block of session {session!r} is not ready yet", rank=rank)
             raise HcclError("E_INTERNAL", f"segment {seg.name} is not a control block", rank=rank)
         self.size, self.slot_bytes = int(self._q[_W_SIZE]), int(self._q[_W_SLOT])
         self._stride = (8 + self.slot_bytes + 63) // 64 * 64
@@ -241,6 +245,8 @@ class ControlBlock:
         """Fail every current and future wait of the session with `code` (an HCCL result name)."""
         if code not in HCCL_RESULT:
             raise HcclError("E_PARA", f"unknown HCCL result code {code!r}", rank=self.rank)
+        if self._closed:
+            raise HcclError("E_IN_STATUS", "abort on a closed control block handle", rank=self.rank)
         who = self.size if self.rank is None else self.rank
         r = self._rec(who)
         raw = reason.encode("utf-8", "replace")[:REASON_BYTES]
@@ -259,6 +265,8 @@ class ControlBlock:
         r = self._rec(who - 1)
         raw = bytes(self._seg.buf[r * 8 + _WORDS:r * 8 + _WORDS + self._q[r + _R_RLEN]]).decode("utf-8", "replace")
         origin = "the driver" if who - 1 == self.size else f"rank {who - 1}"
+        if self._q[r + _R_ASEQ] >= 0:
+            origin += f" in collective #{self._q[r + _R_ASEQ]}"
         return HcclError(_CODE_NAMES.get(self._q[r + _R_CODE], "E_INTERNAL"), f"aborted by {origin}: {raw}",
                          rank=self.rank)
 

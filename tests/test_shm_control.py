@@ -177,14 +177,17 @@ def test_abort_wakes_every_waiter(session):
         assert all(ev.wait(20) for ev in ready)
         time.sleep(0.3)                 # long enough for every waiter to block in its futex
         aborted_at = time.monotonic()
-        block.abort("E_NOT_SUPPORT", "rank 4 gave up: unsupported dtype")
+        with pytest.raises(HcclError, match="unknown HCCL result code 'E_BOGUS'"):
+            block.abort("E_BOGUS", "never seen")
+        block.abort("E_NOT_SUPPORT", "rank 4 gave up: unsupported dtype", seq=0)
         got = collect(procs, results)
-        with pytest.raises(HcclError, match="aborted by rank 4") as e:      # later calls fail too
+        with pytest.raises(HcclError, match="aborted by rank 4 in collective #0") as e:      # later calls fail too
             block.allgather(0, b"", None)
     assert e.value.code == "E_NOT_SUPPORT"
     for r in range(4):
         status, code, reason, when = got[r]
-        assert (status, code, reason) == ("error", "E_NOT_SUPPORT", "aborted by rank 4: rank 4 gave up: unsupported dtype")
+        assert (status, code, reason) == ("error", "E_NOT_SUPPORT",
+                                          "aborted by rank 4 in collective #0: rank 4 gave up: unsupported dtype")
         assert when - aborted_at < 0.5, f"rank {r} woke {when - aborted_at:.3f} s after the abort"
 
 
