@@ -145,6 +145,8 @@ class ControlBlock:
         self._sleepers = self._q[self._rec(0) + _R_SLEEP:self._rec(self.size):_RECORD >> 3]
         self._wake_args = [(_L(_SYS_FUTEX), _L(self._base + (_W_DONE + i) * 8), _L(_FUTEX_WAKE), _L(0x7FFFFFFF),
                             None, None, _L(0)) for i in (0, 1)]
+        self._wait_args = [(_L(_SYS_FUTEX), _L(self._base + (_W_DONE + i) * 8), _L(_FUTEX_WAIT)) for i in (0, 1)]
+        self._ts_ref = ctypes.byref(self._ts)
         self._closed = False
 
     # ---- life cycle ----------------------------------------------------------------------------
@@ -359,8 +361,7 @@ class ControlBlock:
             sleep_at = seq_at[self.rank] + _R_SLEEP
             q[sleep_at] = target
             if q[seq_at[j]] < target:           # announced first: the completer sees us or we see it
-                _syscall(_L(_SYS_FUTEX), _L(self._base + done_at * 8), _L(_FUTEX_WAIT), _L(done),
-                         ctypes.byref(self._ts), None, _L(0))
+                _syscall(*self._wait_args[done_at - _W_DONE], _L(done), self._ts_ref, None, _L(0))
             q[sleep_at] = 0
 
     def _announce_done(self, target, done_at):
