@@ -113,7 +113,8 @@ def main():
             row["ratio"] = ours / row["mpich_us"]
             row["correct"] = ok and mok
         rows.append(row)
-        print(f"  {p:>5} {ours:>17.1f} {row['shm_barrier_op_us']:>14.1f} {cpu * 1e6:>10.1f} {row.get('mpich_us', float('nan')):>10.1f} "
+        print(f"  {p:>5} {ours:>17.1f} {row['shm_barrier_op_us']:>14.1f} {cpu * 1e6:>10.1f} "
+              f"{row.get('mpich_us', float('nan')):>10.1f} "
               f"{row.get('ratio', float('nan')):>6.2f} {row['correct']}", flush=True)
     print(f"# load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.json:

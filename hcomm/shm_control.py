@@ -48,7 +48,8 @@ from . import shm
 DEFAULT_SLOT_BYTES = 4096
 MAGIC = 0x6863636c63746c31          # "hcclctl1"
 SPINS = 2                            # sched_yield polls always made before blocking
-YIELD_S = 0.001                      # and polls with sched_yield until a wait is this old (see the bench)
+YIELD_S = 0.0002                     # and keeps polling so until a wait is this old: about two 8-rank ops,
+                                     # so a tight loop of ops stays off the futex; longer waits sleep
 BLOCK_SLICE_S = 0.05                 # longest single futex sleep: bounds a (theoretical) lost wake-up
 LIVENESS_S = 0.1                     # how often a blocked waiter checks that missing peers' processes live
 REASON_BYTES = 256

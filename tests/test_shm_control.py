@@ -199,7 +199,8 @@ def test_driver_abort_and_reset_for_a_new_run(session):
             assert ready.wait(20)
             time.sleep(0.2)
             owner.abort("E_TIMEOUT", "run deadline passed")
-            assert collect(procs, results)[1][:3] == ("error", "E_TIMEOUT", "aborted by the driver: run deadline passed")
+            outcome = collect(procs, results)[1][:3]
+            assert outcome == ("error", "E_TIMEOUT", "aborted by the driver: run deadline passed")
             owner.reset()
             procs, results = start(_many_ops, session, [1], 20, -1)
             for seq in range(20):
