@@ -3,7 +3,9 @@
 Each op, on p spawned processes: a barrier, then an 8-byte float32 AllReduce done as an allgather of
 the 8 bytes plus a local sum (what the Ray engine will do for tiny ops). Per op the slowest rank's
 time of the AllReduce (after the barrier), medians of --iters ops; MPICH runs the same pattern
-(experiments/mpi_allreduce_peer.py: Barrier, then Allreduce, max over ranks).
+(experiments/mpi_allreduce_peer.py: Barrier, then Allreduce, max over ranks). Also printed: the CPU
+time all ranks spent per barrier + AllReduce, and the machine's load average (the machine is
+shared: compare figures of one run, not across runs).
 
     python experiments/shm_control_bench.py                      # 2/4/8/16 processes
     python experiments/shm_control_bench.py --ranks 8 --yield-s 0 --spins 0   # wait variants
@@ -11,6 +13,7 @@ time of the AllReduce (after the barrier), medians of --iters ops; MPICH runs th
 import argparse
 import json
 import multiprocessing as mp
+import os
 import statistics
 import sys
 import time
@@ -35,7 +38,9 @@ def rank_main(session, rank, iters, warmup, spins, yield_s, results):
     walls, totals = [], []
     seq = 0
     try:
-        for _ in range(warmup + iters):
+        for i in range(warmup + iters):
+            if i == warmup:
+                cpu0 = time.process_time()
             deadline = time.monotonic() + 30
             t_barrier = time.perf_counter()
             block.barrier(seq, deadline)
@@ -48,7 +53,7 @@ def rank_main(session, rank, iters, warmup, spins, yield_s, results):
             totals.append(t1 - t_barrier)
         p = block.size
         ok = bool(np.array_equal(y, np.full(2, p * (p + 1) / 2, dtype=np.float32)))
-        results.put((rank, walls[warmup:], totals[warmup:], ok))
+        results.put((rank, walls[warmup:], totals[warmup:], ok, (time.process_time() - cpu0) / iters))
     finally:
         block.close()
 
@@ -66,8 +71,8 @@ def shm_walls(p, iters, warmup, spins=None, yield_s=None):
             proc.start()
         got = {}
         for _ in procs:
-            rank, walls, totals, ok = results.get(timeout=120)
-            got[rank] = (walls, totals, ok)
+            rank, walls, totals, ok, cpu = results.get(timeout=120)
+            got[rank] = (walls, totals, ok, cpu)
         for proc in procs:
             proc.join(timeout=30)
     finally:
@@ -79,7 +84,7 @@ def shm_walls(p, iters, warmup, spins=None, yield_s=None):
         shm.cleanup(session)
     walls = [max(got[r][0][i] for r in range(p)) for i in range(iters)]
     totals = [max(got[r][1][i] for r in range(p)) for i in range(iters)]
-    return walls, totals, all(g[2] for g in got.values())
+    return walls, totals, all(g[2] for g in got.values()), sum(g[3] for g in got.values())
 
 
 def main():
@@ -94,19 +99,24 @@ def main():
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rows = []
-    print(f"# {'ranks':>5} {'shm allreduce(us)':>17} {'barrier+op(us)':>14} {'mpich(us)':>10} {'ratio':>6} ok")
+    print(f"# load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"# {'ranks':>5} {'shm allreduce(us)':>17} {'barrier+op(us)':>14} {'cpu/op(us)':>10} {'mpich(us)':>10} "
+          f"{'ratio':>6} ok")
     for p in args.ranks:
-        walls, totals, ok = shm_walls(p, args.iters, args.warmup, args.spins, args.yield_s)
+        walls, totals, ok, cpu = shm_walls(p, args.iters, args.warmup, args.spins, args.yield_s)
         ours = statistics.median(walls) * 1e6
-        row = {"ranks": p, "shm_us": ours, "shm_barrier_op_us": statistics.median(totals) * 1e6, "correct": ok}
+        row = {"ranks": p, "shm_us": ours, "shm_barrier_op_us": statistics.median(totals) * 1e6, "correct": ok,
+               "cpu_us_per_op": cpu * 1e6}
         if not args.no_mpich:
             mwalls, mok = mpich_walls(p, 8, args.iters, args.warmup)
             row["mpich_us"] = statistics.median(mwalls) * 1e6
             row["ratio"] = ours / row["mpich_us"]
             row["correct"] = ok and mok
         rows.append(row)
-        print(f"  {p:>5} {ours:>17.1f} {row['shm_barrier_op_us']:>14.1f} {row.get('mpich_us', float('nan')):>10.1f} "
+        print(f"  {p:>5} {ours:>17.1f} {row['shm_barrier_op_us']:>14.1f} {cpu * 1e6:>10.1f} "
+              f"{row.get('mpich_us', float('nan')):>10.1f} "
               f"{row.get('ratio', float('nan')):>6.2f} {row['correct']}", flush=True)
+    print(f"# load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

@@ -9,18 +9,29 @@ or a tiny op's input, and then plans locally). `barrier(seq)` is an allgather of
 Slots are double-buffered by the parity of seq: a rank may run one op ahead of the slowest, and it
 publishes into a slot again (seq + 2) only after every rank has published seq + 1, i.e. has read seq.
 
-Waiting: a few `os.sched_yield()` polls, then a futex wait on the missing rank's "ring" word, a
-32-bit mirror of its sequence number that the publisher wakes. Spinning longer starves peers when
-8-16 processes share 2 cores; the futex keeps waiting ranks off the run queue. Waits end at their
-deadline (E_TIMEOUT naming the ranks missing), on an abort any rank or the creator sets (the
-abort's code and reason), when a missing rank closed its handle (E_PARA) or its process is gone
-(E_REMOTE). Anything that breaks a wait also changes the ring words (a high bit), so a waiter
-cannot sleep through it; a dead process cannot, so liveness is polled while blocked.
+Waiting: a few `os.sched_yield()` polls (for up to YIELD_S), then a futex wait on the "done" word
+of seq's parity. Whichever rank first sees every rank arrived (the last to publish, or a poller)
+writes seq + 1 there (the same value from every writer, so no atomics are needed) and, if a rank
+announced that it sleeps, wakes them all with one syscall. Spinning without yielding starves peers
+when 8-16 processes share 2 cores, and yielding for long does too once other work is running;
+the futex keeps waiting ranks off the run queue. Waits end at their deadline (E_TIMEOUT naming
+the ranks missing), on an abort any rank or the creator sets (the abort's code and reason), when
+a missing rank closed its handle (E_PARA) or its process is gone (E_REMOTE). An abort or close
+also changes the done words (a high bit), so no waiter sleeps through it; a dead process cannot,
+so a blocked waiter polls its missing peers' liveness.
 
-Ordering: a publisher writes payload, then sequence, then ring; readers read in the reverse order.
+Ordering: a publisher writes payload, then sequence; readers read in the reverse order.
 That is safe on x86-64 (stores are not reordered with stores, loads not with loads); other
 architectures would need fences Python cannot issue, so `create` refuses them (E_NOT_SUPPORT).
 One handle per process, used by one thread at a time.
+
+Use in an engine: the driver creates the block before it starts the ranks and closes it (which
+unlinks it) at shutdown; shm.cleanup(session) removes it too, shm.sweep_orphans() once the driver
+is dead. Each rank process attaches once, and per collective calls
+`allgather(seq, pickle.dumps(signature, entry clock, ...), deadline)` with seq its communicator's
+collective counter. A rank that fails calls abort(code, reason) before raising, so its peers raise
+the same error instead of timing out; a rank that returns calls leave(); between runs the driver
+calls reset(). Payloads above slot_bytes are refused (E_PARA): those go over the data plane.
 """
 from __future__ import annotations
 
@@ -37,17 +48,19 @@ from . import shm
 DEFAULT_SLOT_BYTES = 4096
 MAGIC = 0x6863636c63746c31          # "hcclctl1"
 SPINS = 2                            # sched_yield polls always made before blocking
-YIELD_S = 0.001                      # and polls with sched_yield until a wait is this old (see the bench)
-BLOCK_SLICE_S = 0.01                 # longest single futex sleep: bounds a lost wake-up and dead-peer checks
+YIELD_S = 0.0002                     # and keeps polling so until a wait is this old: about two 8-rank ops,
+                                     # so a tight loop of ops stays off the futex; longer waits sleep
+BLOCK_SLICE_S = 0.05                 # longest single futex sleep: bounds a (theoretical) lost wake-up
 LIVENESS_S = 0.1                     # how often a blocked waiter checks that missing peers' processes live
 REASON_BYTES = 256
 
 _HEADER = 64                         # magic, size, slot_bytes, abort flag
-_RECORD = 64 + REASON_BYTES          # per rank (and one for the creator): words, then an abort reason
-_W_MAGIC, _W_SIZE, _W_SLOT, _W_ABORT = 0, 1, 2, 3
-_R_SEQ, _R_RING, _R_PID, _R_START, _R_STATE, _R_CODE, _R_ASEQ, _R_RLEN = range(8)
-_DETACHED, _ATTACHED, _CLOSED = 0, 1, 2
-_MASK = 0x3FFFFFFF                   # ring = published seq & _MASK; _BROKEN marks abort or close
+_WORDS = 128                         # a record's words, then its abort reason
+_RECORD = _WORDS + REASON_BYTES      # per rank, and one for the creator
+_W_MAGIC, _W_SIZE, _W_SLOT, _W_ABORT, _W_DONE = 0, 1, 2, 3, 4      # _W_DONE, _W_DONE + 1: by parity
+_R_SEQ, _R_PID, _R_START, _R_STATE, _R_CODE, _R_ASEQ, _R_RLEN, _R_SLEEP = range(8)
+_DETACHED, _ATTACHED, _CLOSED, _LEFT = 0, 1, 2, 3
+_MASK = 0x3FFFFFFF                   # done word = (seq + 1) & _MASK; _BROKEN marks an abort or close
 _BROKEN = 0x40000000
 _CODE_NAMES = {v: k for k, v in HCCL_RESULT.items()}
 
@@ -80,7 +93,10 @@ class _Mapping:
         try:
             if create_bytes is not None:
                 os.ftruncate(fd, create_bytes)
-            self._mmap = mmap.mmap(fd, os.fstat(fd).st_size)
+            size = os.fstat(fd).st_size
+            if size < _HEADER:              # its creator is still sizing it
+                raise FileNotFoundError(self.path)
+            self._mmap = mmap.mmap(fd, size)
         finally:
             os.close(fd)
         self.buf = memoryview(self._mmap)
@@ -111,8 +127,12 @@ class ControlBlock:
     def __init__(self, seg, session: str, rank, owner: bool):
         self._seg, self.session, self.rank, self._owner = seg, session, rank, owner
         self._q = seg.buf.cast("q")
-        if self._q[_W_MAGIC] != MAGIC:
-            self._release()
+        magic = self._q[_W_MAGIC]
+        if magic != MAGIC:
+            self._q.release()
+            seg.close()
+            if magic == 0:          # its creator has not finished writing the header
+                raise HcclError("E_NOT_FOUND", f"the control block of session {session!r} is not ready yet", rank=rank)
             raise HcclError("E_INTERNAL", f"segment {seg.name} is not a control block", rank=rank)
         self.size, self.slot_bytes = int(self._q[_W_SIZE]), int(self._q[_W_SLOT])
         self._stride = (8 + self.slot_bytes + 63) // 64 * 64
@@ -122,6 +142,12 @@ class ControlBlock:
         del probe                                 # an export would keep the segment from closing
         self._ts = _Timespec()
         self._seq_at = [self._rec(j) + _R_SEQ for j in range(self.size)]
+        # every rank's _R_SLEEP word (the seq + 1 it sleeps for, 0 when awake) as one strided view
+        self._sleepers = self._q[self._rec(0) + _R_SLEEP:self._rec(self.size):_RECORD >> 3]
+        self._wake_args = [(_L(_SYS_FUTEX), _L(self._base + (_W_DONE + i) * 8), _L(_FUTEX_WAKE), _L(0x7FFFFFFF),
+                            None, None, _L(0)) for i in (0, 1)]
+        self._wait_args = [(_L(_SYS_FUTEX), _L(self._base + (_W_DONE + i) * 8), _L(_FUTEX_WAIT)) for i in (0, 1)]
+        self._ts_ref = ctypes.byref(self._ts)
         self._closed = False
 
     # ---- life cycle ----------------------------------------------------------------------------
@@ -164,8 +190,14 @@ class ControlBlock:
             raise HcclError("E_PARA", f"rank {rank} is already attached by live process {q[r + _R_PID]}", rank=rank)
         q[r + _R_PID], q[r + _R_START] = os.getpid(), _proc_start_time(os.getpid())
         q[r + _R_STATE] = _ATTACHED
-        q[r + _R_RING] = q[r + _R_SEQ] & _MASK      # clears a _BROKEN mark left by an earlier close
         return block
+
+    def leave(self):
+        """This rank makes no more calls this run (it returned): peers waiting for it get E_PARA at
+        once. The handle stays attached; the creator's reset() brings the rank back for a new run."""
+        if self.rank is not None and not self._closed:
+            self._q[self._rec(self.rank) + _R_STATE] = _LEFT
+            self._break()
 
     def close(self):
         """Detach. A rank's handle marks it closed (waiters for it get E_PARA at once); the creator's
@@ -176,7 +208,7 @@ class ControlBlock:
         if self.rank is not None:
             r = self._rec(self.rank)
             self._q[r + _R_STATE] = _CLOSED
-            self._break(self.rank)
+            self._break()
         self._release()
         if self._owner:
             try:
@@ -186,19 +218,22 @@ class ControlBlock:
 
     def reset(self):
         """Creator only, while no rank is inside a call (between runs): sequences restart at 0, any
-        abort is cleared and closed ranks count as not yet attached, so a new run can follow a
-        failed one. Handles that stay attached carry on from seq 0."""
+        abort is cleared, ranks that left are back and closed ones count as not yet attached, so a
+        new run can follow a failed one. Handles that stay attached carry on from seq 0."""
         if not self._owner:
             raise HcclError("E_PARA", "only the control block's creator may reset it", rank=self.rank)
         q = self._q
         for j in range(self.size + 1):
             r = self._rec(j)
-            q[r + _R_SEQ], q[r + _R_RING], q[r + _R_CODE], q[r + _R_RLEN] = 0, 0, 0, 0
-            if q[r + _R_STATE] == _CLOSED:      # a rank that left the last run may attach for this one
+            q[r + _R_SEQ], q[r + _R_CODE], q[r + _R_RLEN], q[r + _R_SLEEP] = 0, 0, 0, 0
+            if q[r + _R_STATE] == _CLOSED:      # a rank that closed may attach again for this run
                 q[r + _R_STATE] = _DETACHED
-        q[_W_ABORT] = 0
+            elif q[r + _R_STATE] == _LEFT:
+                q[r + _R_STATE] = _ATTACHED
+        q[_W_ABORT], q[_W_DONE], q[_W_DONE + 1] = 0, 0, 0
 
     def _release(self):
+        self._sleepers.release()
         self._q.release()
         self._seg.close()
 
@@ -213,16 +248,17 @@ class ControlBlock:
         """Fail every current and future wait of the session with `code` (an HCCL result name)."""
         if code not in HCCL_RESULT:
             raise HcclError("E_PARA", f"unknown HCCL result code {code!r}", rank=self.rank)
+        if self._closed:
+            raise HcclError("E_IN_STATUS", "abort on a closed control block handle", rank=self.rank)
         who = self.size if self.rank is None else self.rank
         r = self._rec(who)
         raw = reason.encode("utf-8", "replace")[:REASON_BYTES]
-        self._seg.buf[r * 8 + 64:r * 8 + 64 + len(raw)] = raw
+        self._seg.buf[r * 8 + _WORDS:r * 8 + _WORDS + len(raw)] = raw
         q = self._q
         q[r + _R_RLEN], q[r + _R_ASEQ], q[r + _R_CODE] = len(raw), seq, HCCL_RESULT[code]
         if q[_W_ABORT] == 0:               # the first abort is the one reported
             q[_W_ABORT] = who + 1
-        for j in range(self.size):
-            self._break(j)
+        self._break()
 
     def abort_error(self):
         """The session's abort as an HcclError for this rank, or None."""
@@ -230,8 +266,10 @@ class ControlBlock:
         if not who:
             return None
         r = self._rec(who - 1)
-        raw = bytes(self._seg.buf[r * 8 + 64:r * 8 + 64 + self._q[r + _R_RLEN]]).decode("utf-8", "replace")
+        raw = bytes(self._seg.buf[r * 8 + _WORDS:r * 8 + _WORDS + self._q[r + _R_RLEN]]).decode("utf-8", "replace")
         origin = "the driver" if who - 1 == self.size else f"rank {who - 1}"
+        if self._q[r + _R_ASEQ] >= 0:
+            origin += f" in collective #{self._q[r + _R_ASEQ]}"
         return HcclError(_CODE_NAMES.get(self._q[r + _R_CODE], "E_INTERNAL"), f"aborted by {origin}: {raw}",
                          rank=self.rank)
 
@@ -261,8 +299,6 @@ class ControlBlock:
         buf[off + 8:off + 8 + n] = payload
         target = seq + 1
         q[r + _R_SEQ] = target
-        q[r + _R_RING] = target & _MASK
-        _syscall(_L(_SYS_FUTEX), _L(self._base + (r + _R_RING) * 8), _L(_FUTEX_WAKE), _L(0x7FFFFFFF), None, None, _L(0))
         self._wait(target, deadline, seq, op)
         out = []
         for j in range(self.size):
@@ -279,11 +315,13 @@ class ControlBlock:
     # ---- waiting -------------------------------------------------------------------------------
     def _wait(self, target, deadline, seq, op):
         q, p, seq_at = self._q, self.size, self._seq_at
+        done_at = _W_DONE + (seq & 1)
         j, spins, next_check, yield_until = 0, 0, None, 0.0
         while True:
             while j < p and q[seq_at[j]] >= target:     # sequences only grow: arrived ranks stay arrived
                 j += 1
             if j == p:
+                self._announce_done(target, done_at)
                 return
             if q[_W_ABORT]:
                 raise self.abort_error()
@@ -296,8 +334,7 @@ class ControlBlock:
             if YIELD_S and time.monotonic() < yield_until:
                 os.sched_yield()
                 continue
-            ring_at = seq_at[j] + (_R_RING - _R_SEQ)
-            ring = q[ring_at]                           # read before re-checking: a publish after this changes it
+            done = q[done_at]                   # read before the last look: a completion after it changes it
             if q[seq_at[j]] >= target:
                 continue
             if q[_W_ABORT]:
@@ -317,13 +354,29 @@ class ControlBlock:
                 raise HcclError("E_TIMEOUT", f"collective #{seq}: ranks {missing} have not arrived by the deadline "
                                              f"({where})", rank=self.rank, op=op)
             sleep = BLOCK_SLICE_S if deadline is None else min(BLOCK_SLICE_S, max(deadline - now, 0.0))
-            if ring & _BROKEN:       # closed (the abort case raised above): let the check report it
+            if done & _BROKEN:       # a close (an abort raised above): report it if it concerns us
                 self._check_missing(target, seq, op)
                 sleep = min(sleep, 0.001)
             self._ts.tv_sec = int(sleep)
             self._ts.tv_nsec = int((sleep - int(sleep)) * 1e9)
-            _syscall(_L(_SYS_FUTEX), _L(self._base + ring_at * 8), _L(_FUTEX_WAIT), _L(ring),
-                     ctypes.byref(self._ts), None, _L(0))
+            sleep_at = seq_at[self.rank] + _R_SLEEP
+            q[sleep_at] = target
+            if q[seq_at[j]] < target:           # announced first: the completer sees us or we see it
+                _syscall(*self._wait_args[done_at - _W_DONE], _L(done), self._ts_ref, None, _L(0))
+            q[sleep_at] = 0
+
+    def _announce_done(self, target, done_at):
+        """Every rank has published seq: mark it done and wake ranks that sleep for it (one syscall).
+
+        A sleeper writes its _R_SLEEP word before its last look at the sequences, and the completer
+        writes the sequence before reading _R_SLEEP words, so one of them sees the other; should a
+        store still sit in a store buffer, the kernel's compare of the done word catches it, and
+        failing even that the sleeper wakes after BLOCK_SLICE_S."""
+        q = self._q
+        if q[done_at] != target & _MASK:
+            q[done_at] = target & _MASK
+        if target in self._sleepers.tolist():
+            _syscall(*self._wake_args[done_at - _W_DONE])
 
     def _check_missing(self, target, seq, op):
         """A missing rank that closed its handle or whose process is gone will never arrive."""
@@ -333,9 +386,9 @@ class ControlBlock:
             if q[r + _R_SEQ] >= target:
                 continue
             state, pid = q[r + _R_STATE], q[r + _R_PID]
-            if state == _CLOSED:
-                raise HcclError("E_PARA", f"collective #{seq}: rank {k} closed its control block without calling it "
-                                          f"(ranks made different sequences of collective calls)", rank=self.rank, op=op)
+            if state in (_CLOSED, _LEFT):
+                raise HcclError("E_PARA", f"collective #{seq}: rank {k} returned without calling it (ranks made "
+                                          f"different sequences of collective calls)", rank=self.rank, op=op)
             if state == _ATTACHED and _proc_start_time(pid) != q[r + _R_START]:
                 raise HcclError("E_REMOTE", f"collective #{seq}: rank {k} (pid {pid}) died before arriving",
                                 rank=self.rank, op=op)
@@ -345,14 +398,14 @@ class ControlBlock:
         """Word index of a record (ranks 0..size-1, the creator at size)."""
         return (_HEADER + who * _RECORD) >> 3
 
-    def _break(self, j: int):
-        """Change rank j's ring word and wake its waiters, so none sleeps through an abort or close."""
-        at = self._rec(j) + _R_RING
-        self._q[at] = self._q[at] | _BROKEN
-        _syscall(_L(_SYS_FUTEX), _L(self._base + at * 8), _L(_FUTEX_WAKE), _L(0x7FFFFFFF), None, None, _L(0))
+    def _break(self):
+        """Change both done words and wake every sleeper, so none sleeps through an abort or close."""
+        for i in (0, 1):
+            self._q[_W_DONE + i] = self._q[_W_DONE + i] | _BROKEN
+            _syscall(*self._wake_args[i])
 
     def status(self) -> list:
         """Per rank (published seq count, pid, state) for diagnostics."""
-        names = {_DETACHED: "detached", _ATTACHED: "attached", _CLOSED: "closed"}
+        names = {_DETACHED: "detached", _ATTACHED: "attached", _CLOSED: "closed", _LEFT: "left"}
         return [(int(self._q[self._rec(j) + _R_SEQ]), int(self._q[self._rec(j) + _R_PID]),
                  names.get(self._q[self._rec(j) + _R_STATE], "?")) for j in range(self.size)]

@@ -177,14 +177,17 @@ def test_abort_wakes_every_waiter(session):
         assert all(ev.wait(20) for ev in ready)
         time.sleep(0.3)                 # long enough for every waiter to block in its futex
         aborted_at = time.monotonic()
-        block.abort("E_NOT_SUPPORT", "rank 4 gave up: unsupported dtype")
+        with pytest.raises(HcclError, match="unknown HCCL result code 'E_BOGUS'"):
+            block.abort("E_BOGUS", "never seen")
+        block.abort("E_NOT_SUPPORT", "rank 4 gave up: unsupported dtype", seq=0)
         got = collect(procs, results)
-        with pytest.raises(HcclError, match="aborted by rank 4") as e:      # later calls fail too
+        with pytest.raises(HcclError, match="aborted by rank 4 in collective #0") as e:      # later calls fail too
             block.allgather(0, b"", None)
     assert e.value.code == "E_NOT_SUPPORT"
     for r in range(4):
         status, code, reason, when = got[r]
-        assert (status, code, reason) == ("error", "E_NOT_SUPPORT", "aborted by rank 4: rank 4 gave up: unsupported dtype")
+        assert (status, code, reason) == ("error", "E_NOT_SUPPORT",
+                                          "aborted by rank 4 in collective #0: rank 4 gave up: unsupported dtype")
         assert when - aborted_at < 0.5, f"rank {r} woke {when - aborted_at:.3f} s after the abort"
 
 
@@ -196,7 +199,8 @@ def test_driver_abort_and_reset_for_a_new_run(session):
             assert ready.wait(20)
             time.sleep(0.2)
             owner.abort("E_TIMEOUT", "run deadline passed")
-            assert collect(procs, results)[1][:3] == ("error", "E_TIMEOUT", "aborted by the driver: run deadline passed")
+            outcome = collect(procs, results)[1][:3]
+            assert outcome == ("error", "E_TIMEOUT", "aborted by the driver: run deadline passed")
             owner.reset()
             procs, results = start(_many_ops, session, [1], 20, -1)
             for seq in range(20):
@@ -233,7 +237,7 @@ def test_closed_peer_is_a_mismatch(session):
             block.allgather(seq, payload_for(0, seq), time.monotonic() + 20)
         assert collect(procs, results) == {1: ("ok", "ok")}
         t0 = time.monotonic()
-        with pytest.raises(HcclError, match="rank 1 closed its control block without calling it") as e:
+        with pytest.raises(HcclError, match="rank 1 returned without calling it") as e:
             block.allgather(3, b"", t0 + 20)
         assert e.value.code == "E_PARA" and time.monotonic() - t0 < 0.5
 
@@ -250,3 +254,23 @@ def test_killed_creator_leaves_only_what_cleanup_removes():
         proc.join(timeout=10)
     assert shm.sweep_orphans() >= 1             # its session names a driver pid that is gone
     assert shm.leftovers(session) == []
+
+
+def test_left_rank_is_a_mismatch_until_reset(session):
+    with ControlBlock.create(session, 2) as owner, ControlBlock.attach(session, 0) as a, \
+            ControlBlock.attach(session, 1) as b:
+        b.leave()
+        with pytest.raises(HcclError, match="collective #0: rank 1 returned without calling it") as e:
+            a.allgather(0, b"", time.monotonic() + 5)
+        assert e.value.code == "E_PARA"
+        owner.reset()
+        assert [s[2] for s in owner.status()] == ["attached", "attached"]
+
+
+def test_long_wait_leaves_the_cpu_to_others(session):
+    with ControlBlock.create(session, 2), ControlBlock.attach(session, 0) as block:
+        cpu, wall = time.process_time(), time.monotonic()
+        with pytest.raises(HcclError, match="ranks \\[1\\] have not arrived"):
+            block.allgather(0, b"", wall + 1.0)
+        cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+    assert wall >= 1.0 and cpu < 0.1, f"a 1 s wait used {cpu:.3f} s of CPU"
