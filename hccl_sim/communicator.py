@@ -219,7 +219,8 @@ class Communicator:
         if queue.device is not dev:
             raise HcclError("E_PARA", "stream belongs to another device", rank=self.rank, op=opname)
         entry = max(queue.tail, dev.clock)
-        plan = self._group.rendezvous(self.rank, Call(seq, sig, entry, itemsize))
+        eager = x if x is not None and x.nbytes <= self._group.eager_bytes else None
+        plan = self._group.rendezvous(self.rank, Call(seq, sig, entry, itemsize, eager))
         self._group.execute(self.rank, seq, plan, RankBuffers(x, out, None), redop)
         end = plan.exits[self.rank]
         queue.tail = end

@@ -246,14 +246,28 @@ def program_rank_steps(program, p) -> list:
 
 
 def program_moves(program) -> tuple:
-    """(serial data moves, whether index-aligned) of a program (cached)."""
+    """(serial data moves, whether index-aligned) of a program (cached). Moves of empty slices
+    (a tiny op's empty chunks) are dropped: they move nothing, and each costs a numpy call."""
     if not program:
         return [], True
     holder = program[0].cache
     got = holder.get("moves")
     if got is None:
-        moves = prog.data_moves(program)
+        moves = [m for m in prog.data_moves(program) if m[6] < m[7]]
         got = holder["moves"] = (moves, prog.index_aligned(moves))
+    return got
+
+
+def program_moves_for(program, rank: int) -> list:
+    """The moves deciding `rank`'s output in a program (cached): for a rank that has every rank's
+    input and needs only its own result (the Ray engine's eager small ops)."""
+    if not program:
+        return []
+    holder = program[0].cache
+    key = ("moves_for", rank)
+    got = holder.get(key)
+    if got is None:
+        got = holder[key] = prog.moves_for(program_moves(program)[0], rank, prog.BUFFERS.index("output"))
     return got
 
 

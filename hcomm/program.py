@@ -214,6 +214,34 @@ def data_moves(program: list) -> list:
     return moves
 
 
+def moves_for(moves: list, rank: int, buf: int) -> list:
+    """The moves that decide what `rank`'s buffer `buf` holds at the end (a backward slice of the
+    serial program): a rank that needs only its own result runs these. Exact: a kept move runs
+    with every move it depends on, in the original order; a position a plain copy overwrites is
+    dead before that copy, so what fed it earlier is dropped."""
+    extent = {}
+    for s, sb, sl, sh, d, db, dl, dh, rb, rl, rh in moves:
+        for key, hi in (((s, sb), sh), ((d, db), dh)) + ((((d, rb), rh),) if rb >= 0 else ()):
+            extent[key] = max(extent.get(key, 0), hi)
+    live = {key: np.zeros(n, dtype=bool) for key, n in extent.items()}
+    if (rank, buf) not in live:
+        return []
+    live[(rank, buf)][:] = True
+    keep = []
+    for m in reversed(moves):
+        s, sb, sl, sh, d, db, dl, dh, rb, rl, rh = m
+        seg = live[(d, db)][dl:dh]
+        if not seg.any():
+            continue
+        keep.append(m)
+        need = seg.copy()
+        seg[:] = False                      # overwritten here: dead before, unless read below
+        live[(s, sb)][sl:sh] |= need
+        if rb >= 0:
+            live[(d, rb)][rl:rh] |= need
+    return keep[::-1]
+
+
 def index_aligned(moves: list) -> bool:
     """True when every move pairs equal index ranges, so disjoint index ranges can run on
     different threads (vector collectives); block collectives split by column instead."""

@@ -192,3 +192,35 @@ def test_registry_reference_matches_every_collective(p):
     assert collectives.get("all_reduce").busbw_factor(4) == 1.5 and collectives.get("bcast").busbw_factor(4) == 1.0
     with pytest.raises(hccl_sim.HcclError, match="unknown collective"):
         collectives.get("gatherv")
+
+
+@pytest.mark.parametrize("name,kw", [("fullmesh", {"ranks": 1}), ("fullmesh", {"ranks": 5}), ("fullmesh", {"ranks": 8}),
+                                     ("atlas800t-a2", {"servers": 2}), ("atlas800-910a", {"servers": 3})])
+def test_own_result_slices_equal_the_whole_program(name, kw):
+    """A rank holding every rank's input computes only its own output (the Ray engine's eager small
+    ops) from the backward slice of the op's moves: the same result as running every move."""
+    from hccl_sim import collectives, planner
+    from hccl_sim.engines import executors
+    from hccl_sim.engines.base import RankBuffers
+    from hccl_sim.types import parse_reduce_op
+    topo = hccl_sim.topology(name, **kw)
+    p = topo.num_ranks
+    rng = np.random.default_rng(p)
+    for cname in collectives.DATA_COLLECTIVES:
+        coll = collectives.get(cname)
+        for algo in (None, "ring", "H-D_R", "NHR"):
+            count = 2 * p + 1 if not coll.divisible else 3 * p
+            sig = planner.Signature(cname, (count,), "int64", "max" if coll.reducing else None,
+                                    p - 1 if coll.rooted else None, algo)
+            plan = planner.make_plan(sig, topo, Config(), [0] * p, 8)
+            redop = parse_reduce_op("max") if coll.reducing else None
+            xs = [rng.integers(-50, 50, count) for _ in range(p)]
+            full = [executors.with_scratch(plan, RankBuffers(x, np.zeros(coll.output_shape(x.shape, p), np.int64), None),
+                                           p) for x in xs]
+            executors.central_share(plan, full, redop)
+            for r in range(p):
+                mine = [executors.with_scratch(plan, RankBuffers(x, np.full(coll.output_shape(x.shape, p), -99), None),
+                                               p) for x in xs]
+                executors.own_result(plan, mine, redop, r)
+                if coll.result(full[r].output, r, sig.root) is not None:
+                    assert np.array_equal(mine[r].output, full[r].output), (cname, algo, r, plan.algo)

@@ -4,7 +4,9 @@ An engine places ranks (threads, Ray actors, MPI processes) and hands each rank'
 `Group`. Every collective call then goes through the group in two separate phases:
 
 1. `rendezvous(rank, call) -> OpPlan`. Carries no data: every rank's `Call` (signature, entry
-   clock, item size) goes in, the shared plan comes out (hccl_sim.planner.make_plan, so every
+   clock, item size) goes in, the shared plan comes out. The one exception is MPI's eager
+   protocol: an op whose input is at most the group's `eager_bytes` (0: never) carries it with
+   the call, and execution then needs no further exchange (hccl_sim.planner.make_plan, so every
    engine gets the same plan and the same simulated times). Mismatched calls, a rank that failed
    or returned early, and a missed deadline are raised on every waiting rank as HcclErrors
    (engines.rendezvous holds this bookkeeping for every engine).
@@ -34,6 +36,7 @@ class Call(NamedTuple):
     signature: object         # planner.Signature: what every rank must agree on
     clock: int                # the rank's entry clock, ns
     itemsize: int             # bytes per element (1 for a barrier)
+    eager: Optional[np.ndarray] = None   # the input itself, when at most Group.eager_bytes
 
 
 class RankBuffers(NamedTuple):
@@ -50,6 +53,7 @@ class Group(Protocol):
     topo: object              # topologies.Topology
     config: object            # env.Config
     transport: object         # an hcomm Transport, for point to point
+    eager_bytes: int          # inputs up to this size travel with the call (0: never)
 
     def rendezvous(self, rank: int, call: Call):
         """Meet every rank for collective #call.seq; return the shared OpPlan."""

@@ -12,7 +12,7 @@ import numpy as np
 from hcomm.executor import execute as execute_schedule
 
 from ..dataplane import move_share
-from ..planner import program_rank_steps
+from ..planner import program_moves_for, program_rank_steps
 from ..types import reducer
 
 COLLECTIVE_TAG = "coll"
@@ -30,6 +30,19 @@ def central_share(plan, buffers: list, redop, part: int = 0, parts: int = 1) -> 
     """Share `part` of `parts` of the op's data moves, on every rank's RankBuffers (rank order,
     scratch allocated: see with_scratch)."""
     move_share(plan, [tuple(b) for b in buffers], redop, part, parts)
+
+
+def own_result(plan, buffers: list, redop, rank: int) -> None:
+    """`rank`'s output, computed from every rank's buffers by the moves that decide it (for a rank
+    holding every rank's input: the eager protocol). Exact: the same moves in the same order."""
+    from hcomm.program import BUFFERS, execute as execute_moves
+    coll = plan.collective
+    p = len(buffers)
+    reduce_fn = reducer(redop) if redop is not None else None
+    for (a, b), program in plan.loop_programs():
+        moves = program_moves_for(program, rank)
+        named = [coll.views(p, bf.input, bf.output, bf.scratch, a, b) for bf in buffers]
+        execute_moves(moves, [[v.get(name) for name in BUFFERS] for v in named], reduce_fn)
 
 
 def per_rank(rank: int, plan, buffers, redop, transport, size: int) -> None:

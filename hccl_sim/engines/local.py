@@ -51,6 +51,8 @@ class LocalGroup:
     step. With dataplane="threads" each rank runs its own schedule over the in-process transport
     instead (the per-rank executor)."""
 
+    eager_bytes = 0                 # ranks share memory: nothing needs to travel with the call
+
     def __init__(self, topo, config, dataplane: str = "central"):
         if dataplane not in ("central", "threads"):
             raise ValueError(f"dataplane must be central or threads, got {dataplane!r}")

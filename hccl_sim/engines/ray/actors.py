@@ -105,11 +105,12 @@ class RankActorBase(RayMailbox):
         return Outcome(self.rank, True, value=value)
 
     def _open_control(self, spec, transport):
-        """The shared control block when ranks share a host (attached for this run: closing it at
-        the end tells ranks still waiting that this one has returned), else the transport."""
+        """The shared control block when ranks share a host (attached once, kept across runs),
+        else the peer transport."""
         if spec.plane == "shm" or self._has_block():
             from hcomm.shm_control import ControlBlock
-            self._control = ShmControl(ControlBlock.attach(self.session, self.rank))
+            if self._control is None:
+                self._control = ShmControl(ControlBlock.attach(self.session, self.rank))
             return self._control
         return TransportControl(transport, self.rank, self.topo.num_ranks)
 
@@ -119,8 +120,7 @@ class RankActorBase(RayMailbox):
 
     def _finish(self, transport):
         if self._control is not None:
-            self._control.close()
-            self._control = None
+            self._control.leave()       # ranks still waiting for this one learn it has returned
         if transport is not None:
             transport.close()
         self.hcomm_transport = None

@@ -24,6 +24,10 @@ class ShmControl:
     def abort(self, code: str, reason: str) -> None:
         self.block.abort(code, reason)
 
+    def leave(self) -> None:
+        """This rank's run returned: peers still waiting for it learn so at once."""
+        self.block.leave()
+
     def close(self) -> None:
         self.block.close()
 
@@ -60,6 +64,9 @@ class TransportControl:
 
     def abort(self, code: str, reason: str) -> None:
         self.transport.abort(code, reason)
+
+    def leave(self) -> None:
+        pass                    # closing the transport tells the peers (its goodbye)
 
     def close(self) -> None:
         pass                    # the transport is closed by its owner

@@ -5,10 +5,12 @@ allgather (shared memory on one host, the peer transport across hosts); every ra
 the op itself, identically (planner + PlanCache), so there is no hub and no planning round trip.
 
 Execution, by the data plane the cluster chose:
-- "shm" (every rank on one host): ops whose input fits a control slot travel in a second
-  allgather and every rank computes the whole (tiny) op locally; larger ones name their shared
-  segments in that allgather, every rank runs its 1/p share of the op's data program on all ranks'
-  buffers in place (the central data program), and a barrier closes the op.
+- "shm" (every rank on one host): an op whose input fits a control slot is eager (MPI's eager
+  protocol): the input travelled with the call, and every rank computes its own result from all
+  inputs by the moves of the op's data program that decide it (planner.program_moves_for), so a
+  small op costs one allgather. Larger ones name their shared segments in an allgather, every rank
+  runs its 1/p share of the op's data program on all ranks' buffers in place (the central data
+  program), and a barrier closes the op.
 - "socket" / "object" (ranks that share no memory): the per-rank executor runs this rank's own
   schedule over the peer-to-peer transport (direct TCP, or Ray's object store); no rank touches
   another's data or computes another's result.
@@ -29,7 +31,7 @@ from .protocol import CallPayload
 from .watch import WatchedTransport
 
 INLINE_BYTES = 16 << 10            # inputs up to this size travel in the control plane (shm plane)
-_RETURNED = re.compile(r"rank (\d+) closed its control block")   # hcomm.shm_control: that rank's run returned
+_RETURNED = re.compile(r"rank (\d+) returned without calling it")   # hcomm.shm_control's wording
 
 
 class RayGroup:
@@ -40,6 +42,8 @@ class RayGroup:
         self._plans = rdv.PlanCache(topo, config)
         self._seq = 0                      # the control plane's own sequence (several per collective)
         self.inline_bytes = min(INLINE_BYTES, control.max_payload)
+        self.eager_bytes = self.inline_bytes if plane == "shm" else 0
+        self._eager = None                 # every rank's eager input of the op being executed
 
     # ---- the control plane -----------------------------------------------------------------------
     def _allgather(self, payload: bytes, what: str, op: str) -> list:
@@ -52,8 +56,10 @@ class RayGroup:
     def rendezvous(self, rank, call: Call):
         sig = call.signature
         op = rdv.opname(sig)
+        eager = None if call.eager is None else np.ascontiguousarray(call.eager).tobytes()
+        mine = CallPayload.signature_bytes(sig)
         try:
-            raws = self._allgather(CallPayload(sig, call.clock, call.itemsize).encode(),
+            raws = self._allgather(CallPayload(mine, call.clock, call.itemsize, eager).encode(),
                                    f"{op} (collective #{call.seq})", op)
         except HcclError as exc:
             gone = _RETURNED.search(exc.reason)
@@ -61,12 +67,16 @@ class RayGroup:
                 raise
             raise HcclError("E_PARA", rdv.returned_early_reason(sig, call.seq, int(gone.group(1))), rank=rank,
                             op=op) from None
-        calls = [Call(call.seq, c.signature, c.clock, c.itemsize)
-                 for c in (CallPayload.decode(r, Signature) for r in raws)]
+        payloads = [CallPayload.decode(r) for r in raws]
+        # the same call everywhere (the common case) is the same bytes: decode signatures only if not
+        calls = [Call(call.seq, sig if c.signature == mine else c.signature_object(Signature), c.clock, c.itemsize)
+                 for c in payloads]
         try:
-            return self._plans.plan(calls)
+            plan = self._plans.plan(calls)
         except HcclError as exc:
             raise HcclError(exc.code, exc.reason, rank=rank, op=op) from None
+        self._eager = [c.eager for c in payloads] if eager is not None else None
+        return plan
 
     def execute(self, rank, seq, plan, buffers: RankBuffers, redop) -> None:
         coll = plan.collective
@@ -77,22 +87,21 @@ class RayGroup:
             with self.watch.waiting(f"{op} (collective #{seq}) data"):
                 executors.per_rank(rank, plan, buffers, redop, self.transport, self.size)
             return
-        x, out = buffers.input, buffers.output
-        if x.nbytes <= self.inline_bytes:
-            self._inline(rank, seq, plan, x, out, redop, op)
+        if self._eager is not None:
+            raws, self._eager = self._eager, None
+            self._own_result(rank, plan, buffers, raws, redop)
         else:
             self._shared_shares(rank, seq, plan, buffers, redop, op)
 
-    def _inline(self, rank, seq, plan, x, out, redop, op):
-        """Every rank's input in the control plane; every rank computes the op from all of them."""
-        raws = self._allgather(np.ascontiguousarray(x).tobytes(), f"{op} (collective #{seq}) inputs", op)
-        p = self.size
+    def _own_result(self, rank, plan, buffers, raws, redop):
+        """This rank's output from every rank's (eager) input: the moves that decide it."""
+        x, out = buffers.input, buffers.output
         bufs = []
         for j, raw in enumerate(raws):
             xj = np.frombuffer(raw, dtype=x.dtype).reshape(x.shape)
             oj = out if j == rank else np.empty(out.shape, dtype=out.dtype)
-            bufs.append(executors.with_scratch(plan, RankBuffers(xj, oj, None), p))
-        executors.central_share(plan, bufs, redop)
+            bufs.append(executors.with_scratch(plan, RankBuffers(xj, oj, None), self.size))
+        executors.own_result(plan, bufs, redop, rank)
 
     def _shared_shares(self, rank, seq, plan, buffers, redop, op):
         p = self.size

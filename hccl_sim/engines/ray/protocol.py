@@ -6,13 +6,14 @@ control plane. Nothing positional: every message is a small frozen dataclass.
                 transport addresses, whether this actor creates the shared control block.
 - Outcome       an actor's answer for one run: its result, or its error (code, reason, when).
 - RankStatus    what a rank is waiting for, for the driver's stall watch.
-- CallPayload   a rank's side of a collective's rendezvous (signature, entry clock, item size),
-                the bytes the control plane's allgather carries.
+- CallPayload   a rank's side of a collective's rendezvous (signature, entry clock, item size,
+                an eager op's input), the bytes the control plane's allgather carries.
 - SharedBuffers a rank's buffers on the shared-memory data plane: segment names and shapes.
 """
 from __future__ import annotations
 
 import pickle
+import struct
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -67,19 +68,35 @@ class RankStatus:
     progress: int                       # waits completed so far (changes whenever it moves)
 
 
-@dataclass(frozen=True)
 class CallPayload:
-    signature: Any
-    clock: int
-    itemsize: int
+    """A rank's call in the control plane's fixed binary layout: entry clock, item size, the pickled
+    signature and, for an eager op, its input's raw bytes (MPI's eager protocol). Ranks compare
+    signatures as bytes, so the common case (every rank made the same call) decodes nothing."""
+    _HEAD = struct.Struct("<qqII")          # clock, itemsize, signature bytes, eager bytes (or 2^32-1: none)
+    _NONE = 0xFFFFFFFF
+    __slots__ = ("signature", "clock", "itemsize", "eager")
 
-    def encode(self) -> bytes:
-        return pickle.dumps((tuple(self.signature), self.clock, self.itemsize), protocol=pickle.HIGHEST_PROTOCOL)
+    def __init__(self, signature: bytes, clock: int, itemsize: int, eager):
+        self.signature, self.clock, self.itemsize, self.eager = signature, clock, itemsize, eager
 
     @staticmethod
-    def decode(raw: bytes, signature_type):
-        sig, clock, itemsize = pickle.loads(raw)
-        return CallPayload(signature_type(*sig), clock, itemsize)
+    def signature_bytes(signature) -> bytes:
+        return pickle.dumps(tuple(signature), protocol=pickle.HIGHEST_PROTOCOL)
+
+    def encode(self) -> bytes:
+        eager = self.eager
+        head = self._HEAD.pack(self.clock, self.itemsize, len(self.signature), self._NONE if eager is None else len(eager))
+        return head + self.signature + (eager or b"")
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "CallPayload":
+        clock, itemsize, ns, ne = cls._HEAD.unpack_from(raw)
+        at = cls._HEAD.size
+        sig = raw[at:at + ns]
+        return cls(sig, clock, itemsize, None if ne == cls._NONE else raw[at + ns:at + ns + ne])
+
+    def signature_object(self, signature_type):
+        return signature_type(*pickle.loads(self.signature))
 
 
 @dataclass(frozen=True)
