@@ -2,7 +2,7 @@
 
 Planes: `socket` (8 spawned processes, direct TCP between ranks), `ray` (8 Ray actors on a two-node
 Ray cluster made with ray.cluster_utils.Cluster, half the ranks on each node, payloads through the
-object store), `inprocess` (8 threads, zero-copy; for scale) and `mpich` (mpi4py's Allreduce under
+object store), `ray-socket` (the same actors, payloads over direct sockets between them), `inprocess` (8 threads, zero-copy; for scale) and `mpich` (mpi4py's Allreduce under
 mpiexec on the same data; for scale). Each rank runs a warm-up and then ITERS repetitions back to
 back and times each; a repetition's op time is its slowest rank's; we report the median and
 busbw = 2(p-1)/p * bytes / time (GB = 1e9 B). Every result is checked (all ranks hold p(p+1)/2).
@@ -101,7 +101,35 @@ def run_inprocess(p, n, reps):
     return results, f"{p} threads"
 
 
-def run_ray(p, n, reps):
+class SocketRunner:
+    """A Ray actor body hosting a socket endpoint (the socket plane between Ray nodes)."""
+
+    def __init__(self, rank, size):
+        self.rank, self.size = rank, size
+        self.transport = SocketTransport(rank, size, timeout_s=TIMEOUT_S, connect_timeout_s=60, host="0.0.0.0")
+
+    def address(self):
+        import ray
+        return ray.util.get_node_ip_address(), self.transport.address[1]
+
+    def start(self, peers):
+        import ray
+        self.transport.start(peers)
+        return ray.get_runtime_context().get_node_id()
+
+    def run(self, reps):
+        return one_rank(self.transport, self.rank, self.size, self.n, reps, ring_steps(self.size, self.n)[self.rank])
+
+    def set_count(self, n):
+        self.n = n
+
+    def close(self):
+        self.transport.close()
+
+
+def ray_ranks(p, n, reps, over_sockets):
+    """p rank actors on a two-node Ray cluster (ranks [0, p/2) on node0), moving payloads through
+    Ray's object store or over direct sockets between the actors."""
     import ray
     from ray.cluster_utils import Cluster
     from hcomm.transports.ray_object import ScheduleRunner
@@ -111,20 +139,33 @@ def run_ray(p, n, reps):
             cluster.add_node(num_cpus=0, resources={f"node{k}": 64}, object_store_memory=1 << 30,
                              include_dashboard=False)
         ray.init(address=cluster.address, log_to_driver=False)
-        actor_class = ray.remote(ScheduleRunner)
-        actors = [actor_class.options(num_cpus=0, max_concurrency=4, resources={f"node{(2 * r) // p}": 1})
-                  .remote(r, p, TIMEOUT_S) for r in range(p)]
-        nodes = ray.get([a.start.remote(actors) for a in actors])
-        steps = ring_steps(p, n)
-        outs = ray.get([a.run.remote(steps[r], {"input": lambda r=r: np.full(n, r + 1, dtype=np.float32),
-                                                 "output": lambda: np.empty(n, dtype=np.float32)},
-                                     "bench", np.add, "allreduce", reps) for r, a in enumerate(actors)])
-        results = [(times, bool(np.all(bufs["output"] == p * (p + 1) // 2))) for bufs, times in outs]
+        place = [dict(num_cpus=0, max_concurrency=4, resources={f"node{(2 * r) // p}": 1}) for r in range(p)]
+        if over_sockets:
+            actors = [ray.remote(SocketRunner).options(**place[r]).remote(r, p) for r in range(p)]
+            peers = dict(enumerate(ray.get([a.address.remote() for a in actors])))
+            nodes = ray.get([a.start.remote(peers) for a in actors] + [a.set_count.remote(n) for a in actors])[:p]
+            results = ray.get([a.run.remote(reps) for a in actors])
+        else:
+            actors = [ray.remote(ScheduleRunner).options(**place[r]).remote(r, p, TIMEOUT_S) for r in range(p)]
+            nodes = ray.get([a.start.remote(actors) for a in actors])
+            steps = ring_steps(p, n)
+            outs = ray.get([a.run.remote(steps[r], {"input": lambda r=r: np.full(n, r + 1, dtype=np.float32),
+                                                     "output": lambda: np.empty(n, dtype=np.float32)},
+                                         "bench", np.add, "allreduce", reps) for r, a in enumerate(actors)])
+            results = [(times, bool(np.all(bufs["output"] == p * (p + 1) // 2))) for bufs, times in outs]
         ray.get([a.close.remote() for a in actors])
         return results, f"{p} actors on {len(set(nodes))} Ray nodes"
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def run_ray(p, n, reps):
+    return ray_ranks(p, n, reps, over_sockets=False)
+
+
+def run_ray_socket(p, n, reps):
+    return ray_ranks(p, n, reps, over_sockets=True)
 
 
 def run_mpich(p, n, reps):
@@ -134,12 +175,13 @@ def run_mpich(p, n, reps):
     return [([0.0] + list(walls), correct)], f"mpiexec -n {p}, mpi4py Allreduce"
 
 
-PLANES = {"socket": run_socket, "ray": run_ray, "inprocess": run_inprocess, "mpich": run_mpich}
+PLANES = {"socket": run_socket, "ray": run_ray, "ray-socket": run_ray_socket, "inprocess": run_inprocess,
+          "mpich": run_mpich}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--planes", nargs="+", default=["socket", "ray", "inprocess", "mpich"], choices=list(PLANES))
+    ap.add_argument("--planes", nargs="+", default=["socket", "ray", "ray-socket", "inprocess", "mpich"], choices=list(PLANES))
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--mib", type=int, default=64)
     ap.add_argument("--iters", type=int, default=5)

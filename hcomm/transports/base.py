@@ -210,8 +210,9 @@ class RemoteMessage(Message):
         if self._acked:
             return
         self._acked = True
-        self.data = None            # the receiver's copy (or object-store view) may be freed now
+        data, self.data = self.data, None   # the receiver's copy (or object-store view) is free now
         self._endpoint._send_ack(self.src, self._id, reply)
+        self._endpoint._release(data)
 
 
 class PeerEndpoint:
@@ -373,6 +374,9 @@ class PeerEndpoint:
 
     def _send_ack(self, src, msg_id, reply) -> None:
         raise NotImplementedError
+
+    def _release(self, data) -> None:
+        """A consumed message's array, which the endpoint may reuse for a later message."""
 
     def _announce_exit(self) -> None:
         """Tell the peers this rank sends and consumes nothing more (best effort)."""
