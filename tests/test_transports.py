@@ -393,6 +393,7 @@ def test_dead_peer_is_e_remote_naming_it(request, kind, steps):
 def test_bad_use_is_an_hccl_error():
     tr = SocketTransport(0, 2, timeout_s=1)
     try:
+        assert isinstance(tr, Transport) and isinstance(RayObjectTransport(0, 2), Transport)
         with pytest.raises(HcclError, match="serves rank 0, not rank 1"):
             tr.post_view(1, 0, "t", np.zeros(2))
         with pytest.raises(HcclError, match="start\\(peers\\) was not called"):

@@ -26,6 +26,8 @@ import numpy as np
 from topologies.errors import HcclError
 
 POLL_S = 0.05      # longest sleep of a waiter between checks; wake-ups on progress are immediate
+PROBE_AFTER_S = 0.5  # a wait this long starts asking (where a transport must ask) whether its peer lives
+PROBE_EVERY_S = 0.5
 
 
 # ---- the protocol ---------------------------------------------------------------------------------
@@ -385,7 +387,3 @@ class PeerEndpoint:
         """Find out, without blocking and with the endpoint's lock held, whether `peer` is still
         alive: None if it may be, else why it is not."""
         return None
-
-
-PROBE_AFTER_S = 0.5      # a wait this long starts asking whether its peer still lives
-PROBE_EVERY_S = 0.5
