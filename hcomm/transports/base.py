@@ -289,7 +289,9 @@ class PeerEndpoint:
         with self._cond:
             self._pending[handle.id] = handle
         try:
-            self._send_data(handle, np.ascontiguousarray(view), meta)
+            view = np.asarray(view)
+            # ascontiguousarray would turn a 0-d array into shape (1,): copy only what needs it
+            self._send_data(handle, view if view.flags.c_contiguous else np.ascontiguousarray(view), meta)
         except BaseException:
             with self._cond:
                 self._pending.pop(handle.id, None)
