@@ -11,7 +11,8 @@ which completes the sender's handle and drops the reference.
 The actor must be threaded (`max_concurrency` >= 2): its main method blocks in the executor while
 peers' deliveries and acknowledgements run on its other threads. Threaded actors run calls in any
 order, so deliveries carry a per-(sender, receiver) sequence number and are queued in order; a
-rank's goodbye (`hcomm_bye`) carries how many messages it sent, so it never overtakes them. A dead
+rank's goodbye (`hcomm_bye`) carries how many messages and acknowledgements it sent, so it never
+overtakes them. A dead
 peer is found by pinging it while a wait on it lasts (Ray tells of a dead actor only when asked):
 E_REMOTE naming the rank. Tags and meta travel pickled with the call (small control data only).
 """
@@ -41,8 +42,8 @@ class RayMailbox:
     def hcomm_ack(self, msg_id, reply):
         self.hcomm_transport._acknowledged(msg_id, reply)
 
-    def hcomm_bye(self, src, sent):
-        self.hcomm_transport._said_bye(src, sent)
+    def hcomm_bye(self, src, sent, acked):
+        self.hcomm_transport._said_bye(src, sent, acked)
 
     def hcomm_ping(self):
         return True
@@ -65,7 +66,8 @@ class RayObjectTransport(PeerEndpoint):
         self._sent = [0] * self.size        # messages sent to each rank (their sequence numbers)
         self._next = [0] * self.size        # the sequence number expected next from each rank
         self._held = {}                     # (src, seq) -> message that overtook an earlier one
-        self._bye_after = {}                # src -> how many messages it sent before its goodbye
+        self._bye_after = {}                # src -> (messages, acks) it sent before its goodbye
+        self._acks_to = [0] * self.size     # acknowledgements sent to each rank
         self._pings = {}                    # peer -> ping in flight
 
     def start(self, actors) -> None:
@@ -95,7 +97,9 @@ class RayObjectTransport(PeerEndpoint):
         handle.keep = (ref, call)           # the object lives (owned by this rank) until the ack
 
     def _send_ack(self, src, msg_id, reply):
-        self._actor(src).hcomm_ack.remote(msg_id, reply)
+        with self._cond:
+            self._acks_to[src] += 1
+            self._actor(src).hcomm_ack.remote(msg_id, reply)
 
     def _announce_exit(self):
         if self._actors is None:
@@ -103,7 +107,7 @@ class RayObjectTransport(PeerEndpoint):
         with self._cond:
             for peer in range(self.size):
                 if peer != self.rank:
-                    self._actors[peer].hcomm_bye.remote(self.rank, self._sent[peer])
+                    self._actors[peer].hcomm_bye.remote(self.rank, self._sent[peer], self._acks_to[peer])
 
     # receiving -------------------------------------------------------------------------------------
     def _delivered(self, src, seq, tag, ref, meta, msg_id):
@@ -117,14 +121,25 @@ class RayObjectTransport(PeerEndpoint):
                 self._next[src] += 1
             self._check_bye(src)
 
-    def _said_bye(self, src, sent):
+    def _said_bye(self, src, sent, acked):
         with self._cond:
-            self._bye_after[src] = sent
+            self._bye_after[src] = (sent, acked)
             self._check_bye(src)
 
+    def _acknowledged(self, msg_id, reply):
+        super()._acknowledged(msg_id, reply)
+        with self._cond:
+            for src in list(self._bye_after):
+                self._check_bye(src)
+
     def _check_bye(self, src):
-        if src in self._bye_after and self._next[src] >= self._bye_after[src] and src not in self._down:
-            self._down[src] = ("returned", True)
+        """A goodbye counts once everything sent before it has arrived (calls run in any order)."""
+        if src in self._bye_after:
+            sent, acked = self._bye_after[src]
+            if self._next[src] >= sent:
+                self._no_more_data.add(src)
+            if self._acks_from[src] >= acked:
+                self._no_more_acks.add(src)
             self._cond.notify_all()
 
     def take(self, src, dst, tag, deadline=None, op=None):

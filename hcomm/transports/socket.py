@@ -14,8 +14,9 @@ sender thread writes the frames that `post` queues (so `post` never blocks and a
 different peers overlap) and a reader thread completes handles from acknowledgements; per incoming
 connection a reader thread demultiplexes data frames by (src, tag) into the endpoint's inbox.
 
-A rank that closes says so first (a BYE frame): waits on it then fail with E_PARA ("returned
-without ..."). A connection that breaks without one (the peer's process died) fails every wait on
+A rank that closes says so first, with a BYE frame on each of its connections after what it sent
+there: waits on it then fail with E_PARA ("returned without ..."), a wait for data once the data
+connection's BYE is in, a wait for an acknowledgement once the other's is. A connection that breaks without one (the peer's process died) fails every wait on
 that peer with E_REMOTE naming it. Tags and meta must be JSON values (tags may be tuples).
 """
 from __future__ import annotations
@@ -284,9 +285,9 @@ class SocketTransport(PeerEndpoint):
                     self._deliver(peer, _tuples(head["tag"]), data, head.get("meta"), head["id"])
                 elif kind == ACK:
                     self._acknowledged(head["id"], head.get("reply"))
-                elif kind == BYE:
+                elif kind == BYE:        # after every frame the peer sent on this connection
                     bye = True
-                    self._peer_down(peer, "returned", clean=True)
+                    self._peer_returned(peer, data=not link.outgoing, acks=link.outgoing)
                 else:
                     raise ValueError(f"unknown frame kind {kind}")
         except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
@@ -316,9 +317,7 @@ class SocketTransport(PeerEndpoint):
             raise HcclError("E_PARA", f"a socket transport moves plain numeric arrays, not dtype {view.dtype}",
                             rank=self.rank)
         if handle.dst in self._down:
-            reason, clean = self._down[handle.dst]
-            if not clean:
-                raise peer_lost(handle.dst, self.rank, reason, None)
+            raise peer_lost(handle.dst, self.rank, self._down[handle.dst], None)
         link = self._link_to(handle.dst)
         handle.keep = view          # the sender thread reads it; the caller may not write it until the ack
         link.queue.put(_encode(DATA, {"id": handle.id, "tag": handle.tag, "dtype": view.dtype.str,
