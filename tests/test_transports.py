@@ -10,7 +10,6 @@ import time
 import numpy as np
 import pytest
 import ray
-from ray.cluster_utils import Cluster
 from ray.exceptions import RayTaskError
 
 from hcomm.executor import execute
@@ -324,9 +323,37 @@ def test_dead_peer_is_e_remote_naming_it(request, kind, steps):
         pair.close()
 
 
+def test_socket_keeps_shapes_dtypes_tags_and_replies():
+    """Frames carry shape, dtype, tag and meta; a reply comes back through the ack."""
+    a, b = SocketTransport(0, 2, timeout_s=10), SocketTransport(1, 2, timeout_s=10)
+    try:
+        peers = {0: a.address, 1: b.address}
+        starter = threading.Thread(target=a.start, args=(peers,))
+        starter.start()
+        b.start(peers)
+        starter.join(30)
+        arrays = [np.float64(2.5) + np.zeros(()), np.arange(12, dtype=np.int16).reshape(3, 4).T,
+                  np.zeros((0, 3), dtype=np.float32), np.arange(5, dtype=np.uint8)]
+        handles = [a.post_view(0, 1, ("p2p", i, "x"), x, meta={"clock": i}) for i, x in enumerate(arrays)]
+        for i, x in enumerate(arrays):
+            msg = b.take(0, 1, ("p2p", i, "x"), b.deadline(), "recv")
+            assert msg.data.shape == x.shape and msg.data.dtype == x.dtype and np.array_equal(msg.data, x)
+            assert msg.meta == {"clock": i} and msg.tag == ("p2p", i, "x")
+            msg.consumed(reply=100 + i)
+        assert [a.wait_consumed(h, a.deadline(), "send") for h in handles] == [100, 101, 102, 103]
+        with pytest.raises(HcclError, match="moves plain numeric arrays"):
+            a.post_view(0, 1, "t", np.array([object()]))
+        with pytest.raises(HcclError, match="tags and meta as JSON"):
+            a.post_view(0, 1, "t", np.zeros(1), meta=object())
+    finally:
+        a.close()
+        b.close()
+
+
 def test_bad_use_is_an_hccl_error():
     tr = SocketTransport(0, 2, timeout_s=1)
     try:
+        assert isinstance(tr, Transport) and isinstance(RayObjectTransport(0, 2), Transport)
         with pytest.raises(HcclError, match="serves rank 0, not rank 1"):
             tr.post_view(1, 0, "t", np.zeros(2))
         with pytest.raises(HcclError, match="start\\(peers\\) was not called"):

@@ -26,6 +26,8 @@ import numpy as np
 from topologies.errors import HcclError
 
 POLL_S = 0.05      # longest sleep of a waiter between checks; wake-ups on progress are immediate
+PROBE_AFTER_S = 0.5  # a wait this long starts asking (where a transport must ask) whether its peer lives
+PROBE_EVERY_S = 0.5
 
 
 # ---- the protocol ---------------------------------------------------------------------------------
@@ -210,8 +212,9 @@ class RemoteMessage(Message):
         if self._acked:
             return
         self._acked = True
-        self.data = None            # the receiver's copy (or object-store view) may be freed now
+        data, self.data = self.data, None   # the receiver's copy (or object-store view) is free now
         self._endpoint._send_ack(self.src, self._id, reply)
+        self._endpoint._release(data)
 
 
 class PeerEndpoint:
@@ -220,7 +223,9 @@ class PeerEndpoint:
     Subclasses deliver frames: `_send_data(handle, view, meta)` gets the slice to `handle.dst`,
     which calls `_deliver(src, tag, data, meta, msg_id)`; `_send_ack(src, msg_id, reply)` gets
     the reply back, where `_acknowledged(msg_id, reply)` completes the handle. `_peer_down(peer,
-    reason, clean)` records a peer whose link is gone; `_probe(peer)` (optional) is called while
+    reason)` records a peer that is lost (every wait on it fails), `_peer_returned(peer, data,
+    acks)` one that returned, once every message (`data`) or acknowledgement (`acks`) it sent has
+    arrived: a rank's goodbye may overtake its last acks on another connection or call; `_probe(peer)` (optional) is called while
     a wait on `peer` lasts, to find out whether it still lives (for transports that learn of a
     dead peer only by asking)."""
 
@@ -236,7 +241,10 @@ class PeerEndpoint:
         self._inbox = {}             # (src, tag) -> deque of RemoteMessage
         self._pending = {}           # msg id -> SendHandle
         self._ids = itertools.count()
-        self._down = {}              # peer -> (reason, clean)
+        self._down = {}              # lost peer -> why
+        self._no_more_data = set()   # peers that returned, every message they sent arrived
+        self._no_more_acks = set()   # peers that returned, every acknowledgement they sent arrived
+        self._acks_from = [0] * self.size   # acknowledgements received from each peer
         self._closed = False
 
     # registered memory, deadlines, abort ----------------------------------------------------------
@@ -270,7 +278,7 @@ class PeerEndpoint:
         if rank == self.rank:
             self._announce_exit()
         else:
-            self._peer_down(rank, "returned", clean=True)
+            self._peer_returned(rank, data=True, acks=True)
 
     # data plane ---------------------------------------------------------------------------------------
     def post(self, src, dst, tag, region, start, stop, meta=None):
@@ -286,7 +294,9 @@ class PeerEndpoint:
         with self._cond:
             self._pending[handle.id] = handle
         try:
-            self._send_data(handle, np.ascontiguousarray(view), meta)
+            view = np.asarray(view)
+            # ascontiguousarray would turn a 0-d array into shape (1,): copy only what needs it
+            self._send_data(handle, view if view.flags.c_contiguous else np.ascontiguousarray(view), meta)
         except BaseException:
             with self._cond:
                 self._pending.pop(handle.id, None)
@@ -308,8 +318,9 @@ class PeerEndpoint:
                     return msg
                 self._abort.check(dst, op)
                 if src in self._down:
-                    reason, clean = self._down[src]
-                    raise take_exited(src, dst, tag, op) if clean else peer_lost(src, dst, reason, op)
+                    raise peer_lost(src, dst, self._down[src], op)
+                if src in self._no_more_data:
+                    raise take_exited(src, dst, tag, op)
                 left = remaining(deadline)
                 if left is not None and left <= 0:
                     raise take_timeout(src, dst, self.timeout_s, op)
@@ -322,9 +333,9 @@ class PeerEndpoint:
             while not handle.done:
                 self._abort.check(handle.src, op)
                 if handle.dst in self._down:
-                    reason, clean = self._down[handle.dst]
-                    raise (consume_exited(handle.src, handle.dst, handle.tag, op) if clean
-                           else peer_lost(handle.dst, handle.src, reason, op))
+                    raise peer_lost(handle.dst, handle.src, self._down[handle.dst], op)
+                if handle.dst in self._no_more_acks:
+                    raise consume_exited(handle.src, handle.dst, handle.tag, op)
                 left = remaining(deadline)
                 if left is not None and left <= 0:
                     raise consume_timeout(handle.src, handle.dst, self.timeout_s, op)
@@ -339,8 +350,8 @@ class PeerEndpoint:
         if now < probe_at:
             return probe_at
         reason = self._probe(peer)
-        if reason is not None and peer not in self._down:
-            self._down[peer] = (reason, False)
+        if reason is not None:
+            self._down.setdefault(peer, reason)
         return now + PROBE_EVERY_S
 
     # called by subclasses --------------------------------------------------------------------------------
@@ -358,13 +369,21 @@ class PeerEndpoint:
         with self._cond:
             handle = self._pending.pop(msg_id, None)
             if handle is not None:
+                self._acks_from[handle.dst] += 1
                 handle.reply, handle.done, handle.keep = reply, True, None
                 self._cond.notify_all()
 
-    def _peer_down(self, peer, reason, clean=False) -> None:
+    def _peer_down(self, peer, reason) -> None:
         with self._cond:
-            if peer not in self._down:
-                self._down[peer] = (reason, clean)
+            self._down.setdefault(peer, reason)
+            self._cond.notify_all()
+
+    def _peer_returned(self, peer, data=False, acks=False) -> None:
+        with self._cond:
+            if data:
+                self._no_more_data.add(peer)
+            if acks:
+                self._no_more_acks.add(peer)
             self._cond.notify_all()
 
     # what subclasses provide --------------------------------------------------------------------------------
@@ -374,6 +393,9 @@ class PeerEndpoint:
     def _send_ack(self, src, msg_id, reply) -> None:
         raise NotImplementedError
 
+    def _release(self, data) -> None:
+        """A consumed message's array, which the endpoint may reuse for a later message."""
+
     def _announce_exit(self) -> None:
         """Tell the peers this rank sends and consumes nothing more (best effort)."""
 
@@ -381,7 +403,3 @@ class PeerEndpoint:
         """Find out, without blocking and with the endpoint's lock held, whether `peer` is still
         alive: None if it may be, else why it is not."""
         return None
-
-
-PROBE_AFTER_S = 0.5      # a wait this long starts asking whether its peer still lives
-PROBE_EVERY_S = 0.5

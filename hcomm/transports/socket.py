@@ -14,8 +14,9 @@ sender thread writes the frames that `post` queues (so `post` never blocks and a
 different peers overlap) and a reader thread completes handles from acknowledgements; per incoming
 connection a reader thread demultiplexes data frames by (src, tag) into the endpoint's inbox.
 
-A rank that closes says so first (a BYE frame): waits on it then fail with E_PARA ("returned
-without ..."). A connection that breaks without one (the peer's process died) fails every wait on
+A rank that closes says so first, with a BYE frame on each of its connections after what it sent
+there: waits on it then fail with E_PARA ("returned without ..."), a wait for data once the data
+connection's BYE is in, a wait for an acknowledgement once the other's is. A connection that breaks without one (the peer's process died) fails every wait on
 that peer with E_REMOTE naming it. Tags and meta must be JSON values (tags may be tuples).
 """
 from __future__ import annotations
@@ -37,6 +38,8 @@ _PREFIX = struct.Struct("!BIQ")          # kind, header bytes, payload bytes
 HELLO, DATA, ACK, BYE = 1, 2, 3, 4
 _MAX_HEADER = 1 << 20
 _JOIN_S = 5.0
+_POOL_PER_SHAPE = 4      # consumed receive buffers kept per (shape, dtype) for reuse
+_SOCK_BUF = 4 << 20      # kernel socket buffers: fewer wake-ups per large payload
 
 
 def _tuples(x):
@@ -94,6 +97,13 @@ def _read_frame(sock):
     return kind, json.loads(head), nbytes
 
 
+def _tune(sock):
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)      # acks and small frames go at once
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)      # a vanished host is found too
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        sock.setsockopt(socket.SOL_SOCKET, opt, _SOCK_BUF)
+
+
 class _Link:
     """One TCP connection with a peer, and the threads that serve it."""
 
@@ -134,6 +144,7 @@ class SocketTransport(PeerEndpoint):
         self._links_cond = threading.Condition()
         self._connect_lock = threading.Lock()
         self._said_bye = False
+        self._pool, self._pool_lock = {}, threading.Lock()
         self._acceptor = threading.Thread(target=self._accept_loop, daemon=True, name=f"hcomm-sock{self.rank}-accept")
         self._acceptor.start()
 
@@ -197,8 +208,7 @@ class SocketTransport(PeerEndpoint):
                 time.sleep(min(delay, max(0.0, left)))
                 delay = min(delay * 2, 0.5)
         sock.settimeout(None)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        _tune(sock)
         link = _Link(sock, peer, outgoing=True)
         try:
             link.send(_encode(HELLO, {"rank": self.rank, "size": self.size}))
@@ -234,7 +244,7 @@ class SocketTransport(PeerEndpoint):
                     or not 0 <= peer < self.size or peer == self.rank:
                 raise ValueError(f"bad greeting {head!r}")
             sock.settimeout(None)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _tune(sock)
         except (OSError, ValueError, EOFError):
             sock.close()                 # not one of ours: ignore it
             return
@@ -267,7 +277,7 @@ class SocketTransport(PeerEndpoint):
             while True:
                 kind, head, nbytes = _read_frame(sock)
                 if kind == DATA:
-                    data = np.empty(tuple(head["shape"]), dtype=np.dtype(head["dtype"]))
+                    data = self._buffer(tuple(head["shape"]), head["dtype"])
                     if data.nbytes != nbytes:
                         raise ValueError(f"payload of {nbytes} bytes for shape {head['shape']} {head['dtype']}")
                     if nbytes:
@@ -275,9 +285,9 @@ class SocketTransport(PeerEndpoint):
                     self._deliver(peer, _tuples(head["tag"]), data, head.get("meta"), head["id"])
                 elif kind == ACK:
                     self._acknowledged(head["id"], head.get("reply"))
-                elif kind == BYE:
+                elif kind == BYE:        # after every frame the peer sent on this connection
                     bye = True
-                    self._peer_down(peer, "returned", clean=True)
+                    self._peer_returned(peer, data=not link.outgoing, acks=link.outgoing)
                 else:
                     raise ValueError(f"unknown frame kind {kind}")
         except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
@@ -285,15 +295,29 @@ class SocketTransport(PeerEndpoint):
                 why = "its connection closed (process died?)" if isinstance(exc, EOFError) else f"{type(exc).__name__}: {exc}"
                 self._peer_down(peer, why)
 
+    # receive buffers, reused: a fresh array for every message costs page faults on every byte -------
+    def _buffer(self, shape, dtype):
+        with self._pool_lock:
+            free = self._pool.get((shape, dtype))
+            if free:
+                return free.pop()
+        return np.empty(shape, dtype=np.dtype(dtype))
+
+    def _release(self, data):
+        if data is None or data.base is not None:
+            return
+        with self._pool_lock:
+            free = self._pool.setdefault((data.shape, data.dtype.str), [])
+            if len(free) < _POOL_PER_SHAPE:
+                free.append(data)
+
     # the PeerEndpoint hooks --------------------------------------------------------------------------
     def _send_data(self, handle, view, meta):
         if view.dtype.hasobject or view.dtype.fields is not None:
             raise HcclError("E_PARA", f"a socket transport moves plain numeric arrays, not dtype {view.dtype}",
                             rank=self.rank)
         if handle.dst in self._down:
-            reason, clean = self._down[handle.dst]
-            if not clean:
-                raise peer_lost(handle.dst, self.rank, reason, None)
+            raise peer_lost(handle.dst, self.rank, self._down[handle.dst], None)
         link = self._link_to(handle.dst)
         handle.keep = view          # the sender thread reads it; the caller may not write it until the ack
         link.queue.put(_encode(DATA, {"id": handle.id, "tag": handle.tag, "dtype": view.dtype.str,
