@@ -8,7 +8,6 @@ The stall watch (every live rank waiting and nothing moving: a deadlock) is hcom
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 
 from topologies.errors import HcclError
@@ -76,12 +75,35 @@ class PlanCache:
         first = calls[0]
         if any(c.signature != first.signature or c.itemsize != first.itemsize for c in calls):
             return plan_calls(calls, self.topo, self.config)     # raises the mismatch error
-        base = min(c.clock for c in calls)
-        key = (first.signature, first.itemsize, tuple(c.clock - base for c in calls))
+        return self.agreed(first.signature, first.itemsize, [c.clock for c in calls])
+
+    def agreed(self, sig, itemsize: int, clocks: list):
+        """The plan when every rank made the same call (`sig`), entered at `clocks`."""
+        base = min(clocks)
+        key = (sig, itemsize, tuple(c - base for c in clocks))
         plan = self._plans.get(key)
         if plan is None:
             if len(self._plans) >= self.limit:
                 self._plans.clear()
-            rel = [c._replace(clock=c.clock - base) for c in calls]
-            plan = self._plans[key] = plan_calls(rel, self.topo, self.config)
-        return dataclasses.replace(plan, entry=[base + t for t in plan.entry], exits=[base + t for t in plan.exits])
+            plan = self._plans[key] = make_plan(sig, self.topo, self.config, list(key[2]), itemsize)
+        return ShiftedPlan(plan, base) if base else plan
+
+
+class ShiftedPlan:
+    """A cached plan moved by `base` ns: what the plan of the shifted call is (timing is
+    shift-invariant), without copying it; entry and exit clocks are shifted when read."""
+    __slots__ = ("plan", "base")
+
+    def __init__(self, plan, base: int):
+        self.plan, self.base = plan, base
+
+    @property
+    def entry(self):
+        return [self.base + t for t in self.plan.entry]
+
+    @property
+    def exits(self):
+        return [self.base + t for t in self.plan.exits]
+
+    def __getattr__(self, name):          # signature, choice, loops, programs, nbytes, algo, ...
+        return getattr(self.plan, name)

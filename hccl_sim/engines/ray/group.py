@@ -18,6 +18,7 @@ Point-to-point send/recv use the peer transport on every plane.
 """
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -44,6 +45,7 @@ class RayGroup:
         self.inline_bytes = min(INLINE_BYTES, control.max_payload)
         self.eager_bytes = self.inline_bytes if plane == "shm" else 0
         self._eager = None                 # every rank's eager input of the op being executed
+        self._sig_bytes = {}               # signature -> its encoding (a loop calls the same op again)
 
     # ---- the control plane -----------------------------------------------------------------------
     def _allgather(self, payload: bytes, what: str, op: str) -> list:
@@ -57,7 +59,11 @@ class RayGroup:
         sig = call.signature
         op = rdv.opname(sig)
         eager = None if call.eager is None else np.ascontiguousarray(call.eager).tobytes()
-        mine = CallPayload.signature_bytes(sig)
+        mine = self._sig_bytes.get(sig)
+        if mine is None:
+            if len(self._sig_bytes) > 256:
+                self._sig_bytes.clear()
+            mine = self._sig_bytes[sig] = CallPayload.signature_bytes(sig)
         try:
             raws = self._allgather(CallPayload(mine, call.clock, call.itemsize, eager).encode(),
                                    f"{op} (collective #{call.seq})", op)
@@ -68,11 +74,13 @@ class RayGroup:
             raise HcclError("E_PARA", rdv.returned_early_reason(sig, call.seq, int(gone.group(1))), rank=rank,
                             op=op) from None
         payloads = [CallPayload.decode(r) for r in raws]
-        # the same call everywhere (the common case) is the same bytes: decode signatures only if not
-        calls = [Call(call.seq, sig if c.signature == mine else c.signature_object(Signature), c.clock, c.itemsize)
-                 for c in payloads]
         try:
-            plan = self._plans.plan(calls)
+            if all(c.signature == mine and c.itemsize == call.itemsize for c in payloads):
+                # the same call everywhere (the common case) is the same bytes: nothing to decode
+                plan = self._plans.agreed(sig, call.itemsize, [c.clock for c in payloads])
+            else:
+                plan = self._plans.plan([Call(call.seq, c.signature_object(Signature), c.clock, c.itemsize)
+                                         for c in payloads])
         except HcclError as exc:
             raise HcclError(exc.code, exc.reason, rank=rank, op=op) from None
         self._eager = [c.eager for c in payloads] if eager is not None else None
@@ -95,13 +103,9 @@ class RayGroup:
 
     def _own_result(self, rank, plan, buffers, raws, redop):
         """This rank's output from every rank's (eager) input: the moves that decide it."""
-        x, out = buffers.input, buffers.output
-        bufs = []
-        for j, raw in enumerate(raws):
-            xj = np.frombuffer(raw, dtype=x.dtype).reshape(x.shape)
-            oj = out if j == rank else np.empty(out.shape, dtype=out.dtype)
-            bufs.append(executors.with_scratch(plan, RankBuffers(xj, oj, None), self.size))
-        executors.own_result(plan, bufs, redop, rank)
+        x = buffers.input
+        inputs = np.frombuffer(b"".join(raws), dtype=x.dtype).reshape((self.size,) + x.shape)
+        executors.own_result(plan, inputs, buffers.output, redop, rank)
 
     def _shared_shares(self, rank, seq, plan, buffers, redop, op):
         p = self.size
@@ -119,7 +123,7 @@ class RayGroup:
 
     def result_array(self, shape, dtype):
         dtype = np.dtype(dtype)
-        if self.plane != "shm" or int(np.prod(shape, dtype=np.int64)) * dtype.itemsize <= self.inline_bytes:
+        if self.plane != "shm" or math.prod(shape) * dtype.itemsize <= self.inline_bytes:
             return np.empty(shape, dtype=dtype)
         return self.shared.result_array(shape, dtype)
 
