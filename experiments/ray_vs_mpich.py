@@ -72,7 +72,8 @@ def main():
     import ray
     nodes = None
     if args.nodes == 2:
-        topo = hccl_sim.topology("atlas800t-a2", devices_per_server=[args.ranks // 2, args.ranks - args.ranks // 2])
+        from topologies.presets import hardware
+        topo = hardware("atlas800t-a2", devices_per_server=[args.ranks // 2, args.ranks - args.ranks // 2])
     elif args.ranks == 8:
         topo = hccl_sim.topology("atlas800t-a2")
     else:

@@ -15,6 +15,7 @@ object-store transports only say how a frame reaches a peer.
 """
 from __future__ import annotations
 
+import abc
 import itertools
 import threading
 import time
@@ -32,7 +33,7 @@ PROBE_EVERY_S = 0.5
 
 # ---- the protocol ---------------------------------------------------------------------------------
 
-class Message:
+class Message(abc.ABC):
     """What `take` returns: `data` (a numpy array to read or reduce from; do not keep it past
     `consumed`), the sender's `meta`, and `consumed(reply)`, which completes the sender's handle."""
     __slots__ = ("src", "dst", "tag", "data", "meta")
@@ -40,8 +41,9 @@ class Message:
     def __init__(self, src: int, dst: int, tag, data, meta):
         self.src, self.dst, self.tag, self.data, self.meta = src, dst, tag, data, meta
 
+    @abc.abstractmethod
     def consumed(self, reply=None) -> None:
-        raise NotImplementedError
+        """Tell the sender its slice may be reused; `reply` reaches its wait_consumed."""
 
 
 @runtime_checkable
@@ -217,7 +219,7 @@ class RemoteMessage(Message):
         self._endpoint._release(data)
 
 
-class PeerEndpoint:
+class PeerEndpoint(abc.ABC):
     """One rank's endpoint of a transport whose ranks share no memory.
 
     Subclasses deliver frames: `_send_data(handle, view, meta)` gets the slice to `handle.dst`,
@@ -387,11 +389,13 @@ class PeerEndpoint:
             self._cond.notify_all()
 
     # what subclasses provide --------------------------------------------------------------------------------
+    @abc.abstractmethod
     def _send_data(self, handle, view, meta) -> None:
-        raise NotImplementedError
+        """Get `view` to `handle.dst` (which calls _deliver there)."""
 
+    @abc.abstractmethod
     def _send_ack(self, src, msg_id, reply) -> None:
-        raise NotImplementedError
+        """Get `reply` back to `src` (which calls _acknowledged there)."""
 
     def _release(self, data) -> None:
         """A consumed message's array, which the endpoint may reuse for a later message."""

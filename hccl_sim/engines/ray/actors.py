@@ -7,6 +7,7 @@ plane's mailbox), the driver's status polls and its deadlock notice run on other
 from __future__ import annotations
 
 import os
+import sys
 import time
 import traceback
 
@@ -22,7 +23,8 @@ from .protocol import Outcome, RankInfo, RankStatus
 from .shm_plane import SharedArea
 from .watch import RankWatch
 
-CONTROL_SLOT_BYTES = 20 << 10      # room for an inline op's input (group.INLINE_BYTES) and its framing
+CONTROL_SLOT_BYTES = 20 << 10
+_SWITCH_INTERVAL_S = 50e-6      # room for an inline op's input (group.INLINE_BYTES) and its framing
 
 
 def _node():
@@ -36,6 +38,9 @@ class RankActorBase(RayMailbox):
 
     def __init__(self, rank, topo, config, session):
         self.rank, self.topo, self.config, self.session = rank, topo, config, session
+        # the peer transports hand every message between threads (sender, reader, rank): with
+        # CPython's default 5 ms GIL switch interval each hand-off can wait that long
+        sys.setswitchinterval(min(sys.getswitchinterval(), _SWITCH_INTERVAL_S))
         self.runtime = Runtime(rank, topo).init()
         self.device = self.runtime.set_device(topo.device_of[rank])
         self.shared = SharedArea(session, rank)
