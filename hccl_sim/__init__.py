@@ -109,8 +109,9 @@ class Cluster:
 
     With engine="ray" each rank is a Ray actor (joining the cluster at `address` or RAY_ADDRESS,
     else starting a local Ray) that keeps its device, runtime and shared memory across runs.
-    `data_plane` is "shm" (ranks on one host, the default there), "object" (Ray's object
-    store, the default when ranks span hosts) or "socket" (bytes over the control connections)."""
+    `data_plane` is "shm" (every rank on one Ray node, the default there: shared-memory control
+    and data), "socket" (the default when ranks span nodes: control and data peer to peer over
+    TCP, each rank running its own schedule) or "object" (the same over Ray's object store)."""
 
     def __init__(self, topology=None, engine: str = "local", env: dict | None = None, policy: str | None = None,
                  address: str | None = None, data_plane: str | None = None):

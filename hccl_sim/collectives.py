@@ -127,10 +127,6 @@ class Collective:
             return Loops(per, max(1, buffsize // (p * itemsize)))
         return Loops(count, max(1, buffsize // itemsize))
 
-    def loop_length(self, a: int, b: int) -> int:
-        """The `length` a program of one loop is built for (elements, or per-block elements)."""
-        return b - a
-
     def program_unit(self, length: int, itemsize: int) -> int:
         """Bytes of one schedule unit: an element (vector ops) or a loop's block (block ops)."""
         return length * itemsize if self.block else itemsize

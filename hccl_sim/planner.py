@@ -11,8 +11,8 @@ hardware, level1 among the same-index cards of all servers. Synthetic topologies
 
 Loops: as HCCL in op-base mode, data larger than the CCL buffer (HCCL_BUFFSIZE) is processed in
 buffer-sized loops; on hardware presets each loop is staged user -> CCL buffer -> user. Loops are
-priced in closed form: timing is shift-invariant, so once a full loop moves every rank's clock
-by the same amount as the loop before it did, every further full loop does exactly that too.
+priced in closed form: timing is invariant under a uniform shift, so once full loops move every
+rank's clock by the same amount, every further such run of loops does exactly that too.
 """
 from __future__ import annotations
 
@@ -150,35 +150,56 @@ def op_loops(sig: Signature, p: int, itemsize: int, config) -> colls.Loops:
 
 
 def _time_loops(loops, programs, rel, cost, dtype, redop) -> np.ndarray:
-    """Exit clocks after every loop, full loops priced once the shift pattern repeats."""
+    """Exit clocks after every loop, full loops priced in closed form once they repeat.
+
+    Timing is a max-plus map, invariant under a *uniform* shift: f(e + c) = f(e) + c for a scalar
+    c. So once q consecutive full loops have moved every rank's clock by the same amount c
+    (e_k = e_{k-q} + c, the periodic regime; q <= _PERIOD_MAX), every further q loops do exactly
+    that too: whole periods are one addition, and the few loops left over are priced one by one."""
     clock = np.asarray(rel, dtype=np.int64)
     full = programs.get(loops.cap)
+    history = [clock]
     done = 0
-    prev_delta = None
     while done < loops.full:
-        new = program_times(full, clock, cost, dtype, redop)
+        clock = program_times(full, clock, cost, dtype, redop)
         done += 1
-        delta = new - clock
-        clock = new
-        if prev_delta is not None and np.array_equal(delta, prev_delta) and delta.size:
-            # f(e + c) = f(e) + c: the same per-rank delta repeats for every further full loop
-            remaining = loops.full - done
-            if remaining:
-                _check_overflow(clock, delta, remaining)
-                clock = clock + delta * remaining
-                done = loops.full
+        history.append(clock)
+        period = _uniform_period(history)
+        if period:
+            q, c = period
+            periods = (loops.full - done) // q
+            if periods:
+                _check_overflow(clock, c, periods)
+                clock = clock + c * periods
+                done += periods * q
+            for _ in range(loops.full - done):
+                clock = program_times(full, clock, cost, dtype, redop)
+            done = loops.full
             break
         if done >= _LOOPS_BEFORE_GIVING_UP:
-            raise HcclError("E_INTERNAL", f"{loops.full} buffer loops showed no repeating time pattern after "
+            raise HcclError("E_INTERNAL", f"{loops.full} buffer loops reached no periodic time pattern after "
                             f"{done}; cannot price them in closed form")
-        prev_delta = delta
+        del history[:-(_PERIOD_MAX + 1)]
     if loops.tail:
         clock = program_times(programs[loops.tail], clock, cost, dtype, redop)
     return clock
 
 
-def _check_overflow(clock, delta, remaining):
-    if int(clock.max()) + int(delta.max()) * remaining > np.iinfo(np.int64).max // 2:
+_PERIOD_MAX = 8
+
+
+def _uniform_period(history):
+    """(q, c) when the last clocks moved uniformly by c over the last q loops, else None."""
+    last = history[-1]
+    for q in range(1, min(_PERIOD_MAX, len(history) - 1) + 1):
+        delta = last - history[-1 - q]
+        if delta.size and delta.min() == delta.max():
+            return q, int(delta[0])
+    return None
+
+
+def _check_overflow(clock, step: int, remaining: int):
+    if int(clock.max()) + step * remaining > np.iinfo(np.int64).max // 2:
         raise HcclError("E_PARA", f"the op's simulated time overflows int64 nanoseconds ({remaining} more buffer "
                         "loops); use a smaller size or a larger HCCL_BUFFSIZE")
 

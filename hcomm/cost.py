@@ -8,7 +8,8 @@ a CostModel is found by the topology's fingerprint (two equal topologies share o
 cache it owns lives and dies with it, so a different link state (the fault schedules of the
 faults issue) is a different CostModel whose caches start empty — no stale fault-free price can
 be served for a faulty link. Today every link is as the topology built it: `link_state` is the
-empty tuple and `version` 0; a fault plan will supply the timed link changes.
+empty tuple; a fault plan will supply the timed link changes. A Topology is treated as immutable
+once priced (its fingerprint is computed once).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ def fingerprint(topo) -> str:
     h.update(repr(sorted(params.items(), key=lambda kv: kv[0])).encode())
     router = topo.params.get("router")
     if router is not None:
+        h.update(type(router).__qualname__.encode())
         h.update(repr(sorted((k, repr(v)) for k, v in vars(router).items() if not isinstance(v, np.ndarray))).encode())
     else:
         for a, b, data in sorted(topo.graph.edges(data=True), key=lambda e: (str(e[0]), str(e[1]))):
@@ -52,7 +54,6 @@ class CostModel:
         self.server_of = topo.server_of
         self.num_ranks = topo.num_ranks
         self.link_state = link_state
-        self.version = 0
         self.key = (fingerprint(topo), link_state)
         self._caches = {}
 

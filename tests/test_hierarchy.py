@@ -113,6 +113,11 @@ def test_explicit_choice_is_never_replaced_silently(caplog):
         labels(two, "allreduce", 1 << 20, algo="level0:NA;level1:AHC")
     assert e.value.code == "E_NOT_SUPPORT"
     assert labels(mesh8, "allreduce", 1 << 20, algo="fullmesh") == "fullmesh"      # a flat algorithm: runs
+    one = hccl_sim.topology("atlas800t-a2")          # one server: a token HCCL refuses is refused here too
+    with pytest.raises(hccl_sim.HcclError, match="not built by hccl-sim"):
+        labels(one, "allreduce", 1 << 20, algo="level0:NA;level1:AHC")
+    with pytest.raises(hccl_sim.HcclError, match="does not run allreduce"):
+        labels(one, "allreduce", 1 << 20, algo="star")
 
 
 def test_star_added_through_the_registry():

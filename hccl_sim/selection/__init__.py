@@ -113,6 +113,8 @@ def select(ctx: Context) -> Choice:
             return _noted(name, token, Choice(True, None, policy(ctx, True, None), note))
         return Choice(True, None, policy(ctx, True, None))
     l0 = hccl.level0_for(ctx.topo, srv)
+    if token is not None and (srv.m == 1 or (not srv.equal and name in ("reducescatter", "alltoall"))):
+        hccl.resolve_explicit(name, token, ctx, level="level1")   # a token HCCL would refuse is refused here too
     if not srv.equal and name in ("reducescatter", "alltoall"):
         algo = "pairwise" if name == "alltoall" else "ring"
         note = None if token in (None, algo) else f"unequal servers: HCCL runs {name} flat with {algo}"

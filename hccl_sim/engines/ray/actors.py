@@ -67,6 +67,9 @@ class RankActorBase(RayMailbox):
     def prepare(self, plane: str):
         """This run's peer transport endpoint; returns its address (socket plane) or None."""
         size = self.topo.num_ranks
+        if self.hcomm_transport is not None:      # left by a run that never finished here
+            self.hcomm_transport.close()
+            self.hcomm_transport = None
         if plane == "object":
             from hcomm.transports.ray_object import RayObjectTransport
             self.hcomm_transport = RayObjectTransport(self.rank, size, self.config.wait_timeout_s)
@@ -99,7 +102,10 @@ class RankActorBase(RayMailbox):
         except BaseException as exc:   # noqa: BLE001 - reported to the driver and the other ranks
             at = time.time()
             if group is not None:
-                group.fail(self.rank, exc)
+                try:
+                    group.fail(self.rank, exc)
+                except HcclError:
+                    pass            # the control plane is already closed or aborted: peers know
             self._finish(transport)
             if isinstance(exc, HcclError):
                 return Outcome(self.rank, False, code=exc.code, reason=exc.reason, op=exc.op, at=at)
@@ -110,18 +116,14 @@ class RankActorBase(RayMailbox):
         return Outcome(self.rank, True, value=value)
 
     def _open_control(self, spec, transport):
-        """The shared control block when ranks share a host (attached once, kept across runs),
-        else the peer transport."""
-        if spec.plane == "shm" or self._has_block():
+        """The shared control block on the shm plane (attached once, kept across runs), else the
+        peer transport (ranks on several hosts, or the cross-host planes forced on one)."""
+        if spec.plane == "shm":
             from hcomm.shm_control import ControlBlock
             if self._control is None:
                 self._control = ShmControl(ControlBlock.attach(self.session, self.rank))
             return self._control
         return TransportControl(transport, self.rank, self.topo.num_ranks)
-
-    def _has_block(self):
-        from hcomm.shm_control import segment_name
-        return os.path.exists(f"/dev/shm/{segment_name(self.session)}")
 
     def _finish(self, transport):
         if self._control is not None:
@@ -134,13 +136,16 @@ class RankActorBase(RayMailbox):
         what, progress = self.watch.snapshot()
         return RankStatus(self.rank, what, progress)
 
-    def stop_deadlock(self, message: str) -> None:
-        """The driver saw every rank waiting with nothing moving: end this rank's wait."""
+    def stop(self, code: str, message: str) -> None:
+        """The driver ends this rank's waits (a deadlock, or the run's time limit)."""
         if self._control is not None:
-            self._control.abort("E_TIMEOUT", message)
+            try:
+                self._control.abort(code, message)
+            except HcclError:
+                pass                # already closed: nothing waits on it
         tr = self.hcomm_transport
         if tr is not None:
-            tr.abort("E_TIMEOUT", message)
+            tr.abort(code, message)
 
     def close(self):
         leaks = self.runtime.finalize() if self.runtime.state == "ready" else []

@@ -80,7 +80,7 @@ class RayCluster:
         if plane == "shm" and not one_node:
             raise HcclError("E_PARA", f"data_plane 'shm' needs every rank on one Ray node; ranks landed on "
                             f"{len(self.nodes)} nodes (use 'socket' or 'object')")
-        if one_node:
+        if plane == "shm":
             self._gather([self.actors[0].create_control.remote(p)], "create the control block", 60)
 
     def _placement(self):
@@ -126,7 +126,7 @@ class RayCluster:
             raise HcclError("E_IN_STATUS", "the Ray cluster is closed")
         ray = self._ray
         plane = self.data_plane
-        if len(self.nodes) == 1:
+        if plane == "shm":
             self._gather([self.actors[0].reset_control.remote()], "reset the control block", 60)
         addresses = self._gather([a.prepare.remote(plane) for a in self.actors], "open its transport",
                                  self.config.connect_timeout_s or 120)
@@ -155,9 +155,16 @@ class RayCluster:
             if not pending:
                 break
             if time.monotonic() > limit:
+                running = [refs.index(ref) for ref in pending]
+                self._stop(running, "E_TIMEOUT", "the run did not finish within HCCL_EXEC_TIMEOUT + "
+                           "HCCL_CONNECT_TIMEOUT + 30 s")
+                ready, pending = ray.wait(pending, num_returns=len(pending), timeout=30)
+                for ref in ready:
+                    done[refs.index(ref)] = self._outcome(refs.index(ref), ref)
                 for ref in pending:
-                    r = refs.index(ref)
-                    done[r] = _timeout_outcome(r)
+                    done[refs.index(ref)] = _timeout_outcome(refs.index(ref))
+                if pending:             # ranks still inside fn: this cluster cannot run again safely
+                    self.close()
                 break
             stalled = self._check_stall([refs.index(ref) for ref in pending], stalled)
         return [done[r] for r in range(p)]
@@ -188,9 +195,17 @@ class RayCluster:
         if now - stalled[1] < STALL_S:
             return stalled
         who = "; ".join(f"rank {s.rank} waits for {s.waiting}" for s in statuses[:8])
-        message = f"deadlock: every rank is waiting and none can proceed ({who})"
-        ray.get([self.actors[r].stop_deadlock.remote(message) for r in running], timeout=10)
+        self._stop(running, "E_TIMEOUT", f"deadlock: every rank is waiting and none can proceed ({who})")
         return None
+
+    def _stop(self, ranks, code, message):
+        """End the waits of `ranks` with HcclError(code, message); False if some did not answer."""
+        ray = self._ray
+        try:
+            ray.get([self.actors[r].stop.remote(code, message) for r in ranks], timeout=10)
+            return True
+        except ray.exceptions.RayError:
+            return False            # a dead or stuck actor: its outcome, or the run's limit, will say so
 
     def close(self):
         if getattr(self, "_closing", False):
