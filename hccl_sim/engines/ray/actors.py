@@ -23,7 +23,7 @@ from .protocol import Outcome, RankInfo, RankStatus
 from .shm_plane import SharedArea
 from .watch import RankWatch
 
-CONTROL_SLOT_BYTES = 20 << 10
+CONTROL_SLOT_BYTES = 68 << 10
 _SWITCH_INTERVAL_S = 50e-6      # room for an inline op's input (group.INLINE_BYTES) and its framing
 
 

@@ -31,7 +31,7 @@ from ...planner import Signature, op_loops
 from .protocol import CallPayload
 from .watch import WatchedTransport
 
-INLINE_BYTES = 16 << 10            # inputs up to this size travel in the control plane (shm plane)
+INLINE_BYTES = 64 << 10            # inputs up to this size travel in the control plane (shm plane)
 _RETURNED = re.compile(r"rank (\d+) returned without calling it")   # hcomm.shm_control's wording
 
 
