@@ -22,6 +22,7 @@ import numpy as np
 
 from topologies.errors import HcclError
 
+from . import verifiable as vf
 from .types import ReduceOp
 
 # An op whose per-rank buffer is larger than this cannot be priced in int64 nanoseconds at the
@@ -151,7 +152,9 @@ class Collective:
         return vec, vec.copy()
 
     # Each subclass defines reference(inputs, redop=None, root=0) -> list: every rank's expected
-    # result from every rank's input (numpy, in rank order).
+    # result from every rank's input (numpy, in rank order), and verifiable(rank, p, count, dtype,
+    # redop, root): rank's expected result when every rank's input is hccl_sim.verifiable's pattern
+    # of `count` elements, computed without the other ranks' data.
 
 
 def _reduce_all(inputs, redop):
@@ -169,6 +172,9 @@ class AllReduce(Collective):
     def busbw_factor(self, p):
         return 2 * (p - 1) / p
 
+    def verifiable(self, rank, p, count, dtype, redop="sum", root=0):
+        return vf.reduced(np.arange(count), p, dtype, redop)
+
     def reference(self, inputs, redop=None, root=0):
         total = _reduce_all(inputs, redop)
         return [total.copy() for _ in inputs]
@@ -176,6 +182,9 @@ class AllReduce(Collective):
 
 class Broadcast(Collective):
     name, method, rooted = "broadcast", "broadcast", True
+
+    def verifiable(self, rank, p, count, dtype, redop="sum", root=0):
+        return vf.values(np.arange(count), root, dtype, redop)
 
     def reference(self, inputs, redop=None, root=0):
         return [np.array(inputs[root], copy=True) for _ in inputs]
@@ -192,6 +201,9 @@ class Reduce(Collective):
         outs[:] = 0
         outs[root] = length * itemsize
         return ins, outs
+
+    def verifiable(self, rank, p, count, dtype, redop="sum", root=0):
+        return vf.reduced(np.arange(count), p, dtype, redop) if rank == root else None
 
     def reference(self, inputs, redop=None, root=0):
         total = _reduce_all(inputs, redop)
@@ -220,6 +232,9 @@ class AllGather(Collective):
         ins, outs = super().stage_bytes(p, length, itemsize, root)
         return ins, outs * p
 
+    def verifiable(self, rank, p, count, dtype, redop="sum", root=0):
+        return np.concatenate([vf.values(np.arange(count), r, dtype, redop) for r in range(p)]) if p else None
+
     def reference(self, inputs, redop=None, root=0):
         total = np.concatenate(inputs, axis=0)
         return [total.copy() for _ in inputs]
@@ -243,6 +258,10 @@ class ReduceScatter(Collective):
         ins, outs = super().stage_bytes(p, length, itemsize, root)
         return ins * p, outs
 
+    def verifiable(self, rank, p, count, dtype, redop="sum", root=0):
+        m = count // p
+        return vf.reduced(np.arange(rank * m, (rank + 1) * m), p, dtype, redop)
+
     def reference(self, inputs, redop=None, root=0):
         total = _reduce_all(inputs, redop)
         return list(np.split(total, len(inputs), axis=0))
@@ -265,6 +284,10 @@ class AllToAll(Collective):
         ins, outs = super().stage_bytes(p, length, itemsize, root)
         return ins * p, outs * p
 
+    def verifiable(self, rank, p, count, dtype, redop="sum", root=0):
+        m = count // p              # block `rank` of every source rank, in source order
+        return np.concatenate([vf.values(np.arange(rank * m, (rank + 1) * m), src, dtype, redop) for src in range(p)])
+
     def reference(self, inputs, redop=None, root=0):
         p = len(inputs)
         blocks = [np.split(x, p, axis=0) for x in inputs]
@@ -281,6 +304,9 @@ class Barrier(Collective):
     def stage_bytes(self, p, length, itemsize, root):
         zero = np.zeros(p, dtype=np.int64)
         return zero, zero.copy()
+
+    def verifiable(self, rank, p, count, dtype, redop="sum", root=0):
+        return None
 
     def reference(self, inputs, redop=None, root=0):
         return [None for _ in inputs]

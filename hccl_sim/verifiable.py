@@ -42,26 +42,19 @@ def _reduced(idx, p, dtype, redop):
     return table[idx % k]
 
 
-def expected(op: str, rank: int, p: int, count: int, dtype: str, redop="sum", root: int = 0):
-    """Rank `rank`'s expected output of `op` when every rank's input has `count` elements."""
+def values(idx, rank: int, dtype: str, redop="sum") -> np.ndarray:
+    """Rank `rank`'s input values at element indices `idx`."""
     redop = parse_reduce_op(redop)
-    k = modulus(dtype)
-    npdt = numpy_dtype(dtype)
-    idx = np.arange(count, dtype=np.int64)
-    if op == "allreduce":
-        return _reduced(idx, p, dtype, redop)
-    if op == "reduce":
-        return _reduced(idx, p, dtype, redop) if rank == root else None
-    if op == "reducescatter":
-        m = count // p
-        return _reduced(np.arange(rank * m, (rank + 1) * m, dtype=np.int64), p, dtype, redop)
-    if op == "broadcast":
-        return _values(idx, root, k, redop).astype(npdt)
-    if op == "allgather":
-        return ((idx[None, :] + np.arange(p)[:, None]) % k).astype(npdt).reshape(-1)
-    if op == "alltoall":
-        m = count // p
-        t = np.arange(m, dtype=np.int64)
-        src = np.arange(p)[:, None]
-        return ((rank * m + t[None, :] + src) % k).astype(npdt).reshape(-1)
-    raise ValueError(op)
+    return _values(np.asarray(idx, dtype=np.int64), rank, modulus(dtype), redop).astype(numpy_dtype(dtype))
+
+
+def reduced(idx, p: int, dtype: str, redop="sum") -> np.ndarray:
+    """The reduction over p ranks' inputs at element indices `idx`."""
+    return _reduced(np.asarray(idx, dtype=np.int64), p, dtype, parse_reduce_op(redop))
+
+
+def expected(op: str, rank: int, p: int, count: int, dtype: str, redop="sum", root: int = 0):
+    """Rank `rank`'s expected output of `op` when every rank's input has `count` elements
+    (each collective's class in hccl_sim.collectives says what it is)."""
+    from . import collectives
+    return collectives.get(op).verifiable(rank, p, count, dtype, redop, root)

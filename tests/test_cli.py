@@ -57,6 +57,16 @@ def test_busbw_factors(capsys, op, engine, tmp_path):
     assert len(table) == len(data["rows"]) == 4
 
 
+@pytest.mark.parametrize("op", list(FACTORS))
+@pytest.mark.parametrize("redop", ["prod", "max"])
+def test_check_is_right_for_every_op_and_redop(capsys, op, redop):
+    """Expected outputs come from each collective's class (collectives.py): no false #wrong when the
+    reduce op does not apply to the collective (its inputs still use the op's verifiable pattern)."""
+    code, out, _ = bench(capsys, "--op", op, "--topology", "fullmesh", "--ranks", "5", "-b", "40", "-e", "4K",
+                         "-f", "10", "-n", "1", "-w", "0", "-o", redop)
+    assert code == 0 and "# Out of bounds values : 0 OK" in out
+
+
 def test_local_and_timing_engines_report_the_same_times(capsys):
     args = ["--op", "allgather", "--topology", "atlas800t-a2", "--servers", "2", "-b", "1K", "-e", "256K", "-n", "1"]
     _, local, _ = bench(capsys, *args)
