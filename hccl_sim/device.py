@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import bisect
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,6 +24,7 @@ import numpy as np
 from topologies.errors import HcclError
 
 ALIGNMENT = 512
+TASK_HISTORY = 4096                  # tasks a stream remembers for traces
 
 
 class DeviceArray:
@@ -113,7 +115,8 @@ class Stream:
     device: "Device"
     id: int
     tail: int = 0                              # when the last issued task ends, ns
-    tasks: list = field(default_factory=list)  # (name, start, end) for traces
+    # (name, start, end) of the latest tasks, for traces; bounded, so a long job does not grow it
+    tasks: deque = field(default_factory=lambda: deque(maxlen=TASK_HISTORY))
 
     def _check(self):
         self.device._check_open()

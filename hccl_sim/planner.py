@@ -16,6 +16,7 @@ rank's clock by the same amount, every further such run of loops does exactly th
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
@@ -71,7 +72,7 @@ class OpPlan:
     nbytes: int               # bytes of the op as nccl-tests sizes it
     events: Optional[list] = None
 
-    @property
+    @functools.cached_property
     def algo(self) -> str:
         """What ran, e.g. "ring" or "level0:fullmesh;level1:NHR" (with HCCL's fallback, if any)."""
         return self.choice.label

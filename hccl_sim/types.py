@@ -37,6 +37,11 @@ def parse_reduce_op(op) -> ReduceOp:
     raise HcclError("E_PARA", f"unsupported reduce op {op!r}; expected one of sum, prod, max, min")
 
 
+def reduce_ufunc(op: ReduceOp):
+    """The numpy ufunc of a reduce op: called as ufunc(a, b, out)."""
+    return _UFUNC[op]
+
+
 def reducer(op: ReduceOp):
     """f(a, b, out): out = a (op) b, element-wise, without temporaries."""
     ufunc = _UFUNC[op]

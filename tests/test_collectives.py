@@ -198,7 +198,9 @@ def test_registry_reference_matches_every_collective(p):
                                      ("atlas800t-a2", {"servers": 2}), ("atlas800-910a", {"servers": 3})])
 def test_own_result_slices_equal_the_whole_program(name, kw):
     """A rank holding every rank's input computes only its own output (the Ray engine's eager small
-    ops) from the backward slice of the op's moves: the same result as running every move."""
+    ops) from the backward slice of the op's moves: the same result as running every move, bit for
+    bit also on floats (same operations, same order), both on numpy scalars (tiny moves) and by
+    ufunc calls (longer ones)."""
     from hccl_sim import collectives, planner
     from hccl_sim.engines import executors
     from hccl_sim.engines.base import RankBuffers
@@ -206,20 +208,35 @@ def test_own_result_slices_equal_the_whole_program(name, kw):
     topo = hccl_sim.topology(name, **kw)
     p = topo.num_ranks
     rng = np.random.default_rng(p)
+    scalar_paths = 0
     for cname in collectives.DATA_COLLECTIVES:
         coll = collectives.get(cname)
         for algo in (None, "ring", "H-D_R", "NHR"):
-            count = 2 * p + 1 if not coll.divisible else 3 * p
-            sig = planner.Signature(cname, (count,), "int64", "max" if coll.reducing else None,
-                                    p - 1 if coll.rooted else None, algo)
-            plan = planner.make_plan(sig, topo, Config(), [0] * p, 8)
-            redop = parse_reduce_op("max") if coll.reducing else None
-            xs = [rng.integers(-50, 50, count) for _ in range(p)]
-            full = [executors.with_scratch(plan, RankBuffers(x, np.zeros(coll.output_shape(x.shape, p), np.int64), None),
-                                           p) for x in xs]
-            executors.central_share(plan, full, redop)
-            for r in range(p):
-                mine = np.full(coll.output_shape(xs[0].shape, p), -99)
-                executors.own_result(plan, np.stack(xs), mine, redop, r)
-                if coll.result(full[r].output, r, sig.root) is not None:
+            for dtype, op, per in (("int64", "max", 2), ("float32", "sum", 2), ("float64", "prod", 1),
+                                   ("float32", "sum", 40)):
+                count = per * p + 1 if not coll.divisible else (per + 1) * p
+                sig = planner.Signature(cname, (count,), dtype, op if coll.reducing else None,
+                                        p - 1 if coll.rooted else None, algo)
+                plan = planner.make_plan(sig, topo, Config(), [0] * p, np.dtype(dtype).itemsize)
+                redop = parse_reduce_op(op) if coll.reducing else None
+                if dtype == "int64":
+                    xs = [rng.integers(-50, 50, count) for _ in range(p)]
+                else:
+                    xs = [(rng.standard_normal(count) * 1e3).astype(dtype) for _ in range(p)]
+                full = [executors.with_scratch(plan, RankBuffers(x, np.zeros(coll.output_shape(x.shape, p), dtype),
+                                                                 None), p) for x in xs]
+                executors.central_share(plan, full, redop)
+                for r in range(p):
+                    if coll.result(full[r].output, r, sig.root) is None:
+                        continue
+                    compiled = executors.OwnResult(plan, r, p, xs[0].shape, dtype, redop)
+                    scalar_paths += compiled.scalar is not None
+                    for _ in range(2):          # compiled once, run again on the same buffers
+                        mine = np.full(coll.output_shape(xs[0].shape, p), -99, dtype=dtype)
+                        compiled.run(np.stack(xs), mine)
+                        assert np.array_equal(mine.view(np.uint8), full[r].output.view(np.uint8)), \
+                            (cname, algo, dtype, op, per, r, plan.algo)
+                    mine = np.full(coll.output_shape(xs[0].shape, p), -99, dtype=dtype)
+                    executors.own_result(plan, np.stack(xs), mine, redop, r)
                     assert np.array_equal(mine, full[r].output), (cname, algo, r, plan.algo)
+    assert scalar_paths > 0

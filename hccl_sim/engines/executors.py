@@ -7,6 +7,8 @@
 """
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from hcomm.executor import execute as execute_schedule
@@ -14,7 +16,7 @@ from hcomm.program import BUFFERS, execute as execute_moves
 
 from ..dataplane import move_share
 from ..planner import program_moves_for, program_rank_steps
-from ..types import reducer
+from ..types import ReduceOp, reduce_ufunc, reducer
 
 COLLECTIVE_TAG = "coll"
 _EMPTY = np.empty(0, dtype=np.uint8)
@@ -37,22 +39,113 @@ def own_result(plan, inputs, out, redop, rank: int) -> None:
     """`rank`'s output into `out`, computed from every rank's input (`inputs`, stacked on a first
     axis of p) by the moves that decide it: for a rank holding every rank's input (the eager
     protocol). Exact: the same moves, in the same order, as the whole program."""
-    coll = plan.collective
     p = inputs.shape[0]
-    reduce_fn = reducer(redop) if redop is not None else None
-    if not coll.block:                     # vector layouts: every view is a slice of one row
-        xs = inputs.reshape(p, -1)
-        outs = np.empty((p, out.size), dtype=out.dtype)
-        for (a, b), program in plan.loop_programs():
-            views = [(xs[j, a:b], outs[j, a:b], None) for j in range(p)]
-            execute_moves(program_moves_for(program, rank), views, reduce_fn)
-        out.reshape(-1)[:] = outs[rank]
-        return
-    outs = [out if j == rank else np.empty(out.shape, dtype=out.dtype) for j in range(p)]
-    scratch = [coll.scratch(p, plan.loops, out.dtype) for _ in range(p)] if coll.has_scratch else [None] * p
-    for (a, b), program in plan.loop_programs():
-        named = [coll.views(p, inputs[j], outs[j], scratch[j], a, b) for j in range(p)]
-        execute_moves(program_moves_for(program, rank), [[v.get(n) for n in BUFFERS] for v in named], reduce_fn)
+    OwnResult(plan, rank, p, inputs.shape[1:], inputs.dtype, redop).run(inputs, out)
+
+
+class OwnResult:
+    """own_result compiled for one (plan, rank, input shape, dtype, redop): persistent buffers for
+    every rank's input, output and scratch, and each deciding move bound to its views, so that an
+    engine repeating a small op (a training loop's many tiny AllReduces) pays one ufunc call per
+    move and nothing else. Build once, `run` many times (not thread-safe: one per rank).
+
+    Tiny float32/float64 sums and products (moves of a few elements, where a ufunc call's fixed
+    cost of ~1 us is all the work) run element by element on numpy scalars instead: the same
+    operations in the same order, each an IEEE-rounded operation of the dtype itself, so the
+    result is bit-identical to the ufunc path's."""
+
+    SCALAR_DTYPES = ("float32", "float64")
+    SCALAR_ELEMENTS_PER_MOVE = 4        # scalar ops cost ~0.1 us, a ufunc call ~1 us
+
+    def __init__(self, plan, rank: int, p: int, shape: tuple, dtype, redop):
+        coll = plan.collective
+        dtype = np.dtype(dtype)
+        self.rank = rank
+        self.inputs = np.zeros((p,) + tuple(shape), dtype=dtype)
+        ufunc = reduce_ufunc(redop) if redop is not None else None
+        ops = []
+        self.scalar = None
+        if not coll.block:                  # vector layouts: every view is a slice of one row
+            xs = self.inputs.reshape(p, -1)
+            outs = np.zeros((p, xs.shape[1]), dtype=dtype)
+            self.result = outs[rank]
+            loops = [((a, b), program_moves_for(program, rank)) for (a, b), program in plan.loop_programs()]
+            for (a, b), moves in loops:
+                views = [(xs[j, a:b], outs[j, a:b], None) for j in range(p)]
+                ops += _bound(moves, views, ufunc)
+            if dtype.name in self.SCALAR_DTYPES and redop in (None, ReduceOp.SUM, ReduceOp.PROD):
+                self.scalar = _scalar_program(loops, p, xs.shape[1], rank, self.SCALAR_ELEMENTS_PER_MOVE)
+                self.zeros = [dtype.type(0)] * (p * xs.shape[1])
+                self.combine = operator.mul if redop is ReduceOp.PROD else operator.add
+        else:
+            out_shape = coll.output_shape(tuple(shape), p)
+            outs = [np.zeros(out_shape, dtype=dtype) for _ in range(p)]
+            self.result = outs[rank]
+            scratch = ([coll.scratch(p, plan.loops, dtype) for _ in range(p)] if coll.has_scratch else [None] * p)
+            for (a, b), program in plan.loop_programs():
+                named = [coll.views(p, self.inputs[j], outs[j], scratch[j], a, b) for j in range(p)]
+                ops += _bound(program_moves_for(program, rank), [[v.get(n) for n in BUFFERS] for v in named], ufunc)
+        self.ops = ops
+
+    def run(self, inputs, out) -> None:
+        """`inputs`: every rank's input stacked (p, *shape), or a bytes-like of them in rank order."""
+        if self.scalar is not None:
+            self._run_scalar(inputs, out)
+            return
+        if isinstance(inputs, np.ndarray):
+            np.copyto(self.inputs, inputs)
+        else:
+            self.inputs.reshape(-1).view(np.uint8)[:] = np.frombuffer(inputs, dtype=np.uint8)
+        copyto = np.copyto
+        for fn, src, other, dst in self.ops:
+            if fn is None:
+                copyto(dst, src)
+            else:
+                fn(src, other, out=dst)
+        out.reshape(-1)[:] = self.result.reshape(-1)
+
+    def _run_scalar(self, inputs, out) -> None:
+        if isinstance(inputs, np.ndarray):
+            cells = list(inputs.reshape(-1))
+        else:
+            cells = list(np.frombuffer(inputs, dtype=self.inputs.dtype))
+        cells += self.zeros                 # every rank's output, as the ufunc path's zeroed rows
+        combine = self.combine
+        prog, lo, hi = self.scalar
+        for d, s, o in prog:
+            cells[d] = cells[s] if o < 0 else combine(cells[s], cells[o])
+        out.reshape(-1)[:] = cells[lo:hi]
+
+
+def _scalar_program(loops, p: int, n: int, rank: int, per_move: int):
+    """(ops, lo, hi): the moves of `loops` as element operations (dst, src, other or -1 for a copy)
+    on one flat list of cells: every rank's input row, then every rank's output row, n cells each;
+    `rank`'s output is cells[lo:hi]. None when the moves are long enough for ufunc calls to win."""
+    def cell(j, buf, e):
+        return (j if buf == 0 else p + j) * n + e     # vector views: buffer 0 the input, 1 the output
+    ops, seen = [], 0
+    for (a, _), moves in loops:
+        for s, sb, sl, sh, d, db, dl, dh, rb, rl, rh in moves:
+            seen += 1
+            for k in range(dh - dl):
+                ops.append((cell(d, db, a + dl + k), cell(s, sb, a + sl + k),
+                            -1 if rb < 0 else cell(d, rb, a + rl + k)))
+            if len(ops) > per_move * seen + 16:
+                return None
+    return ops, (p + rank) * n, (p + rank + 1) * n
+
+
+def _bound(moves, buffers, ufunc) -> list:
+    """(ufunc or None for a copy, source view, other operand view, destination view) of each move,
+    its views sliced once."""
+    ops = []
+    for s, sb, sl, sh, d, db, dl, dh, rb, rl, rh in moves:
+        dst = buffers[d][db][dl:dh]
+        if rb < 0:
+            ops.append((None, buffers[s][sb][sl:sh], None, dst))
+        else:
+            ops.append((ufunc, buffers[s][sb][sl:sh], buffers[d][rb][rl:rh], dst))
+    return ops
 
 
 def per_rank(rank: int, plan, buffers, redop, transport, size: int) -> None:

@@ -80,7 +80,7 @@ class PlanCache:
     def agreed(self, sig, itemsize: int, clocks: list):
         """The plan when every rank made the same call (`sig`), entered at `clocks`."""
         base = min(clocks)
-        key = (sig, itemsize, tuple(c - base for c in clocks))
+        key = (sig, itemsize, tuple([c - base for c in clocks]))
         plan = self._plans.get(key)
         if plan is None:
             if len(self._plans) >= self.limit:
@@ -92,10 +92,12 @@ class PlanCache:
 class ShiftedPlan:
     """A cached plan moved by `base` ns: what the plan of the shifted call is (timing is
     shift-invariant), without copying it; entry and exit clocks are shifted when read."""
-    __slots__ = ("plan", "base")
+    __slots__ = ("plan", "base", "signature", "choice", "loops", "programs", "nbytes", "events")
 
     def __init__(self, plan, base: int):
         self.plan, self.base = plan, base
+        self.signature, self.choice, self.loops, self.programs = plan.signature, plan.choice, plan.loops, plan.programs
+        self.nbytes, self.events = plan.nbytes, plan.events
 
     @property
     def entry(self):
@@ -105,5 +107,13 @@ class ShiftedPlan:
     def exits(self):
         return [self.base + t for t in self.plan.exits]
 
-    def __getattr__(self, name):          # signature, choice, loops, programs, nbytes, algo, ...
-        return getattr(self.plan, name)
+    @property
+    def algo(self) -> str:
+        return self.plan.algo
+
+    @property
+    def collective(self):
+        return self.plan.collective
+
+    def loop_programs(self):
+        return self.plan.loop_programs()

@@ -69,10 +69,12 @@ class RankStatus:
 
 
 class CallPayload:
-    """A rank's call in the control plane's fixed binary layout: entry clock, item size, the pickled
-    signature and, for an eager op, its input's raw bytes (MPI's eager protocol). Ranks compare
-    signatures as bytes, so the common case (every rank made the same call) decodes nothing."""
-    _HEAD = struct.Struct("<qqII")          # clock, itemsize, signature bytes, eager bytes (or 2^32-1: none)
+    """A rank's call in the control plane's fixed binary layout: item size, the pickled signature,
+    the entry clock and, for an eager op, its input's raw bytes (MPI's eager protocol). Everything
+    before the clock is the same bytes on every rank that made the same call, so the common case
+    is one prefix compare per rank and nothing to decode."""
+    _HEAD = struct.Struct("<qII")           # itemsize, signature bytes, eager bytes (or 2^32-1: none)
+    _CLOCK = struct.Struct("<q")
     _NONE = 0xFFFFFFFF
     __slots__ = ("signature", "clock", "itemsize", "eager")
 
@@ -85,15 +87,29 @@ class CallPayload:
 
     def encode(self) -> bytes:
         eager = self.eager
-        head = self._HEAD.pack(self.clock, self.itemsize, len(self.signature), self._NONE if eager is None else len(eager))
-        return head + self.signature + (eager or b"")
+        head = self._HEAD.pack(self.itemsize, len(self.signature), self._NONE if eager is None else len(eager))
+        return head + self.signature + self._CLOCK.pack(self.clock) + (eager or b"")
 
     @classmethod
     def decode(cls, raw: bytes) -> "CallPayload":
-        clock, itemsize, ns, ne = cls._HEAD.unpack_from(raw)
-        at = cls._HEAD.size
-        sig = raw[at:at + ns]
-        return cls(sig, clock, itemsize, None if ne == cls._NONE else raw[at + ns:at + ns + ne])
+        itemsize, ns, ne = cls._HEAD.unpack_from(raw)
+        at = cls._HEAD.size + ns
+        clock, = cls._CLOCK.unpack_from(raw, at)
+        return cls(raw[cls._HEAD.size:at], clock, itemsize, None if ne == cls._NONE else raw[at + 8:at + 8 + ne])
+
+    @classmethod
+    def agreed(cls, raws: list, rank: int, signature_len: int):
+        """(every rank's clock, every rank's eager bytes) when every payload in `raws` carries the
+        same call as raws[rank] (item size, signature and eager size equal as bytes), else None."""
+        at = cls._HEAD.size + signature_len
+        same = raws[rank][:at]
+        for r in raws:
+            if not r.startswith(same):
+                return None
+        unpack = cls._CLOCK.unpack_from
+        clocks = [unpack(r, at)[0] for r in raws]
+        at += 8
+        return clocks, [r[at:] for r in raws]
 
     def signature_object(self, signature_type):
         return signature_type(*pickle.loads(self.signature))
