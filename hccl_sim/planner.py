@@ -153,16 +153,23 @@ def op_loops(sig: Signature, p: int, itemsize: int, config) -> colls.Loops:
 def _time_loops(loops, programs, rel, cost, dtype, redop) -> np.ndarray:
     """Exit clocks after every loop, full loops priced in closed form once they repeat.
 
+    Every loop after the first starts with the preset's per-loop fixed cost (HCCL re-launches the
+    schedule for each CCL-buffer slice); the first one's is the op's own, charged at entry.
     Timing is a max-plus map, invariant under a *uniform* shift: f(e + c) = f(e) + c for a scalar
     c. So once q consecutive full loops have moved every rank's clock by the same amount c
     (e_k = e_{k-q} + c, the periodic regime; q <= _PERIOD_MAX), every further q loops do exactly
-    that too: whole periods are one addition, and the few loops left over are priced one by one."""
+    that too: whole periods are one addition, and the few loops left over are priced one by one.
+    The search starts after the first loop, so that every loop it compares pays the same fixed cost."""
     clock = np.asarray(rel, dtype=np.int64)
+    again = cost.device_model.loop_overhead_ns
     full = programs.get(loops.cap)
-    history = [clock]
     done = 0
-    while done < loops.full:
+    if loops.full:
         clock = program_times(full, clock, cost, dtype, redop)
+        done = 1
+    history = [clock]
+    while done < loops.full:
+        clock = program_times(full, clock + again, cost, dtype, redop)
         done += 1
         history.append(clock)
         period = _uniform_period(history)
@@ -174,7 +181,7 @@ def _time_loops(loops, programs, rel, cost, dtype, redop) -> np.ndarray:
                 clock = clock + c * periods
                 done += periods * q
             for _ in range(loops.full - done):
-                clock = program_times(full, clock, cost, dtype, redop)
+                clock = program_times(full, clock + again, cost, dtype, redop)
             done = loops.full
             break
         if done >= _LOOPS_BEFORE_GIVING_UP:
@@ -182,7 +189,7 @@ def _time_loops(loops, programs, rel, cost, dtype, redop) -> np.ndarray:
                             f"{done}; cannot price them in closed form")
         del history[:-(_PERIOD_MAX + 1)]
     if loops.tail:
-        clock = program_times(programs[loops.tail], clock, cost, dtype, redop)
+        clock = program_times(programs[loops.tail], clock + (again if loops.full else 0), cost, dtype, redop)
     return clock
 
 
@@ -220,7 +227,9 @@ def plan_times(sig, cost, config, itemsize, choice, entry):
     key = (sig.name, sig.shape, sig.dtype, sig.redop, sig.root, choice.structure, config.buffsize_bytes, itemsize, rel)
     rel_exits = cache.get(key)
     if rel_exits is None:
-        clock = _time_loops(loops, programs, rel, cost, sig.dtype, sig.redop or "sum")
+        # the op's fixed host-side cost (expansion and launch) delays every rank before its first step
+        start = np.asarray(rel, dtype=np.int64) + cost.device_model.op_overhead_ns.get(sig.name, 0)
+        clock = _time_loops(loops, programs, start, cost, sig.dtype, sig.redop or "sum")
         rel_exits = cache[key] = tuple(int(t) for t in clock)
     return loops, programs, [base + t for t in rel_exits]
 

@@ -99,10 +99,11 @@ class CostModel:
         step: the transfer starts once both sides have posted and the sender's notify has arrived
         (HCCL's record/wait), crosses the route (latency + bytes / bottleneck bandwidth), and the
         sender learns it was consumed one notify later; staged through the CCL buffer on presets
-        that stage (a local copy on each side)."""
+        that stage (a local copy on each side); each call pays the preset's fixed per-call cost."""
         dm = self.device_model
         stage = dm.copy_ns(nbytes) if dm.staging and nbytes else 0
-        ready = max(send_clock + stage, recv_clock) + self.notify_ns(src, dst)
+        call = dm.p2p_overhead_ns               # each side's call: expansion and launch
+        ready = max(send_clock + call + stage, recv_clock + call) + self.notify_ns(src, dst)
         arrive = ready + self.route(src, dst).cost_ns(nbytes)
         return arrive + stage, arrive + self.notify_ns(dst, src)
 

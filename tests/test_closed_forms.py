@@ -171,11 +171,24 @@ def test_hd_broadcast_reduce_binomial(p):
     assert makespan("reduce", n, p, "H-D_R", root=p // 3) == k * (A + n * B + n * G)
 
 
+def test_mesh_step_takes_one_links_time_not_seven():
+    """910B: every HCCS peer link has ports of its own, so an 8-NPU mesh AllGather step (seven
+    blocks out and seven in per NPU, at once) takes what a 2-NPU one (one block each way) takes."""
+    block = 183 << 10
+    from topologies.presets import hardware
+    t8 = hccl_sim.simulate("allgather", 8 * block, topology=hardware("atlas800t-a2", devices_per_server=[8]))
+    t2 = hccl_sim.simulate("allgather", 2 * block, topology=hardware("atlas800t-a2", devices_per_server=[2]))
+    assert set(t8.times) == set(t2.times) and len(set(t8.times)) == 1
+    link_ns = -(-block * 10**9 // int(19.5e9))
+    body = round(t2.time * 1e9) - hardware("atlas800t-a2").device_model.op_overhead_ns["allgather"]
+    assert link_ns < body < 2 * link_ns          # one link's time plus copies and notifies
+
+
 def test_incast_into_one_port_takes_what_the_port_needs():
-    """Flat mesh AlltoAll on the 910B preset: seven peers into one HCCS port, serialised."""
-    topo = hccl_sim.topology("atlas800t-a2")
-    n = 8 * (183 << 10)                           # eight blocks of 183 KiB
+    """Two 910B servers, AlltoAll: each NPU's eight blocks for the other server leave by its one
+    RoCE port (the NIC), served one after another: no rank finishes before eight block times."""
+    topo = hccl_sim.topology("atlas800t-a2", servers=2)
+    n = 16 * (183 << 10)                          # sixteen blocks of 183 KiB
     est, plan = hccl_sim.simulate("alltoall", n, topology=topo, trace=True)
-    block_ns = -(-(n // 8) * 10**9 // int(18.3e9))
-    # every rank's port carries 7 blocks out and 7 in: no rank can finish before 7 block times
-    assert min(e - s for s, e in zip(plan.entry, plan.exits)) >= 7 * block_ns
+    block_ns = -(-(n // 16) * 10**9 // int(20e9))
+    assert min(e - s for s, e in zip(plan.entry, plan.exits)) >= 8 * block_ns

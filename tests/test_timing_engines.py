@@ -133,9 +133,11 @@ def test_buffer_loops_priced_in_closed_form_equal_loop_by_loop():
         entry = list(np.random.default_rng(1).integers(0, 40_000, topo.num_ranks))
         plan = planner.make_plan(sig, topo, config, entry, 4)
         assert len(plan.loops) > 5
-        clock = np.asarray(entry, dtype=np.int64)
-        for _, program in plan.loop_programs():
-            clock = program_times(program, clock, CostModel.of(topo), "float32", "sum")
+        dm = topo.device_model
+        clock = np.asarray(entry, dtype=np.int64) + dm.op_overhead_ns[name]         # once per op
+        for k, (_, program) in enumerate(plan.loop_programs()):
+            clock = program_times(program, clock + (dm.loop_overhead_ns if k else 0), CostModel.of(topo),
+                                  "float32", "sum")
         assert list(clock) == plan.exits, name
     huge = hccl_sim.simulate("allreduce", 1 << 50, topology=topo)
     assert huge.time > 1e4 and huge.algo.endswith("pipeline")

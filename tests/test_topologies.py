@@ -17,9 +17,11 @@ def test_atlas800t_a2_structure():
     assert (t.num_ranks, t.num_servers, t.device) == (16, 2, "910B")
     kinds = t.links_by_kind()
     assert kinds["HCCS"][0] == 2 * 28 and kinds["RoCE"][0] == 16
-    assert kinds["HCCS"][1] == {18.3e9} and kinds["RoCE"][1] == {20e9}
+    assert kinds["HCCS"][1] == {19.5e9} and kinds["RoCE"][1] == {20e9}
     intra, inter = t.route(0, 7), t.route(3, 12)
-    assert intra.kinds == ("HCCS",) and intra.latency_ns == 600 and intra.egress == (0, "hccs")
+    # every HCCS peer link has ports of its own: rank 0's towards device 7, rank 7's from device 0
+    assert intra.kinds == ("HCCS",) and intra.latency_ns == 600 and intra.egress == (0, "hccs:7")
+    assert intra.ingress == (7, "hccs:0") and t.route(0, 6).egress == (0, "hccs:6")
     assert inter.hops == (3, "roce", 12) and inter.latency_ns == 7000 and inter.bandwidth == 20e9
     assert inter.egress == (3, "roce") and inter.ingress == (12, "roce")
     assert t.device_model.hbm_bytes == 64 << 30 and t.device_model.staging

@@ -3,8 +3,10 @@
 Nodes are ranks (ints 0..p-1) and fabric nodes (strings such as "roce" or "pcie:0"). Every edge
 carries `kind` (HCCS, PCIe, RoCE, link), `bandwidth` (bytes/s), `latency_ns` (int) and `ports`,
 a dict from each endpoint node to the name of the port the edge uses there. A port is the unit of
-contention: HCCS links of a 910B NPU share one "hccs" port, every inter-server transfer of an NPU
-crosses its single "roce" port, and a synthetic full mesh gives every link ports of its own.
+contention: each HCCS peer link of a 910B NPU has ports of its own ("hccs:<peer device>", so the
+seven links of a mesh step run at once), a preset may instead share one "hccs" port among an NPU's
+links, every inter-server transfer of an NPU crosses its single "roce" port, and a synthetic full
+mesh gives every link ports of its own.
 
 The device model (copy/reduce bandwidth, notify cost, staging, inline reduce) and the rank ->
 server placement ride along, so that the transport's timing model needs nothing but a Topology.
@@ -109,6 +111,13 @@ class DeviceModel:
     launch_ns: int = 0
     pcie_bandwidth: float = math.inf
     pcie_latency_ns: int = 0
+    # Fixed cost of one collective call by collective name (HCCL's op expansion, task launch and
+    # handshakes the schedule does not show), charged once at entry, and of one send or recv
+    # call; from measured small-message floors on hardware presets, empty (zero) elsewhere.
+    op_overhead_ns: dict = field(default_factory=dict)
+    p2p_overhead_ns: int = 0
+    # Fixed cost of every CCL-buffer loop of an op after its first (HCCL re-launches the schedule).
+    loop_overhead_ns: int = 0
 
     def kernel_ns(self, flops: float = 0.0, nbytes: int = 0) -> int:
         """A kernel's duration on the roofline: launch + max(compute time, memory time)."""

@@ -16,7 +16,7 @@ import yaml
 
 from .errors import HcclError
 from .model import DeviceModel, Topology, add_link, seconds_to_ns
-from .routers import FullMeshRouter, HardwareRouter, RingRouter
+from .routers import FullMeshRouter, HardwareRouter, RingRouter, hccs_port
 from .validate import integer, real
 
 PRESET_DIR = Path(__file__).with_name("presets")
@@ -62,6 +62,9 @@ def device_model_from(data: dict) -> DeviceModel:
         launch_ns=seconds_to_ns(c["launch_overhead"]),
         pcie_bandwidth=float(c["pcie_bandwidth"]),
         pcie_latency_ns=seconds_to_ns(c["pcie_latency"]),
+        op_overhead_ns={str(k): seconds_to_ns(v) for k, v in d["op_overhead"].items()},
+        p2p_overhead_ns=seconds_to_ns(d["p2p_overhead"]),
+        loop_overhead_ns=seconds_to_ns(d["loop_overhead"]),
     )
 
 
@@ -89,10 +92,13 @@ def _server_graph(devices_per_server, device_ids, intra: dict, inter: dict) -> n
         rank += len(devs)
         for r, d in zip(ranks, devs):
             g.add_node(r, server=s, device=d)
+        per_link = intra.get("ports", "shared") == "per_link"
         for i, a in enumerate(ranks):
             for b in ranks[i + 1:]:
-                if group(devs[a - ranks[0]]) == group(devs[b - ranks[0]]):
-                    add_link(g, a, b, intra["kind"], intra["bandwidth"], intra["latency"], "hccs", "hccs")
+                da, db = devs[a - ranks[0]], devs[b - ranks[0]]
+                if group(da) == group(db):
+                    ports = (hccs_port(db), hccs_port(da)) if per_link else ("hccs", "hccs")
+                    add_link(g, a, b, intra["kind"], intra["bandwidth"], intra["latency"], *ports)
         if intra["layout"] == "groups" and len({group(d) for d in devs}) > 1:
             cross = intra["cross_group"]
             switch = f"pcie:{s}"

@@ -2,7 +2,10 @@
 
 Both the event-driven reference replay (Topology.route) and the vectorised timing engine
 (Topology.route_arrays) route through these, so the two price every transfer identically.
-Port ids: rank * 8 + a port code; a synthetic full mesh gives each directed link its own pair.
+Port ids: rank * PORTS + a port code (one shared port per class), or, for HCCS links with ports of
+their own (`intra_server.ports: per_link`), rank * PORTS + PER_LINK + the peer's device index: each
+peer link then has its own egress and ingress, and a mesh step's seven exchanges run at once. A
+synthetic full mesh gives each directed link its own pair.
 """
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ import numpy as np
 from .model import seconds_to_ns
 
 HCCS, PCIE, ROCE, RIGHT, LEFT = 0, 1, 2, 3, 4
+PORTS = 64                   # port codes per rank
+PER_LINK = 16                # per-link HCCS port codes: PER_LINK + peer device index (< PORTS - PER_LINK)
 _PORT_NAMES = {HCCS: "hccs", PCIE: "pcie", ROCE: "roce", RIGHT: "right", LEFT: "left"}
 
 
@@ -21,6 +26,7 @@ class HardwareRouter:
         self.server_of = np.asarray(server_of, dtype=np.int64)
         self.device_of = np.asarray(device_of, dtype=np.int64)
         self.group_size = int(intra.get("group_size", 1 << 30)) if intra["layout"] == "groups" else 1 << 30
+        self.per_link = intra.get("ports", "shared") == "per_link"
         self.hccs = (seconds_to_ns(intra["latency"]), float(intra["bandwidth"]), intra["kind"])
         cross = intra.get("cross_group")
         self.pcie = None if cross is None else (2 * seconds_to_ns(cross["latency_per_hop"]), float(cross["bandwidth"]),
@@ -41,13 +47,26 @@ class HardwareRouter:
                 continue
             sel = cls == code
             lat[sel], bw[sel] = spec[0], spec[1]
-        return lat, bw, src * 8 + cls, dst * 8 + cls
+        eport, iport = src * PORTS + cls, dst * PORTS + cls
+        if self.per_link:
+            hccs = cls == HCCS
+            eport = np.where(hccs, src * PORTS + PER_LINK + self.device_of[dst], eport)
+            iport = np.where(hccs, dst * PORTS + PER_LINK + self.device_of[src], iport)
+        return lat, bw, eport, iport
 
     def one(self, src, dst):
         code = int(self._class(np.array([src]), np.array([dst]))[0])
         lat, bw, kind = {HCCS: self.hccs, PCIE: self.pcie, ROCE: self.roce}[code]
         via = {HCCS: (), PCIE: (f"pcie:{int(self.server_of[src])}",), ROCE: ("roce",)}[code]
-        return lat, bw, _PORT_NAMES[code], _PORT_NAMES[code], (src,) + via + (dst,), (kind,) * (len(via) + 1)
+        eport = iport = _PORT_NAMES[code]
+        if code == HCCS and self.per_link:
+            eport, iport = hccs_port(int(self.device_of[dst])), hccs_port(int(self.device_of[src]))
+        return lat, bw, eport, iport, (src,) + via + (dst,), (kind,) * (len(via) + 1)
+
+
+def hccs_port(peer_device: int) -> str:
+    """The name of a per-link HCCS port: the one towards (or from) the peer with this device index."""
+    return f"hccs:{peer_device}"
 
 
 class FullMeshRouter:
@@ -80,8 +99,8 @@ class RingRouter:
     def many(self, src, dst):
         hops, clockwise = self._hops(src, dst)
         n = len(src)
-        return (hops * self.lat, np.full(n, self.bw), src * 8 + np.where(clockwise, RIGHT, LEFT),
-                dst * 8 + np.where(clockwise, LEFT, RIGHT))
+        return (hops * self.lat, np.full(n, self.bw), src * PORTS + np.where(clockwise, RIGHT, LEFT),
+                dst * PORTS + np.where(clockwise, LEFT, RIGHT))
 
     def one(self, src, dst):
         hops, clockwise = self._hops(np.array([src]), np.array([dst]))

@@ -199,10 +199,15 @@ def alltoall(srv: Servers, unit: int) -> list:
     in_row = dest_server * K + j
     sc_row = dest_server * K + sender_card
     local = to == src_rank
+    # one server: row sc_row (the sender's card) is the block's place in the output already, so the
+    # cards write there directly, as HCCL's single-server trace shows (no bundling, no second copy)
+    land = OUTPUT if m == 1 else SCRATCH
     b = StepBuilder()
-    b.copies(src_rank[local], unit, INPUT, in_row[local], in_row[local] + 1, SCRATCH, sc_row[local])
-    b.transfers(src_rank[~local], to[~local], unit, INPUT, in_row[~local], in_row[~local] + 1, SCRATCH, sc_row[~local])
+    b.copies(src_rank[local], unit, INPUT, in_row[local], in_row[local] + 1, land, sc_row[local])
+    b.transfers(src_rank[~local], to[~local], unit, INPUT, in_row[~local], in_row[~local] + 1, land, sc_row[~local])
     phase1 = [b.build()]
+    if m == 1:
+        return phase1
     ranks = np.stack([srv.group(i) for i in range(K)])
     phase2 = tile(pairwise.alltoall(m, unit, SCRATCH, OUTPUT, rows=K), ranks)
     return sequence(phase1, phase2)

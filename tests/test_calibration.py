@@ -1,0 +1,93 @@
+"""The 910B preset against published measurements, and what each calibrated constant implies.
+
+The points and their sources are experiments/calibration_points.yaml; the comparison is
+experiments/calibration.py's. Goals (stated there): large-message points within 0.9-1.1 of the
+published figure, small-message floors within +-25 %.
+"""
+import dataclasses
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hccl_sim
+from hcomm.cost import CostModel
+from topologies.presets import hardware
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+
+
+def _calibration():
+    spec = importlib.util.spec_from_file_location("calibration", EXPERIMENTS / "calibration.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CAL = _calibration()
+POINTS = CAL.load()
+
+
+def test_every_point_says_where_it_comes_from():
+    assert len(POINTS) >= 30
+    ids = [p["id"] for p in POINTS]
+    assert len(set(ids)) == len(ids)
+    for p in POINTS:
+        assert p["regime"] in ("large", "small", "mid") and p["confidence"] in ("high", "medium", "low"), p["id"]
+        assert p["meaning"] in ("duration", "algbw") and p["unit"] in ("ms", "us", "GB/s"), p["id"]
+        assert all(p["source"].get(k) for k in ("repo", "commit", "path", "where")), p["id"]
+    assert {p["op"] for p in POINTS} >= {"allreduce", "allgather", "reducescatter", "broadcast", "reduce",
+                                          "alltoall", "send", "local_copy"}
+
+
+@pytest.mark.parametrize("point", [p for p in POINTS if p["regime"] in CAL.GOALS], ids=lambda p: p["id"])
+def test_point_within_its_goal(point):
+    row = CAL.compare(point)
+    lo, hi = CAL.GOALS[point["regime"]]
+    assert lo <= row["ratio"] <= hi, (point["id"], row["simulated"], point["figure"], row["ratio"])
+
+
+def _without(topo, **fields):
+    """The same topology with some device-model constants replaced (a fresh cost model)."""
+    twin = hardware("atlas800t-a2", devices_per_server=[topo.num_ranks])
+    twin.device_model = dataclasses.replace(twin.device_model, **fields)
+    return twin
+
+
+@pytest.mark.parametrize("op", ["allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall"])
+def test_op_overhead_delays_every_rank_by_exactly_its_constant(op):
+    topo = hardware("atlas800t-a2", devices_per_server=[4])
+    dm = topo.device_model
+    assert set(dm.op_overhead_ns) == {op for op in hccl_sim.collectives.COLLECTIVES}
+    with_it = hccl_sim.simulate(op, 4 << 20, topology=topo).times
+    without = hccl_sim.simulate(op, 4 << 20, topology=_without(topo, op_overhead_ns={})).times
+    assert np.allclose(np.subtract(with_it, without), dm.op_overhead_ns[op] / 1e9, atol=1e-12, rtol=0)
+
+
+def test_loop_overhead_charged_once_per_loop_after_the_first():
+    topo = hardware("atlas800t-a2", devices_per_server=[4])
+    env = {"HCCL_BUFFSIZE": "1"}                          # 1 MB loops: a 13 MiB + 5 B op makes 14
+    n = (13 << 20) + 4
+    with_it = hccl_sim.simulate("broadcast", n, topology=topo, env=env).times
+    without = hccl_sim.simulate("broadcast", n, topology=_without(topo, loop_overhead_ns=0), env=env).times
+    loops = -(-n // (1 << 20))
+    expect = (loops - 1) * topo.device_model.loop_overhead_ns / 1e9
+    assert np.allclose(np.subtract(with_it, without), expect, atol=1e-12, rtol=0)
+
+
+def test_send_call_cost_on_each_side():
+    topo = hardware("atlas800t-a2", devices_per_server=[2])
+    call = topo.device_model.p2p_overhead_ns
+    with_it = CostModel.of(topo).p2p_ns(0, 1, 4096, 0, 0)
+    without = CostModel.of(_without(topo, p2p_overhead_ns=0)).p2p_ns(0, 1, 4096, 0, 0)
+    assert np.subtract(with_it, without).tolist() == [call, call]
+    # a receiver that posts late: the sender's call cost and copy-in are hidden behind its call
+    late = CostModel.of(topo).p2p_ns(0, 1, 4096, 0, 10 * call)
+    assert late[0] - with_it[0] == 10 * call - topo.device_model.copy_ns(4096)
+
+
+def test_local_copy_rate_is_the_measured_one():
+    dm = hardware("atlas800t-a2").device_model
+    assert dm.copy_bandwidth == 668e9
+    assert dm.copy_ns(1 << 30) == 1500 + -(-(1 << 30) * 10**9 // int(668e9))
