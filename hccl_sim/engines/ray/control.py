@@ -2,8 +2,8 @@
 
 - ShmControl: ranks on one host meet in hcomm.shm_control's shared segment (sequence slots and
   futex waits, no process in between): a small op costs about one barrier.
-- TransportControl: ranks on several hosts gather their payloads at rank 0 and get the whole
-  list back, over the same peer-to-peer transport that carries their data (no hub).
+- TransportControl: ranks on several hosts exchange their payloads in ceil(log2 p) rounds of a
+  dissemination allgather, over the same peer-to-peer transport that carries their data (no hub).
 Both take a deadline on every wait and fail with the HcclError the waiting rank should see.
 """
 from __future__ import annotations
@@ -33,7 +33,10 @@ class ShmControl:
 
 
 class TransportControl:
-    """Gather at rank 0, broadcast back: 2(p-1) messages per rendezvous, on tags of their own."""
+    """A dissemination allgather (Bruck's): in round k every rank sends what it knows to rank
+    r + 2^k and hears from r - 2^k, so after ceil(log2 p) rounds every rank knows every payload.
+    ceil(log2 p) frames on the critical path instead of a gather at rank 0 and a broadcast back
+    (2(p-1) frames through one rank); tags of their own per round."""
     max_payload = 1 << 30
 
     def __init__(self, transport, rank: int, size: int):
@@ -43,24 +46,21 @@ class TransportControl:
         tr, rank, p = self.transport, self.rank, self.size
         if p == 1:
             return [payload]
-        up, down = ("ctl", seq), ("ctl-all", seq)
-        if rank == 0:
-            parts = [payload]
-            for src in range(1, p):
-                msg = tr.take(src, 0, up, deadline, op)
-                parts.append(bytes(np.asarray(msg.data, dtype=np.uint8)))
-                msg.consumed()
-            blob = np.frombuffer(pickle.dumps(parts, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
-            handles = [tr.post_view(0, dst, down, blob) for dst in range(1, p)]
-            for h in handles:
-                tr.wait_consumed(h, deadline, op)
-            return parts
-        h = tr.post_view(rank, 0, up, np.frombuffer(payload, dtype=np.uint8))
-        msg = tr.take(0, rank, down, deadline, op)
-        parts = pickle.loads(bytes(np.asarray(msg.data, dtype=np.uint8)))
-        msg.consumed()
-        tr.wait_consumed(h, deadline, op)
-        return parts
+        known = {rank: payload}
+        handles, blobs = [], []          # a posted view must outlive its delivery
+        step, round_ = 1, 0
+        while step < p:
+            tag = ("ctl", seq, round_)
+            blob = np.frombuffer(pickle.dumps(known, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+            blobs.append(blob)
+            handles.append(tr.post_view(rank, (rank + step) % p, tag, blob))
+            msg = tr.take((rank - step) % p, rank, tag, deadline, op)
+            known.update(pickle.loads(bytes(np.asarray(msg.data, dtype=np.uint8))))
+            msg.consumed()
+            step, round_ = step * 2, round_ + 1
+        for h in handles:
+            tr.wait_consumed(h, deadline, op)
+        return [known[j] for j in range(p)]
 
     def abort(self, code: str, reason: str) -> None:
         self.transport.abort(code, reason)

@@ -5,15 +5,16 @@ allgather (shared memory on one host, the peer transport across hosts); every ra
 the op itself, identically (planner + PlanCache), so there is no hub and no planning round trip.
 
 Execution, by the data plane the cluster chose:
-- "shm" (every rank on one host): an op whose input fits a control slot is eager (MPI's eager
-  protocol): the input travelled with the call, and every rank computes its own result from all
-  inputs by the moves of the op's data program that decide it (planner.program_moves_for), so a
-  small op costs one allgather. Larger ones name their shared segments in an allgather, every rank
-  runs its 1/p share of the op's data program on all ranks' buffers in place (the central data
-  program), and a barrier closes the op.
-- "socket" / "object" (ranks that share no memory): the per-rank executor runs this rank's own
-  schedule over the peer-to-peer transport (direct TCP, or Ray's object store); no rank touches
-  another's data or computes another's result.
+- on every plane, an op whose input is at most INLINE_BYTES is eager (MPI's eager protocol): the
+  input travelled with the call, and every rank computes its own result from all inputs by the
+  moves of the op's data program that decide it (planner.program_moves_for), so a small op costs
+  one allgather;
+- "shm" (every rank on one host), larger ops: ranks name their shared segments in an allgather,
+  every rank runs its 1/p share of the op's data program on all ranks' buffers in place (the
+  central data program), and a barrier closes the op;
+- "socket" / "object" (ranks that share no memory), larger ops: the per-rank executor runs this
+  rank's own schedule over the peer-to-peer transport (direct TCP, or Ray's object store); no rank
+  touches another's data or computes another's result.
 Point-to-point send/recv use the peer transport on every plane.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ...planner import Signature, op_loops
 from .protocol import CallPayload
 from .watch import WatchedTransport
 
-INLINE_BYTES = 64 << 10            # inputs up to this size travel in the control plane (shm plane)
+INLINE_BYTES = 64 << 10            # inputs up to this size travel in the control plane (eager ops)
 _RETURNED = re.compile(r"rank (\d+) returned without calling it")   # hcomm.shm_control's wording
 
 
@@ -43,7 +44,7 @@ class RayGroup:
         self._plans = rdv.PlanCache(topo, config)
         self._seq = 0                      # the control plane's own sequence (several per collective)
         self.inline_bytes = min(INLINE_BYTES, control.max_payload)
-        self.eager_bytes = self.inline_bytes if plane == "shm" else 0
+        self.eager_bytes = self.inline_bytes       # MPI's eager protocol on every plane
         self._eager = None                 # every rank's eager input of the op being executed
         self._sig_bytes = {}               # signature -> its encoding (a loop calls the same op again)
         self._own = {}                     # (plan, shape, dtype, redop) -> (plan, its compiled OwnResult)
@@ -95,13 +96,12 @@ class RayGroup:
         if not coll.carries_data:
             return                          # a barrier: the rendezvous was it
         op = coll.method
-        if self.plane != "shm":
-            with self.watch.waiting(f"{op} (collective #{seq}) data"):
-                executors.per_rank(rank, plan, buffers, redop, self.transport, self.size)
-            return
-        if self._eager is not None:
+        if self._eager is not None:          # every input came with the calls: only our own result
             raws, self._eager = self._eager, None
             self._own_result(rank, plan, buffers, raws, redop)
+        elif self.plane != "shm":
+            with self.watch.waiting(f"{op} (collective #{seq}) data"):
+                executors.per_rank(rank, plan, buffers, redop, self.transport, self.size)
         else:
             self._shared_shares(rank, seq, plan, buffers, redop, op)
 
