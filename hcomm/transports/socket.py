@@ -40,6 +40,7 @@ _MAX_HEADER = 1 << 20
 _JOIN_S = 5.0
 _POOL_PER_SHAPE = 4      # consumed receive buffers kept per (shape, dtype) for reuse
 _SOCK_BUF = 4 << 20      # kernel socket buffers: fewer wake-ups per large payload
+INLINE_SEND_BYTES = 64 << 10   # payloads up to this leave from the posting thread (they fit the socket buffer)
 
 
 def _tuples(x):
@@ -111,11 +112,39 @@ class _Link:
         self.sock, self.peer, self.outgoing = sock, peer, outgoing
         self.send_lock = threading.Lock()
         self.queue = queue.SimpleQueue() if outgoing else None
+        self.pending = 0            # frames handed to the sender thread and not yet sent
         self.threads = []
 
     def send(self, parts):
         with self.send_lock:
             _send_all(self.sock, parts)
+
+    def enqueue(self, parts):
+        """Hand a frame to the link's sender thread (frames leave in the order they were handed)."""
+        with self.send_lock:
+            self.pending += 1
+        self.queue.put(parts)
+
+    def sent_by_thread(self, parts):
+        """The sender thread's send of a queued frame."""
+        with self.send_lock:
+            try:
+                _send_all(self.sock, parts)
+            finally:
+                self.pending -= 1
+
+    def send_now(self, parts) -> bool:
+        """Send a small frame from the calling thread, saving the hand-off to the sender thread,
+        when nothing is queued before it (order is kept); False when it must be queued."""
+        if not self.send_lock.acquire(blocking=False):
+            return False
+        try:
+            if self.pending:
+                return False
+            _send_all(self.sock, parts)
+            return True
+        finally:
+            self.send_lock.release()
 
     def shutdown(self):
         try:
@@ -265,7 +294,7 @@ class SocketTransport(PeerEndpoint):
             if parts is None:
                 return
             try:
-                link.send(parts)
+                link.sent_by_thread(parts)
             except OSError as exc:
                 self._peer_down(link.peer, f"connection broke while sending to it: {exc}")
                 return
@@ -320,8 +349,16 @@ class SocketTransport(PeerEndpoint):
             raise peer_lost(handle.dst, self.rank, self._down[handle.dst], None)
         link = self._link_to(handle.dst)
         handle.keep = view          # the sender thread reads it; the caller may not write it until the ack
-        link.queue.put(_encode(DATA, {"id": handle.id, "tag": handle.tag, "dtype": view.dtype.str,
-                                      "shape": view.shape, "meta": meta}, view))
+        parts = _encode(DATA, {"id": handle.id, "tag": handle.tag, "dtype": view.dtype.str, "shape": view.shape,
+                               "meta": meta}, view)
+        if view.nbytes <= INLINE_SEND_BYTES:
+            try:
+                if link.send_now(parts):
+                    return
+            except OSError as exc:
+                self._peer_down(handle.dst, f"connection broke while sending to it: {exc}")
+                raise peer_lost(handle.dst, self.rank, self._down[handle.dst], None) from None
+        link.enqueue(parts)
 
     def _send_ack(self, src, msg_id, reply):
         link = self._incoming.get(src)
@@ -341,7 +378,7 @@ class SocketTransport(PeerEndpoint):
             links = list(self._outgoing.values()) + list(self._incoming.values())
         for link in links:
             if link.outgoing:
-                link.queue.put(bye)      # after the data already queued on it
+                link.enqueue(bye)        # after the data already queued on it
             else:
                 try:
                     link.send(bye)
