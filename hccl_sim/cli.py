@@ -45,17 +45,23 @@ def _topology(args):
             raise HcclError("E_PARA", f"--servers does not apply to the synthetic topology {name}; use --ranks")
     elif lname in topologies.HARDWARE_PRESETS:
         if args.ranks is not None:
-            raise HcclError("E_PARA", f"--ranks does not apply to {name}: it has 8 NPUs per server; use --servers N")
+            raise HcclError("E_PARA", f"--ranks does not apply to {name}: it has a fixed number of NPUs per server; "
+                            "use --servers N")
         params["servers"] = 1 if args.servers is None else args.servers
-    elif args.servers is not None or args.ranks is not None:
-        raise HcclError("E_PARA", "--servers/--ranks do not apply to a rank-table file")
+        if args.superpods is not None:
+            params["superpods"] = args.superpods
+    elif args.servers is not None or args.ranks is not None or args.superpods is not None:
+        raise HcclError("E_PARA", "--servers/--ranks/--superpods do not apply to a rank-table file")
+    if args.superpods is not None and lname not in ("atlas900-a3",):
+        raise HcclError("E_PARA", f"--superpods applies to atlas900-a3 only, not {name}")
     return topologies.load(name, **params)
 
 
 def _add_topology_args(p):
     p.add_argument("--topology", default=DEFAULT_TOPOLOGY,
                    help=f"preset ({', '.join(topologies.PRESETS)}) or HCCL rank-table JSON (default {DEFAULT_TOPOLOGY})")
-    p.add_argument("--servers", type=int, help="servers of a hardware preset (default 1)")
+    p.add_argument("--servers", type=int, help="servers of a hardware preset (default 1; per superpod on atlas900-a3)")
+    p.add_argument("--superpods", type=int, help="superpods of atlas900-a3 (default 1)")
     p.add_argument("--ranks", type=int, help="ranks of a synthetic preset")
     p.add_argument("--bandwidth", type=float, help="synthetic link bandwidth, bytes/s (default 25e9)")
     p.add_argument("--latency", type=float, help="synthetic link latency, s (default 5e-6)")
@@ -103,12 +109,13 @@ def build_parser():
     t = sub.add_parser("topo", help="describe a topology; export an HCCL rank table")
     t.add_argument("topology", nargs="?", default=DEFAULT_TOPOLOGY, help="preset name or rank-table JSON")
     t.add_argument("--servers", type=int)
+    t.add_argument("--superpods", type=int)
     t.add_argument("--ranks", type=int)
     t.add_argument("--bandwidth", type=float)
     t.add_argument("--latency", type=float)
     t.add_argument("--reduce-bandwidth", dest="reduce_bandwidth", type=float)
     t.add_argument("--route", nargs=2, type=int, metavar=("SRC", "DST"), help="show the route between two ranks")
-    t.add_argument("--ranktable", default=None, metavar="FILE", help="write the HCCL rank table (version 1.0)")
+    t.add_argument("--ranktable", default=None, metavar="FILE", help="write the HCCL rank table (version 1.0; 1.2 for superpods)")
     return parser
 
 
@@ -164,6 +171,9 @@ def cmd_topo(args) -> int:
     pairs = [tuple(args.route)] if args.route else ([(0, p - 1)] if p > 1 else [])
     if not args.route and topo.num_servers > 1:
         pairs = [(0, 1), (0, topo.server_of.index(1))]
+        pods = topo.params.get("superpod_of_server")
+        if pods and len(set(pods)) > 1:           # and one into the next superpod
+            pairs.append((0, topo.server_of.index(pods.index(pods[-1]))))
     routes = [topo.route(src, dst) for src, dst in pairs]     # a bad --route fails before any output
     print(topo.summary())
     for (src, dst), route in zip(pairs, routes):

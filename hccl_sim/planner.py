@@ -234,10 +234,18 @@ def plan_times(sig, cost, config, itemsize, choice, entry):
     return loops, programs, [base + t for t in rel_exits]
 
 
+NOT_YET = {"910C": "collectives on the Atlas 900 A3 SuperPoD (910C) are not modelled yet: HCCL's A3 level0 (a "
+                   "double ring over a server's 16 dies) and its level2 decomposition among superpods are still to "
+                   "come; its topologies, routes, rank tables and send/recv are"}
+
+
 def choose(sig: Signature, topo, config, itemsize: int) -> Choice:
     """What runs for this call on `topo` (a Topology or its CostModel): selection.select's answer."""
     cost = as_cost(topo)
     p = cost.num_ranks
+    missing = NOT_YET.get(cost.topology.device)
+    if missing:
+        raise HcclError("E_NOT_SUPPORT", missing)
 
     def price(choice):
         return int(max(plan_times(sig, cost, config, itemsize, choice, [0] * p)[2]))

@@ -122,7 +122,8 @@ def mutate(fn):
 
 
 REJECTIONS = [
-    (lambda d: d.update(version="1.2"), "version: unsupported version"),
+    (lambda d: d.update(version="1.1"), "version: unsupported version"),
+    (lambda d: d.update(version="1.2"), "missing required field \"super_device_id\""),   # read as A3
     (lambda d: d.update(status="initializing"), "status"),
     (lambda d: d.update(server_count=2), "server_count: must be a JSON string"),
     (lambda d: d.update(server_count="3"), "server_count: says 3"),

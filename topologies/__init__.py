@@ -1,7 +1,7 @@
 """Cluster descriptions for hccl-sim: hardware and synthetic presets, HCCL rank tables.
 
-`load(spec, **params)` accepts a preset name ("atlas800t-a2", "atlas800-910a", "fullmesh",
-"ring") or the path of an HCCL rank-table JSON file, and returns a `Topology`.
+`load(spec, **params)` accepts a preset name ("atlas800t-a2", "atlas800-910a", "atlas900-a3",
+"fullmesh", "ring") or the path of an HCCL rank-table JSON file, and returns a `Topology`.
 """
 from __future__ import annotations
 
@@ -23,9 +23,10 @@ PRESETS = HARDWARE_PRESETS + SYNTHETIC_PRESETS
 def load(spec, **params) -> Topology:
     """Build a topology from a preset name or a rank-table path.
 
-    Hardware presets take `servers=N`; synthetic ones `ranks`, `bandwidth` (bytes/s),
+    Hardware presets take `servers=N` (atlas900-a3 also `superpods=K`, with `servers` per superpod:
+    one count, or a list of K); synthetic ones `ranks`, `bandwidth` (bytes/s),
     `latency` (s) and `reduce_bandwidth` (bytes/s); a rank table takes `preset=` (the server type
-    its servers are, default atlas800t-a2). No topology has more than MAX_RANKS (131,072) ranks;
+    its servers are, default atlas800t-a2, atlas900-a3 for a version 1.2 table). No topology has more than MAX_RANKS (131,072) ranks;
     bandwidths are >= MIN_BANDWIDTH bytes/s and latencies <= MAX_LATENCY s.
     """
     if isinstance(spec, Topology):
@@ -35,7 +36,7 @@ def load(spec, **params) -> Topology:
     if not isinstance(spec, str):
         raise HcclError("E_PARA", f"topology: expected a preset name or rank-table path, got {type(spec).__name__}")
     name = ALIASES.get(spec.lower(), spec.lower())
-    allowed = {"atlas800t-a2": {"servers"}, "atlas800-910a": {"servers"},
+    allowed = {"atlas800t-a2": {"servers"}, "atlas800-910a": {"servers"}, "atlas900-a3": {"servers", "superpods"},
                "fullmesh": {"ranks", "bandwidth", "latency", "reduce_bandwidth"},
                "ring": {"ranks", "bandwidth", "latency", "reduce_bandwidth"}}
     if name in allowed:
@@ -44,7 +45,7 @@ def load(spec, **params) -> Topology:
             raise HcclError("E_PARA", f"topology {name}: unknown parameter(s) {sorted(unknown)}; "
                             f"it takes {sorted(allowed[name])}")
         if name in HARDWARE_PRESETS:
-            return hardware(name, servers=params.get("servers", 1))
+            return hardware(name, **params)
         if "ranks" not in params:
             raise HcclError("E_PARA", f"topology {name}: ranks=N is required")
         return synthetic(name, **params)
@@ -52,5 +53,6 @@ def load(spec, **params) -> Topology:
         unknown = set(params) - {"preset"}
         if unknown:
             raise HcclError("E_PARA", f"rank table {spec}: unknown parameter(s) {sorted(unknown)}; it takes ['preset']")
-        return ranktable.load(spec, preset=hardware_name(params.get("preset", "atlas800t-a2")))
+        preset = params.get("preset")
+        return ranktable.load(spec, preset=None if preset is None else hardware_name(preset))
     raise HcclError("E_PARA", f"unknown topology {spec!r}: expected one of {list(PRESETS)} or a rank-table .json path")

@@ -315,6 +315,10 @@ class Topology:
                  f"servers    : {self.num_servers}"]
         per_server = [n for _, n in sorted(Counter(self.server_of).items())]
         lines.append(f"per server : {per_server if len(set(per_server)) > 1 else per_server[0]}")
+        pods = self.params.get("superpod_of_server")
+        if pods is not None:
+            sizes = [n for _, n in sorted(Counter(pods).items())]
+            lines.append(f"superpods  : {len(sizes)} (servers each: {sizes if len(set(sizes)) > 1 else sizes[0]})")
         for kind, (count, bws) in sorted(self.links_by_kind().items()):
             bw = ", ".join(f"{b / 1e9:g} GB/s" for b in sorted(bws))
             lines.append(f"links      : {count:6d} x {kind:5s} {bw}")

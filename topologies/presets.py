@@ -20,10 +20,11 @@ from .routers import FullMeshRouter, HardwareRouter, RingRouter, hccs_port
 from .validate import integer, real
 
 PRESET_DIR = Path(__file__).with_name("presets")
-HARDWARE_PRESETS = ("atlas800t-a2", "atlas800-910a")
+HARDWARE_PRESETS = ("atlas800t-a2", "atlas800-910a", "atlas900-a3")
 SYNTHETIC_PRESETS = ("fullmesh", "ring")
 ALIASES = {"910b": "atlas800t-a2", "a2": "atlas800t-a2", "atlas800t_a2": "atlas800t-a2",
-           "910a": "atlas800-910a", "atlas800_910a": "atlas800-910a"}
+           "910a": "atlas800-910a", "atlas800_910a": "atlas800-910a",
+           "910c": "atlas900-a3", "a3": "atlas900-a3", "atlas900_a3": "atlas900-a3"}
 
 
 def hardware_name(name) -> str:
@@ -82,8 +83,11 @@ MAX_LATENCY = 1.0
 every route's latency, in integer nanoseconds, far inside the int64 clocks."""
 
 
-def _server_graph(devices_per_server, device_ids, intra: dict, inter: dict) -> nx.Graph:
+def _server_graph(devices_per_server, device_ids, intra: dict, inter: dict, pod_of_server=None,
+                  pod: dict | None = None) -> nx.Graph:
     """The networkx graph of a hardware cluster (built on first use of Topology.graph)."""
+    if intra["layout"] == "die_pairs":
+        return _superpod_graph(device_ids, intra, inter, pod_of_server, pod)
     group = (lambda d: 0) if intra["layout"] == "fullmesh" else (lambda d: d // int(intra["group_size"]))
     g = nx.Graph()
     rank = 0
@@ -110,7 +114,28 @@ def _server_graph(devices_per_server, device_ids, intra: dict, inter: dict) -> n
     return g
 
 
-def _server_links(device_ids, intra: dict, inter: dict) -> dict:
+def _superpod_graph(device_ids, intra: dict, inter: dict, pod_of_server, pod: dict) -> nx.Graph:
+    """A3: the two dies of a package joined by SIO, every die on its superpod's UB switch, every
+    die's NIC on the RoCE fabric when there are several superpods."""
+    g = nx.Graph()
+    rank = 0
+    pods = len(set(pod_of_server))
+    for s, devs in enumerate(device_ids):
+        ranks = list(range(rank, rank + len(devs)))
+        rank += len(devs)
+        by_die = dict(zip(devs, ranks))
+        for r, d in zip(ranks, devs):
+            g.add_node(r, server=s, device=d, superpod=pod_of_server[s])
+            add_link(g, r, f"ub:{pod_of_server[s]}", pod["kind"], pod["bandwidth"], pod["latency_per_hop"], "ub", "ub")
+            if pods > 1:
+                add_link(g, r, "roce", inter["kind"], inter["bandwidth"], inter["latency_per_hop"], "roce", f"roce:{r}")
+            partner = by_die.get(d ^ 1)
+            if d % 2 == 0 and partner is not None:
+                add_link(g, r, partner, intra["kind"], intra["bandwidth"], intra["latency"], "sio", "sio")
+    return g
+
+
+def _server_links(device_ids, intra: dict, inter: dict, pod_of_server=None, pod: dict | None = None) -> dict:
     """kind -> (count, bandwidths) of `_server_graph`'s edges, counted without building it."""
     links = {}
 
@@ -118,6 +143,14 @@ def _server_links(device_ids, intra: dict, inter: dict) -> dict:
         if count:
             n, bws = links.get(kind, (0, frozenset()))
             links[kind] = (n + count, bws | {float(bandwidth)})
+    if intra["layout"] == "die_pairs":
+        ranks = sum(len(devs) for devs in device_ids)
+        add(intra["kind"], sum(sum(1 for d in devs if d % 2 == 0 and d + 1 in devs) for devs in device_ids),
+            intra["bandwidth"])
+        add(pod["kind"], ranks, pod["bandwidth"])
+        if len(set(pod_of_server)) > 1:
+            add(inter["kind"], ranks, inter["bandwidth"])
+        return links
     shapes = {}
     for devs in device_ids:
         shapes[tuple(devs)] = shapes.get(tuple(devs), 0) + 1
@@ -135,31 +168,78 @@ def _server_links(device_ids, intra: dict, inter: dict) -> dict:
     return links
 
 
-def hardware(name: str, servers: int | None = None, devices_per_server: list | None = None,
+def hardware(name: str, servers=None, devices_per_server: list | None = None,
              server_ids: list | None = None, device_ids: list | None = None,
-             device_ips: list | None = None) -> Topology:
-    """Build `servers` servers of a hardware preset (or the given per-server device counts)."""
+             device_ips: list | None = None, superpods=None, pod_of_server: list | None = None) -> Topology:
+    """Build `servers` servers of a hardware preset (or the given per-server device counts).
+
+    A superpod preset (atlas900-a3) takes `superpods` (default 1) and `servers` per superpod: one
+    count for all, or a list with one per superpod (unequal superpods); or, with
+    `devices_per_server`, `pod_of_server` (each server's superpod, servers of a superpod contiguous)."""
     data = preset_data(name)
     full = int(data["npus_per_server"])
+    where = f"topology {name}"
+    limit = f"{full} ranks per server, MAX_RANKS = {MAX_RANKS} ranks"
+    pod = data.get("superpod")
+    if pod is None and (superpods is not None or pod_of_server is not None):
+        raise HcclError("E_PARA", f"{where}: superpods are an Atlas 900 A3 SuperPoD notion (atlas900-a3); "
+                        f"{name} servers have none")
     if devices_per_server is None:
-        servers = integer(1 if servers is None else servers, "servers", 1, MAX_RANKS // full, where=f"topology {name}",
-                          limit=f"{full} NPUs per server, MAX_RANKS = {MAX_RANKS} ranks")
+        if pod is not None:
+            pods = integer(1 if superpods is None else superpods, "superpods", 1, MAX_RANKS // full, where=where,
+                           limit=limit)
+            per_pod = _servers_per_superpod(servers, pods, where, MAX_RANKS // full)
+            pod_of_server = [k for k, n in enumerate(per_pod) for _ in range(n)]
+            servers = len(pod_of_server)
+        servers = integer(1 if servers is None else servers, "servers", 1, MAX_RANKS // full, where=where,
+                          limit=limit)
         devices_per_server = [full] * servers
+    elif pod is not None and pod_of_server is None:
+        pod_of_server = [0] * len(devices_per_server)
     if sum(devices_per_server) > MAX_RANKS:
-        raise HcclError("E_PARA", f"topology {name}: {sum(devices_per_server)} ranks are over the limit of "
+        raise HcclError("E_PARA", f"{where}: {sum(devices_per_server)} ranks are over the limit of "
                         f"{MAX_RANKS} (topologies.MAX_RANKS)")
     if device_ids is None:
         device_ids = [list(range(n)) for n in devices_per_server]
     intra, inter = data["intra_server"], data["inter_server"]
     server_of = [s for s, devs in enumerate(device_ids) for _ in devs]
     device_of = [d for devs in device_ids for d in devs]
-    return Topology(name=name, graph=partial(_server_graph, list(devices_per_server), device_ids, intra, inter),
+    params = {"servers": len(device_ids), "devices_per_server": list(devices_per_server)}
+    superpod_of = None
+    if pod is not None:
+        _check_pods(pod_of_server, len(device_ids), where)
+        superpod_of = [pod_of_server[s] for s in server_of]
+        params.update(superpods=len(set(pod_of_server)), superpod_of_server=list(pod_of_server))
+    params.update(router=HardwareRouter(server_of, device_of, intra, inter, superpod_of, pod),
+                  links=_server_links(device_ids, intra, inter, pod_of_server, pod))
+    return Topology(name=name, graph=partial(_server_graph, list(devices_per_server), device_ids, intra, inter,
+                                             pod_of_server, pod),
                     server_of=server_of, device_of=device_of, device=data["device"],
                     device_model=device_model_from(data), description=data.get("description", ""),
-                    server_ids=server_ids, device_ips=device_ips,
-                    params={"servers": len(device_ids), "devices_per_server": list(devices_per_server),
-                            "router": HardwareRouter(server_of, device_of, intra, inter),
-                            "links": _server_links(device_ids, intra, inter)})
+                    server_ids=server_ids, device_ips=device_ips, params=params)
+
+
+def _servers_per_superpod(servers, pods: int, where: str, most: int) -> list:
+    """Servers of each superpod from `servers` (one count for every superpod, or a list)."""
+    if isinstance(servers, (list, tuple)):
+        if len(servers) != pods:
+            raise HcclError("E_PARA", f"{where}: servers={list(servers)!r} gives {len(servers)} superpods' server "
+                            f"counts for superpods={pods}")
+        return [integer(n, "servers", 1, most, where=where) for n in servers]
+    n = integer(1 if servers is None else servers, "servers", 1, most, where=where)
+    return [n] * pods
+
+
+def _check_pods(pod_of_server, servers: int, where: str) -> None:
+    if len(pod_of_server) != servers:
+        raise HcclError("E_PARA", f"{where}: {len(pod_of_server)} superpod ids for {servers} servers")
+    seen = []
+    for k in pod_of_server:
+        if not seen or seen[-1] != k:
+            if k in seen:
+                raise HcclError("E_PARA", f"{where}: the servers of superpod {k} are not contiguous (HCCL requires "
+                                f"a superpod's servers listed together)")
+            seen.append(k)
 
 
 def _synthetic_graph(name: str, ranks: int, bandwidth: float, latency: float) -> nx.Graph:

@@ -13,18 +13,23 @@ import numpy as np
 
 from .model import seconds_to_ns
 
-HCCS, PCIE, ROCE, RIGHT, LEFT = 0, 1, 2, 3, 4
+HCCS, PCIE, ROCE, RIGHT, LEFT, SIO, UB = 0, 1, 2, 3, 4, 5, 6
 PORTS = 64                   # port codes per rank
 PER_LINK = 16                # per-link HCCS port codes: PER_LINK + peer device index (< PORTS - PER_LINK)
-_PORT_NAMES = {HCCS: "hccs", PCIE: "pcie", ROCE: "roce", RIGHT: "right", LEFT: "left"}
+_PORT_NAMES = {HCCS: "hccs", PCIE: "pcie", ROCE: "roce", RIGHT: "right", LEFT: "left", SIO: "sio", UB: "ub"}
 
 
 class HardwareRouter:
-    """Servers of NPUs: HCCS inside a group, PCIe between groups of a server, RoCE between servers."""
+    """Servers of NPUs: HCCS inside a group, PCIe between groups of a server, RoCE between servers.
+    A superpod preset (A3): SIO between the two dies of a package, the superpod's UB fabric between
+    any other two dies of a superpod (one UB port per die), RoCE between superpods."""
 
-    def __init__(self, server_of, device_of, intra: dict, inter: dict):
+    def __init__(self, server_of, device_of, intra: dict, inter: dict, superpod_of=None, pod: dict | None = None):
         self.server_of = np.asarray(server_of, dtype=np.int64)
         self.device_of = np.asarray(device_of, dtype=np.int64)
+        self.superpod_of = None if superpod_of is None else np.asarray(superpod_of, dtype=np.int64)
+        self.ub = None if pod is None else (2 * seconds_to_ns(pod["latency_per_hop"]), float(pod["bandwidth"]),
+                                            pod["kind"])
         self.group_size = int(intra.get("group_size", 1 << 30)) if intra["layout"] == "groups" else 1 << 30
         self.per_link = intra.get("ports", "shared") == "per_link"
         self.hccs = (seconds_to_ns(intra["latency"]), float(intra["bandwidth"]), intra["kind"])
@@ -34,6 +39,10 @@ class HardwareRouter:
         self.roce = (2 * seconds_to_ns(inter["latency_per_hop"]), float(inter["bandwidth"]), inter["kind"])
 
     def _class(self, src, dst):
+        if self.superpod_of is not None:
+            same_pod = self.superpod_of[src] == self.superpod_of[dst]
+            package = (self.server_of[src] == self.server_of[dst]) & (self.device_of[src] // 2 == self.device_of[dst] // 2)
+            return np.where(package, SIO, np.where(same_pod, UB, ROCE))
         same_server = self.server_of[src] == self.server_of[dst]
         same_group = same_server & (self.device_of[src] // self.group_size == self.device_of[dst] // self.group_size)
         return np.where(same_group, HCCS, np.where(same_server, PCIE, ROCE))
@@ -42,7 +51,7 @@ class HardwareRouter:
         cls = self._class(src, dst)
         lat = np.empty(len(src), dtype=np.int64)
         bw = np.empty(len(src), dtype=np.float64)
-        for code, spec in ((HCCS, self.hccs), (PCIE, self.pcie), (ROCE, self.roce)):
+        for code, spec in self._specs():
             if spec is None:
                 continue
             sel = cls == code
@@ -54,10 +63,17 @@ class HardwareRouter:
             iport = np.where(hccs, dst * PORTS + PER_LINK + self.device_of[src], iport)
         return lat, bw, eport, iport
 
+    def _specs(self):
+        """(class code, (latency ns, bandwidth, kind) or None) of every link class."""
+        if self.superpod_of is not None:     # SIO is the intra-server spec of a superpod preset
+            return ((SIO, self.hccs), (UB, self.ub), (ROCE, self.roce))
+        return ((HCCS, self.hccs), (PCIE, self.pcie), (ROCE, self.roce))
+
     def one(self, src, dst):
         code = int(self._class(np.array([src]), np.array([dst]))[0])
-        lat, bw, kind = {HCCS: self.hccs, PCIE: self.pcie, ROCE: self.roce}[code]
-        via = {HCCS: (), PCIE: (f"pcie:{int(self.server_of[src])}",), ROCE: ("roce",)}[code]
+        lat, bw, kind = dict(self._specs())[code]
+        via = {HCCS: (), SIO: (), PCIE: (f"pcie:{int(self.server_of[src])}",), ROCE: ("roce",),
+               UB: (f"ub:{int(self.superpod_of[src])}",) if self.superpod_of is not None else ()}[code]
         eport = iport = _PORT_NAMES[code]
         if code == HCCS and self.per_link:
             eport, iport = hccs_port(int(self.device_of[dst])), hccs_port(int(self.device_of[src]))
