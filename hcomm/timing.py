@@ -25,6 +25,7 @@ import bisect
 from collections import deque
 
 from topologies.errors import HcclError
+from topologies.model import transfer_ns
 
 from .cost import as_cost
 from .steps import Copy, Recv, Send, Stage
@@ -164,7 +165,8 @@ def replay(schedules, entry_ns, cost, dtype: str = "float32", redop: str | None 
                             f"which expects {rop.nbytes} B", op=op_name)
         route = tr.route
         ready = max(tr.send_post, tr.recv_post) + model.notify_ns(tr.src, tr.dst)
-        wire = route.cost_ns(sop.nbytes) - route.latency_ns
+        wire = transfer_ns(sop.nbytes, dm.wire_bandwidth(route.bandwidth, rop.reduce_with is not None, dtype,
+                                                         redop or "sum"))
         start = max(ready, port_free.get(tr.egress, 0), port_free.get(tr.ingress, 0))
         port_free[tr.egress] = port_free[tr.ingress] = start + wire
         tr.arrive = start + wire + route.latency_ns

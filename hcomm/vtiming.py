@@ -86,13 +86,14 @@ def _prep(view, cost, dtype, redop, p) -> _Prep:
     if len(src):
         lat, bw, eport, iport = cost.route_arrays(src, dst)
         from topologies.model import transfer_ns_array
+        pr.rflag = np.asarray(view.t_rbuf) >= 0
+        bw = dm.wire_bandwidth(bw, pr.rflag, dtype, redop or "sum")
         pr._bw = bw
         pr.wire = transfer_ns_array(view.t_bytes, bw)
         pr.lat = lat
         pr.eport, pr.iport = eport, iport
         pr.nf = cost.notify_arrays(src, dst)
         pr.nb = cost.notify_arrays(dst, src)
-        pr.rflag = np.asarray(view.t_rbuf) >= 0
         pr.red = np.where(pr.rflag, dm.reduce_ns_array(view.t_bytes, dtype, redop or "sum"), 0)
         _aggregate_pairs(pr)
         src, dst, eport, iport = pr.src, pr.dst, pr.eport, pr.iport

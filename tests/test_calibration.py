@@ -91,3 +91,18 @@ def test_local_copy_rate_is_the_measured_one():
     dm = hardware("atlas800t-a2").device_model
     assert dm.copy_bandwidth == 668e9
     assert dm.copy_ns(1 << 30) == 1500 + -(-(1 << 30) * 10**9 // int(668e9))
+
+
+def test_inline_reduce_runs_at_its_own_rate():
+    """2 NPUs, ReduceScatter: one step, each NPU reduces the other's half inline as it arrives, at
+    the measured Reduce_Inline rate; plain copies (an AllGather) keep the link's rate."""
+    from topologies.model import transfer_ns
+    topo = hardware("atlas800t-a2", devices_per_server=[2])
+    dm = topo.device_model
+    n = 64 << 20
+    with_it = hccl_sim.simulate("reducescatter", n, topology=topo).time
+    without = hccl_sim.simulate("reducescatter", n, topology=_without(topo, inline_reduce_bandwidth=float("inf"))).time
+    half = n // 2
+    assert round((with_it - without) * 1e9) == transfer_ns(half, dm.inline_reduce_bandwidth) - transfer_ns(half, 19.5e9)
+    gather = hccl_sim.simulate("allgather", n, topology=topo).time
+    assert gather == hccl_sim.simulate("allgather", n, topology=_without(topo, inline_reduce_bandwidth=float("inf"))).time

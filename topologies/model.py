@@ -103,6 +103,8 @@ class DeviceModel:
     reduce_latency_ns: int = 0
     inline_reduce_dtypes: frozenset = frozenset()
     inline_reduce_ops: frozenset = frozenset()
+    # A transfer that reduces inline (the DMA engine adds as it writes) runs at most this fast.
+    inline_reduce_bandwidth: float = math.inf
     notify_intra_ns: int = 0
     notify_inter_ns: int = 0
     staging: bool = False
@@ -138,6 +140,17 @@ class DeviceModel:
         nbytes = np.asarray(nbytes, dtype=np.int64)
         fixed = np.where(nbytes >= self.copy_large_threshold, self.copy_latency_large_ns, self.copy_latency_small_ns)
         return np.where(nbytes > 0, fixed + transfer_ns_array(nbytes, self.copy_bandwidth), 0)
+
+    def inline(self, dtype: str, op: str) -> bool:
+        """Whether the DMA engine reduces `dtype` with `op` in the transfer itself."""
+        return dtype in self.inline_reduce_dtypes and op in self.inline_reduce_ops
+
+    def wire_bandwidth(self, bandwidth, reducing, dtype: str, op: str):
+        """The rate of transfers over routes of `bandwidth` (scalar or array; `reducing` likewise):
+        an inline-reducing one is capped at the engine's inline reduce rate."""
+        if not self.inline(dtype, op) or math.isinf(self.inline_reduce_bandwidth):
+            return bandwidth
+        return np.where(reducing, np.minimum(bandwidth, self.inline_reduce_bandwidth), bandwidth)
 
     def reduce_ns_array(self, nbytes, dtype: str, op: str):
         nbytes = np.asarray(nbytes, dtype=np.int64)

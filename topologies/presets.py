@@ -55,6 +55,7 @@ def device_model_from(data: dict) -> DeviceModel:
         reduce_latency_ns=seconds_to_ns(d["reduce_latency"]),
         inline_reduce_dtypes=frozenset(d["inline_reduce_dtypes"]),
         inline_reduce_ops=frozenset(d["inline_reduce_ops"]),
+        inline_reduce_bandwidth=float(d.get("inline_reduce_bandwidth", math.inf)),
         notify_intra_ns=seconds_to_ns(d["notify_latency_intra"]),
         notify_inter_ns=seconds_to_ns(d["notify_latency_inter"]),
         staging=bool(d["staging"]),
