@@ -67,6 +67,22 @@ class TimingView:
         self.c_rank, self.c_bytes, self.g_rank, self.g_bytes = c_rank, c_bytes, g_rank, g_bytes
 
 
+class RolledView(TimingView):
+    """A timing view whose byte counts are a rotation of one pattern, np.roll(pattern, shift), as
+    every step of a ring phase is: the timing model prices the pattern once and rotates the
+    prices, instead of pricing every step's bytes afresh (hcomm.vtiming)."""
+    __slots__ = ("pattern", "shift")
+
+    def __init__(self, t_src, t_dst, pattern, shift: int, t_rbuf):
+        self.t_src, self.t_dst, self.t_rbuf = t_src, t_dst, t_rbuf
+        self.c_rank = self.c_bytes = self.g_rank = self.g_bytes = _EMPTY
+        self.pattern, self.shift = pattern, int(shift)
+
+    @property
+    def t_bytes(self):
+        return np.roll(self.pattern, self.shift)
+
+
 class LazyStep:
     """A step materialised on demand: programs with thousands of steps over thousands of ranks
     (a flat ring) would not fit in memory as arrays. `timing()` gives the cheap timing view."""

@@ -10,15 +10,21 @@ time. Two facts make that exact:
 Within a step, transfers sharing a port (or a receiver's reduce engine) are served in
 (ready, sender, receiver, listing) order, as the reference serves them. A step where no two
 transfers share a port or an engine, which is most steps of most algorithms, costs a handful of
-array operations; otherwise the step's transfers are levelled along their resource chains and
-each level is one vectorised update.
+array operations (rotations, when rank r sends to r + k); otherwise the step's transfers are
+levelled along their resource chains and each level is one vectorised update (hcomm.vcontention).
+
+A step is priced once per structure: steps with one timing key share a precomputation, steps of
+one structure only re-price their bytes, and the steps of a ring phase (rotations of one chunk
+pattern) rotate the pattern's prices; steps priced alike form runs that the uniform-shift rule
+finishes in one addition.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .cost import as_cost
-from .program import Step
+from .program import RolledView, Step
+from .vcontention import contended
 
 _I64 = np.int64
 _CACHE_LIMIT = 20000
@@ -27,7 +33,8 @@ _CACHE_LIMIT = 20000
 class _Prep:
     """Per-step arrays that depend only on the step's structure and the topology."""
     __slots__ = ("src", "dst", "nf", "nb", "wire", "lat", "red", "rflag", "eport", "iport", "l_rank", "l_cost", "fast",
-                 "perm", "inv", "src_unique", "dst_unique", "cost_fwd", "n", "_struct", "_order", "listing", "_bw")
+                 "perm", "inv", "src_unique", "dst_unique", "cost_fwd", "n", "_struct", "_order", "listing", "_bw",
+                 "shift", "nb_zero", "ports_free", "rollable", "key")
 
 
 def _distinct(values) -> bool:
@@ -77,7 +84,8 @@ def _aggregate_pairs(pr) -> None:
 
 def _prep(view, cost, dtype, redop, p) -> _Prep:
     pr = _Prep()
-    pr._struct = pr._order = pr._bw = None
+    pr._struct = pr._order = pr._bw = pr.shift = pr.key = None
+    pr.nb_zero = pr.ports_free = pr.rollable = False
     src = np.asarray(view.t_src, dtype=_I64)
     dst = np.asarray(view.t_dst, dtype=_I64)
     pr.src, pr.dst, pr.n = src, dst, len(src)
@@ -106,12 +114,20 @@ def _prep(view, cost, dtype, redop, p) -> _Prep:
         pr.src_unique = _distinct(src)
         pr.dst_unique = _distinct(dst)
         costly = pr.red > 0
-        pr.fast = (not len(pr.l_rank) and _distinct(eport) and _distinct(iport) and _distinct(dst[costly]))
+        pr.ports_free = _distinct(eport) and _distinct(iport)
+        pr.fast = not len(pr.l_rank) and pr.ports_free and (pr.dst_unique or _distinct(dst[costly]))
+        pr.nb_zero = not pr.nb.any()
+        # the byte-dependent costs are functions of the bytes alone: a rotated pattern's are rotated
+        pr.rollable = (pr.n == len(view.t_src) and not len(pr.l_rank) and bool((pr._bw == pr._bw[0]).all())
+                       and bool((pr.rflag == pr.rflag[0]).all()))
         # every rank sends once and receives once: the cheapest update
         pr.perm = pr.src_unique and pr.dst_unique and len(src) == p
         if pr.perm:
             pr.inv = np.empty(p, dtype=_I64)
             pr.inv[dst] = np.arange(p)
+            ar = np.arange(p)
+            if np.array_equal(src, ar) and np.array_equal(dst, (ar + int(dst[0])) % p):
+                pr.shift = int(dst[0])         # rank r sends to r + shift: gathers become rotations
     else:
         pr.fast = not len(pr.l_rank)
         pr.perm = False
@@ -152,8 +168,39 @@ def _reprice(base, view, cost, dtype, redop):
     if len(pr.l_rank) or len(np.asarray(view.c_rank)) or len(np.asarray(view.g_rank)):
         return None                          # local ops' costs depend on bytes too: price afresh
     costly = pr.red > 0
-    pr.fast = _distinct(pr.eport) and _distinct(pr.iport) and _distinct(pr.dst[costly])
+    pr.fast = pr.ports_free and (pr.dst_unique or _distinct(pr.dst[costly]))
     pr._order = None                          # costly receives depend on bytes: order afresh if contended
+    pr.key = None
+    return pr
+
+
+def _rolled(base, view, cost, dtype, redop, cache, ck):
+    """A rotated step's prep from its structure's: the pattern's prices, computed once and kept
+    twice over so that every rotation is a slice. Steps whose pattern prices alike (a ring over
+    chunks of 9,832 and 9,836 bytes both taking 394 ns) get a common key: they are one map, so
+    runs of them are finished by the uniform-shift rule like the steps of an even ring."""
+    pattern = view.pattern
+    pk = ("pattern", ck, id(pattern))
+    got = cache.get(pk)
+    if got is None or got[0] is not pattern:
+        dm = cost.device_model
+        from topologies.model import transfer_ns_array
+        nbytes = np.asarray(pattern, dtype=_I64)
+        wire = transfer_ns_array(nbytes, base._bw[:1])
+        red = np.where(base.rflag[0], dm.reduce_ns_array(nbytes, dtype, redop or "sum"), 0).astype(_I64)
+        alike = bool(wire.min() == wire.max() and red.min() == red.max())
+        key = ("priced", ck, int(wire[0]), int(red[0])) if alike else None
+        got = cache[pk] = (pattern, np.concatenate([wire, wire]), np.concatenate([red, red]), key)
+    n = len(pattern)
+    k = view.shift % n
+    pr = _Prep()
+    for name in _Prep.__slots__:
+        setattr(pr, name, getattr(base, name, None))
+    pr.wire, pr.red = got[1][n - k:2 * n - k], got[2][n - k:2 * n - k]     # np.roll(prices, shift)
+    pr.cost_fwd = pr.nf + pr.wire + pr.lat + pr.red
+    pr.fast = pr.ports_free and (pr.dst_unique or _distinct(pr.dst[pr.red > 0]))
+    pr._order = None
+    pr.key = got[3]
     return pr
 
 
@@ -164,6 +211,8 @@ def _prep_for(st, cost, dtype, redop, p, cache):
         ck = ("structure", skey, dtype, redop)
         base = cache.get(ck)
         view = st.timing()
+        if base is not None and base.rollable and isinstance(view, RolledView):
+            return _rolled(base, view, cost, dtype, redop, cache, ck)
         if base is not None:
             pr = _reprice(base, view, cost, dtype, redop)
             if pr is not None:
@@ -173,6 +222,8 @@ def _prep_for(st, cost, dtype, redop, p, cache):
             if len(cache) >= _CACHE_LIMIT:
                 cache.clear()
             cache[ck] = pr
+            if pr.rollable and isinstance(view, RolledView):
+                return _rolled(pr, view, cost, dtype, redop, cache, ck)
         return pr
     if key is not None:
         ck = (key, dtype, redop)
@@ -193,6 +244,13 @@ def _prep_for(st, cost, dtype, redop, p, cache):
 def _step(pr: _Prep, clock):
     if pr.n == 0 and not len(pr.l_rank):
         return clock
+    if pr.fast and pr.shift is not None:
+        # rank r sends to r + k: the perm update below with its gathers as rotations
+        p, k = len(clock), pr.shift
+        done = np.maximum(clock, np.concatenate((clock[k:], clock[:k])))
+        done += pr.cost_fwd
+        new = np.concatenate((done[p - k:], done[:p - k]))
+        return np.maximum(new, done if pr.nb_zero else done + pr.nb, out=new)
     if pr.fast and pr.perm and pr.src is not None:
         done = np.maximum(clock[pr.src], clock[pr.dst])
         done += pr.cost_fwd
@@ -216,7 +274,7 @@ def _step(pr: _Prep, clock):
     if pr.fast:
         done = ready + pr.wire + pr.lat + pr.red
     else:
-        done = _contended(pr, ready, engine, clock)
+        done = contended(pr, ready, engine, clock)
     if pr.dst_unique:
         new[pr.dst] = np.maximum(new[pr.dst], done)
     else:
@@ -227,117 +285,6 @@ def _step(pr: _Prep, clock):
     else:
         np.maximum.at(new, pr.src, ack)
     return new
-
-
-def _predecessor(resource, order_pos, valid=None):
-    """For each transfer, the transfer served just before it on the same resource (or -1)."""
-    n = len(resource)
-    idx = np.arange(n) if valid is None else np.flatnonzero(valid)
-    pred = np.full(n, -1, dtype=_I64)
-    if len(idx) < 2:
-        return pred
-    o = idx[np.lexsort((order_pos[idx], resource[idx]))]
-    same = resource[o[1:]] == resource[o[:-1]]
-    pred[o[1:][same]] = o[:-1][same]
-    return pred
-
-
-class _Order:
-    """The service order of a contended step and everything derived from it."""
-    __slots__ = ("order", "pos", "p_out", "p_in", "levels", "unit", "units", "udst", "chains")
-
-
-def _struct_rank(pr):
-    """The tie-break after ready time: the transfer's issue order in its step (its listing)."""
-    rank = getattr(pr, "_struct", None)
-    if rank is None:
-        rank = pr._struct = pr.listing
-    return rank
-
-
-def _order_for(pr, ready):
-    """Ports serve a step's transfers in the algorithm's issue order, whatever their ready times
-    (a transfer still starts no earlier than it is ready), so the order is structural: it is
-    computed once per step structure."""
-    cached = getattr(pr, "_order", None)
-    if cached is not None:
-        return cached
-    struct = _struct_rank(pr)
-    od = _Order()
-    n = pr.n
-    od.order = np.argsort(struct, kind="stable")
-    od.pos = np.empty(n, dtype=_I64)
-    od.pos[od.order] = np.arange(n)
-    od.p_out = _predecessor(pr.eport, od.pos)
-    od.p_in = _predecessor(pr.iport, od.pos)
-    level = np.zeros(n, dtype=_I64)
-    while True:
-        cand = level.copy()
-        for pred in (od.p_out, od.p_in):
-            has = pred >= 0
-            cand[has] = np.maximum(cand[has], level[pred[has]] + 1)
-        if np.array_equal(cand, level):
-            break
-        level = cand
-    od.levels = []
-    for lv in range(int(level.max()) + 1):
-        e = np.flatnonzero(level == lv)
-        preds = [(pred[e], pred[e] >= 0) for pred in (od.p_out, od.p_in)]
-        od.levels.append((e, [(pe[has], has) for pe, has in preds]))
-    reducing = np.flatnonzero(pr.rflag)
-    od.unit = None
-    if len(reducing):
-        # batches: the reducing transfers of one (sender, receiver) pair
-        pair = pr.src[reducing] * (int(pr.dst.max()) + 1) + pr.dst[reducing]
-        uniq, unit = np.unique(pair, return_inverse=True)
-        u = len(uniq)
-        upos = np.full(u, -1, dtype=_I64)
-        np.maximum.at(upos, unit, od.pos[reducing])
-        cost = np.zeros(u, dtype=_I64)
-        np.add.at(cost, unit, pr.red[reducing])
-        udst = np.zeros(u, dtype=_I64)
-        udst[unit] = pr.dst[reducing]
-        od.unit, od.units, od.udst = (reducing, unit), (u, cost), udst
-        costly = np.flatnonzero(cost > 0)
-        od.chains = []
-        if len(costly):
-            o = costly[np.lexsort((upos[costly], udst[costly]))]
-            first = np.ones(len(o), dtype=bool)
-            first[1:] = udst[o[1:]] != udst[o[:-1]]
-            rank_in_dst = np.arange(len(o)) - np.maximum.accumulate(np.where(first, np.arange(len(o)), 0))
-            for j in range(int(rank_in_dst.max()) + 1):
-                sel = np.flatnonzero(rank_in_dst == j)
-                od.chains.append((o[sel], o[sel - 1] if j else None))
-    pr._order = od
-    return od
-
-
-def _contended(pr, ready, engine, clock):
-    """Transfers sharing ports, served in issue order, then each receiver's
-    reductions: one batch per sender, in the order the batches' last transfers were served."""
-    od = _order_for(pr, ready)
-    wire_end = np.zeros(pr.n, dtype=_I64)
-    for e, preds in od.levels:
-        start = ready[e]                   # a copy (fancy indexing)
-        for pe, has in preds:
-            if len(pe):
-                start[has] = np.maximum(start[has], wire_end[pe])
-        wire_end[e] = start + pr.wire[e]
-    done = wire_end + pr.lat
-    if od.unit is None:
-        return done
-    reducing, unit = od.unit
-    u, cost = od.units
-    last = np.full(u, np.iinfo(_I64).min, dtype=_I64)
-    np.maximum.at(last, unit, done[reducing])
-    end = last.copy()
-    if od.chains:
-        eng = clock if engine is None else engine
-        for units, before in od.chains:
-            prev = eng[od.udst[units]] if before is None else end[before]
-            end[units] = np.maximum(last[units], prev) + cost[units]
-    done[reducing] = end[unit]
-    return done
 
 
 def program_times(program, entry, cost, dtype="float32", redop="sum"):
@@ -353,13 +300,21 @@ def program_times(program, entry, cost, dtype="float32", redop="sum"):
     cache = cost.cache("vtiming")
     n = len(program)
     t = 0
+    ahead = None                              # (index, prep) of a step priced while scanning a run
     while t < n:
         st = program[t]
-        pr = _prep_for(st, cost, dtype, redop, p, cache)
+        pr = ahead[1] if ahead is not None and ahead[0] == t else _prep_for(st, cost, dtype, redop, p, cache)
         key = step_key(st)
         run = 1
         if key is not None:
             while t + run < n and step_key(program[t + run]) == key:
+                run += 1
+        elif pr.key is not None:
+            # steps priced alike (same structure, same prices): only their prep tells
+            while t + run < n and step_key(program[t + run]) is None:
+                ahead = (t + run, _prep_for(program[t + run], cost, dtype, redop, p, cache))
+                if ahead[1].key != pr.key:
+                    break
                 run += 1
         done = 0
         while done < run:

@@ -144,3 +144,25 @@ def test_buffer_loops_priced_in_closed_form_equal_loop_by_loop():
     with pytest.raises(hccl_sim.HcclError, match="larger than this emulator can price") as e:
         hccl_sim.simulate("allreduce", 1 << 70, topology=topo)
     assert e.value.code == "E_PARA"
+
+
+@pytest.mark.parametrize("count", [24 * 6 + 10, 24 * 6 + 1, 24 * 7])
+def test_rotated_ring_steps_equal_the_event_driven_reference(count, monkeypatch):
+    """A large flat ring's steps are lazy rotations of one chunk pattern (hcomm.program.RolledView),
+    priced by rotating the pattern's prices; uneven chunks of 24 and 28 bytes take 1 and 2 ns.
+    Forced lazy on 24 ranks, the vectorised engine equals the event-driven replay and the eager
+    steps' pricing, from even and uneven entry clocks."""
+    from hcomm import program as prog
+    from hcomm.cost import CostModel
+    from hcomm.timing import replay
+    from hcomm.vtiming import program_times
+    from hccl_sim.algorithms import ring
+    topo = hccl_sim.topology("ring", ranks=24, bandwidth=25e9, latency=5e-6, reduce_bandwidth=10e9)
+    eager = ring.allreduce(24, count, 4)
+    monkeypatch.setattr(ring, "_EAGER_TRANSFERS", 0)
+    program = ring.allreduce(24, count, 4)
+    assert isinstance(program[0], prog.LazyStep) and isinstance(program[0].timing(), prog.RolledView)
+    for entry in ([0] * 24, list(np.random.default_rng(count).integers(0, 3_000, 24))):
+        fast = program_times(program, entry, CostModel.of(topo), "float32", "sum")
+        ref = replay(prog.rank_steps(program, 24), entry, CostModel.of(topo), "float32", "sum")
+        assert list(fast) == list(ref) == list(program_times(eager, entry, CostModel.of(topo), "float32", "sum"))

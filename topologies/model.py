@@ -298,7 +298,11 @@ class Topology:
 
     def notify_arrays(self, src, dst):
         dm = self.device_model
-        so = np.asarray(self.server_of, dtype=np.int64)
+        if dm.notify_intra_ns == dm.notify_inter_ns:
+            return np.full(np.shape(src), dm.notify_intra_ns, dtype=np.int64)
+        so = self.__dict__.get("_server_array")
+        if so is None:        # converted once: server_of is a list of up to 131,072 ints
+            so = self._server_array = np.asarray(self.server_of, dtype=np.int64)
         same = so[src] == so[dst]
         return np.where(same, dm.notify_intra_ns, dm.notify_inter_ns).astype(np.int64)
 

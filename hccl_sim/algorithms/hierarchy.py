@@ -41,8 +41,9 @@ class Servers:
     def __init__(self, server_of):
         so = np.asarray(server_of, dtype=np.int64)
         self.m = int(so.max()) + 1 if len(so) else 0
-        self.ranks = [np.flatnonzero(so == s) for s in range(self.m)]
-        self.k = np.array([len(r) for r in self.ranks], dtype=np.int64)
+        # one stable sort, not a scan of every rank per server (16,384 servers: 2 * 10^9 compares)
+        self.k = np.bincount(so, minlength=self.m).astype(np.int64)
+        self.ranks = np.split(np.argsort(so, kind="stable"), np.cumsum(self.k)[:-1]) if self.m else []
         self.K = int(self.k.max()) if self.m else 0
         self.equal = bool((self.k == self.K).all())
         self.start = np.array([r[0] for r in self.ranks] + [len(so)], dtype=np.int64)
@@ -50,10 +51,16 @@ class Servers:
 
     def group(self, i) -> np.ndarray:
         """Level1 participants for chunk (card index) i: its owner on every server."""
+        if self.equal:
+            return self.matrix()[:, i % self.K].copy()
         return np.array([self.ranks[s][i % self.k[s]] for s in range(self.m)], dtype=np.int64)
 
     def matrix(self) -> np.ndarray:
-        return np.stack(self.ranks)
+        """(m, K) ranks of equal servers (built once; callers do not write to it)."""
+        got = getattr(self, "_matrix", None)
+        if got is None:
+            got = self._matrix = np.stack(self.ranks)
+        return got
 
 
 def _per_server(srv, build):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hcomm.program import LazyStep, TimingView
+from hcomm.program import LazyStep, RolledView
 
 from .common import (INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, local_copy, relay_broadcast,
                      single_rank_reducescatter)
@@ -39,7 +39,7 @@ def _ring_steps(count, n, full, sizes, shift, reduce, tag):
         return ("ring", tag, n, int(sizes[0]), reduce) if uniform else None
 
     def timing(s):
-        return TimingView(r, right, np.roll(sizes, shift(s)), rflag)
+        return RolledView(r, right, sizes, shift(s), rflag)
     skey = ("ring-structure", n, reduce)
     if count * n <= _EAGER_TRANSFERS:
         out = []

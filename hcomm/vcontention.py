@@ -1,0 +1,125 @@
+"""Steps whose transfers share ports or a receiver's reduce engine, vectorised (hcomm.vtiming).
+
+Ports serve a step's transfers in the algorithm's issue order (a transfer still starts no earlier
+than it is ready), so the service order is structural: each transfer's predecessor on its egress
+and ingress port is found once per step structure, the transfers are levelled along those chains,
+and each level is one vectorised update. Then every receiver's reductions run one batch per
+sender, in the order the batches' last transfers were served, exactly as the event-driven
+reference (hcomm.timing) serves them.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+_I64 = np.int64
+
+
+def _predecessor(resource, order_pos, valid=None):
+    """For each transfer, the transfer served just before it on the same resource (or -1)."""
+    n = len(resource)
+    idx = np.arange(n) if valid is None else np.flatnonzero(valid)
+    pred = np.full(n, -1, dtype=_I64)
+    if len(idx) < 2:
+        return pred
+    o = idx[np.lexsort((order_pos[idx], resource[idx]))]
+    same = resource[o[1:]] == resource[o[:-1]]
+    pred[o[1:][same]] = o[:-1][same]
+    return pred
+
+
+class _Order:
+    """The service order of a contended step and everything derived from it."""
+    __slots__ = ("order", "pos", "p_out", "p_in", "levels", "unit", "units", "udst", "chains")
+
+
+def _struct_rank(pr):
+    """The tie-break after ready time: the transfer's issue order in its step (its listing)."""
+    rank = getattr(pr, "_struct", None)
+    if rank is None:
+        rank = pr._struct = pr.listing
+    return rank
+
+
+def _order_for(pr, ready):
+    """Ports serve a step's transfers in the algorithm's issue order, whatever their ready times
+    (a transfer still starts no earlier than it is ready), so the order is structural: it is
+    computed once per step structure."""
+    cached = getattr(pr, "_order", None)
+    if cached is not None:
+        return cached
+    struct = _struct_rank(pr)
+    od = _Order()
+    n = pr.n
+    od.order = np.argsort(struct, kind="stable")
+    od.pos = np.empty(n, dtype=_I64)
+    od.pos[od.order] = np.arange(n)
+    od.p_out = _predecessor(pr.eport, od.pos)
+    od.p_in = _predecessor(pr.iport, od.pos)
+    level = np.zeros(n, dtype=_I64)
+    while True:
+        cand = level.copy()
+        for pred in (od.p_out, od.p_in):
+            has = pred >= 0
+            cand[has] = np.maximum(cand[has], level[pred[has]] + 1)
+        if np.array_equal(cand, level):
+            break
+        level = cand
+    od.levels = []
+    for lv in range(int(level.max()) + 1):
+        e = np.flatnonzero(level == lv)
+        preds = [(pred[e], pred[e] >= 0) for pred in (od.p_out, od.p_in)]
+        od.levels.append((e, [(pe[has], has) for pe, has in preds]))
+    reducing = np.flatnonzero(pr.rflag)
+    od.unit = None
+    if len(reducing):
+        # batches: the reducing transfers of one (sender, receiver) pair
+        pair = pr.src[reducing] * (int(pr.dst.max()) + 1) + pr.dst[reducing]
+        uniq, unit = np.unique(pair, return_inverse=True)
+        u = len(uniq)
+        upos = np.full(u, -1, dtype=_I64)
+        np.maximum.at(upos, unit, od.pos[reducing])
+        cost = np.zeros(u, dtype=_I64)
+        np.add.at(cost, unit, pr.red[reducing])
+        udst = np.zeros(u, dtype=_I64)
+        udst[unit] = pr.dst[reducing]
+        od.unit, od.units, od.udst = (reducing, unit), (u, cost), udst
+        costly = np.flatnonzero(cost > 0)
+        od.chains = []
+        if len(costly):
+            o = costly[np.lexsort((upos[costly], udst[costly]))]
+            first = np.ones(len(o), dtype=bool)
+            first[1:] = udst[o[1:]] != udst[o[:-1]]
+            rank_in_dst = np.arange(len(o)) - np.maximum.accumulate(np.where(first, np.arange(len(o)), 0))
+            for j in range(int(rank_in_dst.max()) + 1):
+                sel = np.flatnonzero(rank_in_dst == j)
+                od.chains.append((o[sel], o[sel - 1] if j else None))
+    pr._order = od
+    return od
+
+
+def contended(pr, ready, engine, clock):
+    """Transfers sharing ports, served in issue order, then each receiver's
+    reductions: one batch per sender, in the order the batches' last transfers were served."""
+    od = _order_for(pr, ready)
+    wire_end = np.zeros(pr.n, dtype=_I64)
+    for e, preds in od.levels:
+        start = ready[e]                   # a copy (fancy indexing)
+        for pe, has in preds:
+            if len(pe):
+                start[has] = np.maximum(start[has], wire_end[pe])
+        wire_end[e] = start + pr.wire[e]
+    done = wire_end + pr.lat
+    if od.unit is None:
+        return done
+    reducing, unit = od.unit
+    u, cost = od.units
+    last = np.full(u, np.iinfo(_I64).min, dtype=_I64)
+    np.maximum.at(last, unit, done[reducing])
+    end = last.copy()
+    if od.chains:
+        eng = clock if engine is None else engine
+        for units, before in od.chains:
+            prev = eng[od.udst[units]] if before is None else end[before]
+            end[units] = np.maximum(last[units], prev) + cost[units]
+    done[reducing] = end[unit]
+    return done
