@@ -154,8 +154,12 @@ class Collective:
         ascend.cl traces, HCCL_BUFFSIZE=2048): peers read the user's data in place wherever the
         schedule allows, so most collectives copy one block, not the whole buffer. Copies the
         traces place between phases (AllReduce's, Reduce's) are charged after the schedule: on
-        symmetric schedules the time is the same. Only single-server (mesh) schedules were traced."""
-        raise NotImplementedError
+        symmetric schedules the time is the same. Only single-server (mesh) schedules were traced.
+
+        This default, for a collective no trace describes, copies the loop's whole vector (or one
+        block) in and out; every collective defined here overrides it with what its trace shows."""
+        vec = np.full(p, length * itemsize, dtype=np.int64)
+        return vec, vec.copy()
 
     # Each subclass defines reference(inputs, redop=None, root=0) -> list: every rank's expected
     # result from every rank's input (numpy, in rank order), and verifiable(rank, p, count, dtype,

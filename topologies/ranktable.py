@@ -43,6 +43,13 @@ def _string(obj: dict, key: str, where: str, path: str, required: bool = True):
     return value
 
 
+def _unique(seen: dict, value, index, where: str, listed: str, path: str) -> None:
+    """Record `value` as entry `index` of `listed`, or fail naming the entry it duplicates."""
+    if value in seen:
+        raise _fail(where, f"{value!r} duplicates {listed}[{seen[value]}]", path)
+    seen[value] = index
+
+
 def _int_string(obj: dict, key: str, where: str, path: str, lo: int, hi: int, required: bool = True):
     text = _string(obj, key, where, path, required)
     if text is None:
@@ -91,9 +98,7 @@ def parse(table: dict, preset: str | None = None, path: str = "<dict>") -> Topol
         sid = _string(server, "server_id", where, path)
         if not sid or len(sid) > 64:
             raise _fail(f"{where}.server_id", f"must be 1..64 characters, got {sid!r}", path)
-        if sid in seen_ids:
-            raise _fail(f"{where}.server_id", f"{sid!r} duplicates server_list[{seen_ids[sid]}]", path)
-        seen_ids[sid] = s
+        _unique(seen_ids, sid, s, f"{where}.server_id", "server_list", path)
         devices = server.get("device")
         if not isinstance(devices, list) or not devices:
             raise _fail(f"{where}.device", "must be a non-empty JSON array", path)
@@ -156,9 +161,7 @@ def _superpods(table, server_ids, per_server, path) -> list:
         if not isinstance(pod, dict):
             raise _fail(where, "must be a JSON object", path)
         name = _string(pod, "super_pod_id", where, path)
-        if name in names:
-            raise _fail(f"{where}.super_pod_id", f"{name!r} duplicates super_pod_list[{names[name]}]", path)
-        names[name] = k
+        _unique(names, name, k, f"{where}.super_pod_id", "super_pod_list", path)
         members = pod.get("server_list")
         if not isinstance(members, list) or not members:
             raise _fail(f"{where}.server_list", "must be a non-empty JSON array", path)
