@@ -45,6 +45,7 @@ def test_routes_sio_ub_roce():
     ({"superpods": 0}, "superpods"),
     ({"superpods": True}, "superpods"),
     ({"servers": [2, 0], "superpods": 2}, "servers"),
+    ({"superpods": 8192, "servers": 8192}, "8192 superpods x servers=8192 make 67108864 servers, over the limit"),
 ])
 def test_bad_superpod_parameters(params, match):
     with pytest.raises(HcclError, match=match):

@@ -190,6 +190,9 @@ def hardware(name: str, servers=None, devices_per_server: list | None = None,
             pods = integer(1 if superpods is None else superpods, "superpods", 1, MAX_RANKS // full, where=where,
                            limit=limit)
             per_pod = _servers_per_superpod(servers, pods, where, MAX_RANKS // full)
+            if sum(per_pod) > MAX_RANKS // full:      # before listing them
+                raise HcclError("E_PARA", f"{where}: {pods} superpods x servers={servers!r} make {sum(per_pod)} "
+                                f"servers, over the limit of {MAX_RANKS // full} ({limit})")
             pod_of_server = [k for k, n in enumerate(per_pod) for _ in range(n)]
             servers = len(pod_of_server)
         servers = integer(1 if servers is None else servers, "servers", 1, MAX_RANKS // full, where=where,
