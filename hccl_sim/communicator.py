@@ -16,11 +16,10 @@ import numpy as np
 from topologies.errors import HcclError
 from topologies.validate import is_integer
 
-from hcomm.cost import as_cost
 
 from . import collectives as colls
 from .engines.base import Call, RankBuffers
-from .planner import Signature
+from .planner import Signature, effective_cost
 from .device import Device, DeviceArray, Stream, Work
 from .types import dtype_name, parse_reduce_op
 
@@ -55,7 +54,7 @@ class Communicator:
         self.config = group.config
         self._group = group
         self._transport = group.transport
-        self.cost = as_cost(group.topo)      # prices point-to-point ops like collectives
+        self.cost = effective_cost(group.topo, group.config)   # prices point-to-point ops like collectives
         self._seq = 0
         self._checked = {}                   # a call's arguments -> their checked form (see _call)
         self.last_op: OpRecord | None = None

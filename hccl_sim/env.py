@@ -65,13 +65,13 @@ def parse_retry_params(value: str) -> dict:
 
 
 MODELLED = ("HCCL_ALGO", "HCCL_BUFFSIZE", "HCCL_EXEC_TIMEOUT", "HCCL_CONNECT_TIMEOUT", "HCCL_OP_RETRY_ENABLE",
-            "HCCL_OP_RETRY_PARAMS", "HCCL_DETERMINISTIC")
+            "HCCL_OP_RETRY_PARAMS", "HCCL_DETERMINISTIC", "HCCL_INTER_HCCS_DISABLE")
 """The HCCL variables hccl-sim reads."""
 NOT_MODELLED = (
     "HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO", "HCCL_ASYNC_ERROR_HANDLING", "HCCL_BLOCKING_WAIT",
     "HCCL_DEBUG_CONFIG", "HCCL_DESYNC_DEBUG", "HCCL_DFS_CONFIG", "HCCL_DIAGNOSE_ENABLE", "HCCL_ENTRY_LOG_ENABLE",
     "HCCL_EVENT_TIMEOUT", "HCCL_FFTS_CAPACITY", "HCCL_HOST_SOCKET_PORT_RANGE", "HCCL_IF_BASE_PORT", "HCCL_IF_IP",
-    "HCCL_INTER_HCCS_DISABLE", "HCCL_INTER_SERVER_RING_ALGO_MAX_SUPPORT_SERVER_NUM", "HCCL_INTRA_PCIE_ENABLE",
+    "HCCL_INTER_SERVER_RING_ALGO_MAX_SUPPORT_SERVER_NUM", "HCCL_INTRA_PCIE_ENABLE",
     "HCCL_INTRA_ROCE_ENABLE", "HCCL_LOGIC_SUPERPOD_ID", "HCCL_LOST_THRESHOLD", "HCCL_MEMSIZE_HD_FACTOR",
     "HCCL_MULTI_QP_THRESHOLD", "HCCL_NPU_SOCKET_PORT_RANGE", "HCCL_OP_EXPANSION_MODE", "HCCL_RDMA_QPS_PER_CONNECTION",
     "HCCL_RDMA_RETRY_CNT", "HCCL_RDMA_SL", "HCCL_RDMA_TC", "HCCL_RDMA_TIMEOUT", "HCCL_SOCKET_FAMILY",
@@ -127,6 +127,7 @@ class Config:
     retry_enable: tuple = (("L1", False), ("L2", False))
     retry_params: tuple = (("MaxCnt", 1), ("HoldTime", 5000), ("IntervalTime", 1000))
     deterministic: str = "false"
+    inter_hccs_disable: bool = False   # A3: RoCE instead of the UB (HCCS) fabric between a superpod's servers
     policy: str = "hccl"          # algorithm selection: "hccl" (HCCL's rules) or "model" (fastest modelled)
 
     @property
@@ -162,6 +163,12 @@ class Config:
             if v not in ("false", "true", "strict"):
                 raise _bad("HCCL_DETERMINISTIC", merged["HCCL_DETERMINISTIC"], "false, true or strict")
             kw["deterministic"] = v
+        if "HCCL_INTER_HCCS_DISABLE" in merged:
+            # externalinput.cc ParseInterLinkType: TRUE or FALSE, any case
+            v = merged["HCCL_INTER_HCCS_DISABLE"].strip().upper()
+            if v not in ("TRUE", "FALSE"):
+                raise _bad("HCCL_INTER_HCCS_DISABLE", merged["HCCL_INTER_HCCS_DISABLE"], "TRUE or FALSE")
+            kw["inter_hccs_disable"] = v == "TRUE"
         if policy is not None:
             if not isinstance(policy, str) or policy not in ("hccl", "model"):
                 raise HcclError("E_PARA", f"policy {policy!r} is invalid; expected hccl or model")

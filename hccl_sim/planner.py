@@ -27,10 +27,12 @@ from hcomm import program as prog
 from hcomm.cost import as_cost
 from hcomm.vtiming import program_times
 from topologies.errors import HcclError
+from topologies.presets import without_inter_hccs
 
 from . import algorithms
 from . import collectives as colls
-from .algorithms import hierarchy, pipeline
+from .algorithms import double_ring, grouped_mesh, hierarchy, pipeline, superpod
+from .algorithms.common import side_by_side
 from .selection import Choice, Context, select
 
 _LOOPS_BEFORE_GIVING_UP = 4096    # full loops priced one by one before a shift pattern must show
@@ -71,6 +73,8 @@ class OpPlan:
     exits: list               # exit clock of every rank (ns)
     nbytes: int               # bytes of the op as nccl-tests sizes it
     events: Optional[list] = None
+    parts: Optional[dict] = None   # loop length -> ((start, stop, program), ...) run one after another on
+                                   # data where the timing program runs them side by side (A3's double ring)
 
     @functools.cached_property
     def algo(self) -> str:
@@ -82,19 +86,65 @@ class OpPlan:
         return colls.of(self.signature.name)
 
     def loop_programs(self):
-        """((start, stop), program) of every loop, in order."""
+        """((start, stop), program) of every loop, in order: what the data engines execute. A loop
+        the double ring halves is its two halves' programs (columns apart, so in any order)."""
+        parts = self.parts
         for a, b in self.loops:
-            yield (a, b), self.programs[b - a]
+            split = parts.get(b - a) if parts else None
+            if split is None:
+                yield (a, b), self.programs[b - a]
+            else:
+                for lo, hi, program in split:
+                    yield (a + lo, a + hi), program
 
 
 # ---- programs ------------------------------------------------------------------------------------
 
 def servers_of(cost) -> hierarchy.Servers:
+    cost = as_cost(cost)
     cache = cost.cache("servers")
     srv = cache.get("servers")
     if srv is None:
         srv = cache["servers"] = hierarchy.Servers(cost.server_of)
     return srv
+
+
+def pods_of(cost) -> superpod.Pods:
+    cost = as_cost(cost)
+    cache = cost.cache("servers")
+    pods = cache.get("pods")
+    if pods is None:
+        pods = cache["pods"] = superpod.Pods(servers_of(cost), cost.topology.params["superpod_of_server"])
+    return pods
+
+
+def build_parts(name: str, choice: Choice, topo, length: int, itemsize: int, root) -> list:
+    """The unstaged programs of one loop of `length` elements (per block for block collectives),
+    as ((start, stop, program), ...) over the loop's elements: one part, or on A3's double ring
+    two halves, each with its own ring direction, that run side by side."""
+    cost = as_cost(topo)
+    if choice.level0 == "double_ring" and not choice.flat and name != "alltoall":
+        coll = colls.of(name)
+        parts = []
+        for k, (a, b) in enumerate(double_ring.halves(length, itemsize)):
+            unit = coll.program_unit(b - a, itemsize)
+            parts.append((a, b, _superpod_program(name, choice, cost, b - a, unit, root or 0, k)))
+        return parts
+    return [(0, length, build_program(name, choice, cost, length, itemsize, root))]
+
+
+def _superpod_program(name, choice, cost, length, unit, root, ring_index) -> list:
+    pods = pods_of(cost)
+    l1, l2 = choice.level1 or "ring", choice.level2 or "NHR"
+    if name == "allreduce":
+        return superpod.allreduce(pods, length, unit, l1, l2, ring_index)
+    if name == "allgather":
+        return superpod.allgather(pods, unit, l1, l2, ring_index)
+    if name == "reducescatter":
+        return superpod.reducescatter(pods, unit, l1, l2, ring_index)
+    if name == "broadcast":
+        return superpod.broadcast(pods, length, unit, root, l1, l2, ring_index)
+    return superpod.reduce(pods, length, unit, root, l1, l2, ring_index)
 
 
 def build_program(name: str, choice: Choice, topo, length: int, itemsize: int, root) -> list:
@@ -106,7 +156,13 @@ def build_program(name: str, choice: Choice, topo, length: int, itemsize: int, r
         return algorithms.flat_program("barrier", "dissemination", p, 0, 0)
     unit = colls.of(name).program_unit(length, itemsize)
     if choice.flat:
+        if choice.level1 == "grouped_fullmesh":
+            # the SDMA group: the superpod, or the server when HCCL_INTER_HCCS_DISABLE puts RoCE between servers
+            inter_hccs = cost.topology.params.get("inter_hccs", True)
+            return grouped_mesh.alltoall(pods_of(cost).pod_of_rank if inter_hccs else np.asarray(cost.server_of), unit)
         return algorithms.flat_program(name, choice.level1, p, length, unit, root)
+    if cost.topology.params.get("superpod_of_server") is not None:
+        return _superpod_program(name, choice, cost, length, unit, root, 0)
     srv = servers_of(cost)
     l0, l1 = choice.level0 or "fullmesh", choice.level1 or "ring"
     if l1 == "pipeline":
@@ -128,19 +184,28 @@ def build_program(name: str, choice: Choice, topo, length: int, itemsize: int, r
 
 def loop_program(cost, name, choice, length, itemsize, root) -> list:
     """The program of one loop, staged on hardware presets that stage (cached in the cost model)."""
+    return loop_parts(cost, name, choice, length, itemsize, root)[0]
+
+
+def loop_parts(cost, name, choice, length, itemsize, root) -> tuple:
+    """(the timing program of one loop, its data parts or None when it is one part), cached."""
     cache = cost.cache("programs")
     key = (name, choice.structure, length, itemsize, root)
-    program = cache.get(key)
-    if program is None:
-        program = build_program(name, choice, cost, length, itemsize, root)
+    got = cache.get(key)
+    if got is None:
+        if name == "barrier":
+            parts = [(0, length, build_program(name, choice, cost, length, itemsize, root))]
+        else:
+            parts = build_parts(name, choice, cost, length, itemsize, root)
+        program = side_by_side(*[prog for _, _, prog in parts]) if len(parts) > 1 else parts[0][2]
         if cost.device_model.staging and name != "barrier":
             p = cost.num_ranks
             ins, outs = colls.of(name).stage_bytes(p, length, itemsize, root or 0)
             r = np.arange(p)
             program = ([prog.StepBuilder().stages(r, ins, "in").build()] + list(program)
                        + [prog.StepBuilder().stages(r[outs > 0], outs[outs > 0], "out").build()])
-        cache[key] = program
-    return program
+        got = cache[key] = (program, tuple(parts) if len(parts) > 1 else None)
+    return got
 
 
 def op_loops(sig: Signature, p: int, itemsize: int, config) -> colls.Loops:
@@ -219,8 +284,10 @@ def plan_times(sig, cost, config, itemsize, choice, entry):
     lengths = [n for n in {loops.cap if loops.full else None, loops.tail or None} if n]
     if sig.name == "barrier":
         lengths = [1]
-    programs = {n: loop_program(cost, sig.name, choice, n if sig.name != "barrier" else 0, itemsize, sig.root)
-                for n in lengths}
+    built = {n: loop_parts(cost, sig.name, choice, n if sig.name != "barrier" else 0, itemsize, sig.root)
+             for n in lengths}
+    programs = {n: got[0] for n, got in built.items()}
+    parts = {n: got[1] for n, got in built.items() if got[1] is not None}
     cache = cost.cache("timings")
     base = min(entry) if len(entry) else 0
     rel = tuple(int(t) - base for t in entry)
@@ -231,34 +298,37 @@ def plan_times(sig, cost, config, itemsize, choice, entry):
         start = np.asarray(rel, dtype=np.int64) + cost.device_model.op_overhead_ns.get(sig.name, 0)
         clock = _time_loops(loops, programs, start, cost, sig.dtype, sig.redop or "sum")
         rel_exits = cache[key] = tuple(int(t) for t in clock)
-    return loops, programs, [base + t for t in rel_exits]
+    return loops, programs, [base + t for t in rel_exits], parts or None
 
 
-NOT_YET = {"910C": "collectives on the Atlas 900 A3 SuperPoD (910C) are not modelled yet: HCCL's A3 level0 (a "
-                   "double ring over a server's 16 dies) and its level2 decomposition among superpods are still to "
-                   "come; its topologies, routes, rank tables and send/recv are"}
+def effective_cost(topo, config):
+    """The CostModel a communicator with `config` prices on: on an A3 SuperPoD with
+    HCCL_INTER_HCCS_DISABLE=TRUE, that of the topology with RoCE between its servers."""
+    cost = as_cost(topo)
+    params = cost.topology.params
+    if config.inter_hccs_disable and params.get("superpod_of_server") is not None and params.get("inter_hccs", True):
+        return as_cost(without_inter_hccs(cost.topology))
+    return cost
 
 
 def choose(sig: Signature, topo, config, itemsize: int) -> Choice:
     """What runs for this call on `topo` (a Topology or its CostModel): selection.select's answer."""
-    cost = as_cost(topo)
+    cost = effective_cost(topo, config)
     p = cost.num_ranks
-    missing = NOT_YET.get(cost.topology.device)
-    if missing:
-        raise HcclError("E_NOT_SUPPORT", missing)
 
     def price(choice):
         return int(max(plan_times(sig, cost, config, itemsize, choice, [0] * p)[2]))
+    pods = pods_of(cost) if cost.topology.params.get("superpod_of_server") is not None else None
     return select(Context(sig.name, sig, cost.topology, config, itemsize, servers_of(cost), price,
-                          cost.cache("selection")))
+                          cost.cache("selection"), pods))
 
 
 def make_plan(sig: Signature, topo, config, entry: list, itemsize: int, trace: bool = False) -> OpPlan:
     """Plan one collective call on `topo` (a Topology or its CostModel) from every rank's entry clock."""
-    cost = as_cost(topo)
+    cost = effective_cost(topo, config)
     p = cost.num_ranks
     choice = choose(sig, cost, config, itemsize)
-    loops, programs, exits = plan_times(sig, cost, config, itemsize, choice, entry)
+    loops, programs, exits, parts = plan_times(sig, cost, config, itemsize, choice, entry)
     if sig.name == "barrier":
         # A barrier releases every rank together: when the last rank has heard from all others.
         exits = [max(exits)] * p
@@ -270,7 +340,7 @@ def make_plan(sig: Signature, topo, config, entry: list, itemsize: int, trace: b
         full = [sum((tuple(s) for s in steps), ()) for steps in zip(*per_loop)]
         replay(full, list(entry), cost, dtype=sig.dtype, redop=sig.redop or "sum", events=events)
     nbytes = 0 if sig.name == "barrier" else colls.of(sig.name).op_bytes(sig.count, p, itemsize)
-    return OpPlan(sig, choice, loops, programs, list(entry), exits, nbytes, events)
+    return OpPlan(sig, choice, loops, programs, list(entry), exits, nbytes, events, parts)
 
 
 def program_rank_steps(program, p) -> list:

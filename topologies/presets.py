@@ -7,7 +7,10 @@ same-subnet NIC plan on 910B (reference/hccl.md §7).
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
+import weakref
 from functools import lru_cache, partial
 from pathlib import Path
 
@@ -16,6 +19,7 @@ import yaml
 
 from .errors import HcclError
 from .model import DeviceModel, Topology, add_link, seconds_to_ns
+
 from .routers import FullMeshRouter, HardwareRouter, RingRouter, hccs_port
 from .validate import integer, real
 
@@ -213,7 +217,7 @@ def hardware(name: str, servers=None, devices_per_server: list | None = None,
     if pod is not None:
         _check_pods(pod_of_server, len(device_ids), where)
         superpod_of = [pod_of_server[s] for s in server_of]
-        params.update(superpods=len(set(pod_of_server)), superpod_of_server=list(pod_of_server))
+        params.update(superpods=len(set(pod_of_server)), superpod_of_server=list(pod_of_server), inter_spec=dict(inter))
     params.update(router=HardwareRouter(server_of, device_of, intra, inter, superpod_of, pod),
                   links=_server_links(device_ids, intra, inter, pod_of_server, pod))
     return Topology(name=name, graph=partial(_server_graph, list(devices_per_server), device_ids, intra, inter,
@@ -221,6 +225,34 @@ def hardware(name: str, servers=None, devices_per_server: list | None = None,
                     server_of=server_of, device_of=device_of, device=data["device"],
                     device_model=device_model_from(data), description=data.get("description", ""),
                     server_ids=server_ids, device_ips=device_ips, params=params)
+
+
+_ROCE_VARIANTS = weakref.WeakKeyDictionary()
+
+
+def without_inter_hccs(topo: Topology) -> Topology:
+    """An A3 topology as HCCL_INTER_HCCS_DISABLE=TRUE makes it (one per topology): the servers of a
+    superpod talk over RoCE (every die's NIC) instead of the UB fabric; inside a server nothing
+    changes. HCCL keeps its three levels; only level1's transport changes (transport_manager.cc)."""
+    got = _ROCE_VARIANTS.get(topo)
+    if got is None:
+        router = copy.copy(topo.params["router"])
+        router.inter_hccs = False
+        inter = topo.params["inter_spec"]
+
+        def graph():
+            g = topo.graph.copy()
+            for r in range(topo.num_ranks):
+                if not g.has_edge(r, "roce"):
+                    add_link(g, r, "roce", inter["kind"], inter["bandwidth"], inter["latency_per_hop"], "roce",
+                             f"roce:{r}")
+            return g
+        links = dict(topo.params["links"])
+        links[inter["kind"]] = (topo.num_ranks, frozenset({float(inter["bandwidth"])}))
+        got = dataclasses.replace(topo, graph=graph, params={**topo.params, "router": router, "inter_hccs": False,
+                                                             "links": links})
+        _ROCE_VARIANTS[topo] = got
+    return got
 
 
 def _servers_per_superpod(servers, pods: int, where: str, most: int) -> list:

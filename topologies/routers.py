@@ -24,7 +24,9 @@ class HardwareRouter:
     A superpod preset (A3): SIO between the two dies of a package, the superpod's UB fabric between
     any other two dies of a superpod (one UB port per die), RoCE between superpods."""
 
-    def __init__(self, server_of, device_of, intra: dict, inter: dict, superpod_of=None, pod: dict | None = None):
+    def __init__(self, server_of, device_of, intra: dict, inter: dict, superpod_of=None, pod: dict | None = None,
+                 inter_hccs: bool = True):
+        self.inter_hccs = inter_hccs      # False: RoCE between a superpod's servers (HCCL_INTER_HCCS_DISABLE)
         self.server_of = np.asarray(server_of, dtype=np.int64)
         self.device_of = np.asarray(device_of, dtype=np.int64)
         self.superpod_of = None if superpod_of is None else np.asarray(superpod_of, dtype=np.int64)
@@ -41,6 +43,8 @@ class HardwareRouter:
     def _class(self, src, dst):
         if self.superpod_of is not None:
             same_pod = self.superpod_of[src] == self.superpod_of[dst]
+            if not self.inter_hccs:
+                same_pod = same_pod & (self.server_of[src] == self.server_of[dst])
             package = (self.server_of[src] == self.server_of[dst]) & (self.device_of[src] // 2 == self.device_of[dst] // 2)
             return np.where(package, SIO, np.where(same_pod, UB, ROCE))
         same_server = self.server_of[src] == self.server_of[dst]

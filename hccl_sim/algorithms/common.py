@@ -13,12 +13,20 @@ import numpy as np
 from hcomm.program import INPUT, NONE, OUTPUT, SCRATCH, LazyStep, Step, StepBuilder, TimingView, merge_parallel
 
 __all__ = ["INPUT", "OUTPUT", "SCRATCH", "NONE", "Step", "StepBuilder", "bounds", "fold", "tile", "merge_runs",
-           "local_copy", "ceil_log2", "single_rank_reducescatter"]
+           "local_copy", "ceil_log2", "blocks", "spread", "single_rank_reducescatter"]
 
 
 def bounds(n: int, parts: int) -> np.ndarray:
     """Boundaries splitting n units into `parts` contiguous chunks whose sizes differ by at most one."""
     return (np.arange(parts + 1, dtype=np.int64) * n) // parts
+
+
+def blocks(offs):
+    """(lo, hi) of every rank's block: from bounds (n + 1 boundaries) or a (lo, hi) pair."""
+    if isinstance(offs, tuple):
+        return np.asarray(offs[0], dtype=np.int64), np.asarray(offs[1], dtype=np.int64)
+    offs = np.asarray(offs, dtype=np.int64)
+    return offs[:-1], offs[1:]
 
 
 def ceil_log2(n: int) -> int:
@@ -155,3 +163,47 @@ def sequence(*programs) -> list:
 def side_by_side(*programs) -> list:
     """Programs on disjoint ranks or data, step t of each in global step t."""
     return merge_parallel(list(programs))
+
+
+def _spread_slices(lo, hi, buf, strides, counts):
+    """Unit slices of [lo, hi) (k = counts units each, zero-length slices kept as one), each start
+    mapped to start * stride of its buffer."""
+    start = np.repeat(lo, counts) + (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))
+    start = start * strides[np.maximum(np.repeat(buf, counts), 0)]
+    unit_len = np.repeat(np.minimum(hi - lo, 1), counts)
+    return start, start + unit_len
+
+
+def spread(program: list, strides) -> list:
+    """A program whose unit i of buffer b sits at unit i * strides[b]: every slice is cut into
+    single units and each placed at its strided position. How a sub-collective addresses rows
+    that are not adjacent (A3's level1 peers each hold every N0-th row of the output), where
+    `tile` can only shift. Slices stay one unit long after `tile` shifts them."""
+    strides = np.asarray(strides, dtype=np.int64)
+    out = []
+    for st in program:
+        st = st.full()
+        new = Step()
+        if len(st.t_src):
+            k = st.t_shi - st.t_slo
+            counts = np.maximum(k, 1)
+            rep = lambda a: np.repeat(a, counts)                      # noqa: E731
+            new.t_src, new.t_dst = rep(st.t_src), rep(st.t_dst)
+            new.t_bytes = rep(np.where(k > 0, st.t_bytes // counts, st.t_bytes))
+            new.t_sbuf, new.t_dbuf, new.t_rbuf = rep(st.t_sbuf), rep(st.t_dbuf), rep(st.t_rbuf)
+            new.t_slo, new.t_shi = _spread_slices(st.t_slo, st.t_shi, st.t_sbuf, strides, counts)
+            new.t_dlo, new.t_dhi = _spread_slices(st.t_dlo, st.t_dhi, st.t_dbuf, strides, counts)
+            rlo, rhi = _spread_slices(st.t_rlo, st.t_rhi, st.t_rbuf, strides, counts)
+            has_r = new.t_rbuf >= 0
+            new.t_rlo, new.t_rhi = np.where(has_r, rlo, 0), np.where(has_r, rhi, 0)
+        if len(st.c_rank):
+            k = st.c_shi - st.c_slo
+            counts = np.maximum(k, 1)
+            rep = lambda a: np.repeat(a, counts)                      # noqa: E731
+            new.c_rank, new.c_sbuf, new.c_dbuf = rep(st.c_rank), rep(st.c_sbuf), rep(st.c_dbuf)
+            new.c_bytes = rep(np.where(k > 0, st.c_bytes // counts, st.c_bytes))
+            new.c_slo, new.c_shi = _spread_slices(st.c_slo, st.c_shi, st.c_sbuf, strides, counts)
+            new.c_dlo, new.c_dhi = _spread_slices(st.c_dlo, st.c_dhi, st.c_dbuf, strides, counts)
+        new.g_rank, new.g_bytes, new.g_dir = st.g_rank, st.g_bytes, st.g_dir
+        out.append(new)
+    return out

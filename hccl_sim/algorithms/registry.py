@@ -3,7 +3,9 @@
 One entry per algorithm module: each module declares NAME, DESCRIPTION, COLLECTIVES and LEVELS
 next to its builders, and NOT_AT where HCCL does not run a collective it builds at some level.
 Levels: "flat" (over all ranks of a synthetic topology), "level0" (inside a server), "level1"
-(among the same-index cards of all servers; pipeline spans both levels). Selection policies
+(among the same-index cards of all servers; pipeline spans both levels); on an A3 SuperPoD,
+level1 is inside a superpod and level2 among superpods, and what runs there is A3's selection
+(selection/hccl_a3.py) over the level1 algorithms. Selection policies
 (hccl_sim.selection) and the planner read this table; nothing else lists algorithms. Adding an
 algorithm is its module plus one line in MODULES.
 """
@@ -14,9 +16,10 @@ from types import ModuleType
 
 from topologies.errors import HcclError
 
-from . import dissemination, halving_doubling, mesh, nb, nhr, pairwise, pipeline, ring, star
+from . import (dissemination, double_ring, grouped_mesh, halving_doubling, mesh, nb, nhr, pairwise, pipeline, ring,
+               star)
 
-MODULES = (ring, halving_doubling, nhr, nb, mesh, pairwise, pipeline, star, dissemination)
+MODULES = (ring, halving_doubling, nhr, nb, mesh, pairwise, pipeline, star, dissemination, double_ring, grouped_mesh)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ Schedules (p ranks, n bytes of buffer, chunk = n/p), vectorised over ranks:
 - Broadcast: a chain from the root, each rank forwarding the whole buffer. Cost (p-1)(a + nb).
 - Reduce: a chain ending at the root, each rank reducing and forwarding. Cost (p-1)(a + nb + ng).
 Any p works; uneven chunks (n not divisible by p) differ by one unit. Blocks of ReduceScatter and
-AllGather may differ in size (`offs`), which is how the hierarchy runs them on server regions.
+AllGather may differ in size (`offs`), which is how the hierarchy runs them on server regions,
+and may be given per rank as (lo, hi) in any order, which is how A3's reversed ring owns them.
 Zero-copy safety: in every step the slice a rank writes differs from the slice it exposes.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 
 from hcomm.program import LazyStep, RolledView
 
-from .common import (INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, local_copy, relay_broadcast,
+from .common import (INPUT, OUTPUT, SCRATCH, StepBuilder, blocks, bounds, local_copy, relay_broadcast,
                      single_rank_reducescatter)
 
 _EAGER_TRANSFERS = 1 << 15   # larger ring programs are built step by step on demand
@@ -78,34 +79,36 @@ def allreduce(n: int, N: int, unit: int, src=INPUT, dst=OUTPUT) -> list:
 
 
 def reducescatter(n: int, offs, unit: int, src=INPUT, acc=SCRATCH, out=OUTPUT, out_lo=None) -> list:
-    """Rank blocks [offs[j], offs[j+1]) of src are reduced; rank j's result lands at out[out_lo[j]]."""
-    offs = np.asarray(offs, dtype=np.int64)
+    """Rank blocks of src (`offs`: bounds, or (lo, hi) per rank) are reduced; rank j's result
+    lands at out[out_lo[j]]."""
+    lo, hi = blocks(offs)
     out_lo = np.zeros(n, dtype=np.int64) if out_lo is None else np.asarray(out_lo, dtype=np.int64)
     r = np.arange(n)
     if n == 1:
-        return single_rank_reducescatter(offs, unit, src, out, out_lo)
+        return single_rank_reducescatter(np.array([lo[0], hi[0]]), unit, src, out, out_lo)
     right = (r + 1) % n
-    sizes = (offs[1:] - offs[:-1]) * unit
+    sizes = (hi - lo) * unit
 
     def step(s):
         c = (r - s - 1) % n
         last = s == n - 2
         return StepBuilder().transfers(
-            r, right, unit, src if s == 0 else acc, offs[c], offs[c + 1],
-            out if last else acc, out_lo[right] if last else offs[c], rbuf=src, rlo=offs[c]).build()
+            r, right, unit, src if s == 0 else acc, lo[c], hi[c],
+            out if last else acc, out_lo[right] if last else lo[c], rbuf=src, rlo=lo[c]).build()
     return _ring_steps(n - 1, n, step, sizes, lambda s: s + 1, True, "rs")
 
 
 def allgather(n: int, offs, unit: int, buf=OUTPUT) -> list:
-    """In place: rank j's block [offs[j], offs[j+1]) of buf is already there; fill the others."""
-    offs = np.asarray(offs, dtype=np.int64)
+    """In place: rank j's block of buf (`offs`: bounds, or (lo, hi) per rank) is already there;
+    fill the others."""
+    lo, hi = blocks(offs)
     r = np.arange(n)
     right = (r + 1) % n
-    sizes = (offs[1:] - offs[:-1]) * unit
+    sizes = (hi - lo) * unit
 
     def step(s):
         c = (r - s) % n
-        return StepBuilder().transfers(r, right, unit, buf, offs[c], offs[c + 1], buf, offs[c]).build()
+        return StepBuilder().transfers(r, right, unit, buf, lo[c], hi[c], buf, lo[c]).build()
     return _ring_steps(n - 1, n, step, sizes, lambda s: s, False, "ag")
 
 

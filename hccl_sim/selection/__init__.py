@@ -18,7 +18,7 @@ from topologies.errors import HcclError
 
 from ..algo_config import ALGO_TOKENS, parse_hccl_algo
 from ..algorithms import registry
-from . import hccl, model
+from . import hccl, hccl_a3, model
 
 log = logging.getLogger("hccl_sim.selection")
 
@@ -29,16 +29,18 @@ _ALIASES = {"hd": "H-D_R", "h-d": "H-D_R", "rhd": "H-D_R", "h-d_r": "H-D_R", "nh
 
 
 class Choice(NamedTuple):
-    """What runs: one flat algorithm, or level0 + level1 of the hierarchy, and why if not as asked."""
+    """What runs: one flat algorithm, or level0 + level1 (+ level2 on an A3 SuperPoD) of the
+    hierarchy, and why if not as asked."""
     flat: bool
     level0: Optional[str]
     level1: Optional[str]
     note: Optional[str] = None
+    level2: Optional[str] = None
 
     @property
     def structure(self) -> tuple:
         """What the program depends on (the note does not change a single step)."""
-        return (self.flat, self.level0, self.level1)
+        return (self.flat, self.level0, self.level1, self.level2)
 
     @property
     def label(self) -> str:
@@ -50,6 +52,8 @@ class Choice(NamedTuple):
             text = f"level1:{self.level1}"
         else:
             text = f"level0:{self.level0};level1:{self.level1}"
+        if self.level2 is not None and not self.flat:
+            text = f"{text};level2:{self.level2}"
         return text if self.note is None else f"{text} ({self.note})"
 
 
@@ -64,26 +68,30 @@ class Context:
     servers: object                # algorithms.hierarchy.Servers
     price: Callable                # Choice -> makespan in ns on this emulator's timing model
     cache: dict                    # the cost model's cache for policy decisions
+    pods: object = None            # algorithms.superpod.Pods on an A3 SuperPoD, else None
 
     @property
     def flat(self) -> bool:
         return self.topo.device == "synthetic"
 
 
-def requested_token(name: str, algo, config) -> Optional[str]:
-    """The level1 token asked for by `algo=` (a token or a whole HCCL_ALGO string) or HCCL_ALGO."""
+def requested_token(name: str, algo, config, level: str = "level1") -> Optional[str]:
+    """The token asked for at `level` by `algo=` (a token, for level1, or a whole HCCL_ALGO
+    string) or HCCL_ALGO."""
     if algo is not None:
         if not isinstance(algo, str):
             raise HcclError("E_PARA", f"algo must be a string, got {type(algo).__name__}")
         if ":" in algo:
-            return parse_hccl_algo(algo, source="algo").levels_for(name).get("level1")
+            return parse_hccl_algo(algo, source="algo").levels_for(name).get(level)
+        if level != "level1":
+            return None
         token = algo if algo in ALGO_TOKENS or algo in registry.ALGORITHMS else _ALIASES.get(algo.lower())
         if token is None:
             known = sorted(set(ALGO_TOKENS) | set(registry.ALGORITHMS))
             raise HcclError("E_PARA", f"unknown algorithm {algo!r}; expected an HCCL token or algorithm "
                             f"({', '.join(known)}) or an HCCL_ALGO string")
         return token
-    return config.algo.levels_for(name).get("level1")
+    return config.algo.levels_for(name).get(level)
 
 
 _logged = set()
@@ -105,6 +113,10 @@ def select(ctx: Context) -> Choice:
         token = None
     policy = POLICIES[ctx.config.policy]
     srv = ctx.servers
+    if ctx.pods is not None:
+        level2 = requested_token(name, ctx.signature.algo, ctx.config, "level2")
+        choice = hccl_a3.choose(ctx, token, level2)
+        return _noted(name, token, choice)
     if ctx.flat:
         if token is not None:
             algo, note = hccl.resolve_explicit(name, token, ctx, level="flat")

@@ -1,0 +1,263 @@
+"""The Atlas 900 A3 SuperPoD's collectives: HCCL's three levels with a double ring inside each
+server, checked symbolically (every output element holds exactly its contributions, no zero-copy
+hazard), on real integer data over 1-3 superpods of unequal server counts, against the
+event-driven timing reference, against the closed form of a double-ring step, and HCCL's A3
+selection and HCCL_ALGO level2 rules."""
+import numpy as np
+import pytest
+
+import hccl_sim
+from hccl_sim import HcclError, collectives
+from hccl_sim.algorithms import double_ring, grouped_mesh, superpod
+from hccl_sim.env import Config
+from hccl_sim.planner import Signature, build_parts, choose, effective_cost, pods_of
+from hccl_sim.selection import Choice
+from hcomm.vtiming import program_times
+from test_schedules import L, des_times, verify
+
+# (superpods, servers per superpod), dies_per_server (None: whole 16-die servers)
+A3_CASES = [(1, 1, None), (1, 2, None), (1, 3, None), (2, 1, None), (2, 2, None), (3, [2, 1, 3], None),
+            (2, [2, 4], None), (2, 2, 4), (1, 3, 2), (3, 1, 6)]
+
+
+def a3(superpods, servers, dies=None):
+    if dies is None:
+        return hccl_sim.topology("atlas900-a3", superpods=superpods, servers=servers)
+    import topologies
+    per = [servers] * superpods if isinstance(servers, int) else servers
+    pod_of_server = [k for k, n in enumerate(per) for _ in range(n)]
+    return topologies.hardware("atlas900-a3", devices_per_server=[dies] * len(pod_of_server),
+                               pod_of_server=pod_of_server)
+
+
+def sig(coll, p, n, algo=None):
+    return Signature(coll, (n,), "float32", "sum" if coll in ("allreduce", "reducescatter", "reduce") else None,
+                     (p * 2) // 3 if coll in ("broadcast", "reduce") else None, algo)
+
+
+@pytest.mark.parametrize("case", A3_CASES, ids=str)
+def test_three_level_programs_verify(case):
+    """Each double-ring half's program, for every collective and level1/level2 choice, verified
+    symbolically; both ring directions."""
+    topo = a3(*case)
+    p = topo.num_ranks
+    for coll in collectives.DATA_COLLECTIVES:
+        for algo in (None, "level0:NA;level1:ring;level2:ring", "level0:NA;level1:NB;level2:NB",
+                     "level0:NA;level1:NHR;level2:H-D_R"):
+            if coll == "broadcast" and algo and "NB" in algo:
+                continue                                  # NB Broadcast: refused (tested below)
+            n = 3 * p + 2
+            s = sig(coll, p, n, algo)
+            choice = choose(s, topo, Config(), 4)
+            if not choice.flat:
+                assert choice.level0 == "double_ring" or pods_of(effective_cost(topo, Config())).N0 == 1
+            # per-block lengths (block collectives) or vector lengths that split into 128-byte halves
+            # and that do not; the symbolic check runs each half's program on its own
+            length = 100 if coll in collectives.BLOCK else n
+            for itemsize in (4, 1):
+                parts = build_parts(coll, choice, topo, length, itemsize, s.root)
+                assert sum(b - a for a, b, _ in parts) == length
+                for a, b, program in parts:
+                    verify(program, coll, p, b - a if coll not in collectives.BLOCK else L, s.root or 0,
+                           f"{case} {coll} {choice.label} part {a}:{b}")
+            if choice.level0 == "double_ring":
+                pods = pods_of(topo)
+                builder = {"allreduce": lambda k: superpod.allreduce(pods, n, 4, choice.level1 or "ring",
+                                                                     choice.level2 or "NHR", k),
+                           "allgather": lambda k: superpod.allgather(pods, L * 4, choice.level1 or "ring",
+                                                                     choice.level2 or "NHR", k),
+                           "reducescatter": lambda k: superpod.reducescatter(pods, L * 4, choice.level1 or "ring",
+                                                                             choice.level2 or "NHR", k),
+                           "broadcast": lambda k: superpod.broadcast(pods, n, 4, s.root, choice.level1 or "ring",
+                                                                     choice.level2 or "NHR", k),
+                           "reduce": lambda k: superpod.reduce(pods, n, 4, s.root, choice.level1 or "ring",
+                                                               choice.level2 or "NHR", k)}.get(coll)
+                if builder is not None:
+                    for k in (0, 1):
+                        verify(builder(k), coll, p, n, s.root or 0, f"{case} {coll} ring {k}")
+
+
+def _inputs(coll, p, n):
+    return [(np.arange(n * (p if coll in ("reducescatter", "alltoall") else 1), dtype=np.int64) * (r + 3) + r) % 997
+            for r in range(p)]
+
+
+def _run_all(coll, topo, n, env=None, algo=None):
+    p = topo.num_ranks
+    root = (2 * p) // 3
+
+    def fn(comm):
+        x = _inputs(coll, p, n)[comm.rank]
+        call = {"allreduce": lambda: comm.all_reduce(x, algo=algo), "allgather": lambda: comm.all_gather(x, algo=algo),
+                "reducescatter": lambda: comm.reduce_scatter(x, algo=algo),
+                "broadcast": lambda: comm.broadcast(x, root=root, algo=algo),
+                "reduce": lambda: comm.reduce(x, root=root, algo=algo),
+                "alltoall": lambda: comm.all_to_all(x, algo=algo)}[coll]
+        return call(), comm.last_op
+    results = hccl_sim.run(fn, topology=topo, env=env)
+    want = collectives.of(coll).reference(_inputs(coll, p, n), "sum", root)
+    for r, ((got, _), exp) in enumerate(zip(results, want)):
+        assert (got is None and exp is None) or np.array_equal(got, exp), f"{coll} rank {r} wrong"
+    return results
+
+
+@pytest.mark.parametrize("case", [(1, 2), (2, 1), (3, [2, 1, 3]), (2, [1, 2])], ids=str)
+@pytest.mark.parametrize("coll", collectives.DATA_COLLECTIVES)
+def test_real_data_on_superpods(case, coll):
+    """Integer data, bit-identical to numpy, sizes that split into halves and that do not, and
+    more than one CCL-buffer loop."""
+    topo = a3(*case)
+    for n in (1, 37, 1000):
+        _run_all(coll, topo, n)
+    if coll in ("allreduce", "broadcast"):
+        results = _run_all(coll, topo, 150_000, env={"HCCL_BUFFSIZE": "1"})   # 1.2 MB: two loops
+        assert "double_ring" in results[0][1].algo or results[0][1].algo.startswith("NHR")
+
+
+@pytest.mark.parametrize("case", [(1, 2), (2, 2), (2, [2, 1]), (1, 1, 6)], ids=str)
+def test_vectorised_timing_equals_event_driven_reference(case):
+    topo = a3(*case)
+    p = topo.num_ranks
+    rng = np.random.default_rng(p)
+    for coll in collectives.DATA_COLLECTIVES:
+        for algo in (None, "level0:NA;level1:ring;level2:ring"):
+            s = sig(coll, p, p * 40, algo)
+            choice = choose(s, topo, Config(), 4)
+            for length in ((40 * p, 3) if coll not in collectives.BLOCK else (40, 3)):
+                parts = build_parts(coll, choice, topo, length, 4, s.root)
+                from hccl_sim.algorithms.common import side_by_side
+                program = side_by_side(*[prog for _, _, prog in parts])
+                for entry in (np.zeros(p, dtype=np.int64), rng.integers(0, 50_000, p)):
+                    want = des_times(program, entry, topo, s.dtype, s.redop or "sum")
+                    got = program_times(program, entry, topo, s.dtype, s.redop or "sum")
+                    assert list(got) == list(want), f"{case} {coll} {choice.label} len={length}"
+
+
+def test_simulate_equals_run_on_a3():
+    topo = a3(2, [2, 1])
+    p = topo.num_ranks
+    for coll in collectives.DATA_COLLECTIVES:
+        n = 5000
+        records = [rec for _, rec in _run_all(coll, topo, n, env={"HCCL_BUFFSIZE": "1"})]
+        nbytes = n * 8 * (p if coll == "allgather" else 1) * (p if coll in ("reducescatter", "alltoall") else 1)
+        est = hccl_sim.simulate(coll, nbytes, topology=topo, dtype="int64", root=(2 * p) // 3,
+                                env={"HCCL_BUFFSIZE": "1"})
+        assert [r.end - r.start for r in records] == [round(t * 1e9) for t in est.times], coll
+        assert {r.algo for r in records} == {est.algo}
+
+
+def _link_phase_ns(topo, coll, choice, nbytes):
+    """The unstaged link phase of one loop (no fixed costs) from aligned clocks."""
+    p = topo.num_ranks
+    length = nbytes // 4 if coll not in collectives.BLOCK else nbytes // 4 // p
+    parts = build_parts(coll, choice, topo, length, 4, None)
+    from hccl_sim.algorithms.common import side_by_side
+    program = side_by_side(*[prog for _, _, prog in parts])
+    return int(program_times(program, np.zeros(p, dtype=np.int64), topo, "float32", "sum").max())
+
+
+def test_double_ring_step_takes_half_a_chunk_over_the_slower_link():
+    """Closed form: an AllGather of S bytes on one 16-die server is 15 steps, each moving S/32
+    over a die's UB link (196 GB/s; its SIO link, 204 GB/s, carries the other ring's half at
+    once), after the copy of its own block: half of a single ring's link time. The per-step
+    notifies (~1 us of each 172 us step) are within the tolerance."""
+    topo = a3(1, 1)
+    S = 1 << 30
+    double = _link_phase_ns(topo, "allgather", Choice(False, "double_ring", None), S)
+    single = _link_phase_ns(topo, "allgather", Choice(False, "ring", None), S)
+    closed = topo.device_model.copy_ns(S // 16) + 15 * topo.route(1, 2).cost_ns(S // 32)
+    assert topo.route(1, 2).cost_ns(S // 32) > topo.route(0, 1).cost_ns(S // 32)     # UB slower than SIO
+    assert 0 <= double - closed < 0.01 * closed
+    assert 0.49 < (double - topo.device_model.copy_ns(S // 16)) / (single - topo.device_model.copy_ns(S // 16)) < 0.51
+
+
+def test_a3_selection_defaults_and_level2_tokens():
+    topo = a3(2, 2)
+    p = topo.num_ranks
+    big = 1 << 24
+
+    def label(coll, algo=None, env=None):
+        return hccl_sim.simulate(coll, big, topology=topo, algo=algo, env=env).algo
+    # level1 default: 4 servers (a power of two) -> NHR; level2 default NHR (the code, not the doc)
+    assert label("allreduce") == "level0:double_ring;level1:NHR;level2:NHR"
+    assert label("reduce") == "level0:double_ring;level1:ring;level2:H-D_R"      # its default NHR runs as H-D_R
+    assert label("alltoall") == "grouped_fullmesh"
+    # level2 accepted as HCCL's executors run them
+    assert label("allreduce", "level0:NA;level1:ring;level2:ring").endswith("level1:ring;level2:ring")
+    assert label("allreduce", "level0:NA;level1:NB;level2:H-D_R").endswith("level1:NB;level2:H-D_R")
+    assert "level2:ring (A3 allgather runs ring at level2 for H-D_R)" in label("allgather", "level0:NA;level1:NHR;level2:H-D_R")
+    assert "level2:NHR (level2 NHR_V1 is read as NHR by HCCL)" in label("allreduce", "level0:NA;level1:NHR;level2:NHR_V1")
+    assert label("allgather", "H-D_R") == "level0:double_ring;level1:NHR;level2:NHR (A3 runs NHR at level1 instead of H-D_R)"
+    assert label("broadcast", "ring") == ("level0:double_ring;level1:NHR;level2:NHR (A3 Broadcast runs NHR at level1 "
+                                          "instead of ring)")
+    with pytest.raises(HcclError, match="unknown algorithm 'HD'") as e:
+        label("allreduce", "level0:NA;level1:NHR;level2:HD")
+    assert e.value.code == "E_PARA"
+    with pytest.raises(HcclError, match="level1 pipeline is not run") as e:
+        label("allreduce", "pipeline")
+    assert e.value.code == "E_NOT_SUPPORT"
+    with pytest.raises(HcclError, match="NB Broadcast") as e:
+        label("broadcast", "NB")
+    assert e.value.code == "E_NOT_SUPPORT"
+    with pytest.raises(HcclError, match="not built by hccl-sim") as e:
+        label("broadcast", "level0:NA;level1:NHR;level2:NB")
+    assert e.value.code == "E_NOT_SUPPORT"
+    assert label("allgather", env={"HCCL_ALGO": "level0:NA;level1:ring;level2:NB"}).endswith("level1:ring;level2:NB")
+    # one superpod: a level2 token has nothing to run on, and says so
+    one = a3(1, 3)
+    got = hccl_sim.simulate("allreduce", big, topology=one, algo="level0:NA;level1:NHR;level2:ring").algo
+    assert got == "level0:double_ring;level1:NHR (one superpod: no level2, ring not used)"
+    # 3 servers: neither >= 8 nor a power of two -> ring
+    assert hccl_sim.simulate("allgather", big, topology=one).algo == "level0:double_ring;level1:ring"
+    # small AllReduce: AllReduceComm, flat NHR; 16 KiB x 16 across superpods
+    assert hccl_sim.simulate("allreduce", 1 << 20, topology=one).algo.startswith("NHR (small data")
+    assert hccl_sim.simulate("allreduce", 1 << 20, topology=topo).algo.startswith("level0:double_ring")
+    assert hccl_sim.simulate("allreduce", 256 << 10, topology=topo).algo.startswith("NHR (small data")
+    # a die without its SIO partner: a single ring
+    half = a3(1, 2, 3)
+    assert hccl_sim.simulate("allgather", big, topology=half).algo == "level0:ring;level1:NHR"
+    del p
+
+
+def test_unequal_superpods_split_by_their_highest_common_factor():
+    pods = pods_of(a3(2, [2, 4]))
+    assert pods.shape == (3, 2, 16) and pods.unequal
+    assert pods_of(a3(3, [2, 1, 3])).shape == (6, 1, 16)
+
+
+def test_inter_hccs_disable_puts_roce_between_servers():
+    topo = a3(1, 2)
+    on = effective_cost(topo, Config()).topology
+    off = effective_cost(topo, Config.from_env({"HCCL_INTER_HCCS_DISABLE": "true"})).topology
+    assert on.route(0, 16).kinds == ("HCCS",) * len(on.route(0, 16).kinds)
+    assert set(off.route(0, 16).kinds) == {"RoCE"} and off.route(0, 2).kinds == on.route(0, 2).kinds
+    assert effective_cost(topo, Config.from_env({"HCCL_INTER_HCCS_DISABLE": "TRUE"})).topology is off
+    t_on = hccl_sim.simulate("allreduce", 1 << 26, topology=topo).time
+    t_off = hccl_sim.simulate("allreduce", 1 << 26, topology=topo, env={"HCCL_INTER_HCCS_DISABLE": "True"}).time
+    assert t_off > t_on
+    for bad in ("yes", "1", ""):
+        with pytest.raises(HcclError, match="HCCL_INTER_HCCS_DISABLE") as e:
+            hccl_sim.simulate("allreduce", 64, topology=topo, env={"HCCL_INTER_HCCS_DISABLE": bad})
+        assert e.value.code == "E_PARA"
+    _run_all("alltoall", topo, 5, env={"HCCL_INTER_HCCS_DISABLE": "TRUE"})
+    _run_all("allreduce", topo, 5000, env={"HCCL_INTER_HCCS_DISABLE": "TRUE"})
+
+
+def test_grouped_mesh_peers_and_steps():
+    assert grouped_mesh.sdma_distances(5) == [1, 4, 2, 3]
+    assert grouped_mesh.sdma_distances(4) == [1, 3, 2]
+    group_of = np.repeat(np.arange(3), 16)
+    program = grouped_mesh.alltoall(group_of, 8)
+    assert len(program) == 48 - 16                 # one remote peer per step outlasts 2 SDMA rounds
+    first = program[0]
+    sends = np.bincount(first.t_src, minlength=48)
+    assert (sends == 8 + 1).all()                  # 8 SDMA peers and one RDMA peer at once
+    assert (np.bincount(first.t_dst, minlength=48) == 9).all()
+    verify(program, "alltoall", 48, 0, 0, "grouped")
+
+
+def test_double_ring_halves_are_128_byte_aligned():
+    assert double_ring.halves(1000, 4) == [(0, 512), (512, 1000)]
+    assert double_ring.halves(10, 4) == [(0, 10)]
+    assert double_ring.halves(0, 4) == [(0, 0)]
+    assert list(double_ring.order(5, 1)) == [0, 4, 3, 2, 1] and list(double_ring.order(4, 0, first=2)) == [2, 3, 0, 1]
