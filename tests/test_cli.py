@@ -98,7 +98,7 @@ def test_options_and_trace(capsys, tmp_path):
     (["bench", "--env", "HCCL_ALGO=level1:Ring"], "HCCL_ALGO"),
     (["bench", "--engine", "quantum"], "bench runs on local, ray or timing"),
     (["bench", "-n", "x"], "invalid int value"),
-    (["bench", "--servers", "0"], "servers must be an integer in [1, 16384]"),
+    (["bench", "--servers", "0"], "servers must be an integer in [1, 131072]"),
     (["frobnicate"], "invalid choice"),
 ])
 def test_bad_arguments_one_line(capsys, args, message):

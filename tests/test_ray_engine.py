@@ -70,6 +70,20 @@ def test_two_servers_on_two_ray_nodes(ray_instance):
         hccl_sim.Cluster(topo, engine="ray", data_plane="shm")
 
 
+def test_a3_superpods_on_two_ray_nodes(ray_instance):
+    """Two A3 superpods (a 4-die server each) on the two nodes: every rank runs its own schedule,
+    the double ring's halves one after another, with the local engine's results and times."""
+    import topologies
+    topo = topologies.hardware("atlas900-a3", devices_per_server=[4, 4], pod_of_server=[0, 1])
+    with hccl_sim.Cluster(topo, engine="ray") as cluster:
+        assert cluster._ray.data_plane == "socket"
+        results = cluster.run(all_collectives, args=(20_000, np.int32, "sum", None, 6))
+        check(results, 8, 20_000, np.int32, "sum", 6)
+        got = cluster.run(timeline, args=(5000,))
+        assert got == hccl_sim.run(timeline, topology=topo, args=(5000,))
+        assert "level0:double_ring;level2:NHR" in {algo for records, _ in got for algo, _, _ in records}
+
+
 def test_point_to_point_streams_and_device_arrays(cluster8):
     def fn(comm):
         d = comm.device.empty((50_000,), np.float64)

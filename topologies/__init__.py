@@ -26,7 +26,7 @@ def load(spec, **params) -> Topology:
     Hardware presets take `servers=N` (atlas900-a3 also `superpods=K`, with `servers` per superpod:
     one count, or a list of K); synthetic ones `ranks`, `bandwidth` (bytes/s),
     `latency` (s) and `reduce_bandwidth` (bytes/s); a rank table takes `preset=` (the server type
-    its servers are, default atlas800t-a2, atlas900-a3 for a version 1.2 table). No topology has more than MAX_RANKS (131,072) ranks;
+    its servers are, default atlas800t-a2, atlas900-a3 for a version 1.2 table). No topology has more than MAX_RANKS (1,048,576) ranks;
     bandwidths are >= MIN_BANDWIDTH bytes/s and latencies <= MAX_LATENCY s.
     """
     if isinstance(spec, Topology):

@@ -74,12 +74,14 @@ def device_model_from(data: dict) -> DeviceModel:
     )
 
 
-MAX_RANKS = 1 << 17
-"""The most ranks any topology may have: 131,072, i.e. 16,384 servers of 8 NPUs (the scale goal).
+MAX_RANKS = 1 << 20
+"""The most ranks any topology may have: 1,048,576 (131,072 servers of 8 NPUs; 8 times the scale
+goal of 16,384 servers), which `simulate` prices (an AllReduce on 131,072 A2 servers: RESULTS.md).
 
 Topologies are cheap at any size (graphs are built only on request), but every op plans and
-prices per rank, and a run of anything must finish in seconds or be refused up front: past this,
-`simulate` would take minutes and gigabytes before saying anything."""
+prices per rank, and a run of anything must finish or be refused up front: past this, `simulate`
+would take minutes and tens of gigabytes before saying anything. Engines that move data have
+limits of their own, far lower (hccl_sim.MAX_LOCAL_RANKS, ...)."""
 MIN_BANDWIDTH = 1e3
 """Slowest link or reduction a synthetic preset accepts, bytes/s (1 kB/s): below it, a large op's
 time leaves the int64-nanosecond clocks that every engine keeps."""
