@@ -11,7 +11,7 @@ from __future__ import annotations
 from hcomm.program import BUFFERS
 from hcomm.program import execute as execute_moves
 
-from .planner import program_moves
+from .programs import program_moves
 from .types import reducer
 
 

@@ -1,13 +1,15 @@
 """From a collective call to its plan: it only composes. What the collective is comes from
-hccl_sim.collectives, which algorithm runs from hccl_sim.selection, how it is built from
-hccl_sim.algorithms, and what it costs from the CostModel (hcomm.cost), which owns every cache.
+hccl_sim.collectives, which algorithm runs from hccl_sim.selection, the program of a loop from
+hccl_sim.programs (over hccl_sim.algorithms), and what it costs from the CostModel (hcomm.cost),
+which owns every cache.
 
 Engine-agnostic and deterministic: every engine (and every rank of a distributed engine) that
 plans the same signature with the same entry clocks gets the same plan, which is why simulated
 times are identical across engines.
 
 Levels. Hardware topologies run HCCL's hierarchy: level0 inside a server chosen from the
-hardware, level1 among the same-index cards of all servers. Synthetic topologies are one flat level.
+hardware, level1 among the same-index cards of all servers (on an A3 SuperPoD, of a superpod's
+servers, and level2 among superpods). Synthetic topologies are one flat level.
 
 Loops: as HCCL in op-base mode, data larger than the CCL buffer (HCCL_BUFFSIZE) is processed in
 buffer-sized loops; on hardware presets each loop is staged user -> CCL buffer -> user. Loops are
@@ -23,16 +25,13 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from hcomm import program as prog
 from hcomm.cost import as_cost
 from hcomm.vtiming import program_times
 from topologies.errors import HcclError
 from topologies.presets import without_inter_hccs
 
-from . import algorithms
 from . import collectives as colls
-from .algorithms import double_ring, grouped_mesh, hierarchy, pipeline, superpod
-from .algorithms.common import side_by_side
+from .programs import loop_parts, pods_of, program_rank_steps, servers_of
 from .selection import Choice, Context, select
 
 _LOOPS_BEFORE_GIVING_UP = 4096    # full loops priced one by one before a shift pattern must show
@@ -96,116 +95,6 @@ class OpPlan:
             else:
                 for lo, hi, program in split:
                     yield (a + lo, a + hi), program
-
-
-# ---- programs ------------------------------------------------------------------------------------
-
-def servers_of(cost) -> hierarchy.Servers:
-    cost = as_cost(cost)
-    cache = cost.cache("servers")
-    srv = cache.get("servers")
-    if srv is None:
-        srv = cache["servers"] = hierarchy.Servers(cost.server_of)
-    return srv
-
-
-def pods_of(cost) -> superpod.Pods:
-    cost = as_cost(cost)
-    cache = cost.cache("servers")
-    pods = cache.get("pods")
-    if pods is None:
-        pods = cache["pods"] = superpod.Pods(servers_of(cost), cost.topology.params["superpod_of_server"])
-    return pods
-
-
-def build_parts(name: str, choice: Choice, topo, length: int, itemsize: int, root) -> list:
-    """The unstaged programs of one loop of `length` elements (per block for block collectives),
-    as ((start, stop, program), ...) over the loop's elements: one part, or on A3's double ring
-    two halves, each with its own ring direction, that run side by side."""
-    cost = as_cost(topo)
-    if choice.level0 == "double_ring" and not choice.flat and name != "alltoall":
-        coll = colls.of(name)
-        parts = []
-        for k, (a, b) in enumerate(double_ring.halves(length, itemsize)):
-            unit = coll.program_unit(b - a, itemsize)
-            parts.append((a, b, _superpod_program(name, choice, cost, b - a, unit, root or 0, k)))
-        return parts
-    return [(0, length, build_program(name, choice, cost, length, itemsize, root))]
-
-
-def _superpod_program(name, choice, cost, length, unit, root, ring_index) -> list:
-    pods = pods_of(cost)
-    l1, l2 = choice.level1 or "ring", choice.level2 or "NHR"
-    if name == "allreduce":
-        return superpod.allreduce(pods, length, unit, l1, l2, ring_index)
-    if name == "allgather":
-        return superpod.allgather(pods, unit, l1, l2, ring_index)
-    if name == "reducescatter":
-        return superpod.reducescatter(pods, unit, l1, l2, ring_index)
-    if name == "broadcast":
-        return superpod.broadcast(pods, length, unit, root, l1, l2, ring_index)
-    return superpod.reduce(pods, length, unit, root, l1, l2, ring_index)
-
-
-def build_program(name: str, choice: Choice, topo, length: int, itemsize: int, root) -> list:
-    """The unstaged program of one loop of `length` elements (per block for block collectives)."""
-    cost = as_cost(topo)
-    p = cost.num_ranks
-    root = root or 0
-    if name == "barrier":
-        return algorithms.flat_program("barrier", "dissemination", p, 0, 0)
-    unit = colls.of(name).program_unit(length, itemsize)
-    if choice.flat:
-        if choice.level1 == "grouped_fullmesh":
-            # the SDMA group: the superpod, or the server when HCCL_INTER_HCCS_DISABLE puts RoCE between servers
-            inter_hccs = cost.topology.params.get("inter_hccs", True)
-            return grouped_mesh.alltoall(pods_of(cost).pod_of_rank if inter_hccs else np.asarray(cost.server_of), unit)
-        return algorithms.flat_program(name, choice.level1, p, length, unit, root)
-    if cost.topology.params.get("superpod_of_server") is not None:
-        return _superpod_program(name, choice, cost, length, unit, root, 0)
-    srv = servers_of(cost)
-    l0, l1 = choice.level0 or "fullmesh", choice.level1 or "ring"
-    if l1 == "pipeline":
-        if name == "allreduce":
-            return pipeline.allreduce(srv, length, unit)
-        return getattr(pipeline, name)(srv, unit)
-    if name == "allreduce":
-        return hierarchy.allreduce(srv, length, unit, l0, l1)
-    if name == "allgather":
-        return hierarchy.allgather(srv, unit, l0, l1)
-    if name == "reducescatter":
-        return hierarchy.reducescatter(srv, unit, l0, l1)
-    if name == "broadcast":
-        return hierarchy.broadcast(srv, length, unit, root, l0, l1)
-    if name == "reduce":
-        return hierarchy.reduce(srv, length, unit, root, l0, l1)
-    return hierarchy.alltoall(srv, unit)
-
-
-def loop_program(cost, name, choice, length, itemsize, root) -> list:
-    """The program of one loop, staged on hardware presets that stage (cached in the cost model)."""
-    return loop_parts(cost, name, choice, length, itemsize, root)[0]
-
-
-def loop_parts(cost, name, choice, length, itemsize, root) -> tuple:
-    """(the timing program of one loop, its data parts or None when it is one part), cached."""
-    cache = cost.cache("programs")
-    key = (name, choice.structure, length, itemsize, root)
-    got = cache.get(key)
-    if got is None:
-        if name == "barrier":
-            parts = [(0, length, build_program(name, choice, cost, length, itemsize, root))]
-        else:
-            parts = build_parts(name, choice, cost, length, itemsize, root)
-        program = side_by_side(*[prog for _, _, prog in parts]) if len(parts) > 1 else parts[0][2]
-        if cost.device_model.staging and name != "barrier":
-            p = cost.num_ranks
-            ins, outs = colls.of(name).stage_bytes(p, length, itemsize, root or 0)
-            r = np.arange(p)
-            program = ([prog.StepBuilder().stages(r, ins, "in").build()] + list(program)
-                       + [prog.StepBuilder().stages(r[outs > 0], outs[outs > 0], "out").build()])
-        got = cache[key] = (program, tuple(parts) if len(parts) > 1 else None)
-    return got
 
 
 def op_loops(sig: Signature, p: int, itemsize: int, config) -> colls.Loops:
@@ -341,43 +230,6 @@ def make_plan(sig: Signature, topo, config, entry: list, itemsize: int, trace: b
         replay(full, list(entry), cost, dtype=sig.dtype, redop=sig.redop or "sum", events=events)
     nbytes = 0 if sig.name == "barrier" else colls.of(sig.name).op_bytes(sig.count, p, itemsize)
     return OpPlan(sig, choice, loops, programs, list(entry), exits, nbytes, events, parts)
-
-
-def program_rank_steps(program, p) -> list:
-    """Each rank's step list of a program (cached on the program's first step)."""
-    if not program:
-        return [()] * p
-    holder = program[0].cache
-    got = holder.get("rank_steps")
-    if got is None:
-        got = holder["rank_steps"] = prog.rank_steps(program, p)
-    return got
-
-
-def program_moves(program) -> tuple:
-    """(serial data moves, whether index-aligned) of a program (cached). Moves of empty slices
-    (a tiny op's empty chunks) are dropped: they move nothing, and each costs a numpy call."""
-    if not program:
-        return [], True
-    holder = program[0].cache
-    got = holder.get("moves")
-    if got is None:
-        moves = [m for m in prog.data_moves(program) if m[6] < m[7]]
-        got = holder["moves"] = (moves, prog.index_aligned(moves))
-    return got
-
-
-def program_moves_for(program, rank: int) -> list:
-    """The moves deciding `rank`'s output in a program (cached): for a rank that has every rank's
-    input and needs only its own result (the Ray engine's eager small ops)."""
-    if not program:
-        return []
-    holder = program[0].cache
-    key = ("moves_for", rank)
-    got = holder.get(key)
-    if got is None:
-        got = holder[key] = prog.moves_for(program_moves(program)[0], rank, prog.BUFFERS.index("output"))
-    return got
 
 
 def check_signatures(signatures: list) -> Optional[str]:

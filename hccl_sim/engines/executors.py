@@ -15,7 +15,7 @@ from hcomm.executor import execute as execute_schedule
 from hcomm.program import BUFFERS, execute as execute_moves
 
 from ..dataplane import move_share
-from ..planner import program_moves_for, program_rank_steps
+from ..programs import program_moves_for, program_rank_steps
 from ..types import ReduceOp, reduce_ufunc, reducer
 
 COLLECTIVE_TAG = "coll"

@@ -7,7 +7,7 @@ the op itself, identically (planner + PlanCache), so there is no hub and no plan
 Execution, by the data plane the cluster chose:
 - on every plane, an op whose input is at most INLINE_BYTES is eager (MPI's eager protocol): the
   input travelled with the call, and every rank computes its own result from all inputs by the
-  moves of the op's data program that decide it (planner.program_moves_for), so a small op costs
+  moves of the op's data program that decide it (programs.program_moves_for), so a small op costs
   one allgather;
 - "shm" (every rank on one host), larger ops: ranks name their shared segments in an allgather,
   every rank runs its 1/p share of the op's data program on all ranks' buffers in place (the
