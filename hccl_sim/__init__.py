@@ -13,6 +13,7 @@ how long each op would take on a modelled Ascend cluster.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -26,10 +27,11 @@ from topologies.validate import integer, is_integer
 from . import collectives
 from .communicator import Communicator, OpRecord
 from .env import Config
+from .faults import FaultPlan
 from .planner import Signature, make_plan
 from .types import DTYPES, ReduceOp, dtype_name, numpy_dtype, parse_reduce_op
 
-__all__ = ["topology", "run", "simulate", "Cluster", "Communicator", "ReduceOp", "HcclError", "HCCL_RESULT",
+__all__ = ["topology", "run", "simulate", "Cluster", "FaultPlan", "Communicator", "ReduceOp", "HcclError", "HCCL_RESULT",
            "Topology", "Estimate", "OpRecord", "ENGINES", "busbw_factor", "MAX_LOCAL_RANKS",
            "MAX_ALLTOALL_RANKS"]
 __version__ = "0.1.0"
@@ -87,18 +89,28 @@ def _engine(engine):
     raise HcclError("E_PARA", f"unknown engine {engine!r}; expected one of local, ray, mpi (run) or timing (simulate)")
 
 
+def _with_faults(topo, config, faults):
+    """`config` carrying the fault plan bound to the topology its ops are priced on."""
+    if faults is None:
+        return config
+    if not isinstance(faults, FaultPlan):
+        raise HcclError("E_PARA", f"faults must be a hccl_sim.FaultPlan (or None), got {type(faults).__name__}")
+    from .planner import effective_cost
+    return dataclasses.replace(config, faults=faults.bind(effective_cost(topo, config).topology, config))
+
+
 def run(fn, topology=None, engine: str = "local", args=(), kwargs=None, env: dict | None = None,
-        policy: str | None = None, address: str | None = None):
+        policy: str | None = None, address: str | None = None, faults=None):
     """Run fn(comm, *args, **kwargs) once on every rank; return the results indexed by rank.
 
     An exception on any rank releases the others and reaches the caller as an HcclError naming
-    the rank (the original exception is its __cause__).
+    the rank (the original exception is its __cause__). `faults`: a FaultPlan the run meets.
     """
     topo = _topology(topology)
-    config = Config.from_env(env, policy)
+    config = _with_faults(topo, Config.from_env(env, policy), faults)
     _check_call(fn, args, kwargs, topo, _engine(engine))
     if _engine(engine) == "ray":
-        with Cluster(topo, engine="ray", env=env, policy=policy, address=address) as cluster:
+        with Cluster(topo, engine="ray", env=env, policy=policy, address=address, faults=faults) as cluster:
             return cluster.run(fn, args=args, kwargs=kwargs)
     from .engines.local import run_local
     return run_local(fn, topo, config, args=args, kwargs=kwargs)
@@ -114,10 +126,10 @@ class Cluster:
     TCP, each rank running its own schedule) or "object" (the same over Ray's object store)."""
 
     def __init__(self, topology=None, engine: str = "local", env: dict | None = None, policy: str | None = None,
-                 address: str | None = None, data_plane: str | None = None):
+                 address: str | None = None, data_plane: str | None = None, faults=None):
         self.topology = _topology(topology)
         self.engine = _engine(engine)
-        self.config = Config.from_env(env, policy)
+        self.config = _with_faults(self.topology, Config.from_env(env, policy), faults)
         _check_local_size(self.topology, self.engine)
         if data_plane not in (None, "shm", "object", "socket"):
             raise HcclError("E_PARA", f"data_plane {data_plane!r} is invalid; expected shm, object or socket (engine ray)")
@@ -163,6 +175,7 @@ class Estimate:
     algo: str
     ranks: int
     times: tuple          # every rank's simulated duration, s
+    retries: int = 0      # op retries a link failure cost (fault plans)
 
     @property
     def time(self) -> float:
@@ -192,7 +205,7 @@ def op_count(op: str, nbytes: int, p: int, itemsize: int) -> int:
 
 
 def simulate(op: str, nbytes: int, topology=None, algo: str | None = None, dtype="float32", redop="sum",
-             root: int = 0, env: dict | None = None, trace: bool = False, policy: str | None = None):
+             root: int = 0, env: dict | None = None, trace: bool = False, policy: str | None = None, faults=None):
     """Replay `op` on `nbytes` without payload and return an Estimate (`.time`, `.algo`, `.busbw`).
 
     The replay is vectorised over ranks (hcomm.vtiming): a 1 GiB AllReduce on 16,384 ranks takes
@@ -201,6 +214,7 @@ def simulate(op: str, nbytes: int, topology=None, algo: str | None = None, dtype
 
     `nbytes` is the op's size as nccl-tests counts it: the AllReduce/Broadcast/Reduce buffer, the
     whole AllGather output, the whole ReduceScatter input, the whole AlltoAll send buffer.
+    `faults`: a FaultPlan; the op is the job's first (op index 0), entered at time 0.
     """
     topo = _topology(topology)
     name = canonical_op(op)
@@ -225,7 +239,9 @@ def simulate(op: str, nbytes: int, topology=None, algo: str | None = None, dtype
     shape = coll.input_shape_for_bytes(nbytes, p, itemsize)
     red = parse_reduce_op(redop).value if coll.reducing else None
     sig = Signature(name, shape, dname, red, root if coll.rooted else None, algo)
-    plan = make_plan(sig, topo, Config.from_env(env, policy), [0] * p, itemsize, trace=trace)
+    config = _with_faults(topo, Config.from_env(env, policy), faults)
+    entry = [0] * p if config.faults is None else [config.faults.straggle_ns(r, 0) for r in range(p)]
+    plan = make_plan(sig, topo, config, entry, itemsize, trace=trace)
     est = Estimate(name, count * itemsize, count, dname, plan.algo, p,
-                   tuple((e - s) / 1e9 for s, e in zip(plan.entry, plan.exits)))
+                   tuple((e - s) / 1e9 for s, e in zip(plan.entry, plan.exits)), plan.retries)
     return (est, plan) if trace else est

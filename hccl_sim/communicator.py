@@ -240,6 +240,9 @@ class Communicator:
         if queue.device is not dev:
             raise HcclError("E_PARA", "stream belongs to another device", rank=self.rank, op=opname)
         entry = max(queue.tail, dev.clock)
+        faults = self.config.faults
+        if faults is not None:
+            entry += faults.straggle_ns(self.rank, seq)     # a straggler enters late
         eager = x if x is not None and x.nbytes <= self._group.eager_bytes else None
         plan = self._group.rendezvous(self.rank, Call(seq, sig, entry, itemsize, eager))
         self._group.execute(self.rank, seq, plan, RankBuffers(x, out, None), redop)
@@ -247,7 +250,7 @@ class Communicator:
         queue.tail = end
         queue.tasks.append((opname, entry, end))
         count = 0 if x is None else x.size
-        self.last_op = OpRecord(opname, plan.algo, plan.nbytes, count, sig.dtype, entry, end)
+        self.last_op = OpRecord(opname, plan.algo, plan.nbytes, count, sig.dtype, entry, end, plan.retries)
         if stream is not None:
             return Work(result, stream, end, self.last_op)
         dev.clock = max(dev.clock, end)

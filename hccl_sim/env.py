@@ -65,7 +65,8 @@ def parse_retry_params(value: str) -> dict:
 
 
 MODELLED = ("HCCL_ALGO", "HCCL_BUFFSIZE", "HCCL_EXEC_TIMEOUT", "HCCL_CONNECT_TIMEOUT", "HCCL_OP_RETRY_ENABLE",
-            "HCCL_OP_RETRY_PARAMS", "HCCL_DETERMINISTIC", "HCCL_INTER_HCCS_DISABLE")
+            "HCCL_OP_RETRY_PARAMS", "HCCL_DETERMINISTIC", "HCCL_INTER_HCCS_DISABLE",
+            "HCCL_RDMA_TIMEOUT", "HCCL_RDMA_RETRY_CNT")
 """The HCCL variables hccl-sim reads."""
 NOT_MODELLED = (
     "HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO", "HCCL_ASYNC_ERROR_HANDLING", "HCCL_BLOCKING_WAIT",
@@ -74,7 +75,7 @@ NOT_MODELLED = (
     "HCCL_INTER_SERVER_RING_ALGO_MAX_SUPPORT_SERVER_NUM", "HCCL_INTRA_PCIE_ENABLE",
     "HCCL_INTRA_ROCE_ENABLE", "HCCL_LOGIC_SUPERPOD_ID", "HCCL_LOST_THRESHOLD", "HCCL_MEMSIZE_HD_FACTOR",
     "HCCL_MULTI_QP_THRESHOLD", "HCCL_NPU_SOCKET_PORT_RANGE", "HCCL_OP_EXPANSION_MODE", "HCCL_RDMA_QPS_PER_CONNECTION",
-    "HCCL_RDMA_RETRY_CNT", "HCCL_RDMA_SL", "HCCL_RDMA_TC", "HCCL_RDMA_TIMEOUT", "HCCL_SOCKET_FAMILY",
+    "HCCL_RDMA_SL", "HCCL_RDMA_TC", "HCCL_SOCKET_FAMILY",
     "HCCL_SOCKET_IFNAME", "HCCL_WHITELIST_DISABLE", "HCCL_WHITELIST_FILE")
 """HCCL variables of the real library (reference/hccl.md) that hccl-sim accepts and ignores."""
 
@@ -127,6 +128,9 @@ class Config:
     retry_enable: tuple = (("L1", False), ("L2", False))
     retry_params: tuple = (("MaxCnt", 1), ("HoldTime", 5000), ("IntervalTime", 1000))
     deterministic: str = "false"
+    rdma_timeout: int = 20             # retransmit every 4.096 us x 2^this (checked per device when faults bind)
+    rdma_retry_cnt: int = 7            # retransmissions before an error CQE
+    faults: object = None              # hccl_sim.faults.BoundFaults of the run, or None
     inter_hccs_disable: bool = False   # A3: RoCE instead of the UB (HCCS) fabric between a superpod's servers
     policy: str = "hccl"          # algorithm selection: "hccl" (HCCL's rules) or "model" (fastest modelled)
 
@@ -163,6 +167,11 @@ class Config:
             if v not in ("false", "true", "strict"):
                 raise _bad("HCCL_DETERMINISTIC", merged["HCCL_DETERMINISTIC"], "false, true or strict")
             kw["deterministic"] = v
+        if "HCCL_RDMA_TIMEOUT" in merged:
+            # A2/A3 [5, 20], 910A [5, 24] (reference §3.2); the device's own range is checked when faults bind
+            kw["rdma_timeout"] = _int_in("HCCL_RDMA_TIMEOUT", merged["HCCL_RDMA_TIMEOUT"], 5, 24)
+        if "HCCL_RDMA_RETRY_CNT" in merged:
+            kw["rdma_retry_cnt"] = _int_in("HCCL_RDMA_RETRY_CNT", merged["HCCL_RDMA_RETRY_CNT"], 1, 7)
         if "HCCL_INTER_HCCS_DISABLE" in merged:
             # externalinput.cc ParseInterLinkType: TRUE or FALSE, any case
             v = merged["HCCL_INTER_HCCS_DISABLE"].strip().upper()

@@ -25,12 +25,13 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from hcomm.cost import as_cost
+from hcomm.cost import CostModel, as_cost
 from hcomm.vtiming import program_times
 from topologies.errors import HcclError
 from topologies.presets import without_inter_hccs
 
 from . import collectives as colls
+from .retry import priced_with_retry
 from .programs import loop_parts, pods_of, program_rank_steps, servers_of
 from .selection import Choice, Context, select
 
@@ -74,6 +75,7 @@ class OpPlan:
     events: Optional[list] = None
     parts: Optional[dict] = None   # loop length -> ((start, stop, program), ...) run one after another on
                                    # data where the timing program runs them side by side (A3's double ring)
+    retries: int = 0               # op retries a link failure cost (hccl_sim.retry)
 
     @functools.cached_property
     def algo(self) -> str:
@@ -166,8 +168,13 @@ def _check_overflow(clock, step: int, remaining: int):
                         "loops); use a smaller size or a larger HCCL_BUFFSIZE")
 
 
-def plan_times(sig, cost, config, itemsize, choice, entry):
-    """(loops, programs by loop length, exit clocks) of the op from `entry` clocks."""
+def plan_times(sig, cost, config, itemsize, choice, entry, faults: bool = True):
+    """(loops, programs by loop length, exit clocks, data parts) of the op from `entry` clocks.
+
+    Fault-free prices are cached by relative entry clocks (timing is shift-invariant). Under a
+    link state (a fault plan) an op whose fault-free span meets a change is re-priced by the
+    event-driven replay from its absolute clocks, which retransmits over down links and may raise
+    hcomm.faults.LinkFailure; an op no change meets is exactly its fault-free self."""
     p = cost.num_ranks
     loops = op_loops(sig, p, itemsize, config)
     lengths = [n for n in {loops.cap if loops.full else None, loops.tail or None} if n]
@@ -187,7 +194,30 @@ def plan_times(sig, cost, config, itemsize, choice, entry):
         start = np.asarray(rel, dtype=np.int64) + cost.device_model.op_overhead_ns.get(sig.name, 0)
         clock = _time_loops(loops, programs, start, cost, sig.dtype, sig.redop or "sum")
         rel_exits = cache[key] = tuple(int(t) for t in clock)
-    return loops, programs, [base + t for t in rel_exits], parts or None
+    exits = [base + t for t in rel_exits]
+    links = cost.link_state
+    if faults and links and links.affects(base, max(exits, default=base)):
+        exits = _replayed_exits(sig, loops, programs, entry, cost)
+    return loops, programs, exits, parts or None
+
+
+def _replayed_exits(sig, loops, programs, entry, cost) -> list:
+    """Exit clocks from the event-driven replay under the cost model's link state, loop by loop
+    with the same fixed costs as _time_loops."""
+    from hcomm.timing import replay
+    if len(loops) > _LOOPS_BEFORE_GIVING_UP:
+        raise HcclError("E_NOT_SUPPORT", f"an op of {len(loops)} buffer loops under link faults is not priced (at most "
+                        f"{_LOOPS_BEFORE_GIVING_UP}); use a larger HCCL_BUFFSIZE")
+    p = cost.num_ranks
+    dm = cost.device_model
+    clock = [int(t) + dm.op_overhead_ns.get(sig.name, 0) for t in entry]
+    spans = [(0, 1)] if sig.name == "barrier" else list(loops)
+    for k, (a, b) in enumerate(spans):
+        if k:
+            clock = [t + dm.loop_overhead_ns for t in clock]
+        clock = replay(program_rank_steps(programs[b - a], p), clock, cost, dtype=sig.dtype,
+                       redop=sig.redop or "sum", op_name=sig.name, links=cost.link_state)
+    return [int(t) for t in clock]
 
 
 def effective_cost(topo, config):
@@ -196,7 +226,10 @@ def effective_cost(topo, config):
     cost = as_cost(topo)
     params = cost.topology.params
     if config.inter_hccs_disable and params.get("superpod_of_server") is not None and params.get("inter_hccs", True):
-        return as_cost(without_inter_hccs(cost.topology))
+        cost = as_cost(without_inter_hccs(cost.topology))
+    faults = config.faults
+    if faults is not None and faults.link_state and cost.link_state != faults.link_state:
+        cost = CostModel.of(cost.topology, faults.link_state)
     return cost
 
 
@@ -206,7 +239,7 @@ def choose(sig: Signature, topo, config, itemsize: int) -> Choice:
     p = cost.num_ranks
 
     def price(choice):
-        return int(max(plan_times(sig, cost, config, itemsize, choice, [0] * p)[2]))
+        return int(max(plan_times(sig, cost, config, itemsize, choice, [0] * p, faults=False)[2]))
     pods = pods_of(cost) if cost.topology.params.get("superpod_of_server") is not None else None
     return select(Context(sig.name, sig, cost.topology, config, itemsize, servers_of(cost), price,
                           cost.cache("selection"), pods))
@@ -217,7 +250,12 @@ def make_plan(sig: Signature, topo, config, entry: list, itemsize: int, trace: b
     cost = effective_cost(topo, config)
     p = cost.num_ranks
     choice = choose(sig, cost, config, itemsize)
-    loops, programs, exits, parts = plan_times(sig, cost, config, itemsize, choice, entry)
+    retries = 0
+    if cost.link_state:
+        (loops, programs, exits, parts), retries = priced_with_retry(
+            lambda at: plan_times(sig, cost, config, itemsize, choice, at), sig, choice.label, cost, config, entry)
+    else:
+        loops, programs, exits, parts = plan_times(sig, cost, config, itemsize, choice, entry)
     if sig.name == "barrier":
         # A barrier releases every rank together: when the last rank has heard from all others.
         exits = [max(exits)] * p
@@ -229,7 +267,7 @@ def make_plan(sig: Signature, topo, config, entry: list, itemsize: int, trace: b
         full = [sum((tuple(s) for s in steps), ()) for steps in zip(*per_loop)]
         replay(full, list(entry), cost, dtype=sig.dtype, redop=sig.redop or "sum", events=events)
     nbytes = 0 if sig.name == "barrier" else colls.of(sig.name).op_bytes(sig.count, p, itemsize)
-    return OpPlan(sig, choice, loops, programs, list(entry), exits, nbytes, events, parts)
+    return OpPlan(sig, choice, loops, programs, list(entry), exits, nbytes, events, parts, retries)
 
 
 def check_signatures(signatures: list) -> Optional[str]:

@@ -28,6 +28,7 @@ from topologies.errors import HcclError
 from topologies.model import transfer_ns
 
 from .cost import as_cost
+from .faults import LinkFailure
 from .steps import Copy, Recv, Send, Stage
 
 
@@ -61,7 +62,7 @@ class _Inbox:
 
 
 def replay(schedules, entry_ns, cost, dtype: str = "float32", redop: str | None = "sum",
-           events: list | None = None, op_name: str = "op"):
+           events: list | None = None, op_name: str = "op", links=None):
     """Replay per-rank step lists; return every rank's exit clock (ns).
 
     Args:
@@ -70,6 +71,8 @@ def replay(schedules, entry_ns, cost, dtype: str = "float32", redop: str | None 
         cost: the hcomm.cost.CostModel (or a Topology, taken as its cost model) pricing the steps.
         dtype, redop: what a reduction reduces (decides inline reduce on hardware presets).
         events: optional list to append Chrome-trace-like (rank, name, start_ns, end_ns, args).
+        links: an hcomm.faults.LinkState: transfers over links it has down are retransmitted (or
+            fail: LinkFailure), over slowed links they take longer. None: every link as built.
     """
     model = as_cost(cost)
     p = len(schedules)
@@ -168,8 +171,17 @@ def replay(schedules, entry_ns, cost, dtype: str = "float32", redop: str | None 
         wire = transfer_ns(sop.nbytes, dm.wire_bandwidth(route.bandwidth, rop.reduce_with is not None, dtype,
                                                          redop or "sum"))
         start = max(ready, port_free.get(tr.egress, 0), port_free.get(tr.ingress, 0))
-        port_free[tr.egress] = port_free[tr.ingress] = start + wire
-        tr.arrive = start + wire + route.latency_ns
+        end = start + wire
+        if links:
+            try:
+                end, _ = links.transmit(route.hops, start, wire)
+            except LinkFailure as failure:
+                failure.src, failure.dst, failure.hops = tr.src, tr.dst, route.hops
+                failure.step = ranks[tr.src].index
+                failure.finished = tuple(r for r, rk in enumerate(ranks) if rk.index >= len(rk.steps))
+                raise
+        port_free[tr.egress] = port_free[tr.ingress] = end
+        tr.arrive = end + route.latency_ns
         if events is not None:
             events.append((tr.src, f"send->{tr.dst}", start, tr.arrive, {"bytes": sop.nbytes, "link": route.kind}))
             events.append((tr.dst, f"recv<-{tr.src}", start, tr.arrive, {"bytes": sop.nbytes, "link": route.kind}))

@@ -84,6 +84,24 @@ def test_a3_superpods_on_two_ray_nodes(ray_instance):
         assert "level0:double_ring;level2:NHR" in {algo for records, _ in got for algo, _, _ in records}
 
 
+def test_op_retry_under_a_link_flap_equals_the_local_engine(ray_instance):
+    """A RoCE link flap past the retransmission budget, retried (HCCL_OP_RETRY_ENABLE L1): every
+    rank's result bit-identical, retries and simulated times equal to the local engine's."""
+    topo = hccl_sim.topology("atlas800t-a2", servers=2)
+    plan = hccl_sim.FaultPlan().link_flap(1, 9, at=0.0, duration=0.01)
+    env = {"HCCL_RDMA_TIMEOUT": "5", "HCCL_RDMA_RETRY_CNT": "1", "HCCL_OP_RETRY_ENABLE": "L1:1",
+           "HCCL_OP_RETRY_PARAMS": "MaxCnt:1,HoldTime:20,IntervalTime:0"}
+
+    def fn(comm):
+        x = (np.arange(30_000, dtype=np.int64) * (comm.rank + 1)) % 997
+        y = comm.all_reduce(x)
+        return int(y.sum()), comm.last_op.retries, comm.last_op.end
+    with hccl_sim.Cluster(topo, engine="ray", faults=plan, env=env) as cluster:
+        got = cluster.run(fn)
+    assert got == hccl_sim.run(fn, topology=topo, faults=plan, env=env)
+    assert {r[1] for r in got} == {1} and min(r[2] for r in got) > 20_000_000
+
+
 def test_point_to_point_streams_and_device_arrays(cluster8):
     def fn(comm):
         d = comm.device.empty((50_000,), np.float64)

@@ -79,6 +79,10 @@ class PlanCache:
 
     def agreed(self, sig, itemsize: int, clocks: list):
         """The plan when every rank made the same call (`sig`), entered at `clocks`."""
+        faults = self.config.faults
+        if faults is not None and faults.link_state:
+            # link changes are at absolute times: prices are not shift-invariant, nothing is cached
+            return make_plan(sig, self.topo, self.config, list(clocks), itemsize)
         base = min(clocks)
         key = (sig, itemsize, tuple([c - base for c in clocks]))
         plan = self._plans.get(key)
@@ -92,12 +96,12 @@ class PlanCache:
 class ShiftedPlan:
     """A cached plan moved by `base` ns: what the plan of the shifted call is (timing is
     shift-invariant), without copying it; entry and exit clocks are shifted when read."""
-    __slots__ = ("plan", "base", "signature", "choice", "loops", "programs", "nbytes", "events")
+    __slots__ = ("plan", "base", "signature", "choice", "loops", "programs", "nbytes", "events", "retries")
 
     def __init__(self, plan, base: int):
         self.plan, self.base = plan, base
         self.signature, self.choice, self.loops, self.programs = plan.signature, plan.choice, plan.loops, plan.programs
-        self.nbytes, self.events = plan.nbytes, plan.events
+        self.nbytes, self.events, self.retries = plan.nbytes, plan.events, plan.retries
 
     @property
     def entry(self):

@@ -1,0 +1,290 @@
+"""Fault plans: what goes wrong, where and when, as a user writes it (DESIGN.md "Faults contract").
+
+A FaultPlan is data: timed link and NIC changes, corrupted transfers, crashing and straggling
+ranks, each entry checked when it is added (or loaded) and again against the topology it is run
+on, every error an HcclError naming the entry. Times are simulated seconds from the job's start.
+`link_state(topo)` turns the link entries into hcomm's LinkState (the graph edges of each route,
+down or slowed over windows of integer nanoseconds), which prices retransmission; stragglers
+delay a rank's entry into the ops they name. Plans save to and load from YAML.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from hcomm.faults import LinkState
+from topologies.errors import HcclError
+from topologies.model import seconds_to_ns
+
+RDMA_TIMEOUT_RANGE = {"910A": (5, 24)}     # HCCL_RDMA_TIMEOUT: [5, 20] on A2/A3 (910B, 910C), [5, 24] on 910A
+RDMA_TIMEOUT_DEFAULT_RANGE = (5, 20)
+
+
+@dataclass(frozen=True)
+class BoundFaults:
+    """A fault plan bound to one topology and HCCL configuration: what the planner and the
+    communicators read (hashable; travels with the Config to every rank)."""
+    link_state: LinkState
+    late: tuple                   # ((rank, ops or None, delay ns), ...)
+    plan: tuple                   # the plan's entries, for messages
+
+    def straggle_ns(self, rank: int, op_index: int) -> int:
+        """How late `rank` enters its op number `op_index` (0-based, per communicator)."""
+        return sum(d for r, ops, d in self.late if r == rank and (ops is None or op_index in ops))
+
+
+# kind -> (required fields, optional fields with defaults)
+KINDS = {
+    "link_flap": (("a", "b", "at", "duration"), {}),
+    "link_down": (("a", "b"), {"at": 0.0}),
+    "link_slow": (("a", "b", "factor"), {"at": 0.0, "duration": None}),
+    "nic_down": (("rank",), {"at": 0.0, "duration": None}),
+    "corrupt": (("a", "b"), {"nth": 0}),
+    "rank_crash": (("rank",), {"at_op": None, "at": None, "at_step": None}),
+    "straggler": (("rank", "delay"), {"ops": None}),
+}
+LINK_KINDS = ("link_flap", "link_down", "link_slow", "nic_down")
+MODELLED = LINK_KINDS + ("straggler",)
+"""Kinds a run prices today; a plan holding another kind is refused (E_NOT_SUPPORT) when run."""
+
+
+def _describe(index: int, entry: dict) -> str:
+    who = f"{entry.get('a')}-{entry.get('b')}" if "a" in entry else f"rank {entry.get('rank')}"
+    return f"fault plan entry {index} ({entry.get('kind')} {who})"
+
+
+def _bad(index, entry, problem) -> HcclError:
+    return HcclError("E_PARA", f"{_describe(index, entry)}: {problem}")
+
+
+def _rank_field(index, entry, name):
+    v = entry[name]
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise _bad(index, entry, f"{name} must be a rank (an integer >= 0), got {v!r}")
+
+
+def _time_field(index, entry, name, positive=False, optional=False):
+    v = entry[name]
+    if v is None and optional:
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (positive and v == 0):
+        need = "> 0" if positive else ">= 0"
+        raise _bad(index, entry, f"{name} must be a finite number of seconds {need}, got {v!r}")
+
+
+def check_entry(index: int, entry: dict) -> dict:
+    """The entry with its defaults filled in, or an HcclError naming what is wrong."""
+    if not isinstance(entry, dict):
+        raise HcclError("E_PARA", f"fault plan entry {index}: expected a mapping with a 'kind', got {entry!r}")
+    kind = entry.get("kind")
+    if kind not in KINDS:
+        raise HcclError("E_PARA", f"fault plan entry {index}: unknown kind {kind!r}; kinds are {', '.join(KINDS)}")
+    required, optional = KINDS[kind]
+    missing = [f for f in required if f not in entry]
+    if missing:
+        raise _bad(index, entry, f"missing {', '.join(missing)}")
+    unknown = sorted(set(entry) - set(required) - set(optional) - {"kind"})
+    if unknown:
+        raise _bad(index, entry, f"unknown field(s) {', '.join(unknown)}; {kind} takes "
+                   f"{', '.join(required + tuple(optional))}")
+    out = {"kind": kind, **{f: entry[f] for f in required}, **{f: entry.get(f, d) for f, d in optional.items()}}
+    for f in ("a", "b", "rank"):
+        if f in out:
+            _rank_field(index, out, f)
+    if "a" in out and out["a"] == out["b"]:
+        raise _bad(index, out, f"a and b are the same rank ({out['a']}): a rank has no link to itself")
+    if "at" in out:
+        _time_field(index, out, "at", optional=kind == "rank_crash")
+    if "duration" in out:
+        _time_field(index, out, "duration", positive=True, optional=kind != "link_flap")
+    if kind == "link_slow":
+        f = out["factor"]
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or not 0 < f:
+            raise _bad(index, out, f"factor must be a number > 0 (the bandwidth is multiplied by it), got {f!r}")
+    if kind == "corrupt":
+        n = out["nth"]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise _bad(index, out, f"nth must be an integer >= 0 (0 = the first transfer), got {n!r}")
+    if kind == "straggler":
+        _time_field(index, out, "delay", positive=True)
+        ops = out["ops"]
+        if ops is not None:
+            if not isinstance(ops, (list, tuple)) or not all(isinstance(o, int) and not isinstance(o, bool)
+                                                              and o >= 0 for o in ops):
+                raise _bad(index, out, f"ops must be a list of op indices (integers >= 0) or None, got {ops!r}")
+            out["ops"] = sorted(set(ops))
+    if kind == "rank_crash":
+        given = [f for f in ("at_op", "at") if out[f] is not None]
+        if len(given) != 1:
+            raise _bad(index, out, "give exactly one of at_op (an op index) or at (seconds)")
+        for f in ("at_op", "at_step"):
+            v = out[f]
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise _bad(index, out, f"{f} must be an integer >= 0, got {v!r}")
+        if out["at_step"] is not None and out["at_op"] is None:
+            raise _bad(index, out, "at_step needs at_op (the op whose step it is)")
+    return out
+
+
+class FaultPlan:
+    """A seeded list of faults. Each method adds one entry and returns the plan."""
+
+    def __init__(self, seed: int = 0):
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise HcclError("E_PARA", f"FaultPlan seed must be an integer, got {seed!r}")
+        self.seed = seed
+        self.entries: list = []
+
+    def _add(self, **entry):
+        self.entries.append(check_entry(len(self.entries), entry))
+        return self
+
+    def link_flap(self, a, b, at, duration):
+        """The link(s) of the route between ranks a and b, both directions, down during [at, at + duration) s."""
+        return self._add(kind="link_flap", a=a, b=b, at=at, duration=duration)
+
+    def link_down(self, a, b, at=0.0):
+        return self._add(kind="link_down", a=a, b=b, at=at)
+
+    def link_slow(self, a, b, factor, at=0.0, duration=None):
+        return self._add(kind="link_slow", a=a, b=b, factor=factor, at=at, duration=duration)
+
+    def nic_down(self, rank, at=0.0, duration=None):
+        """The rank's RoCE port: every route through it."""
+        return self._add(kind="nic_down", rank=rank, at=at, duration=duration)
+
+    def corrupt(self, a, b, nth=0):
+        return self._add(kind="corrupt", a=a, b=b, nth=nth)
+
+    def rank_crash(self, rank, at_op=None, at=None, at_step=None):
+        return self._add(kind="rank_crash", rank=rank, at_op=at_op, at=at, at_step=at_step)
+
+    def straggler(self, rank, delay, ops=None):
+        return self._add(kind="straggler", rank=rank, delay=delay, ops=ops)
+
+    def __len__(self):
+        return len(self.entries)
+
+    def __repr__(self):
+        return f"<FaultPlan seed={self.seed}: {len(self.entries)} fault(s)>"
+
+    # ---- persistence ------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {"seed": self.seed, "faults": [dict(e) for e in self.entries]}
+
+    @classmethod
+    def from_dict(cls, data) -> "FaultPlan":
+        if not isinstance(data, dict) or set(data) - {"seed", "faults"}:
+            raise HcclError("E_PARA", "a fault plan is a mapping with 'seed' and 'faults' (a list of entries), got "
+                            f"{data!r:.120}")
+        faults = data.get("faults") or []
+        if not isinstance(faults, list):
+            raise HcclError("E_PARA", f"fault plan 'faults' must be a list of entries, got {faults!r:.80}")
+        plan = cls(data.get("seed", 0))
+        for entry in faults:
+            plan.entries.append(check_entry(len(plan.entries), entry))
+        return plan
+
+    def save(self, path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+    @classmethod
+    def load(cls, path) -> "FaultPlan":
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise HcclError("E_PARA", f"fault plan {path}: cannot be read ({e.strerror})") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            raise HcclError("E_PARA", f"fault plan {path}: not valid YAML{where}: "
+                            f"{getattr(e, 'problem', None) or e}") from None
+        try:
+            return cls.from_dict(data if data is not None else {})
+        except HcclError as e:
+            raise HcclError(e.code, f"fault plan {path}: {e.reason}") from None
+
+    # ---- binding to a run -------------------------------------------------------------------------
+    def check_for(self, topo) -> None:
+        """Every entry names ranks of `topo`, and every kind is one a run prices."""
+        p = topo.num_ranks
+        for i, e in enumerate(self.entries):
+            for f in ("a", "b", "rank"):
+                if f in e and e[f] >= p:
+                    raise _bad(i, e, f"{f}={e[f]} is not a rank of {topo.name} (ranks 0..{p - 1})")
+            if e["kind"] == "nic_down" and "RoCE" not in _kinds_from(topo, e["rank"]):
+                raise _bad(i, e, f"rank {e['rank']} reaches no peer over RoCE on {topo.name}: it has no NIC in use")
+            if e["kind"] not in MODELLED:
+                raise HcclError("E_NOT_SUPPORT", f"{_describe(i, e)}: {e['kind']} faults are not modelled yet; "
+                                f"hccl-sim runs {', '.join(MODELLED)}")
+
+    def bind(self, topo, config) -> BoundFaults:
+        """The plan on `topo` under `config` (HCCL_RDMA_TIMEOUT and HCCL_RDMA_RETRY_CNT set the
+        retransmission rule), checked against both."""
+        lo, hi = RDMA_TIMEOUT_RANGE.get(topo.device, RDMA_TIMEOUT_DEFAULT_RANGE)
+        if not lo <= config.rdma_timeout <= hi:
+            raise HcclError("E_PARA", f"HCCL_RDMA_TIMEOUT={config.rdma_timeout} is out of range [{lo}, {hi}] on "
+                            f"{topo.device}")
+        interval = seconds_to_ns(4.096e-6 * 2 ** config.rdma_timeout)
+        late = tuple((e["rank"], None if e["ops"] is None else tuple(e["ops"]), seconds_to_ns(e["delay"]))
+                     for e in self.entries if e["kind"] == "straggler")
+        return BoundFaults(self.link_state(topo, interval, config.rdma_retry_cnt), late,
+                           tuple(tuple(sorted(e.items(), key=lambda kv: kv[0])) for e in self.entries))
+
+    def link_state(self, topo, interval_ns: int = 4096 << 20, retries: int = 7) -> LinkState:
+        """hcomm's LinkState of the plan's link entries on `topo` (edges of each route, ns windows)."""
+        self.check_for(topo)
+        changes = []
+        for i, e in enumerate(self.entries):
+            kind = e["kind"]
+            if kind not in LINK_KINDS:
+                continue
+            if kind == "nic_down":
+                edges = _nic_edges(topo, e["rank"])
+            else:
+                edges = _route_edges(topo, e["a"], e["b"])
+            start = seconds_to_ns(e["at"])
+            if kind == "link_flap":
+                end = start + max(1, seconds_to_ns(e["duration"]))
+            elif e.get("duration") is None:
+                end = None
+            else:
+                end = start + max(1, seconds_to_ns(e["duration"]))
+            factor = e["factor"] if kind == "link_slow" else 0.0
+            changes.append((tuple(edges), start, end, float(factor), _describe(i, e)))
+        return LinkState(tuple(changes), interval_ns, retries)
+
+
+def _route_edges(topo, a, b):
+    """The graph edges a route crosses, both directions alike (undirected, sorted by name)."""
+    hops = topo.route(a, b).hops
+    return sorted({tuple(sorted((str(u), str(v)))) for u, v in zip(hops[:-1], hops[1:])})
+
+
+def _roce_route(topo, rank):
+    """A route from `rank` over RoCE (to the first rank of some other server), or None."""
+    seen = set()
+    for other in range(topo.num_ranks):
+        s = topo.server_of[other]
+        if s == topo.server_of[rank] or s in seen:
+            continue
+        seen.add(s)
+        route = topo.route(rank, other)
+        if "RoCE" in route.kinds:
+            return route
+    return None
+
+
+def _kinds_from(topo, rank):
+    route = _roce_route(topo, rank)
+    return () if route is None else route.kinds
+
+
+def _nic_edges(topo, rank):
+    hops = _roce_route(topo, rank).hops
+    return [tuple(sorted((str(hops[0]), str(hops[1]))))]

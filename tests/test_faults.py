@@ -1,0 +1,183 @@
+"""Fault plans and what they do: entries checked and named, YAML round trips, link flaps priced as
+HCCL's retransmission (just under and just over the budget), slowed links, stragglers, op retry
+with HoldTime/IntervalTime and its refusals, bit-identical results, the same times in every engine."""
+import numpy as np
+import pytest
+
+import hccl_sim
+from hccl_sim import FaultPlan, HcclError
+
+DELTA = round(4.096e-6 * 2 ** 5 * 1e9)          # HCCL_RDMA_TIMEOUT=5: one retransmission interval, ns
+FAST = {"HCCL_RDMA_TIMEOUT": "5", "HCCL_RDMA_RETRY_CNT": "1"}
+
+
+def pair():
+    """Two ranks, one link, no fixed costs: the first transfer starts at t = 0."""
+    return hccl_sim.topology("fullmesh", ranks=2, bandwidth=1e9, latency=1e-6)
+
+
+def times(plan, env=None, nbytes=1 << 20, topo=None, op="allreduce", algo="ring"):
+    return hccl_sim.simulate(op, nbytes, topology=topo or pair(), algo=algo, faults=plan, env={**FAST, **(env or {})})
+
+
+@pytest.mark.parametrize("build,match", [
+    (lambda p: p.link_flap(0, 1, at=-1, duration=1), r"entry 0 \(link_flap 0-1\): at must be a finite number"),
+    (lambda p: p.link_flap(0, 1, at=0, duration=0), "duration must be a finite number of seconds > 0"),
+    (lambda p: p.link_flap(2, 2, at=0, duration=1), "a and b are the same rank"),
+    (lambda p: p.link_slow(0, 1, factor=0), "factor must be a number > 0"),
+    (lambda p: p.link_slow(0, 1, factor=float("nan")), "factor must be a number > 0"),
+    (lambda p: p.nic_down(-1), "rank must be a rank"),
+    (lambda p: p.corrupt(0, 1, nth=-2), "nth must be an integer >= 0"),
+    (lambda p: p.rank_crash(1), "give exactly one of at_op"),
+    (lambda p: p.rank_crash(1, at_step=2, at=0.1), "at_step needs at_op"),
+    (lambda p: p.straggler(0, delay=0), "delay must be a finite number of seconds > 0"),
+    (lambda p: p.straggler(0, delay=1e-3, ops=[1, -1]), "ops must be a list of op indices"),
+])
+def test_bad_entries_are_named(build, match):
+    with pytest.raises(HcclError, match=match) as e:
+        build(FaultPlan())
+    assert e.value.code == "E_PARA"
+
+
+def test_entries_checked_against_the_topology_and_kinds_not_modelled_refused():
+    with pytest.raises(HcclError, match=r"entry 1 \(link_down 0-9\): b=9 is not a rank of fullmesh"):
+        times(FaultPlan().link_slow(0, 1, factor=0.5).link_down(0, 9))
+    with pytest.raises(HcclError, match="reaches no peer over RoCE") as e:
+        times(FaultPlan().nic_down(3), topo=hccl_sim.topology("atlas800t-a2"))
+    assert e.value.code == "E_PARA"
+    for plan in (FaultPlan().corrupt(0, 1), FaultPlan().rank_crash(1, at_op=0)):
+        with pytest.raises(HcclError, match="faults are not modelled yet") as e:
+            times(plan)
+        assert e.value.code == "E_NOT_SUPPORT"
+    with pytest.raises(HcclError, match=r"HCCL_RDMA_TIMEOUT=22 is out of range \[5, 20\] on 910B"):
+        hccl_sim.simulate("allreduce", 64, topology=hccl_sim.topology("atlas800t-a2"), faults=FaultPlan(),
+                          env={"HCCL_RDMA_TIMEOUT": "22"})
+    with pytest.raises(HcclError, match="HCCL_RDMA_RETRY_CNT"):
+        hccl_sim.simulate("allreduce", 64, topology=pair(), env={"HCCL_RDMA_RETRY_CNT": "8"})
+    with pytest.raises(HcclError, match="faults must be a hccl_sim.FaultPlan"):
+        hccl_sim.simulate("allreduce", 64, topology=pair(), faults={"kind": "link_down"})
+
+
+def test_yaml_round_trip_and_load_errors(tmp_path):
+    plan = (FaultPlan(seed=7).link_flap(0, 1, at=1e-3, duration=2e-3).link_slow(1, 0, factor=0.25)
+            .straggler(1, delay=5e-4, ops=[2, 0]).rank_crash(0, at_op=3, at_step=1))
+    path = tmp_path / "plan.yaml"
+    plan.save(path)
+    again = FaultPlan.load(path)
+    assert again.to_dict() == plan.to_dict() and again.seed == 7 and len(again) == 4
+    assert again.to_dict()["faults"][2]["ops"] == [0, 2]
+    (tmp_path / "bad.yaml").write_text("seed: 1\nfaults:\n  - kind: link_flap\n    a: 0\n   b: 1\n")
+    with pytest.raises(HcclError, match=r"bad.yaml: not valid YAML at line 5"):
+        FaultPlan.load(tmp_path / "bad.yaml")
+    (tmp_path / "kind.yaml").write_text("faults:\n  - {kind: link_melt, a: 0, b: 1}\n")
+    with pytest.raises(HcclError, match=r"kind.yaml: fault plan entry 0: unknown kind 'link_melt'"):
+        FaultPlan.load(tmp_path / "kind.yaml")
+    (tmp_path / "field.yaml").write_text("faults:\n  - {kind: link_down, a: 0, b: 1, speed: 3}\n")
+    with pytest.raises(HcclError, match=r"unknown field\(s\) speed"):
+        FaultPlan.load(tmp_path / "field.yaml")
+    with pytest.raises(HcclError, match="cannot be read"):
+        FaultPlan.load(tmp_path / "missing.yaml")
+
+
+def test_flap_just_under_and_just_over_the_retransmission_budget():
+    """RETRY_CNT=1: attempts at 0 and DELTA. A flap over [0, DELTA) only delays the op by DELTA; one
+    ns longer and the second attempt fails too: an error CQE at 2 DELTA (E_REMOTE)."""
+    clean = times(None).time
+    late = times(FaultPlan().link_flap(0, 1, at=0, duration=DELTA / 1e9))
+    assert late.retries == 0 and round((late.time - clean) * 1e9) == DELTA
+    with pytest.raises(HcclError, match=r"error CQE, rank [01] -> rank [01] failed after 2 attempts") as e:
+        times(FaultPlan().link_flap(0, 1, at=0, duration=(DELTA + 1) / 1e9))
+    assert e.value.code == "E_REMOTE" and "op retry is off for L0" in str(e.value)    # one synthetic "server"
+    assert "simulated time 0.000262 s" in str(e.value)            # 2 x 131.072 us
+
+
+def test_a_flap_the_op_never_meets_changes_nothing():
+    clean = times(None)
+    assert times(FaultPlan().link_flap(0, 1, at=10.0, duration=1.0)).times == clean.times
+    assert times(FaultPlan().link_down(0, 1, at=10.0)).times == clean.times
+
+
+def test_slowed_link_closed_form():
+    """A 2-rank ring AllReduce of n bytes: 2 steps of n/2 over the link; at half bandwidth the wire
+    time doubles: 2 (latency + n / (0.5 x 1 GB/s))."""
+    n = 1 << 20
+    slow = times(FaultPlan().link_slow(0, 1, factor=0.5), nbytes=n)
+    want = 2 * (1000 + round((n // 2) / 0.5e9 * 1e9))
+    assert abs(round(slow.time * 1e9) - want) <= 2
+    assert times(FaultPlan().link_slow(0, 1, factor=0.5, at=5.0), nbytes=n).time == times(None, nbytes=n).time
+
+
+def test_op_retry_closed_form_and_bit_identical_result():
+    """Down for good until 0.05 s: the first try fails at 2 DELTA; HoldTime 30 ms later the link is
+    still down, so the retry fails 2 DELTA after it starts; the second retry waits HoldTime +
+    IntervalTime and succeeds: it ends one clean op later."""
+    env = {"HCCL_OP_RETRY_ENABLE": "L0:1", "HCCL_OP_RETRY_PARAMS": "MaxCnt:2,HoldTime:30,IntervalTime:10"}
+    plan = FaultPlan().link_flap(0, 1, at=0, duration=0.05)
+    clean = round(times(None).time * 1e9)
+    got = times(plan, env=env)
+    assert got.retries == 2
+    first_fail = 2 * DELTA
+    second_start = first_fail + 30_000_000
+    third_start = second_start + 2 * DELTA + 30_000_000 + 10_000_000
+    assert round(got.time * 1e9) == third_start + clean
+
+    def fn(comm):
+        x = (np.arange(50_000, dtype=np.int64) * (comm.rank + 3)) % 1009
+        return comm.all_reduce(x, algo="ring"), comm.last_op
+    results = hccl_sim.run(fn, topology=pair(), faults=plan, env={**FAST, **env})
+    want = sum((np.arange(50_000, dtype=np.int64) * (r + 3)) % 1009 for r in range(2))
+    for y, rec in results:
+        assert np.array_equal(y, want) and rec.retries == 2
+    est = times(plan, env=env, nbytes=50_000 * 8, op="allreduce")
+    assert [rec.end - rec.start for _, rec in results] == [round(t * 1e9) for t in est.times]
+
+
+def test_op_retry_refusals():
+    env = {"HCCL_OP_RETRY_ENABLE": "L0:1,L1:1", "HCCL_OP_RETRY_PARAMS": "MaxCnt:1,HoldTime:1,IntervalTime:0"}
+    with pytest.raises(HcclError, match=r"retries exhausted: 1 of MaxCnt=1") as e:
+        times(FaultPlan().link_down(0, 1), env=env)
+    assert e.value.code == "E_OPRETRY_FAIL"
+    # a broadcast chain 0 -> 1 -> 2 -> 3: rank 0 is done when the 2-3 link fails
+    chain = hccl_sim.topology("fullmesh", ranks=4, bandwidth=1e9, latency=1e-6)
+    with pytest.raises(HcclError, match=r"cannot retry: rank 0, rank 1 had already left the op") as e:
+        hccl_sim.simulate("broadcast", 1 << 16, topology=chain, algo="ring", faults=FaultPlan().link_down(2, 3),
+                          env={**FAST, **env})
+    assert e.value.code == "E_OPRETRY_FAIL"
+    # the failed link's level decides: a link inside a 910B server is L0
+    a2 = hccl_sim.topology("atlas800t-a2", servers=2)
+    with pytest.raises(HcclError, match=r"\(L0\).*op retry is off for L0") as e:
+        hccl_sim.simulate("allreduce", 1 << 20, topology=a2, faults=FaultPlan().link_down(0, 1),
+                          env={**FAST, "HCCL_OP_RETRY_ENABLE": "L1:1"})
+    ok = hccl_sim.simulate("allreduce", 1 << 20, topology=a2, faults=FaultPlan().link_flap(0, 1, at=0, duration=0.5),
+                           env={**FAST, "HCCL_OP_RETRY_ENABLE": "L0:1,L1:0", "HCCL_OP_RETRY_PARAMS": "MaxCnt:1,HoldTime:600"})
+    assert ok.retries == 1 and ok.time > 0.6
+
+
+def test_nic_down_fails_every_route_through_it():
+    a2 = hccl_sim.topology("atlas800t-a2", servers=2)
+    plan = FaultPlan().nic_down(9, at=0, duration=None)
+    with pytest.raises(HcclError, match=r"link 9 -> roce -> 1|link 1 -> roce -> 9") as e:
+        hccl_sim.simulate("allreduce", 1 << 24, topology=a2, faults=plan, env=FAST)
+    assert e.value.code == "E_REMOTE"
+    # inside the server rank 9's links still work
+    inside = hccl_sim.simulate("allreduce", 1 << 24, topology=hccl_sim.topology("atlas800t-a2", servers=2),
+                               faults=FaultPlan().nic_down(9, at=5.0), env=FAST)
+    assert inside.retries == 0
+
+
+def test_straggler_enters_late_and_the_others_wait():
+    topo = hccl_sim.topology("atlas800t-a2")
+    clean = hccl_sim.simulate("allreduce", 1 << 20, topology=topo)
+    late = hccl_sim.simulate("allreduce", 1 << 20, topology=topo, faults=FaultPlan().straggler(5, delay=1e-3))
+    assert abs(late.times[0] - clean.times[0] - 1e-3) < 1e-6 and abs(late.times[5] - clean.times[5]) < 1e-6
+
+    def fn(comm):
+        out = []
+        for _ in range(3):
+            comm.all_reduce(np.ones(16, np.float32))
+            out.append(comm.last_op.end)
+        return out
+    plan = FaultPlan().straggler(2, delay=2e-3, ops=[1])
+    base = hccl_sim.run(fn, topology=topo)
+    got = hccl_sim.run(fn, topology=topo, faults=plan)
+    assert got[0][0] == base[0][0] and got[0][1] - base[0][1] == 2_000_000 and got[0][2] - base[0][2] == 2_000_000
