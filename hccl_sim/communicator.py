@@ -129,13 +129,31 @@ class Communicator:
             raise HcclError("E_MEMORY", f"no host memory for the op's {nbytes} B result (shape {shape}, {dtype})",
                             rank=self.rank) from None
 
-    def _call(self, name, x, op=None, root=None, algo=None, stream=None):
+    def _out(self, out, shape, dtype, x, opname):
+        """The user's result array for out=, checked; and whether it aliases the input (in place)."""
+        target = out.data if isinstance(out, DeviceArray) else out
+        if not isinstance(target, np.ndarray):
+            raise HcclError("E_PARA", f"out must be a numpy array (or a device array), got {type(out).__name__}",
+                            rank=self.rank, op=opname)
+        if target.shape != tuple(shape) or target.dtype != dtype:
+            raise HcclError("E_PARA", f"out must have the result's shape {tuple(shape)} and dtype {dtype}, got "
+                            f"shape {target.shape} and dtype {target.dtype}", rank=self.rank, op=opname)
+        if not target.flags.writeable:
+            raise HcclError("E_PARA", "out is read-only", rank=self.rank, op=opname)
+        return target, bool(np.shares_memory(target, x))
+
+    def _call(self, name, x, op=None, root=None, algo=None, stream=None, out=None):
         """Check one collective call locally, then run it (collectives.py says what each one is).
 
         A call repeating an earlier one's arguments (a training loop) reuses that call's checked
-        form: the checks depend only on the name, shape, dtype, op, root and algo."""
+        form: the checks depend only on the name, shape, dtype, op, root and algo.
+
+        `out`: the user's result array. The op runs into the engine's result array (peers may
+        write there) and the result is copied into `out` once this rank's part is done: its input
+        has then been read by every peer (zero-copy sends complete when consumed), so `out=x`
+        (in place, HCCL's sendBuf == recvBuf) is safe. HCCL cannot retry an in-place op."""
         data = x.data if isinstance(x, DeviceArray) else x
-        if type(data) is np.ndarray:
+        if type(data) is np.ndarray and out is None:
             try:
                 key = (name, data.shape, data.dtype, op, root, algo)
                 checked = self._checked.get(key)
@@ -161,36 +179,43 @@ class Communicator:
         redop = self._redop(op, coll.method) if coll.reducing else None
         root = self._root(root, coll.method) if coll.rooted else None
         out_shape = coll.output_shape(x.shape, self.size)
-        out = self._empty(out_shape, x.dtype)
-        sig = Signature(name, x.shape, dtype_name(x.dtype), None if redop is None else redop.value, root, algo)
+        target, inplace = (None, False) if out is None else self._out(out, out_shape, x.dtype, x, coll.method)
+        res = self._empty(out_shape, x.dtype)
+        sig = Signature(name, x.shape, dtype_name(x.dtype), None if redop is None else redop.value, root, algo,
+                        inplace)
         if key is not None:
             if len(self._checked) >= 256:
                 self._checked.clear()
             self._checked[key] = (coll, redop, root, out_shape, sig)
-        return self._collective(sig, x, out, redop, stream, coll.result(out, self.rank, root))
+        if target is None:
+            return self._collective(sig, x, res, redop, stream, coll.result(res, self.rank, root))
+        done = self._collective(sig, x, res, redop, stream, coll.result(target, self.rank, root))
+        if coll.result(res, self.rank, root) is not None:
+            np.copyto(target, res)
+        return done
 
-    def all_reduce(self, x, op="sum", algo=None, stream=None):
-        return self._call("allreduce", x, op=op, algo=algo, stream=stream)
+    def all_reduce(self, x, op="sum", algo=None, stream=None, out=None):
+        return self._call("allreduce", x, op=op, algo=algo, stream=stream, out=out)
 
-    def all_gather(self, x, algo=None, stream=None):
+    def all_gather(self, x, algo=None, stream=None, out=None):
         """Inputs of every rank concatenated along axis 0 in rank order."""
-        return self._call("allgather", x, algo=algo, stream=stream)
+        return self._call("allgather", x, algo=algo, stream=stream, out=out)
 
-    def reduce_scatter(self, x, op="sum", algo=None, stream=None):
+    def reduce_scatter(self, x, op="sum", algo=None, stream=None, out=None):
         """Block `rank` of the reduction of every rank's x (x.shape[0] divisible by size)."""
-        return self._call("reducescatter", x, op=op, algo=algo, stream=stream)
+        return self._call("reducescatter", x, op=op, algo=algo, stream=stream, out=out)
 
-    def broadcast(self, x, root: int = 0, algo=None, stream=None):
+    def broadcast(self, x, root: int = 0, algo=None, stream=None, out=None):
         """The root's x on every rank (x gives the shape and dtype elsewhere)."""
-        return self._call("broadcast", x, root=root, algo=algo, stream=stream)
+        return self._call("broadcast", x, root=root, algo=algo, stream=stream, out=out)
 
-    def reduce(self, x, root: int = 0, op="sum", algo=None, stream=None):
+    def reduce(self, x, root: int = 0, op="sum", algo=None, stream=None, out=None):
         """The reduction at the root; None on the other ranks."""
-        return self._call("reduce", x, op=op, root=root, algo=algo, stream=stream)
+        return self._call("reduce", x, op=op, root=root, algo=algo, stream=stream, out=out)
 
-    def all_to_all(self, x, algo=None, stream=None):
+    def all_to_all(self, x, algo=None, stream=None, out=None):
         """Block j of x goes to rank j; received blocks concatenated in rank order."""
-        return self._call("alltoall", x, algo=algo, stream=stream)
+        return self._call("alltoall", x, algo=algo, stream=stream, out=out)
 
     def barrier(self) -> None:
         self._collective(Signature("barrier", (), "uint8", None, None, None), None, None, None, None, None)

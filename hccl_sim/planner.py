@@ -46,6 +46,7 @@ class Signature(NamedTuple):
     redop: Optional[str]
     root: Optional[int]
     algo: Optional[str]       # the algo= argument as given
+    inplace: bool = False     # out= aliases the input (HCCL's sendBuf == recvBuf): no op retry
 
     def describe(self) -> str:
         parts = [f"shape={self.shape}", f"dtype={self.dtype}"]
@@ -55,6 +56,8 @@ class Signature(NamedTuple):
             parts.append(f"root={self.root}")
         if self.algo is not None:
             parts.append(f"algo={self.algo!r}")
+        if self.inplace:
+            parts.append("out=input")
         return f"{colls.of(self.name).method}({', '.join(parts)})"
 
     @property

@@ -7,7 +7,7 @@ server, L1 between servers, L2 between superpods), every rank stops, the ranks a
 host network (not the failed link), wait HoldTime and re-run the whole op from its input; later
 tries wait IntervalTime more; at most MaxCnt tries (HCCL_OP_RETRY_PARAMS). Data is moved once, by
 the try that succeeds, so the result is the fault-free one bit for bit. Refused (E_OPRETRY_FAIL)
-as HCCL refuses: a rank had already left the op when the link failed (HCCL needs every rank
+as HCCL refuses: an in-place op (its input is overwritten), a rank had already left the op when the link failed (HCCL needs every rank
 stopped in the same op), or the tries ran out (the link still down). Without retry the error
 CQE is E_REMOTE. Messages follow HCCL's `Cluster Exception Location` shape: the link, the op, the
 algorithm, the step, the simulated time. HCCL offers op retry only on A3; elsewhere hccl-sim runs
@@ -58,6 +58,9 @@ def priced_with_retry(price, sig, algo: str, cost, config, entry: list):
             if not enabled.get(level, False):
                 raise HcclError("E_REMOTE", f"{where}; op retry is off for {level} (HCCL_OP_RETRY_ENABLE)",
                                 op=sig.name) from None
+            if sig.inplace:
+                raise HcclError("E_OPRETRY_FAIL", f"{where}; cannot retry an in-place op (out= aliases the input, "
+                                "HCCL's sendBuf == recvBuf): its input is overwritten", op=sig.name) from None
             if f.finished:
                 left = ", ".join(f"rank {r}" for r in f.finished[:8]) + (", ..." if len(f.finished) > 8 else "")
                 raise HcclError("E_OPRETRY_FAIL", f"{where}; cannot retry: {left} had already left the op (HCCL "

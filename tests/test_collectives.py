@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import hccl_sim
+from hccl_sim import HcclError
 from hccl_sim.engines.local import run_local
 from hccl_sim.env import Config
 
@@ -240,3 +241,61 @@ def test_own_result_slices_equal_the_whole_program(name, kw):
                     executors.own_result(plan, np.stack(xs), mine, redop, r)
                     assert np.array_equal(mine, full[r].output), (cname, algo, r, plan.algo)
     assert scalar_paths > 0
+
+
+@pytest.mark.parametrize("p", [1, 3, 8])
+def test_out_arrays_and_in_place(p):
+    """out= receives the result (and is what the call returns); out=x works in place."""
+    topo = hccl_sim.topology("fullmesh", ranks=p)
+
+    def fn(comm):
+        r, n = comm.rank, comm.size
+        x = np.arange(6 * n, dtype=np.int64) + r
+        got = {}
+        out = np.empty_like(x)
+        got["ar"] = (comm.all_reduce(x, out=out) is out, out.copy())
+        out = np.empty(6 * n * n, dtype=np.int64)
+        got["ag"] = (comm.all_gather(x, out=out) is out, out.copy())
+        out = np.empty(6, dtype=np.int64)
+        got["rs"] = (comm.reduce_scatter(x, out=out) is out, out.copy())
+        out = np.empty_like(x)
+        got["a2a"] = (comm.all_to_all(x, out=out) is out, out.copy())
+        y = x.copy()
+        got["ar_inplace"] = (comm.all_reduce(y, out=y) is y, y.copy())
+        z = x.copy()
+        comm.broadcast(z, root=n - 1, out=z)
+        got["bc_inplace"] = z
+        w = x.copy()
+        res = comm.reduce(w, root=0, out=w)
+        got["reduce"] = (res is w) if r == 0 else res
+        got["reduce_w"] = w
+        return got
+    res = hccl_sim.run(fn, topology=topo)
+    xs = [np.arange(6 * p, dtype=np.int64) + r for r in range(p)]
+    total = sum(xs)
+    for r, got in enumerate(res):
+        assert got["ar"][0] and np.array_equal(got["ar"][1], total)
+        assert got["ag"][0] and np.array_equal(got["ag"][1], np.concatenate(xs))
+        assert got["rs"][0] and np.array_equal(got["rs"][1], total[6 * r:6 * r + 6])
+        assert got["a2a"][0] and np.array_equal(got["a2a"][1], np.concatenate([x[6 * r:6 * r + 6] for x in xs]))
+        assert got["ar_inplace"][0] and np.array_equal(got["ar_inplace"][1], total)
+        assert np.array_equal(got["bc_inplace"], xs[p - 1])
+        if r == 0:
+            assert got["reduce"] is True and np.array_equal(got["reduce_w"], total)
+        else:
+            assert got["reduce"] is None and np.array_equal(got["reduce_w"], xs[r])
+
+
+@pytest.mark.parametrize("out,match", [
+    (lambda x: np.empty(3, np.int64), r"out must have the result's shape \(8,\) and dtype int64"),
+    (lambda x: np.empty(8, np.float32), "and dtype int64, got shape"),
+    (lambda x: [0] * 8, "out must be a numpy array"),
+    (lambda x: np.broadcast_to(np.int64(0), (8,)), "out is read-only"),
+])
+def test_bad_out_arrays(out, match):
+    def fn(comm):
+        x = np.arange(8, dtype=np.int64)
+        comm.all_reduce(x, out=out(x))
+    with pytest.raises(HcclError, match=match) as e:
+        hccl_sim.run(fn, topology=hccl_sim.topology("fullmesh", ranks=2))
+    assert e.value.code == "E_PARA"

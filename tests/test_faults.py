@@ -181,3 +181,17 @@ def test_straggler_enters_late_and_the_others_wait():
     base = hccl_sim.run(fn, topology=topo)
     got = hccl_sim.run(fn, topology=topo, faults=plan)
     assert got[0][0] == base[0][0] and got[0][1] - base[0][1] == 2_000_000 and got[0][2] - base[0][2] == 2_000_000
+
+
+def test_in_place_op_is_not_retried():
+    env = {**FAST, "HCCL_OP_RETRY_ENABLE": "L0:1", "HCCL_OP_RETRY_PARAMS": "MaxCnt:2,HoldTime:1"}
+    plan = FaultPlan().link_flap(0, 1, at=0, duration=0.001)
+
+    def fn(comm, inplace):
+        x = np.arange(1000, dtype=np.int64) + comm.rank
+        y = comm.all_reduce(x, algo="ring", out=x if inplace else None)
+        return int(y.sum()), comm.last_op.retries
+    assert hccl_sim.run(fn, topology=pair(), faults=plan, env=env, args=(False,)) == [(1000 * 999 + 1000, 1)] * 2
+    with pytest.raises(HcclError, match=r"cannot retry an in-place op \(out= aliases the input") as e:
+        hccl_sim.run(fn, topology=pair(), faults=plan, env=env, args=(True,))
+    assert e.value.code == "E_OPRETRY_FAIL"
