@@ -78,6 +78,8 @@ class Row:
     wrong: int | None
     wall_us: float
     algo: str
+    retries: int | None = None     # op retries over the timed iterations (under a fault plan)
+    lost_us: float | None = None   # simulated time per op over the fault-free twin's (under a fault plan)
 
 
 @dataclass
@@ -95,6 +97,7 @@ class BenchSpec:
     env: dict | None = None
     trace: str | None = None
     policy: str = "hccl"
+    faults: object = None          # a hccl_sim.FaultPlan the sweep runs under
 
 
 def run_bench(spec: BenchSpec, topo, progress=None) -> list:
@@ -106,15 +109,27 @@ def run_bench(spec: BenchSpec, topo, progress=None) -> list:
     rows = []
     trace_sections = []
     config = Config.from_env(spec.env, spec.policy)   # validates the environment before anything runs
+    if spec.faults is not None:
+        from . import _with_faults
+        config = _with_faults(topo, config, spec.faults)   # checks the plan against the topology first
     check_spec(spec, p)
 
-    def emit(size, count, time_s, wrong, wall_s, algo):
+    def clean_time_s(count):
+        """The fault-free twin's time per op (mean over ranks): timing is shift-invariant, so one
+        payload-free replay from aligned clocks is every fault-free iteration's."""
+        est = simulate(spec.op, count * itemsize, topology=topo, algo=spec.algo, dtype=spec.dtype,
+                       redop=spec.redop, root=spec.root, env=spec.env, policy=spec.policy)
+        return sum(round(t * 1e9) for t in est.times) / p / 1e9
+
+    def emit(size, count, time_s, wrong, wall_s, algo, retries=None):
         nbytes = count * itemsize
         algbw = nbytes / time_s / 1e9 if time_s > 0 else 0.0
+        lost = None if spec.faults is None else (time_s - clean_time_s(count)) * 1e6
         row = Row(size=nbytes, count=count, dtype=nccl_name(spec.dtype),
                   redop=spec.redop if spec.op in REDUCING else "none",
                   root=spec.root if spec.op in ROOTED else -1, time_us=time_s * 1e6, algbw=algbw,
-                  busbw=algbw * busbw_factor(spec.op, p), wrong=wrong, wall_us=wall_s * 1e6, algo=algo)
+                  busbw=algbw * busbw_factor(spec.op, p), wrong=wrong, wall_us=wall_s * 1e6, algo=algo,
+                  retries=None if spec.faults is None else int(retries or 0), lost_us=lost)
         rows.append(row)
         if progress:
             progress(row)
@@ -128,9 +143,9 @@ def run_bench(spec: BenchSpec, topo, progress=None) -> list:
         if spec.engine == "timing":
             t0 = time.perf_counter()
             est = simulate(spec.op, count * itemsize, topology=topo, algo=spec.algo, dtype=spec.dtype,
-                           redop=spec.redop, root=spec.root, env=spec.env, policy=spec.policy)
+                           redop=spec.redop, root=spec.root, env=spec.env, policy=spec.policy, faults=spec.faults)
             total_ns = sum(round(t * 1e9) for t in est.times)
-            emit(size, count, total_ns / p / 1e9, None, time.perf_counter() - t0, est.algo)
+            emit(size, count, total_ns / p / 1e9, None, time.perf_counter() - t0, est.algo, est.retries)
         elif spec.engine not in ("local", "ray"):
             raise HcclError("E_PARA", f"unknown engine {spec.engine!r}; bench supports local, ray and timing")
     if spec.engine in ("local", "ray"):
@@ -191,6 +206,7 @@ def _sweep(comm, spec, emit=None):
         for _ in range(spec.warmup):
             call(x, **kwargs)
         sim, wall = [], []
+        retries = 0
         y = None
         for _ in range(spec.iters):
             comm.barrier()   # aligns clocks: each op is timed from a common start
@@ -198,6 +214,7 @@ def _sweep(comm, spec, emit=None):
             y = call(x, **kwargs)
             wall.append(time.perf_counter() - t0)
             sim.append(comm.last_op.end - comm.last_op.start)      # integer ns
+            retries += comm.last_op.retries
         algo = comm.last_op.algo if spec.iters else ""
         wrong = -1.0
         if spec.check and spec.iters:
@@ -210,7 +227,7 @@ def _sweep(comm, spec, emit=None):
             walls = gathered[:, 2:].max(axis=0) if spec.iters else np.zeros(1)
             total_ns = int(gathered[:, 1].sum())                   # exact: sums of integers < 2^53
             row = (size, count, total_ns / (p * max(spec.iters, 1)) / 1e9,
-                   None if wrongs[0] < 0 else int(wrongs.sum()), float(np.median(walls)), algo)
+                   None if wrongs[0] < 0 else int(wrongs.sum()), float(np.median(walls)), algo, retries)
             if emit is not None:
                 emit(*row)
             rows.append(row)
@@ -223,7 +240,7 @@ def _run_sweep(spec, topo, config, emit):
         run_local(_sweep, topo, config, args=(spec, emit))
         return
     from . import Cluster
-    with Cluster(topo, engine="ray", env=spec.env, policy=spec.policy) as cluster:
+    with Cluster(topo, engine="ray", env=spec.env, policy=spec.policy, faults=spec.faults) as cluster:
         for row in cluster.run(_sweep, args=(spec,))[0]:
             emit(*row)
 
@@ -232,6 +249,7 @@ def _run_sweep(spec, topo, config, emit):
 
 def header(spec: BenchSpec, topo) -> str:
     p = topo.num_ranks
+    faulty = spec.faults is not None
     lines = [f"# hccl-sim bench: {spec.op} on {topo.name} ({topo.num_servers} server{'s' if topo.num_servers > 1 else ''}, "
              f"{p} ranks, {topo.device}), engine {spec.engine}",
              f"# minBytes {min(spec.sizes)} maxBytes {max(spec.sizes)} sizes: {len(spec.sizes)} warmup iters: "
@@ -242,9 +260,13 @@ def header(spec: BenchSpec, topo) -> str:
              "#",
              f"# {'':>10s} {'':>12s} {'':>8s} {'':>6s} {'':>6s} {'simulated':>24s}",
              f"# {'size':>10s} {'count':>12s} {'type':>8s} {'redop':>6s} {'root':>6s} {'time':>9s} {'algbw':>7s} "
-             f"{'busbw':>7s} {'#wrong':>6s} {'wall':>9s}  algo",
+             f"{'busbw':>7s} {'#wrong':>6s} {'wall':>9s}" + (f" {'retries':>7s} {'lost':>9s}" if faulty else "")
+             + "  algo",
              f"# {'(B)':>10s} {'(elements)':>12s} {'':>8s} {'':>6s} {'':>6s} {'(us)':>9s} {'(GB/s)':>7s} "
-             f"{'(GB/s)':>7s} {'':>6s} {'(us)':>9s}"]
+             f"{'(GB/s)':>7s} {'':>6s} {'(us)':>9s}" + (f" {'':>7s} {'(us)':>9s}" if faulty else "")]
+    if faulty:
+        lines.insert(3, f"# under fault plan (seed {spec.faults.seed}, {len(spec.faults)} fault(s)): retries over the "
+                        "timed iterations, lost = simulated time per op over the fault-free twin's")
     return "\n".join(lines)
 
 
@@ -254,8 +276,9 @@ def _time(us: float) -> str:
 
 def format_row(row: Row) -> str:
     wrong = "N/A" if row.wrong is None else str(row.wrong)
+    faults = "" if row.retries is None else f" {row.retries:7d} {_time(row.lost_us)}"
     return (f"{row.size:12d} {row.count:12d} {row.dtype:>8s} {row.redop:>6s} {row.root:6d} {_time(row.time_us)} "
-            f"{row.algbw:7.2f} {row.busbw:7.2f} {wrong:>6s} {_time(row.wall_us)}  {row.algo}")
+            f"{row.algbw:7.2f} {row.busbw:7.2f} {wrong:>6s} {_time(row.wall_us)}{faults}  {row.algo}")
 
 
 def footer(rows: list) -> str:
@@ -272,7 +295,8 @@ def to_json(spec: BenchSpec, topo, rows: list) -> dict:
         "engine": spec.engine, "dtype": spec.dtype, "iters": spec.iters, "warmup": spec.warmup,
         "rows": [{"size": r.size, "count": r.count, "type": r.dtype, "redop": r.redop, "root": r.root,
                   "time": r.time_us, "alg_bw": r.algbw, "bus_bw": r.busbw, "nwrong": r.wrong,
-                  "wall_time": r.wall_us, "algo": r.algo} for r in rows],
+                  "wall_time": r.wall_us, "algo": r.algo,
+                  **({} if r.retries is None else {"retries": r.retries, "lost_time": r.lost_us})} for r in rows],
         "out_of_bounds": {"count": wrong, "okay": wrong == 0},
         "average_bus_bandwidth": {"bandwidth": sum(r.busbw for r in rows) / len(rows) if rows else 0.0},
     }

@@ -14,6 +14,7 @@ from topologies.errors import HcclError
 
 from . import OPS, __version__
 from .bench import BenchSpec, footer, format_row, header, parse_size, run_bench, sizes, write_json
+from .faults import FaultPlan
 from .types import DTYPES
 
 DEFAULT_TOPOLOGY = "atlas800t-a2"
@@ -105,6 +106,8 @@ def build_parser():
     b.add_argument("--env", action="append", metavar="HCCL_X=VALUE", help="set an HCCL environment variable")
     b.add_argument("--json", default=None, help="also write the results as JSON to this file")
     b.add_argument("--trace", default=None, help="write a Chrome trace (Perfetto) of one op per size to this file")
+    b.add_argument("--faults", default=None, metavar="PLAN.yaml", help="run the sweep under a fault plan "
+                   "(hccl_sim.FaultPlan YAML); adds each row's retries and simulated time lost")
 
     t = sub.add_parser("topo", help="describe a topology; export an HCCL rank table")
     t.add_argument("topology", nargs="?", default=DEFAULT_TOPOLOGY, help="preset name or rank-table JSON")
@@ -136,7 +139,8 @@ def cmd_bench(args) -> int:
     spec = BenchSpec(op=args.op, sizes=sizes(parse_size(args.minbytes), parse_size(args.maxbytes), factor, step),
                      dtype=args.datatype, redop=args.redop.lower(), root=args.root, algo=args.algo,
                      engine=args.engine, iters=args.iters, warmup=args.warmup_iters, check=bool(args.check),
-                     env=_env_pairs(args.env), trace=args.trace, policy=args.policy)
+                     env=_env_pairs(args.env), trace=args.trace, policy=args.policy,
+                     faults=None if args.faults is None else FaultPlan.load(args.faults))
     from .bench import REDUCING, ROOTED
     from . import canonical_op
     from .types import parse_reduce_op, dtype_name

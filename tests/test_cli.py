@@ -123,3 +123,28 @@ def test_python_dash_m_entry_point():
     proc = subprocess.run([sys.executable, "-m", "hccl_sim", "bench", "--engine", "timing", "-e", "64"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "# Out of bounds values : 0 OK" in proc.stdout
+
+
+def test_bench_under_a_fault_plan(capsys, tmp_path):
+    """--faults adds each row's retries and the simulated time lost against the fault-free twin;
+    a bad plan is one line and exit status 2."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("seed: 3\nfaults:\n  - {kind: link_flap, a: 0, b: 8, at: 0.0, duration: 0.0005}\n")
+    env = ["--env", "HCCL_RDMA_TIMEOUT=5", "--env", "HCCL_RDMA_RETRY_CNT=1", "--env", "HCCL_OP_RETRY_ENABLE=L1:1",
+           "--env", "HCCL_OP_RETRY_PARAMS=MaxCnt:1,HoldTime:2"]
+    out_json = tmp_path / "rows.json"
+    assert main(["bench", "--servers", "2", "--engine", "timing", "-b", "1M", "-e", "4M", "--faults", str(plan),
+                 "--json", str(out_json)] + env) == 0
+    out = capsys.readouterr().out
+    assert "retries      lost" in out and "under fault plan (seed 3, 1 fault(s))" in out
+    rows = json.loads(out_json.read_text())["rows"]
+    assert [r["retries"] for r in rows] == [1, 1]
+    # each op's first RoCE transfer (at t0 < 100 us) fails twice, 131 us apart; HoldTime 2 ms later
+    # the op runs again: t0 + 2 x 131 + 2000 us lost
+    assert all(2262 < r["lost_time"] < 2362 for r in rows)
+    assert main(["bench", "--servers", "2", "--engine", "timing", "-b", "1M", "-e", "1M"] + env) == 0
+    assert "retries" not in capsys.readouterr().out
+    plan.write_text("faults:\n  - {kind: link_flap, a: 0, b: 99, at: 0, duration: 1}\n")
+    assert main(["bench", "--servers", "2", "--faults", str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "b=99 is not a rank of atlas800t-a2" in err
