@@ -130,6 +130,9 @@ class Cluster:
         self.topology = _topology(topology)
         self.engine = _engine(engine)
         self.config = _with_faults(self.topology, Config.from_env(env, policy), faults)
+        if self.engine == "ray" and self.config.faults is not None and self.config.faults.crashes:
+            raise HcclError("E_NOT_SUPPORT", "rank_crash faults on engine ray are not modelled yet (the actor's process "
+                            "exit); they run on engine local and in simulate")
         _check_local_size(self.topology, self.engine)
         if data_plane not in (None, "shm", "object", "socket"):
             raise HcclError("E_PARA", f"data_plane {data_plane!r} is invalid; expected shm, object or socket (engine ray)")
@@ -242,6 +245,12 @@ def simulate(op: str, nbytes: int, topology=None, algo: str | None = None, dtype
     config = _with_faults(topo, Config.from_env(env, policy), faults)
     entry = [0] * p if config.faults is None else [config.faults.straggle_ns(r, 0) for r in range(p)]
     plan = make_plan(sig, topo, config, entry, itemsize, trace=trace)
+    if config.faults is not None and config.faults.crashes:
+        from .planner import step_clock
+        crash = config.faults.crash_in(plan, 0, lambda r, j: step_clock(plan, topo, config, r, j))
+        if crash is not None:       # what the survivors get (the dead rank's own end is its crash)
+            survivor = next(r for r in range(p) if r != crash[0]) if p > 1 else crash[0]
+            raise config.faults.lost_error(crash, plan, config, survivor, name)[1]
     est = Estimate(name, count * itemsize, count, dname, plan.algo, p,
                    tuple((e - s) / 1e9 for s, e in zip(plan.entry, plan.exits)), plan.retries)
     return (est, plan) if trace else est

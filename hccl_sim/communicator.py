@@ -19,7 +19,8 @@ from topologies.validate import is_integer
 
 from . import collectives as colls
 from .engines.base import Call, RankBuffers
-from .planner import Signature, effective_cost
+from .faults import RankCrashed
+from .planner import Signature, effective_cost, step_clock
 from .device import Device, DeviceArray, Stream, Work
 from .types import dtype_name, parse_reduce_op
 
@@ -56,6 +57,7 @@ class Communicator:
         self._transport = group.transport
         self.cost = effective_cost(group.topo, group.config)   # prices point-to-point ops like collectives
         self._seq = 0
+        self._lost = None                    # (rank, ns, label) of a rank this communicator lost
         self._checked = {}                   # a call's arguments -> their checked form (see _call)
         self.last_op: OpRecord | None = None
         self.device = device if device is not None else Device(rank, group.topo)
@@ -250,6 +252,20 @@ class Communicator:
         self.last_op = OpRecord("recv", "p2p", data.nbytes, data.size, dtype_name(data.dtype), start, end)
         return data
 
+    def _meet_crash(self, faults, plan, seq, opname):
+        """A crash the fault plan puts in this op: the dead rank stops (RankCrashed), every other
+        rank fails when HCCL would notice (faults.BoundFaults.lost_error); nobody moves data."""
+        crash = faults.crash_in(plan, seq, lambda r, j: step_clock(plan, self.topology, self.config, r, j))
+        if crash is None:
+            return
+        self._lost = crash
+        if crash[0] == self.rank:
+            self.device.clock = max(self.device.clock, crash[1])
+            raise RankCrashed(self.rank, crash[1], opname)
+        at, error = faults.lost_error(crash, plan, self.config, self.rank, opname)
+        self.device.clock = max(self.device.clock, at)
+        raise error
+
     # the common path -------------------------------------------------------------------------------
     def _collective(self, sig: Signature, x, out, redop, stream, result):
         """Run a collective; with `stream`, it enters at the stream's time and returns a Work.
@@ -264,12 +280,18 @@ class Communicator:
         opname = colls.of(sig.name).method
         if queue.device is not dev:
             raise HcclError("E_PARA", "stream belongs to another device", rank=self.rank, op=opname)
+        if self._lost is not None:
+            raise HcclError("E_TIMEOUT", f"rank {self._lost[0]} of this communicator was lost at "
+                            f"{self._lost[1] / 1e9:.6f} s ({self._lost[2]}): no collective can complete on it",
+                            rank=self.rank, op=opname)
         entry = max(queue.tail, dev.clock)
         faults = self.config.faults
         if faults is not None:
             entry += faults.straggle_ns(self.rank, seq)     # a straggler enters late
         eager = x if x is not None and x.nbytes <= self._group.eager_bytes else None
         plan = self._group.rendezvous(self.rank, Call(seq, sig, entry, itemsize, eager))
+        if faults is not None and faults.crashes:
+            self._meet_crash(faults, plan, seq, opname)
         self._group.execute(self.rank, seq, plan, RankBuffers(x, out, None), redop)
         end = plan.exits[self.rank]
         queue.tail = end

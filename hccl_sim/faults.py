@@ -30,10 +30,43 @@ class BoundFaults:
     link_state: LinkState
     late: tuple                   # ((rank, ops or None, delay ns), ...)
     plan: tuple                   # the plan's entries, for messages
+    crashes: tuple = ()           # ((rank, at_op or None, at ns or None, at_step or None, label), ...)
 
     def straggle_ns(self, rank: int, op_index: int) -> int:
         """How late `rank` enters its op number `op_index` (0-based, per communicator)."""
         return sum(d for r, ops, d in self.late if r == rank and (ops is None or op_index in ops))
+
+    def crash_in(self, plan, op_index: int, step_clock=None):
+        """(rank, simulated ns, label) of the first crash the plan has in this op, or None.
+
+        at_op: on entering op number at_op (or, with at_step, when its step at_step starts:
+        `step_clock(rank, step)` gives that clock); at: in the first op the rank has not left by
+        that time (on entry if it was idle then). Every rank computes the same answer from the
+        op's plan, so no rank waits for a dead one."""
+        found = None
+        for rank, at_op, at_ns, at_step, label in self.crashes:
+            if at_op is not None:
+                if at_op != op_index:
+                    continue
+                t = plan.entry[rank] if at_step is None else step_clock(rank, at_step)
+            else:
+                if plan.exits[rank] <= at_ns:
+                    continue
+                t = max(at_ns, plan.entry[rank])
+            if found is None or (t, rank) < found[:2]:
+                found = (rank, t, label)
+        return found
+
+    def lost_error(self, crash, plan, config, rank: int, opname: str):
+        """The HcclError a surviving rank gets, and the clock it gets it at: the heartbeat finds the
+        dead rank LOST after 30 s, a notify wait times out after HCCL_EXEC_TIMEOUT, whichever first."""
+        dead, t, label = crash
+        wait = HEARTBEAT_LOST_S if not config.exec_timeout_s else min(HEARTBEAT_LOST_S, config.exec_timeout_s)
+        why = "Heartbeat Lost Occurred" if wait == HEARTBEAT_LOST_S else "notify wait timed out (HCCL_EXEC_TIMEOUT)"
+        at = max(t, plan.entry[rank]) + seconds_to_ns(wait)
+        return at, HcclError("E_TIMEOUT", f"Cluster Exception Location[rank {dead}], op {plan.signature.name}, "
+                             f"algorithm {plan.algo}, crashed at {t / 1e9:.6f} s, detected at {at / 1e9:.6f} s: "
+                             f"{why} ({label})", rank=rank, op=opname)
 
 
 # kind -> (required fields, optional fields with defaults)
@@ -47,8 +80,20 @@ KINDS = {
     "straggler": (("rank", "delay"), {"ops": None}),
 }
 LINK_KINDS = ("link_flap", "link_down", "link_slow", "nic_down")
-MODELLED = LINK_KINDS + ("straggler",)
+MODELLED = LINK_KINDS + ("straggler", "rank_crash")
 """Kinds a run prices today; a plan holding another kind is refused (E_NOT_SUPPORT) when run."""
+HEARTBEAT_LOST_S = 30
+"""A rank that stops answering is LOST after 30 s without heartbeat (HCCL_LOST_THRESHOLD,
+heartbeat.h; reference/hccl.md §8.2)."""
+
+
+class RankCrashed(BaseException):
+    """Raised on a rank the fault plan kills: its function stops there, and its result is None.
+    A BaseException, so that the rank's own `except HcclError` cannot survive its death."""
+
+    def __init__(self, rank: int, time_ns: int, op: str):
+        self.rank, self.time_ns, self.op = rank, time_ns, op
+        super().__init__(f"rank {rank} crashed in {op} at {time_ns / 1e9:.6f} s (fault plan)")
 
 
 def _describe(index: int, entry: dict) -> str:
@@ -233,8 +278,10 @@ class FaultPlan:
         interval = seconds_to_ns(4.096e-6 * 2 ** config.rdma_timeout)
         late = tuple((e["rank"], None if e["ops"] is None else tuple(e["ops"]), seconds_to_ns(e["delay"]))
                      for e in self.entries if e["kind"] == "straggler")
+        crashes = tuple((e["rank"], e["at_op"], None if e["at"] is None else seconds_to_ns(e["at"]), e["at_step"],
+                         _describe(i, e)) for i, e in enumerate(self.entries) if e["kind"] == "rank_crash")
         return BoundFaults(self.link_state(topo, interval, config.rdma_retry_cnt), late,
-                           tuple(tuple(sorted(e.items(), key=lambda kv: kv[0])) for e in self.entries))
+                           tuple(tuple(sorted(e.items(), key=lambda kv: kv[0])) for e in self.entries), crashes)
 
     def link_state(self, topo, interval_ns: int = 4096 << 20, retries: int = 7) -> LinkState:
         """hcomm's LinkState of the plan's link entries on `topo` (edges of each route, ns windows)."""

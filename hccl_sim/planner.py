@@ -204,9 +204,9 @@ def plan_times(sig, cost, config, itemsize, choice, entry, faults: bool = True):
     return loops, programs, exits, parts or None
 
 
-def _replayed_exits(sig, loops, programs, entry, cost) -> list:
+def _replayed_exits(sig, loops, programs, entry, cost, marks=None) -> list:
     """Exit clocks from the event-driven replay under the cost model's link state, loop by loop
-    with the same fixed costs as _time_loops."""
+    with the same fixed costs as _time_loops (`marks`: every rank's step start clocks, appended)."""
     from hcomm.timing import replay
     if len(loops) > _LOOPS_BEFORE_GIVING_UP:
         raise HcclError("E_NOT_SUPPORT", f"an op of {len(loops)} buffer loops under link faults is not priced (at most "
@@ -219,8 +219,18 @@ def _replayed_exits(sig, loops, programs, entry, cost) -> list:
         if k:
             clock = [t + dm.loop_overhead_ns for t in clock]
         clock = replay(program_rank_steps(programs[b - a], p), clock, cost, dtype=sig.dtype,
-                       redop=sig.redop or "sum", op_name=sig.name, links=cost.link_state)
+                       redop=sig.redop or "sum", op_name=sig.name, links=cost.link_state, marks=marks)
     return [int(t) for t in clock]
+
+
+def step_clock(plan, topo, config, rank: int, step: int) -> int:
+    """`rank`'s clock as it starts its step number `step` of the op (counted over the op's loops;
+    past its last step: its exit), from the event-driven replay of the plan."""
+    cost = effective_cost(topo, config)
+    marks = [[] for _ in range(cost.num_ranks)]
+    exits = _replayed_exits(plan.signature, plan.loops, plan.programs, plan.entry, cost, marks)
+    mine = marks[rank]
+    return mine[step] if step < len(mine) else exits[rank]
 
 
 def effective_cost(topo, config):

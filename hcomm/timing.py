@@ -62,7 +62,7 @@ class _Inbox:
 
 
 def replay(schedules, entry_ns, cost, dtype: str = "float32", redop: str | None = "sum",
-           events: list | None = None, op_name: str = "op", links=None):
+           events: list | None = None, op_name: str = "op", links=None, marks: list | None = None):
     """Replay per-rank step lists; return every rank's exit clock (ns).
 
     Args:
@@ -73,6 +73,8 @@ def replay(schedules, entry_ns, cost, dtype: str = "float32", redop: str | None 
         events: optional list to append Chrome-trace-like (rank, name, start_ns, end_ns, args).
         links: an hcomm.faults.LinkState: transfers over links it has down are retransmitted (or
             fail: LinkFailure), over slowed links they take longer. None: every link as built.
+        marks: optional list of one list per rank, to which each rank's clock is appended as it
+            starts each of its steps.
     """
     model = as_cost(cost)
     p = len(schedules)
@@ -117,6 +119,8 @@ def replay(schedules, entry_ns, cost, dtype: str = "float32", redop: str | None 
         while rk.index < len(rk.steps):
             step = rk.steps[rk.index]
             t = rk.clock
+            if marks is not None:
+                marks[r].append(t)
             end, pending = t, 0
             touched = []
             reducing = sum(1 for op in step if isinstance(op, Recv) and op.reduce_with is not None)

@@ -45,7 +45,7 @@ def test_entries_checked_against_the_topology_and_kinds_not_modelled_refused():
     with pytest.raises(HcclError, match="reaches no peer over RoCE") as e:
         times(FaultPlan().nic_down(3), topo=hccl_sim.topology("atlas800t-a2"))
     assert e.value.code == "E_PARA"
-    for plan in (FaultPlan().corrupt(0, 1), FaultPlan().rank_crash(1, at_op=0)):
+    for plan in (FaultPlan().corrupt(0, 1),):
         with pytest.raises(HcclError, match="faults are not modelled yet") as e:
             times(plan)
         assert e.value.code == "E_NOT_SUPPORT"
@@ -195,3 +195,52 @@ def test_in_place_op_is_not_retried():
     with pytest.raises(HcclError, match=r"cannot retry an in-place op \(out= aliases the input") as e:
         hccl_sim.run(fn, topology=pair(), faults=plan, env=env, args=(True,))
     assert e.value.code == "E_OPRETRY_FAIL"
+
+
+def _ops(comm, n=4):
+    out = []
+    for _ in range(n):
+        try:
+            y = comm.all_reduce(np.full(8, comm.rank + 1, np.int64))
+            out.append(("ok", int(y[0]), comm.last_op.end))
+        except HcclError as e:
+            out.append((e.code, str(e), comm.clock))
+    return out
+
+
+def test_rank_crash_at_an_op_survivors_told_when_the_heartbeat_finds_it():
+    topo = hccl_sim.topology("atlas800t-a2")
+    results = hccl_sim.run(_ops, topology=topo, faults=FaultPlan().rank_crash(3, at_op=1))
+    assert results[3] is None                                  # the dead rank's entry
+    first_end = results[0][0][2]
+    for r in range(8):
+        if r == 3:
+            continue
+        ok, lost, after = results[r][:3]
+        assert ok == ("ok", 36, first_end)
+        assert lost[0] == "E_TIMEOUT" and "Cluster Exception Location[rank 3]" in lost[1]
+        assert "Heartbeat Lost Occurred" in lost[1] and lost[2] == first_end + 30 * 10**9
+        assert after[0] == "E_TIMEOUT" and "rank 3 of this communicator was lost" in after[1]
+    # HCCL_EXEC_TIMEOUT shorter than the heartbeat's 30 s: a notify wait times out first
+    quick = hccl_sim.run(_ops, topology=topo, faults=FaultPlan().rank_crash(3, at_op=1), env={"HCCL_EXEC_TIMEOUT": "10"})
+    assert "notify wait timed out" in quick[0][1][1] and quick[0][1][2] == first_end + 10 * 10**9
+
+
+def test_rank_crash_mid_op_and_at_a_time():
+    topo = hccl_sim.topology("atlas800t-a2")
+    mid = hccl_sim.run(_ops, topology=topo, faults=FaultPlan().rank_crash(2, at_op=2, at_step=1))
+    clean = hccl_sim.run(_ops, topology=topo)
+    assert mid[2] is None and mid[0][:2] == clean[0][:2]
+    crashed_at = mid[0][2][2] - 30 * 10**9
+    assert clean[0][1][2] < crashed_at < clean[0][2][2]        # inside op 2, after its first step
+    # at= seconds: the first op the rank has not left by then (here the third)
+    t = (clean[0][1][2] + clean[0][2][2]) / 2 / 1e9
+    timed = hccl_sim.run(_ops, topology=topo, faults=FaultPlan().rank_crash(6, at=t))
+    assert timed[6] is None and timed[0][2][0] == "E_TIMEOUT" and timed[0][1][0] == "ok"
+    assert hccl_sim.run(_ops, topology=topo, faults=FaultPlan().rank_crash(6, at=10.0)) == clean   # after the job
+    with pytest.raises(HcclError, match=r"Cluster Exception Location\[rank 1\]") as e:
+        hccl_sim.simulate("allreduce", 1024, topology=topo, faults=FaultPlan().rank_crash(1, at_op=0))
+    assert e.value.code == "E_TIMEOUT"
+    with pytest.raises(HcclError, match="rank_crash faults on engine ray are not modelled yet") as e:
+        hccl_sim.Cluster(topo, engine="ray", faults=FaultPlan().rank_crash(1, at_op=0))
+    assert e.value.code == "E_NOT_SUPPORT"

@@ -21,6 +21,7 @@ from topologies.errors import HcclError
 
 
 from ..communicator import Communicator
+from ..faults import RankCrashed
 from ..device import Runtime
 from . import executors
 from . import rendezvous as rdv
@@ -199,6 +200,8 @@ def run_local(fn, topo, config, args=(), kwargs=None, dataplane="central"):
             comm = Communicator(rank, group, runtime.set_device(topo.device_of[rank]))
             comm.runtime = runtime
             results[rank] = fn(comm, *args, **kwargs)
+        except RankCrashed:
+            results[rank] = None       # the fault plan killed it: the survivors' results are returned
         except BaseException as exc:   # noqa: BLE001 - reported to the caller below
             group.fail(rank, exc)
         finally:
