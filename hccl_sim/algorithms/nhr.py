@@ -24,7 +24,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .common import (INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, ceil_log2, local_copy, merge_runs,
+from .common import (INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, ceil_log2, compacted, local_copy, merge_runs,
                      single_rank_reducescatter)
 
 NAME = "NHR"
@@ -181,7 +181,8 @@ def halving_reducescatter(n, offs, unit, src, acc, out, out_lo, smap, direction)
                 blocks = smap[(to[:, None] + direction * 2 * P * k[None, :]) % n]
                 _add(b, np.repeat(rr, cnt), np.repeat(to, cnt), unit, sbuf[None, :], offs, blocks,
                      out if last else acc, out_lo[to][:, None] if last else offs[blocks], rbuf[None, :])
-        steps.append(b.build())
+        # up to cnt separate blocks per peer, listed peer by peer: priced per peer (hcomm.program)
+        steps.append(compacted(b.build()) if runs is None and cnt > 1 else b.build())
     return steps
 
 
@@ -205,7 +206,7 @@ def allgather(n: int, offs, unit: int, buf=OUTPUT, smap=None) -> list:
                 blocks = smap[(rr[:, None] - 2 * d * np.arange(cnt)[None, :]) % n]
                 _add(b, np.repeat(rr, cnt), np.repeat((rr + d) % n, cnt), unit, buf, offs, blocks, buf, offs[blocks],
                      -1)
-        steps.append(b.build())
+        steps.append(compacted(b.build()) if runs is None and cnt > 1 else b.build())
     return steps
 
 
