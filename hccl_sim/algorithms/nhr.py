@@ -24,6 +24,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from hcomm.program import LazyStep, TimingView
+
 from .common import (INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, ceil_log2, compacted, local_copy, merge_runs,
                      single_rank_reducescatter)
 
@@ -152,12 +154,14 @@ def halving_reducescatter(n, offs, unit, src, acc, out, out_lo, smap, direction)
     """The ReduceScatter NHR (direction -1) and NB (+1) share: in step s rank r sends to r + d 2^s the
     partials of blocks u = (r + d 2^s) + d k 2^(s+1), k < floor((n-1+2^s)/2^(s+1))."""
     offs = np.asarray(offs, dtype=np.int64)
+    ident = smap is None or np.array_equal(smap, np.arange(n))
     smap = np.arange(n) if smap is None else np.asarray(smap, dtype=np.int64)
     out_lo = np.zeros(n, dtype=np.int64) if out_lo is None else np.asarray(out_lo, dtype=np.int64)
     if n == 1:
         return single_rank_reducescatter(offs, unit, src, out, out_lo, int(smap[0]))
     r = np.arange(n)
     L = ceil_log2(n)
+    size = _uniform_block(offs, n) if ident else None
     steps = []
     for s in range(L):
         P = 1 << s
@@ -169,44 +173,82 @@ def halving_reducescatter(n, offs, unit, src, acc, out, out_lo, smap, direction)
         # from its sender and 2Pk from its receiver, for every rank.
         sbuf = np.where(received_before((P + 2 * P * k) % n, s, n), acc, src)
         rbuf = np.where(received_before((2 * P * k) % n, s, n), acc, src)
-        b = StepBuilder()
         runs = None
         if not last and (sbuf == sbuf[0]).all() and (rbuf == rbuf[0]).all():
             runs = _runs(smap, to_all, direction * 2 * P, cnt)
-        if runs is not None:
-            _run_transfers(b, r, to_all, unit, sbuf[0], offs, runs, acc, rbuf[0])
-        else:
+
+        def build(P=P, cnt=cnt, last=last, to_all=to_all, k=k, sbuf=sbuf, rbuf=rbuf, runs=runs):
+            b = StepBuilder()
+            if runs is not None:
+                _run_transfers(b, r, to_all, unit, sbuf[0], offs, runs, acc, rbuf[0])
+                return b.build()
             for rows in row_chunks(n, cnt):       # bounded memory on thousands of servers
                 rr, to = r[rows], to_all[rows]
                 blocks = smap[(to[:, None] + direction * 2 * P * k[None, :]) % n]
                 _add(b, np.repeat(rr, cnt), np.repeat(to, cnt), unit, sbuf[None, :], offs, blocks,
                      out if last else acc, out_lo[to][:, None] if last else offs[blocks], rbuf[None, :])
-        # up to cnt separate blocks per peer, listed peer by peer: priced per peer (hcomm.program)
-        steps.append(compacted(b.build()) if runs is None and cnt > 1 else b.build())
+            return b.build()
+        steps.append(_block_step(build, runs is None and cnt > 1 and size is not None and n * cnt > LAZY_PIECES
+                                 and len(np.unique(rbuf >= 0)) == 1, r, to_all, size * unit if size else 0, cnt,
+                                 int(rbuf[0])))
     return steps
+
+
+def _uniform_block(offs, n):
+    """The size of every one of the n blocks when they are all equal and not empty, else None."""
+    sizes = np.diff(offs[:n + 1])
+    return int(sizes[0]) if len(sizes) == n and sizes[0] > 0 and bool((sizes == sizes[0]).all()) else None
+
+
+LAZY_PIECES = 1 << 16     # block transfers in a step above which its data program is built on demand
+
+
+def _block_step(build, per_peer: bool, src, dst, nbytes: int, cnt: int, rbuf: int):
+    """A step of cnt > 1 blocks per peer, its data program made by `build`.
+
+    With HCCL's rank order (no slice map) and equal, non-empty blocks, the view is known without
+    building the step: a rank's cnt blocks lie 2d (mod n) apart, and two of them would be
+    adjacent only if 2d j = +-1 (mod n) for some 0 < j < cnt, which 0 < 2d j <= n - 1 - d rules
+    out; so `_add` keeps them as cnt transfers of equal bytes, listed peer by peer, and the view
+    is one entry of multiplicity cnt per peer: what hcomm.program.compact_timing makes of the
+    built step (tests check it). The data program (millions of transfers on thousands of
+    servers) is then only built when an engine moves data. `per_peer` says the caller checked
+    those conditions; otherwise the step is built now and its view compacted from it."""
+    if not per_peer:
+        return compacted(build())
+    n = len(src)
+    view = TimingView(src, dst, np.full(n, nbytes, dtype=np.int64), np.full(n, rbuf, dtype=np.int64),
+                      t_count=np.full(n, cnt, dtype=np.int64))
+    return LazyStep(build, lambda: view)
 
 
 def allgather(n: int, offs, unit: int, buf=OUTPUT, smap=None) -> list:
     """In place: rank x's block smap[x] (default x) is already in buf."""
     offs = np.asarray(offs, dtype=np.int64)
+    ident = smap is None or np.array_equal(smap, np.arange(n))
     smap = np.arange(n) if smap is None else np.asarray(smap, dtype=np.int64)
     r = np.arange(n)
     L = ceil_log2(n)
+    size = _uniform_block(offs, n) if ident else None
     steps = []
     for s in range(L):
         d = 1 << (L - 1 - s)
         cnt = (n - 1 + d) // (2 * d)
-        b = StepBuilder()
         runs = _runs(smap, r, -2 * d, cnt)
-        if runs is not None:
-            _run_transfers(b, r, (r + d) % n, unit, buf, offs, runs, buf, -1)
-        else:
+
+        def build(d=d, cnt=cnt, runs=runs):
+            b = StepBuilder()
+            if runs is not None:
+                _run_transfers(b, r, (r + d) % n, unit, buf, offs, runs, buf, -1)
+                return b.build()
             for rows in row_chunks(n, cnt):
                 rr = r[rows]
                 blocks = smap[(rr[:, None] - 2 * d * np.arange(cnt)[None, :]) % n]
                 _add(b, np.repeat(rr, cnt), np.repeat((rr + d) % n, cnt), unit, buf, offs, blocks, buf, offs[blocks],
                      -1)
-        steps.append(compacted(b.build()) if runs is None and cnt > 1 else b.build())
+            return b.build()
+        steps.append(_block_step(build, runs is None and cnt > 1 and size is not None and n * cnt > LAZY_PIECES,
+                                 r, (r + d) % n, size * unit if size else 0, cnt, -1))
     return steps
 
 
