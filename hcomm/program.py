@@ -64,14 +64,19 @@ class TimingView:
     `t_count`, when set, is a multiplicity per transfer: entry i stands for t_count[i] transfers
     issued one after another, each of t_bytes[i] bytes between the same two ranks, all reducing
     or all not (a run-length encoding of the step's transfer list, `compact_timing`). The timing
-    model prices such a run exactly as the transfers it stands for (hcomm.vtiming)."""
-    __slots__ = TIMING_ARRAYS + ("t_count",)
+    model prices such a run exactly as the transfers it stands for (hcomm.vtiming).
+
+    `expand`, when set, marks a grouped view: each pair's transfers are consecutive in the step
+    and the view lists them there, with multiplicities, but grouped by size rather than in issue
+    order; `expand()` gives the transfer list itself, for the timing model to fall back on where
+    the order within a pair matters (pairs that cannot be priced as one)."""
+    __slots__ = TIMING_ARRAYS + ("t_count", "expand")
 
     def __init__(self, t_src=_EMPTY, t_dst=_EMPTY, t_bytes=_EMPTY, t_rbuf=_EMPTY, c_rank=_EMPTY, c_bytes=_EMPTY,
-                 g_rank=_EMPTY, g_bytes=_EMPTY, t_count=None):
+                 g_rank=_EMPTY, g_bytes=_EMPTY, t_count=None, expand=None):
         self.t_src, self.t_dst, self.t_bytes, self.t_rbuf = t_src, t_dst, t_bytes, t_rbuf
         self.c_rank, self.c_bytes, self.g_rank, self.g_bytes = c_rank, c_bytes, g_rank, g_bytes
-        self.t_count = t_count
+        self.t_count, self.expand = t_count, expand
 
 
 def counts(view):
@@ -102,11 +107,13 @@ def compact_timing(view):
     old = counts(view)
     count = np.diff(np.append(starts, n)).astype(_I64) if old is None else np.add.reduceat(old, starts)
     return TimingView(src[starts], dst[starts], nb[starts], np.asarray(view.t_rbuf)[starts], view.c_rank,
-                      view.c_bytes, view.g_rank, view.g_bytes, count)
+                      view.c_bytes, view.g_rank, view.g_bytes, count, getattr(view, "expand", None))
 
 
 def expand_timing(view):
     """A compacted view's transfer list, one entry per transfer (the inverse of compact_timing)."""
+    if getattr(view, "expand", None) is not None:
+        return view.expand()
     c = counts(view)
     if c is None:
         return view
@@ -133,7 +140,7 @@ class RolledView(TimingView):
     def __init__(self, t_src, t_dst, pattern, shift: int, t_rbuf):
         self.t_src, self.t_dst, self.t_rbuf = t_src, t_dst, t_rbuf
         self.c_rank = self.c_bytes = self.g_rank = self.g_bytes = _EMPTY
-        self.t_count = None
+        self.t_count = self.expand = None
         self.pattern, self.shift = pattern, int(shift)
 
     @property
@@ -226,6 +233,8 @@ def _concat(steps, names, factory):
         # multiplicities of compacted views; one per entry for the others
         out.t_count = np.concatenate([counts(s) if counts(s) is not None else np.ones(len(s.t_src), dtype=_I64)
                                       for s in steps])
+    if factory is TimingView and any(getattr(s, "expand", None) is not None for s in steps):
+        out.expand = lambda: _concat([expand_timing(s) for s in steps], names, TimingView)
     return out
 
 

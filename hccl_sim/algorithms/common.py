@@ -117,9 +117,11 @@ def _tile_full(st, ranks, shift) -> Step:
 def _tile_timing(view, ranks) -> TimingView:
     G = ranks.shape[0]
     c = counts(view)                       # a compacted view stays compacted: its runs tile as runs
+    grouped = getattr(view, "expand", None)
     return TimingView(ranks[:, view.t_src].reshape(-1), ranks[:, view.t_dst].reshape(-1), np.tile(view.t_bytes, G),
                       np.tile(view.t_rbuf, G), ranks[:, view.c_rank].reshape(-1), np.tile(view.c_bytes, G),
-                      ranks[:, view.g_rank].reshape(-1), np.tile(view.g_bytes, G), None if c is None else np.tile(c, G))
+                      ranks[:, view.g_rank].reshape(-1), np.tile(view.g_bytes, G), None if c is None else np.tile(c, G),
+                      None if grouped is None else (lambda: _tile_timing(grouped(), ranks)))
 
 
 _EAGER_OPS = 1 << 16

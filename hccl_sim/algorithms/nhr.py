@@ -161,7 +161,7 @@ def halving_reducescatter(n, offs, unit, src, acc, out, out_lo, smap, direction)
         return single_rank_reducescatter(offs, unit, src, out, out_lo, int(smap[0]))
     r = np.arange(n)
     L = ceil_log2(n)
-    size = _uniform_block(offs, n) if ident else None
+    sizes = _block_sizes(offs, n) if ident else None
     steps = []
     for s in range(L):
         P = 1 << s
@@ -188,37 +188,72 @@ def halving_reducescatter(n, offs, unit, src, acc, out, out_lo, smap, direction)
                 _add(b, np.repeat(rr, cnt), np.repeat(to, cnt), unit, sbuf[None, :], offs, blocks,
                      out if last else acc, out_lo[to][:, None] if last else offs[blocks], rbuf[None, :])
             return b.build()
-        steps.append(_block_step(build, runs is None and cnt > 1 and size is not None and n * cnt > LAZY_PIECES
-                                 and len(np.unique(rbuf >= 0)) == 1, r, to_all, size * unit if size else 0, cnt,
-                                 int(rbuf[0])))
+        per_peer = (runs is None and cnt > 1 and sizes is not None and n * cnt > LAZY_PIECES
+                    and len(np.unique(rbuf >= 0)) == 1)
+        steps.append(_block_step(build, per_peer, r, to_all, to_all, direction * 2 * P, cnt, sizes, unit, int(rbuf[0])))
     return steps
 
 
-def _uniform_block(offs, n):
-    """The size of every one of the n blocks when they are all equal and not empty, else None."""
+def _block_sizes(offs, n, most: int = 8):
+    """(distinct sizes, each block's index among them) when the n blocks are not empty and of
+    at most `most` sizes, else None."""
     sizes = np.diff(offs[:n + 1])
-    return int(sizes[0]) if len(sizes) == n and sizes[0] > 0 and bool((sizes == sizes[0]).all()) else None
+    if len(sizes) != n or not bool((sizes > 0).all()):
+        return None
+    values, which = np.unique(sizes, return_inverse=True)
+    return (values, which.reshape(-1)) if len(values) <= most else None
+
+
+def window_counts(which, kinds: int, start, stride: int, count: int):
+    """(len(start), kinds) counts of each kind among which[(x + stride k) % n], k < count, for every
+    x in start: by doubling, O(kinds n log count), not the (n x count) window matrix."""
+    n = len(which)
+    block = np.zeros((n, kinds), dtype=np.int64)        # kinds over windows of `width` from each x
+    block[np.arange(n), which] = 1
+    out = np.zeros((len(start), kinds), dtype=np.int64)
+    pos = np.asarray(start, dtype=np.int64) % n
+    width, c = 1, count
+    while c:
+        if c & 1:
+            out += block[pos]
+            pos = (pos + stride * width) % n
+        c >>= 1
+        if c:
+            block = block + block[(np.arange(n) + stride * width) % n]
+            width *= 2
+    return out
 
 
 LAZY_PIECES = 1 << 16     # block transfers in a step above which its data program is built on demand
 
 
-def _block_step(build, per_peer: bool, src, dst, nbytes: int, cnt: int, rbuf: int):
-    """A step of cnt > 1 blocks per peer, its data program made by `build`.
+def _block_step(build, per_peer: bool, src, dst, start, stride: int, cnt: int, sizes, unit: int, rbuf: int):
+    """A step of cnt > 1 blocks per peer, its data program made by `build`; rank src[i] sends
+    blocks (start[i] + stride k) % n, k < cnt, to dst[i].
 
-    With HCCL's rank order (no slice map) and equal, non-empty blocks, the view is known without
-    building the step: a rank's cnt blocks lie 2d (mod n) apart, and two of them would be
-    adjacent only if 2d j = +-1 (mod n) for some 0 < j < cnt, which 0 < 2d j <= n - 1 - d rules
-    out; so `_add` keeps them as cnt transfers of equal bytes, listed peer by peer, and the view
-    is one entry of multiplicity cnt per peer: what hcomm.program.compact_timing makes of the
-    built step (tests check it). The data program (millions of transfers on thousands of
-    servers) is then only built when an engine moves data. `per_peer` says the caller checked
-    those conditions; otherwise the step is built now and its view compacted from it."""
+    With HCCL's rank order (no slice map) and non-empty blocks, the view is known without
+    building the step: a rank's cnt blocks lie |stride| (mod n) apart, and two of them would be
+    adjacent only if |stride| j = +-1 (mod n) for some 0 < j < cnt, which 0 < |stride| j <= n - 1
+    - |stride| / 2 rules out; so `_add` keeps them as cnt transfers, listed peer by peer in block
+    order. With equal blocks the view is one entry of multiplicity cnt per peer: what
+    hcomm.program.compact_timing makes of the built step (tests check it). With a few sizes it
+    is one entry per peer and size (a grouped view, hcomm.program.TimingView.expand), which the
+    timing model prices as the built step's transfers. The data program (millions of transfers
+    on thousands of servers) is only built when an engine moves data, or the timing model needs
+    a grouped pair's order. `per_peer` says the caller checked those conditions; otherwise the
+    step is built now and its view compacted from it."""
     if not per_peer:
         return compacted(build())
     n = len(src)
-    view = TimingView(src, dst, np.full(n, nbytes, dtype=np.int64), np.full(n, rbuf, dtype=np.int64),
-                      t_count=np.full(n, cnt, dtype=np.int64))
+    values, which = sizes
+    if len(values) == 1:
+        view = TimingView(src, dst, np.full(n, int(values[0]) * unit, dtype=np.int64), np.full(n, rbuf, dtype=np.int64),
+                          t_count=np.full(n, cnt, dtype=np.int64))
+    else:
+        per = window_counts(which, len(values), start, stride, cnt)   # (peers, sizes)
+        peer, kind = np.nonzero(per)                                 # peer by peer, sizes ascending
+        view = TimingView(src[peer], dst[peer], values[kind] * unit, np.full(len(peer), rbuf, dtype=np.int64),
+                          t_count=per[peer, kind], expand=build)
     return LazyStep(build, lambda: view)
 
 
@@ -229,7 +264,7 @@ def allgather(n: int, offs, unit: int, buf=OUTPUT, smap=None) -> list:
     smap = np.arange(n) if smap is None else np.asarray(smap, dtype=np.int64)
     r = np.arange(n)
     L = ceil_log2(n)
-    size = _uniform_block(offs, n) if ident else None
+    sizes = _block_sizes(offs, n) if ident else None
     steps = []
     for s in range(L):
         d = 1 << (L - 1 - s)
@@ -247,8 +282,8 @@ def allgather(n: int, offs, unit: int, buf=OUTPUT, smap=None) -> list:
                 _add(b, np.repeat(rr, cnt), np.repeat((rr + d) % n, cnt), unit, buf, offs, blocks, buf, offs[blocks],
                      -1)
             return b.build()
-        steps.append(_block_step(build, runs is None and cnt > 1 and size is not None and n * cnt > LAZY_PIECES,
-                                 r, (r + d) % n, size * unit if size else 0, cnt, -1))
+        steps.append(_block_step(build, runs is None and cnt > 1 and sizes is not None and n * cnt > LAZY_PIECES,
+                                 r, (r + d) % n, r, -2 * d, cnt, sizes, unit, -1))
     return steps
 
 
