@@ -41,7 +41,10 @@ from hccl_sim.env import Config
 shape = collectives.get("allreduce").input_shape_for_bytes(nbytes, ranks, 4)
 plan = planner.make_plan(planner.Signature("allreduce", shape, "float32", "sum", None, algo), topo,
                          Config.from_env(None, None), [0] * ranks, 4)
-per_program = {n: sum(len(st.timing().t_src) for st in prog) for n, prog in plan.programs.items()}
+from hcomm.program import counts
+# a compacted timing view's entries stand for counts() transfers each
+per_program = {n: sum(len(v.t_src) if counts(v) is None else int(counts(v).sum()) for v in (st.timing() for st in prog))
+               for n, prog in plan.programs.items()}
 transfers = sum(per_program[b - a] for a, b in plan.loops)
 print(json.dumps({"kind": kind, "ranks": ranks, "bytes": nbytes, "algo": est.algo, "sim_time_s": est.time,
                   "busbw": est.busbw, "topology_s": t1 - t0, "simulate_s": t2 - t1, "peak_rss_mb": rss,

@@ -41,7 +41,7 @@ class Step:
     `tkey`, when set, names the step's timing-relevant structure (who sends how many bytes to
     whom, which receives reduce, local copies): steps with equal keys are priced from one
     precomputation."""
-    __slots__ = ARRAYS + ("tkey", "skey", "cache")
+    __slots__ = ARRAYS + ("tkey", "skey", "cache", "tview")
 
     def __init__(self):
         for name in ARRAYS:
@@ -49,22 +49,86 @@ class Step:
         self.tkey = None
         self.skey = None            # names the structure without the bytes (see LazyStep)
         self.cache = {}
+        self.tview = None           # a compacted timing view of this step (see `compacted`)
 
     def full(self) -> "Step":
         return self
 
-    def timing(self) -> "Step":
-        return self
+    def timing(self):
+        return self if self.tview is None else self.tview
 
 
 class TimingView:
-    """Just what the timing model needs of a step."""
-    __slots__ = TIMING_ARRAYS
+    """Just what the timing model needs of a step.
+
+    `t_count`, when set, is a multiplicity per transfer: entry i stands for t_count[i] transfers
+    issued one after another, each of t_bytes[i] bytes between the same two ranks, all reducing
+    or all not (a run-length encoding of the step's transfer list, `compact_timing`). The timing
+    model prices such a run exactly as the transfers it stands for (hcomm.vtiming).
+
+    `expand`, when set, marks a grouped view: each pair's transfers are consecutive in the step
+    and the view lists them there, with multiplicities, but grouped by size rather than in issue
+    order; `expand()` gives the transfer list itself, for the timing model to fall back on where
+    the order within a pair matters (pairs that cannot be priced as one)."""
+    __slots__ = TIMING_ARRAYS + ("t_count", "expand")
 
     def __init__(self, t_src=_EMPTY, t_dst=_EMPTY, t_bytes=_EMPTY, t_rbuf=_EMPTY, c_rank=_EMPTY, c_bytes=_EMPTY,
-                 g_rank=_EMPTY, g_bytes=_EMPTY):
+                 g_rank=_EMPTY, g_bytes=_EMPTY, t_count=None, expand=None):
         self.t_src, self.t_dst, self.t_bytes, self.t_rbuf = t_src, t_dst, t_bytes, t_rbuf
         self.c_rank, self.c_bytes, self.g_rank, self.g_bytes = c_rank, c_bytes, g_rank, g_bytes
+        self.t_count, self.expand = t_count, expand
+
+
+def counts(view):
+    """A timing view's transfer multiplicities (int64 array), or None when every entry is one transfer."""
+    c = getattr(view, "t_count", None)
+    return None if c is None else np.asarray(c, dtype=_I64)
+
+
+def compact_timing(view):
+    """The view with every run of consecutive transfers of one sender to one receiver, of equal
+    bytes and all reducing or all not, as one entry with a multiplicity (t_count); the view
+    itself when there is no such run. Lossless for timing: `expand_timing` gives the transfer
+    list back. A step sending many separate blocks to each peer (NHR, NB on hundreds of servers)
+    is then routed and priced per peer, not per block."""
+    src = np.asarray(view.t_src)
+    n = len(src)
+    if n < 2:
+        return view
+    same = src[1:] == src[:-1]                 # cheap first test: most steps have no runs at all
+    if not same.any():
+        return view
+    dst, nb = np.asarray(view.t_dst), np.asarray(view.t_bytes)
+    rf = np.asarray(view.t_rbuf) >= 0
+    same &= (dst[1:] == dst[:-1]) & (nb[1:] == nb[:-1]) & (rf[1:] == rf[:-1])
+    if not same.any():
+        return view
+    starts = np.flatnonzero(np.concatenate(([True], ~same)))
+    old = counts(view)
+    count = np.diff(np.append(starts, n)).astype(_I64) if old is None else np.add.reduceat(old, starts)
+    return TimingView(src[starts], dst[starts], nb[starts], np.asarray(view.t_rbuf)[starts], view.c_rank,
+                      view.c_bytes, view.g_rank, view.g_bytes, count, getattr(view, "expand", None))
+
+
+def expand_timing(view):
+    """A compacted view's transfer list, one entry per transfer (the inverse of compact_timing)."""
+    if getattr(view, "expand", None) is not None:
+        return view.expand()
+    c = counts(view)
+    if c is None:
+        return view
+    rep = lambda a: np.repeat(np.asarray(a), c)       # noqa: E731
+    return TimingView(rep(view.t_src), rep(view.t_dst), rep(view.t_bytes), rep(view.t_rbuf), view.c_rank,
+                      view.c_bytes, view.g_rank, view.g_bytes)
+
+
+def compacted(step: Step) -> Step:
+    """Give an eager step a compacted timing view when that shrinks it (the data program,
+    step.full(), is the step itself, unchanged)."""
+    view = compact_timing(step)
+    if view is not step:
+        step.tview = view
+    return step
 
 
 class RolledView(TimingView):
@@ -76,6 +140,7 @@ class RolledView(TimingView):
     def __init__(self, t_src, t_dst, pattern, shift: int, t_rbuf):
         self.t_src, self.t_dst, self.t_rbuf = t_src, t_dst, t_rbuf
         self.c_rank = self.c_bytes = self.g_rank = self.g_bytes = _EMPTY
+        self.t_count = self.expand = None
         self.pattern, self.shift = pattern, int(shift)
 
     @property
@@ -164,6 +229,12 @@ def _concat(steps, names, factory):
             setattr(out, name, parts[0])
         elif parts:
             setattr(out, name, np.concatenate(parts))
+    if factory is TimingView and any(counts(s) is not None for s in steps):
+        # multiplicities of compacted views; one per entry for the others
+        out.t_count = np.concatenate([counts(s) if counts(s) is not None else np.ones(len(s.t_src), dtype=_I64)
+                                      for s in steps])
+    if factory is TimingView and any(getattr(s, "expand", None) is not None for s in steps):
+        out.expand = lambda: _concat([expand_timing(s) for s in steps], names, TimingView)
     return out
 
 
@@ -172,7 +243,10 @@ def concat_steps(steps: list):
     if len(steps) == 1:
         return steps[0]
     if all(isinstance(s, Step) for s in steps):
-        return _concat(steps, ARRAYS, Step)
+        out = _concat(steps, ARRAYS, Step)
+        if any(s.tview is not None for s in steps):      # keep the parts' compacted timing views
+            out.tview = _concat([s.timing() for s in steps], TIMING_ARRAYS, TimingView)
+        return out
     keys = tuple(s.tkey for s in steps)
     return LazyStep(lambda: _concat([s.full() for s in steps], ARRAYS, Step),
                     lambda: _concat([s.timing() for s in steps], TIMING_ARRAYS, TimingView),

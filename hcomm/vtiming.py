@@ -13,6 +13,11 @@ transfers share a port or an engine, which is most steps of most algorithms, cos
 array operations (rotations, when rank r sends to r + k); otherwise the step's transfers are
 levelled along their resource chains and each level is one vectorised update (hcomm.vcontention).
 
+A step's transfers of one sender to one receiver issued one after another are priced as one
+(their wire times summed, one latency), and a run of equal ones is routed and priced once with its
+multiplicity (hcomm.program.compact_timing): a step of millions of block transfers (NHR, NB on
+thousands of servers) costs what its pairs cost.
+
 A step is priced once per structure: steps with one timing key share a precomputation, steps of
 one structure only re-price their bytes, and the steps of a ring phase (rotations of one chunk
 pattern) rotate the pattern's prices; steps priced alike form runs that the uniform-shift rule
@@ -23,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from .cost import as_cost
-from .program import RolledView, Step
+from .program import RolledView, Step, compact_timing, counts, expand_timing
 from .vcontention import contended
 
 _I64 = np.int64
@@ -34,7 +39,7 @@ class _Prep:
     """Per-step arrays that depend only on the step's structure and the topology."""
     __slots__ = ("src", "dst", "nf", "nb", "wire", "lat", "red", "rflag", "eport", "iport", "l_rank", "l_cost", "fast",
                  "perm", "inv", "src_unique", "dst_unique", "cost_fwd", "n", "_struct", "_order", "listing", "_bw",
-                 "shift", "nb_zero", "ports_free", "rollable", "key")
+                 "shift", "nb_zero", "ports_free", "rollable", "key", "pieces")
 
 
 def _distinct(values) -> bool:
@@ -48,31 +53,34 @@ def _distinct(values) -> bool:
     return int(np.bincount(values).max()) <= 1
 
 
-def _aggregate_pairs(pr) -> None:
+def _aggregate_pairs(pr) -> bool:
     """Price several transfers of one sender to one receiver as one.
 
     When they are issued one after another, they have the same ready time and issue-order
     neighbours, so they are served back to back on the same two ports: the last arrives after the sum of their wire times plus one latency, which
     is when the step's ends depend on; their reductions form one batch. Exact, and a step of a
-    million block transfers (NB's ReduceScatter on hundreds of servers) becomes thousands."""
+    million block transfers (NB's ReduceScatter on hundreds of servers) becomes thousands.
+    False when some pair's transfers cannot be priced as one (they are then kept apart)."""
     n = pr.n
     if n < 2:
-        return
+        return True
     key = pr.src * (int(pr.dst.max()) + 1) + pr.dst
+    if bool((key[1:] > key[:-1]).all()):
+        return True                        # pairs listed in increasing order, each once: no unique() sort
     uniq, inv = np.unique(key, return_inverse=True)
     if len(uniq) == n:
-        return
+        return True
     flags = np.zeros(len(uniq), dtype=_I64)
     np.add.at(flags, inv, pr.rflag.astype(_I64))
     counts = np.bincount(inv)
     if ((flags != 0) & (flags != counts)).any():
-        return                             # a pair mixing reducing and plain receives: keep them apart
+        return False                       # a pair mixing reducing and plain receives: keep them apart
     first = np.zeros(len(uniq), dtype=_I64)
     first[inv[::-1]] = np.arange(n)[::-1]
     last = np.zeros(len(uniq), dtype=_I64)
     last[inv] = np.arange(n)
     if (last - first + 1 != counts).any():
-        return                             # interleaved with other pairs in issue order: keep them apart
+        return False                       # interleaved with other pairs in issue order: keep them apart
     wire = np.zeros(len(uniq), dtype=_I64)
     np.add.at(wire, inv, pr.wire)
     red = np.zeros(len(uniq), dtype=_I64)
@@ -80,15 +88,28 @@ def _aggregate_pairs(pr) -> None:
     for name in ("src", "dst", "nf", "nb", "lat", "eport", "iport", "rflag", "listing"):
         setattr(pr, name, getattr(pr, name)[first])
     pr.wire, pr.red, pr.n = wire, red, len(uniq)
+    return True
 
 
-def _prep(view, cost, dtype, redop, p) -> _Prep:
+def _prep(view, cost, dtype, redop, p, compact=True) -> _Prep:
+    """Route and price a step's timing view.
+
+    Runs of consecutive transfers of one pair, equal bytes and one kind are routed and priced
+    once, with their multiplicity (hcomm.program.compact_timing): their sum of wire times and of
+    reduction times is the multiplicity times one's, so the pair aggregation below gets exactly
+    the sums it gets from the transfers one by one, and a step of millions of block transfers
+    routes only its pairs. Where the pairs cannot be aggregated, the transfers are priced one by
+    one from the expanded view, as before."""
+    if compact:
+        view = compact_timing(view)
+    count = counts(view)
     pr = _Prep()
     pr._struct = pr._order = pr._bw = pr.shift = pr.key = None
     pr.nb_zero = pr.ports_free = pr.rollable = False
     src = np.asarray(view.t_src, dtype=_I64)
     dst = np.asarray(view.t_dst, dtype=_I64)
     pr.src, pr.dst, pr.n = src, dst, len(src)
+    pr.pieces = len(src) if count is None else int(count.sum())      # transfers the view stands for
     pr.listing = np.arange(len(src), dtype=_I64)
     dm = cost.device_model
     if len(src):
@@ -103,7 +124,11 @@ def _prep(view, cost, dtype, redop, p) -> _Prep:
         pr.nf = cost.notify_arrays(src, dst)
         pr.nb = cost.notify_arrays(dst, src)
         pr.red = np.where(pr.rflag, dm.reduce_ns_array(view.t_bytes, dtype, redop or "sum"), 0)
-        _aggregate_pairs(pr)
+        if count is not None:
+            pr.wire = pr.wire * count      # a run's transfers back to back: the sum of their wire times
+            pr.red = pr.red * count
+        if not _aggregate_pairs(pr) and count is not None:
+            return _prep(expand_timing(view), cost, dtype, redop, p, compact=False)
         src, dst, eport, iport = pr.src, pr.dst, pr.eport, pr.iport
         pr.cost_fwd = pr.nf + pr.wire + pr.lat + pr.red
     l_rank = np.concatenate([np.asarray(view.c_rank, dtype=_I64), np.asarray(view.g_rank, dtype=_I64)])
@@ -118,7 +143,7 @@ def _prep(view, cost, dtype, redop, p) -> _Prep:
         pr.fast = not len(pr.l_rank) and pr.ports_free and (pr.dst_unique or _distinct(dst[costly]))
         pr.nb_zero = not pr.nb.any()
         # the byte-dependent costs are functions of the bytes alone: a rotated pattern's are rotated
-        pr.rollable = (pr.n == len(view.t_src) and not len(pr.l_rank) and bool((pr._bw == pr._bw[0]).all())
+        pr.rollable = (pr.n == pr.pieces and not len(pr.l_rank) and bool((pr._bw == pr._bw[0]).all())
                        and bool((pr.rflag == pr.rflag[0]).all()))
         # every rank sends once and receives once: the cheapest update
         pr.perm = pr.src_unique and pr.dst_unique and len(src) == p
@@ -218,7 +243,7 @@ def _prep_for(st, cost, dtype, redop, p, cache):
             if pr is not None:
                 return pr
         pr = _prep(view, cost, dtype, redop, p)
-        if pr.n == len(view.t_src) and not len(pr.l_rank):   # no pair aggregation: safe to share
+        if pr.n == pr.pieces and not len(pr.l_rank):   # no pair aggregation: safe to share
             if len(cache) >= _CACHE_LIMIT:
                 cache.clear()
             cache[ck] = pr

@@ -166,3 +166,110 @@ def test_rotated_ring_steps_equal_the_event_driven_reference(count, monkeypatch)
         fast = program_times(program, entry, CostModel.of(topo), "float32", "sum")
         ref = replay(prog.rank_steps(program, 24), entry, CostModel.of(topo), "float32", "sum")
         assert list(fast) == list(ref) == list(program_times(eager, entry, CostModel.of(topo), "float32", "sum"))
+
+
+def _plain(st):
+    """A step's transfer list as an eager step without a compacted view."""
+    from hcomm import program as prog
+    full = st.full()
+    out = prog.Step()
+    for name in prog.ARRAYS:
+        setattr(out, name, getattr(full, name))
+    return out
+
+
+def _block_programs(n):
+    from hccl_sim.algorithms import nb, nhr
+    from hccl_sim.algorithms.common import bounds
+    rows = np.arange(n + 1) * 3
+    smap = np.asarray(nhr.slice_map(n))
+    mixed = np.concatenate([[0], np.cumsum(np.random.default_rng(n).integers(1, 4, n))])    # three sizes
+    return {"nhr-ag": nhr.allgather(n, rows, 4), "nhr-ag-uneven": nhr.allgather(n, bounds(7 * n + 3, n), 4),
+            "nhr-ag-mixed": nhr.allgather(n, mixed, 4), "nhr-rs-mixed": nhr.reducescatter(n, mixed, 4),
+            "nhr-ag-smap": nhr.allgather(n, rows, 4, smap=smap), "nhr-rs": nhr.reducescatter(n, rows, 4),
+            "nb-rs": nb.reducescatter(n, rows, 4), "nb-rs-uneven": nb.reducescatter(n, bounds(5 * n - 1, n), 4),
+            "nhr-rs-smap": nhr.reducescatter(n, rows, 4, smap=smap), "nb-ag": nb.allgather(n, rows, 4)}
+
+
+@pytest.mark.parametrize("n", list(range(2, 40)) + [63, 64, 65, 100, 127, 129])
+def test_block_steps_timing_views_are_their_transfer_lists_compacted(n, monkeypatch):
+    """NHR/NB steps of many blocks per peer carry compacted timing views (built without the
+    transfer list when the builder knows them); vtiming compacts the others. Either way what it
+    prices is exactly hcomm.program.compact_timing of the step's transfer list, and the data
+    program is the one built eagerly."""
+    from hcomm import program as prog
+    from hccl_sim.algorithms import nhr
+    eager = _block_programs(n)
+    monkeypatch.setattr(nhr, "LAZY_PIECES", 0)
+    lazy = _block_programs(n)
+    for name, program in lazy.items():
+        assert len(program) == len(eager[name])
+        for st, ref in zip(program, eager[name]):
+            full, want = st.full(), _plain(ref)
+            for a in prog.ARRAYS:
+                assert np.array_equal(getattr(full, a), getattr(want, a)), (name, a)
+            got, exp = prog.compact_timing(st.timing()), prog.compact_timing(want)     # what vtiming prices
+            assert np.array_equal(prog.expand_timing(exp).t_bytes, want.t_bytes)
+            if getattr(got, "expand", None) is not None:
+                # grouped by size: the same transfers per pair, pairs in the same order
+                assert np.array_equal(prog.expand_timing(got).t_bytes, want.t_bytes)
+                def key(v):
+                    total = {}
+                    c = prog.counts(v) if prog.counts(v) is not None else np.ones(len(v.t_src), dtype=np.int64)
+                    for s, d, b, c, f in zip(v.t_src, v.t_dst, v.t_bytes, c, np.asarray(v.t_rbuf) >= 0):
+                        k = (int(s), int(d), int(b), bool(f))
+                        total[k] = total.get(k, 0) + int(c)
+                    return total
+                assert key(got) == key(exp), name
+                firsts = lambda v: [int(x) for i, x in enumerate(v.t_src) if i == 0 or v.t_src[i - 1] != x]  # noqa
+                assert firsts(got) == firsts(exp), name
+                continue
+            for a in ("t_src", "t_dst", "t_bytes"):
+                assert np.array_equal(getattr(got, a), getattr(exp, a)), (name, a)
+            assert np.array_equal(np.asarray(got.t_rbuf) >= 0, np.asarray(exp.t_rbuf) >= 0), name
+            gc, ec = prog.counts(got), prog.counts(exp)
+            assert (gc is None and ec is None) or np.array_equal(gc, ec), name
+
+
+@pytest.mark.parametrize("n", [16, 24, 37])
+def test_compacted_steps_equal_the_event_driven_reference(n, monkeypatch):
+    """Priced from compacted views (multiplicities), from the expanded transfer list where two
+    programs' pairs interleave, and from the plain steps, the vectorised engine equals the
+    event-driven replay on contended Atlas 800T A2 NICs."""
+    from hcomm import program as prog
+    from hcomm.cost import CostModel
+    from hcomm.timing import replay
+    from hcomm.vtiming import program_times
+    from hccl_sim.algorithms import nhr
+    monkeypatch.setattr(nhr, "LAZY_PIECES", 0)
+    topo = hccl_sim.topology("atlas800t-a2", servers=(n + 7) // 8)
+    p = topo.num_ranks
+    progs = _block_programs(n)
+    twice = prog.merge_parallel([progs["nhr-ag"], progs["nhr-ag-uneven"]])     # same pairs, interleaved
+    mixed = prog.merge_parallel([progs["nhr-ag-mixed"], progs["nhr-ag-uneven"]])
+    for program in list(progs.values()) + [twice, mixed]:
+        for entry in ([0] * p, list(np.random.default_rng(n).integers(0, 30_000, p))):
+            ref = replay(prog.rank_steps(program, p), entry, CostModel.of(topo), "float32", "sum")
+            fast = program_times(program, entry, CostModel.of(topo), "float32", "sum")
+            plain = program_times([_plain(st) for st in program], entry, CostModel.of(topo), "float32", "sum")
+            assert list(fast) == list(ref) == list(plain)
+
+
+
+@pytest.mark.parametrize("n", list(range(1, 70)) + [100, 127, 128, 129, 257])
+def test_nb_allgather_run_by_run_builds_the_same_steps(n, monkeypatch):
+    """NB's AllGather steps built run by run equal those built from the block matrix by `_add`."""
+    from hcomm import program as prog
+    from hccl_sim.algorithms import nb
+    from hccl_sim.algorithms.common import bounds
+    rng = np.random.default_rng(n)
+    uneven = 7 + np.concatenate([[0], np.cumsum(rng.integers(1, 9, n))])
+    for offs in (np.arange(n + 1) * 5, bounds(3 * n + 1, n), uneven):
+        fast = nb.allgather(n, offs, 4, prog.OUTPUT)
+        monkeypatch.setattr(nb, "RUN_BY_RUN", False)
+        ref = nb.allgather(n, offs, 4, prog.OUTPUT)
+        monkeypatch.setattr(nb, "RUN_BY_RUN", True)
+        assert len(fast) == len(ref)
+        for a, b in zip(fast, ref):
+            for name in prog.ARRAYS:
+                assert np.array_equal(getattr(a, name), getattr(b, name)), name

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from hcomm.program import INPUT, NONE, OUTPUT, SCRATCH, LazyStep, Step, StepBuilder, TimingView, merge_parallel
+from hcomm.program import (INPUT, NONE, OUTPUT, SCRATCH, LazyStep, Step, StepBuilder, TimingView, compacted,
+                           counts, merge_parallel)
 
-__all__ = ["INPUT", "OUTPUT", "SCRATCH", "NONE", "Step", "StepBuilder", "bounds", "fold", "tile", "merge_runs",
-           "local_copy", "ceil_log2", "blocks", "spread", "single_rank_reducescatter"]
+__all__ = ["INPUT", "OUTPUT", "SCRATCH", "NONE", "Step", "StepBuilder", "compacted", "bounds", "fold", "tile",
+           "merge_runs", "local_copy", "ceil_log2", "blocks", "spread", "single_rank_reducescatter"]
 
 
 def bounds(n: int, parts: int) -> np.ndarray:
@@ -115,9 +116,12 @@ def _tile_full(st, ranks, shift) -> Step:
 
 def _tile_timing(view, ranks) -> TimingView:
     G = ranks.shape[0]
+    c = counts(view)                       # a compacted view stays compacted: its runs tile as runs
+    grouped = getattr(view, "expand", None)
     return TimingView(ranks[:, view.t_src].reshape(-1), ranks[:, view.t_dst].reshape(-1), np.tile(view.t_bytes, G),
                       np.tile(view.t_rbuf, G), ranks[:, view.c_rank].reshape(-1), np.tile(view.c_bytes, G),
-                      ranks[:, view.g_rank].reshape(-1), np.tile(view.g_bytes, G))
+                      ranks[:, view.g_rank].reshape(-1), np.tile(view.g_bytes, G), None if c is None else np.tile(c, G),
+                      None if grouped is None else (lambda: _tile_timing(grouped(), ranks)))
 
 
 _EAGER_OPS = 1 << 16

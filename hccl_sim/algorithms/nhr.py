@@ -24,7 +24,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from .common import (INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, ceil_log2, local_copy, merge_runs,
+from hcomm.program import LazyStep, TimingView
+
+from .common import (INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, ceil_log2, compacted, local_copy, merge_runs,
                      single_rank_reducescatter)
 
 NAME = "NHR"
@@ -152,12 +154,14 @@ def halving_reducescatter(n, offs, unit, src, acc, out, out_lo, smap, direction)
     """The ReduceScatter NHR (direction -1) and NB (+1) share: in step s rank r sends to r + d 2^s the
     partials of blocks u = (r + d 2^s) + d k 2^(s+1), k < floor((n-1+2^s)/2^(s+1))."""
     offs = np.asarray(offs, dtype=np.int64)
+    ident = smap is None or np.array_equal(smap, np.arange(n))
     smap = np.arange(n) if smap is None else np.asarray(smap, dtype=np.int64)
     out_lo = np.zeros(n, dtype=np.int64) if out_lo is None else np.asarray(out_lo, dtype=np.int64)
     if n == 1:
         return single_rank_reducescatter(offs, unit, src, out, out_lo, int(smap[0]))
     r = np.arange(n)
     L = ceil_log2(n)
+    sizes = _block_sizes(offs, n) if ident else None
     steps = []
     for s in range(L):
         P = 1 << s
@@ -169,43 +173,117 @@ def halving_reducescatter(n, offs, unit, src, acc, out, out_lo, smap, direction)
         # from its sender and 2Pk from its receiver, for every rank.
         sbuf = np.where(received_before((P + 2 * P * k) % n, s, n), acc, src)
         rbuf = np.where(received_before((2 * P * k) % n, s, n), acc, src)
-        b = StepBuilder()
         runs = None
         if not last and (sbuf == sbuf[0]).all() and (rbuf == rbuf[0]).all():
             runs = _runs(smap, to_all, direction * 2 * P, cnt)
-        if runs is not None:
-            _run_transfers(b, r, to_all, unit, sbuf[0], offs, runs, acc, rbuf[0])
-        else:
+
+        def build(P=P, cnt=cnt, last=last, to_all=to_all, k=k, sbuf=sbuf, rbuf=rbuf, runs=runs):
+            b = StepBuilder()
+            if runs is not None:
+                _run_transfers(b, r, to_all, unit, sbuf[0], offs, runs, acc, rbuf[0])
+                return b.build()
             for rows in row_chunks(n, cnt):       # bounded memory on thousands of servers
                 rr, to = r[rows], to_all[rows]
                 blocks = smap[(to[:, None] + direction * 2 * P * k[None, :]) % n]
                 _add(b, np.repeat(rr, cnt), np.repeat(to, cnt), unit, sbuf[None, :], offs, blocks,
                      out if last else acc, out_lo[to][:, None] if last else offs[blocks], rbuf[None, :])
-        steps.append(b.build())
+            return b.build()
+        per_peer = (runs is None and cnt > 1 and sizes is not None and n * cnt > LAZY_PIECES
+                    and len(np.unique(rbuf >= 0)) == 1)
+        steps.append(_block_step(build, per_peer, r, to_all, to_all, direction * 2 * P, cnt, sizes, unit, int(rbuf[0])))
     return steps
+
+
+def _block_sizes(offs, n, most: int = 8):
+    """(distinct sizes, each block's index among them) when the n blocks are not empty and of
+    at most `most` sizes, else None."""
+    sizes = np.diff(offs[:n + 1])
+    if len(sizes) != n or not bool((sizes > 0).all()):
+        return None
+    values, which = np.unique(sizes, return_inverse=True)
+    return (values, which.reshape(-1)) if len(values) <= most else None
+
+
+def window_counts(which, kinds: int, start, stride: int, count: int):
+    """(len(start), kinds) counts of each kind among which[(x + stride k) % n], k < count, for every
+    x in start: by doubling, O(kinds n log count), not the (n x count) window matrix."""
+    n = len(which)
+    block = np.zeros((n, kinds), dtype=np.int64)        # kinds over windows of `width` from each x
+    block[np.arange(n), which] = 1
+    out = np.zeros((len(start), kinds), dtype=np.int64)
+    pos = np.asarray(start, dtype=np.int64) % n
+    width, c = 1, count
+    while c:
+        if c & 1:
+            out += block[pos]
+            pos = (pos + stride * width) % n
+        c >>= 1
+        if c:
+            block = block + block[(np.arange(n) + stride * width) % n]
+            width *= 2
+    return out
+
+
+LAZY_PIECES = 1 << 16     # block transfers in a step above which its data program is built on demand
+
+
+def _block_step(build, per_peer: bool, src, dst, start, stride: int, cnt: int, sizes, unit: int, rbuf: int):
+    """A step of cnt > 1 blocks per peer, its data program made by `build`; rank src[i] sends
+    blocks (start[i] + stride k) % n, k < cnt, to dst[i].
+
+    With HCCL's rank order (no slice map) and non-empty blocks, the view is known without
+    building the step: a rank's cnt blocks lie |stride| (mod n) apart, and two of them would be
+    adjacent only if |stride| j = +-1 (mod n) for some 0 < j < cnt, which 0 < |stride| j <= n - 1
+    - |stride| / 2 rules out; so `_add` keeps them as cnt transfers, listed peer by peer in block
+    order. With equal blocks the view is one entry of multiplicity cnt per peer: what
+    hcomm.program.compact_timing makes of the built step (tests check it). With a few sizes it
+    is one entry per peer and size (a grouped view, hcomm.program.TimingView.expand), which the
+    timing model prices as the built step's transfers. The data program (millions of transfers
+    on thousands of servers) is only built when an engine moves data, or the timing model needs
+    a grouped pair's order. `per_peer` says the caller checked those conditions; otherwise the
+    step is built now and its view compacted from it."""
+    if not per_peer:
+        return compacted(build())
+    n = len(src)
+    values, which = sizes
+    if len(values) == 1:
+        view = TimingView(src, dst, np.full(n, int(values[0]) * unit, dtype=np.int64), np.full(n, rbuf, dtype=np.int64),
+                          t_count=np.full(n, cnt, dtype=np.int64))
+    else:
+        per = window_counts(which, len(values), start, stride, cnt)   # (peers, sizes)
+        peer, kind = np.nonzero(per)                                 # peer by peer, sizes ascending
+        view = TimingView(src[peer], dst[peer], values[kind] * unit, np.full(len(peer), rbuf, dtype=np.int64),
+                          t_count=per[peer, kind], expand=build)
+    return LazyStep(build, lambda: view)
 
 
 def allgather(n: int, offs, unit: int, buf=OUTPUT, smap=None) -> list:
     """In place: rank x's block smap[x] (default x) is already in buf."""
     offs = np.asarray(offs, dtype=np.int64)
+    ident = smap is None or np.array_equal(smap, np.arange(n))
     smap = np.arange(n) if smap is None else np.asarray(smap, dtype=np.int64)
     r = np.arange(n)
     L = ceil_log2(n)
+    sizes = _block_sizes(offs, n) if ident else None
     steps = []
     for s in range(L):
         d = 1 << (L - 1 - s)
         cnt = (n - 1 + d) // (2 * d)
-        b = StepBuilder()
         runs = _runs(smap, r, -2 * d, cnt)
-        if runs is not None:
-            _run_transfers(b, r, (r + d) % n, unit, buf, offs, runs, buf, -1)
-        else:
+
+        def build(d=d, cnt=cnt, runs=runs):
+            b = StepBuilder()
+            if runs is not None:
+                _run_transfers(b, r, (r + d) % n, unit, buf, offs, runs, buf, -1)
+                return b.build()
             for rows in row_chunks(n, cnt):
                 rr = r[rows]
                 blocks = smap[(rr[:, None] - 2 * d * np.arange(cnt)[None, :]) % n]
                 _add(b, np.repeat(rr, cnt), np.repeat((rr + d) % n, cnt), unit, buf, offs, blocks, buf, offs[blocks],
                      -1)
-        steps.append(b.build())
+            return b.build()
+        steps.append(_block_step(build, runs is None and cnt > 1 and sizes is not None and n * cnt > LAZY_PIECES,
+                                 r, (r + d) % n, r, -2 * d, cnt, sizes, unit, -1))
     return steps
 
 
