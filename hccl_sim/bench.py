@@ -138,7 +138,8 @@ def run_bench(spec: BenchSpec, topo, progress=None) -> list:
         count = op_count(spec.op, size, p, itemsize)
         if spec.trace:
             est, plan = simulate(spec.op, count * itemsize, topology=topo, algo=spec.algo, dtype=spec.dtype,
-                                 redop=spec.redop, root=spec.root, env=spec.env, trace=True, policy=spec.policy)
+                                 redop=spec.redop, root=spec.root, env=spec.env, trace=True, policy=spec.policy,
+                                 faults=spec.faults)
             trace_sections.append((f"{spec.op} {count * itemsize} B ({plan.algo})", plan.events or []))
         if spec.engine == "timing":
             t0 = time.perf_counter()

@@ -26,6 +26,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from hcomm.cost import CostModel, as_cost
+from hcomm.faults import LinkFailure
 from hcomm.vtiming import program_times
 from topologies.errors import HcclError
 from topologies.presets import without_inter_hccs
@@ -204,7 +205,7 @@ def plan_times(sig, cost, config, itemsize, choice, entry, faults: bool = True):
     return loops, programs, exits, parts or None
 
 
-def _replayed_exits(sig, loops, programs, entry, cost, marks=None) -> list:
+def _replayed_exits(sig, loops, programs, entry, cost, marks=None, events=None) -> list:
     """Exit clocks from the event-driven replay under the cost model's link state, loop by loop
     with the same fixed costs as _time_loops (`marks`: every rank's step start clocks, appended)."""
     from hcomm.timing import replay
@@ -219,8 +220,36 @@ def _replayed_exits(sig, loops, programs, entry, cost, marks=None) -> list:
         if k:
             clock = [t + dm.loop_overhead_ns for t in clock]
         clock = replay(program_rank_steps(programs[b - a], p), clock, cost, dtype=sig.dtype,
-                       redop=sig.redop or "sum", op_name=sig.name, links=cost.link_state, marks=marks)
+                       redop=sig.redop or "sum", op_name=sig.name, links=cost.link_state, marks=marks,
+                       events=events)
     return [int(t) for t in clock]
+
+
+def _trace_events(sig, loops, programs, entry, cost, history) -> list:
+    """Chrome-trace events of the op from the event-driven replay: every loop's transfers, copies
+    and reductions; under a fault plan, every failed try up to its error CQE, the wait before the
+    next try (an event on every rank), then the try that succeeded."""
+    from hcomm.timing import replay
+    p = cost.num_ranks
+    events = []
+    if not cost.link_state:
+        per_loop = [program_rank_steps(programs[b - a if sig.name != "barrier" else 1], p) for a, b in loops]
+        full = [sum((tuple(s) for s in steps), ()) for steps in zip(*per_loop)]
+        replay(full, list(entry), cost, dtype=sig.dtype, redop=sig.redop or "sum", events=events)
+        return events
+    for k, (at, failure) in enumerate(history):
+        if failure is None:
+            _replayed_exits(sig, loops, programs, at, cost, events=events)
+            break
+        try:
+            _replayed_exits(sig, loops, programs, at, cost, events=events)
+        except LinkFailure:
+            pass                               # its events up to the error CQE are in
+        resume = history[k + 1][0]
+        for r in range(p):
+            events.append((r, f"op retry {k + 1}: wait", failure.time_ns, resume[r],
+                           {"cause": failure.label, "link": f"rank {failure.src} -> rank {failure.dst}"}))
+    return events
 
 
 def step_clock(plan, topo, config, rank: int, step: int) -> int:
@@ -263,9 +292,9 @@ def make_plan(sig: Signature, topo, config, entry: list, itemsize: int, trace: b
     cost = effective_cost(topo, config)
     p = cost.num_ranks
     choice = choose(sig, cost, config, itemsize)
-    retries = 0
+    retries, history = 0, [(list(entry), None)]
     if cost.link_state:
-        (loops, programs, exits, parts), retries = priced_with_retry(
+        (loops, programs, exits, parts), retries, history = priced_with_retry(
             lambda at: plan_times(sig, cost, config, itemsize, choice, at), sig, choice.label, cost, config, entry)
     else:
         loops, programs, exits, parts = plan_times(sig, cost, config, itemsize, choice, entry)
@@ -274,11 +303,7 @@ def make_plan(sig: Signature, topo, config, entry: list, itemsize: int, trace: b
         exits = [max(exits)] * p
     events = None
     if trace:
-        from hcomm.timing import replay
-        events = []
-        per_loop = [program_rank_steps(programs[b - a if sig.name != "barrier" else 1], p) for a, b in loops]
-        full = [sum((tuple(s) for s in steps), ()) for steps in zip(*per_loop)]
-        replay(full, list(entry), cost, dtype=sig.dtype, redop=sig.redop or "sum", events=events)
+        events = _trace_events(sig, loops, programs, entry, cost, history)
     nbytes = 0 if sig.name == "barrier" else colls.of(sig.name).op_bytes(sig.count, p, itemsize)
     return OpPlan(sig, choice, loops, programs, list(entry), exits, nbytes, events, parts, retries)
 

@@ -44,15 +44,20 @@ def exception_location(f: LinkFailure, sig, algo: str, level: str) -> str:
 
 
 def priced_with_retry(price, sig, algo: str, cost, config, entry: list):
-    """(price(entry)'s result, tries retried) for an op whose pricing may meet a failed link."""
+    """(price's result, tries retried, history) for an op whose pricing may meet a failed link:
+    history lists every try as (entry clocks, its LinkFailure or None for the one that succeeded)."""
     params = dict(config.retry_params)
     enabled = dict(config.retry_enable)
     tries = 0
     current = list(entry)
+    history = []
     while True:
         try:
-            return price(current), tries
+            result = price(current)
+            history.append((current, None))
+            return result, tries, history
         except LinkFailure as f:
+            history.append((current, f))
             level = level_of(cost, f.src, f.dst)
             where = exception_location(f, sig, algo, level)
             if not enabled.get(level, False):

@@ -183,6 +183,9 @@ def replay(schedules, entry_ns, cost, dtype: str = "float32", redop: str | None 
                 failure.src, failure.dst, failure.hops = tr.src, tr.dst, route.hops
                 failure.step = ranks[tr.src].index
                 failure.finished = tuple(r for r, rk in enumerate(ranks) if rk.index >= len(rk.steps))
+                if events is not None:
+                    events.append((tr.src, f"send->{tr.dst} failed", start, failure.time_ns,
+                                   {"bytes": sop.nbytes, "link": route.kind, "attempts": failure.attempts}))
                 raise
         port_free[tr.egress] = port_free[tr.ingress] = end
         tr.arrive = end + route.latency_ns

@@ -133,9 +133,12 @@ def test_bench_under_a_fault_plan(capsys, tmp_path):
     env = ["--env", "HCCL_RDMA_TIMEOUT=5", "--env", "HCCL_RDMA_RETRY_CNT=1", "--env", "HCCL_OP_RETRY_ENABLE=L1:1",
            "--env", "HCCL_OP_RETRY_PARAMS=MaxCnt:1,HoldTime:2"]
     out_json = tmp_path / "rows.json"
+    trace = tmp_path / "trace.json"
     assert main(["bench", "--servers", "2", "--engine", "timing", "-b", "1M", "-e", "4M", "--faults", str(plan),
-                 "--json", str(out_json)] + env) == 0
+                 "--json", str(out_json), "--trace", str(trace)] + env) == 0
     out = capsys.readouterr().out
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("name") == "op retry 1: wait" for e in events)
     assert "retries      lost" in out and "under fault plan (seed 3, 1 fault(s))" in out
     rows = json.loads(out_json.read_text())["rows"]
     assert [r["retries"] for r in rows] == [1, 1]

@@ -244,3 +244,18 @@ def test_rank_crash_mid_op_and_at_a_time():
     with pytest.raises(HcclError, match="rank_crash faults on engine ray are not modelled yet") as e:
         hccl_sim.Cluster(topo, engine="ray", faults=FaultPlan().rank_crash(1, at_op=0))
     assert e.value.code == "E_NOT_SUPPORT"
+
+
+def test_trace_of_a_retried_op_shows_every_try():
+    env = {"HCCL_OP_RETRY_ENABLE": "L0:1", "HCCL_OP_RETRY_PARAMS": "MaxCnt:2,HoldTime:1,IntervalTime:1"}
+    topo = hccl_sim.topology("fullmesh", ranks=4, bandwidth=1e9, latency=1e-6)
+    est, plan = hccl_sim.simulate("allreduce", 1 << 16, topology=topo, algo="ring", trace=True, env={**FAST, **env},
+                                  faults=FaultPlan().link_flap(0, 1, at=0, duration=0.003))
+    assert est.retries == 2
+    waits = [e for e in plan.events if e[1].startswith("op retry")]
+    assert sorted({e[1] for e in waits}) == ["op retry 1: wait", "op retry 2: wait"] and len(waits) == 8
+    last_wait_end = max(e[3] for e in waits)
+    after = [e for e in plan.events if e[1].startswith("send") and e[2] >= last_wait_end]
+    assert after and max(e[3] for e in plan.events) <= round(est.time * 1e9)
+    failed = [e for e in plan.events if e[1].endswith("failed")]
+    assert len(failed) == 2 and failed[0][2] == 0 and failed[0][3] == 2 * DELTA   # the first try's error CQE
