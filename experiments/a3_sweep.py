@@ -13,15 +13,9 @@ import argparse
 import time
 
 import hccl_sim
+from calibration import size as human      # 1 KiB, 64 MiB, ...
 
 SIZES = [1 << k for k in (10, 14, 18, 20, 22, 24, 26, 28, 30, 32)]
-
-
-def human(n: int) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift:
-            return f"{n >> shift} {unit}"
-    return f"{n} B"
 
 
 def main():

@@ -13,7 +13,6 @@ how long each op would take on a modelled Ascend cluster.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -27,7 +26,7 @@ from topologies.validate import integer, is_integer
 from . import collectives
 from .communicator import Communicator, OpRecord
 from .env import Config
-from .faults import FaultPlan
+from .faults import FaultPlan, with_faults
 from .planner import Signature, make_plan
 from .types import DTYPES, ReduceOp, dtype_name, numpy_dtype, parse_reduce_op
 
@@ -89,16 +88,6 @@ def _engine(engine):
     raise HcclError("E_PARA", f"unknown engine {engine!r}; expected one of local, ray, mpi (run) or timing (simulate)")
 
 
-def _with_faults(topo, config, faults):
-    """`config` carrying the fault plan bound to the topology its ops are priced on."""
-    if faults is None:
-        return config
-    if not isinstance(faults, FaultPlan):
-        raise HcclError("E_PARA", f"faults must be a hccl_sim.FaultPlan (or None), got {type(faults).__name__}")
-    from .planner import effective_cost
-    return dataclasses.replace(config, faults=faults.bind(effective_cost(topo, config).topology, config))
-
-
 def run(fn, topology=None, engine: str = "local", args=(), kwargs=None, env: dict | None = None,
         policy: str | None = None, address: str | None = None, faults=None):
     """Run fn(comm, *args, **kwargs) once on every rank; return the results indexed by rank.
@@ -107,7 +96,7 @@ def run(fn, topology=None, engine: str = "local", args=(), kwargs=None, env: dic
     the rank (the original exception is its __cause__). `faults`: a FaultPlan the run meets.
     """
     topo = _topology(topology)
-    config = _with_faults(topo, Config.from_env(env, policy), faults)
+    config = with_faults(topo, Config.from_env(env, policy), faults)
     _check_call(fn, args, kwargs, topo, _engine(engine))
     if _engine(engine) == "ray":
         with Cluster(topo, engine="ray", env=env, policy=policy, address=address, faults=faults) as cluster:
@@ -129,7 +118,7 @@ class Cluster:
                  address: str | None = None, data_plane: str | None = None, faults=None):
         self.topology = _topology(topology)
         self.engine = _engine(engine)
-        self.config = _with_faults(self.topology, Config.from_env(env, policy), faults)
+        self.config = with_faults(self.topology, Config.from_env(env, policy), faults)
         if self.engine == "ray" and self.config.faults is not None and self.config.faults.crashes:
             raise HcclError("E_NOT_SUPPORT", "rank_crash faults on engine ray are not modelled yet (the actor's process "
                             "exit); they run on engine local and in simulate")
@@ -242,12 +231,11 @@ def simulate(op: str, nbytes: int, topology=None, algo: str | None = None, dtype
     shape = coll.input_shape_for_bytes(nbytes, p, itemsize)
     red = parse_reduce_op(redop).value if coll.reducing else None
     sig = Signature(name, shape, dname, red, root if coll.rooted else None, algo)
-    config = _with_faults(topo, Config.from_env(env, policy), faults)
+    config = with_faults(topo, Config.from_env(env, policy), faults)
     entry = [0] * p if config.faults is None else [config.faults.straggle_ns(r, 0) for r in range(p)]
     plan = make_plan(sig, topo, config, entry, itemsize, trace=trace)
     if config.faults is not None and config.faults.crashes:
-        from .planner import step_clock
-        crash = config.faults.crash_in(plan, 0, lambda r, j: step_clock(plan, topo, config, r, j))
+        crash = config.faults.crash_in(plan, 0, topo, config)
         if crash is not None:       # what the survivors get (the dead rank's own end is its crash)
             survivor = next(r for r in range(p) if r != crash[0]) if p > 1 else crash[0]
             raise config.faults.lost_error(crash, plan, config, survivor, name)[1]

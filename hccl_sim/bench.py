@@ -21,6 +21,7 @@ from topologies.validate import integer, is_integer
 from . import MAX_ALLTOALL_RANKS, MAX_LOCAL_RANKS, busbw_factor, canonical_op, collectives, op_count, simulate
 from . import trace as chrome
 from .env import Config
+from .faults import with_faults
 from .types import dtype_name, nccl_name, numpy_dtype
 from .verifiable import expected, rank_input
 
@@ -109,9 +110,7 @@ def run_bench(spec: BenchSpec, topo, progress=None) -> list:
     rows = []
     trace_sections = []
     config = Config.from_env(spec.env, spec.policy)   # validates the environment before anything runs
-    if spec.faults is not None:
-        from . import _with_faults
-        config = _with_faults(topo, config, spec.faults)   # checks the plan against the topology first
+    config = with_faults(topo, config, spec.faults)   # checks a fault plan against the topology first
     check_spec(spec, p)
 
     def clean_time_s(count):

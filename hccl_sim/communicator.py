@@ -16,11 +16,10 @@ import numpy as np
 from topologies.errors import HcclError
 from topologies.validate import is_integer
 
-
 from . import collectives as colls
 from .engines.base import Call, RankBuffers
 from .faults import RankCrashed
-from .planner import Signature, effective_cost, step_clock
+from .planner import Signature, effective_cost
 from .device import Device, DeviceArray, Stream, Work
 from .types import dtype_name, parse_reduce_op
 
@@ -255,7 +254,7 @@ class Communicator:
     def _meet_crash(self, faults, plan, seq, opname):
         """A crash the fault plan puts in this op: the dead rank stops (RankCrashed), every other
         rank fails when HCCL would notice (faults.BoundFaults.lost_error); nobody moves data."""
-        crash = faults.crash_in(plan, seq, lambda r, j: step_clock(plan, self.topology, self.config, r, j))
+        crash = faults.crash_in(plan, seq, self.topology, self.config)
         if crash is None:
             return
         self._lost = crash

@@ -9,6 +9,7 @@ delay a rank's entry into the ops they name. Plans save to and load from YAML.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,19 +37,20 @@ class BoundFaults:
         """How late `rank` enters its op number `op_index` (0-based, per communicator)."""
         return sum(d for r, ops, d in self.late if r == rank and (ops is None or op_index in ops))
 
-    def crash_in(self, plan, op_index: int, step_clock=None):
+    def crash_in(self, plan, op_index: int, topo, config):
         """(rank, simulated ns, label) of the first crash the plan has in this op, or None.
 
-        at_op: on entering op number at_op (or, with at_step, when its step at_step starts:
-        `step_clock(rank, step)` gives that clock); at: in the first op the rank has not left by
-        that time (on entry if it was idle then). Every rank computes the same answer from the
-        op's plan, so no rank waits for a dead one."""
+        at_op: on entering op number at_op (or, with at_step, when its step at_step starts, from
+        the event-driven replay of the op); at: in the first op the rank has not left by that time
+        (on entry if it was idle then). Every rank computes the same answer from the op's plan, so
+        no rank waits for a dead one."""
+        from .planner import step_clock
         found = None
         for rank, at_op, at_ns, at_step, label in self.crashes:
             if at_op is not None:
                 if at_op != op_index:
                     continue
-                t = plan.entry[rank] if at_step is None else step_clock(rank, at_step)
+                t = plan.entry[rank] if at_step is None else step_clock(plan, topo, config, rank, at_step)
             else:
                 if plan.exits[rank] <= at_ns:
                     continue
@@ -94,6 +96,17 @@ class RankCrashed(BaseException):
     def __init__(self, rank: int, time_ns: int, op: str):
         self.rank, self.time_ns, self.op = rank, time_ns, op
         super().__init__(f"rank {rank} crashed in {op} at {time_ns / 1e9:.6f} s (fault plan)")
+
+
+def with_faults(topo, config, faults):
+    """`config` carrying `faults` (a FaultPlan or None) bound to the topology its ops are priced
+    on (with HCCL_INTER_HCCS_DISABLE, RoCE between an A3 superpod's servers)."""
+    if faults is None:
+        return config
+    if not isinstance(faults, FaultPlan):
+        raise HcclError("E_PARA", f"faults must be a hccl_sim.FaultPlan (or None), got {type(faults).__name__}")
+    from .planner import effective_cost
+    return dataclasses.replace(config, faults=faults.bind(effective_cost(topo, config).topology, config))
 
 
 def _describe(index: int, entry: dict) -> str:

@@ -207,11 +207,13 @@ def plan_times(sig, cost, config, itemsize, choice, entry, faults: bool = True):
 
 def _replayed_exits(sig, loops, programs, entry, cost, marks=None, events=None) -> list:
     """Exit clocks from the event-driven replay under the cost model's link state, loop by loop
-    with the same fixed costs as _time_loops (`marks`: every rank's step start clocks, appended)."""
+    with the same fixed costs as _time_loops (`marks`: every rank's step start clocks; `events`:
+    the trace, appended)."""
     from hcomm.timing import replay
     if len(loops) > _LOOPS_BEFORE_GIVING_UP:
-        raise HcclError("E_NOT_SUPPORT", f"an op of {len(loops)} buffer loops under link faults is not priced (at most "
-                        f"{_LOOPS_BEFORE_GIVING_UP}); use a larger HCCL_BUFFSIZE")
+        raise HcclError("E_NOT_SUPPORT", f"an op of {len(loops)} buffer loops is not replayed loop by loop (traced, "
+                        f"under link faults or crashing mid-op; at most {_LOOPS_BEFORE_GIVING_UP}); use a larger "
+                        "HCCL_BUFFSIZE")
     p = cost.num_ranks
     dm = cost.device_model
     clock = [int(t) + dm.op_overhead_ns.get(sig.name, 0) for t in entry]
@@ -225,28 +227,20 @@ def _replayed_exits(sig, loops, programs, entry, cost, marks=None, events=None) 
     return [int(t) for t in clock]
 
 
-def _trace_events(sig, loops, programs, entry, cost, history) -> list:
-    """Chrome-trace events of the op from the event-driven replay: every loop's transfers, copies
-    and reductions; under a fault plan, every failed try up to its error CQE, the wait before the
-    next try (an event on every rank), then the try that succeeded."""
-    from hcomm.timing import replay
-    p = cost.num_ranks
+def _trace_events(sig, loops, programs, cost, history) -> list:
+    """Chrome-trace events of the op from the event-driven replay, loop by loop with the op's fixed
+    costs: every try of `history` (one, without faults): a failed try up to its error CQE, the wait
+    before the next try (an event on every rank), then the try that succeeded."""
     events = []
-    if not cost.link_state:
-        per_loop = [program_rank_steps(programs[b - a if sig.name != "barrier" else 1], p) for a, b in loops]
-        full = [sum((tuple(s) for s in steps), ()) for steps in zip(*per_loop)]
-        replay(full, list(entry), cost, dtype=sig.dtype, redop=sig.redop or "sum", events=events)
-        return events
     for k, (at, failure) in enumerate(history):
-        if failure is None:
-            _replayed_exits(sig, loops, programs, at, cost, events=events)
-            break
         try:
             _replayed_exits(sig, loops, programs, at, cost, events=events)
         except LinkFailure:
             pass                               # its events up to the error CQE are in
+        if failure is None:
+            break
         resume = history[k + 1][0]
-        for r in range(p):
+        for r in range(cost.num_ranks):
             events.append((r, f"op retry {k + 1}: wait", failure.time_ns, resume[r],
                            {"cause": failure.label, "link": f"rank {failure.src} -> rank {failure.dst}"}))
     return events
@@ -303,7 +297,7 @@ def make_plan(sig: Signature, topo, config, entry: list, itemsize: int, trace: b
         exits = [max(exits)] * p
     events = None
     if trace:
-        events = _trace_events(sig, loops, programs, entry, cost, history)
+        events = _trace_events(sig, loops, programs, cost, history)
     nbytes = 0 if sig.name == "barrier" else colls.of(sig.name).op_bytes(sig.count, p, itemsize)
     return OpPlan(sig, choice, loops, programs, list(entry), exits, nbytes, events, parts, retries)
 

@@ -21,8 +21,7 @@ from .common import INPUT, OUTPUT, StepBuilder
 
 NAME = "grouped_fullmesh"
 COLLECTIVES = ("alltoall",)
-LEVELS = ("flat",)
-NOT_AT = {"flat": ("alltoall",)}      # only HCCL's A3 selection runs it (no HCCL_ALGO token names it)
+LEVELS = ()                           # no level a token can ask for: only HCCL's A3 selection runs it
 DESCRIPTION = "A3 AlltoAll: 8 concurrent SDMA peers inside the superpod, one RDMA peer at a time across"
 SDMA_CONCURRENT = 8
 
