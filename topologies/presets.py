@@ -257,6 +257,44 @@ def without_inter_hccs(topo: Topology) -> Topology:
     return got
 
 
+_BACKUP_VARIANTS = weakref.WeakKeyDictionary()
+
+
+def with_backup_nics(topo: Topology, dies) -> Topology:
+    """An A3 topology in which every die of `dies` uses its package partner's NIC (HCCL's backup
+    NIC, `backup_device_ip`, switched to by an L2 op retry when the die's own NIC is down for good;
+    reference/hccl.md §8.3): its RoCE routes cross SIO to the partner and leave by the partner's
+    NIC, and the two dies share that NIC at half bandwidth each (routers.NIC_SHARE). One variant
+    per (topology, dies); no dies: the topology itself."""
+    dies = tuple(sorted({int(d) for d in dies}))
+    if not dies:
+        return topo
+    variants = _BACKUP_VARIANTS.setdefault(topo, {})
+    got = variants.get(dies)
+    if got is None:
+        router = topo.params.get("router")
+        if not isinstance(router, HardwareRouter) or router.superpod_of is None:
+            raise HcclError("E_NOT_SUPPORT", f"{topo.name}: a backup NIC is an A3 SuperPoD (atlas900-a3) feature")
+        try:
+            router = router.with_backup(router.backup + dies)
+        except ValueError as e:
+            raise HcclError("E_PARA", f"{topo.name}: {e}") from None
+        # the links are as built (their graph too); only the borrowing dies' routes change
+        got = variants[dies] = dataclasses.replace(topo, graph=topo.__dict__["graph"],
+                                                   params={**topo.params, "router": router, "backup_nics": router.backup})
+    return got
+
+
+def package_partner(topo: Topology, rank: int):
+    """The other die of `rank`'s 910C package (its SIO partner) on an A3 topology; None elsewhere
+    or where it has none."""
+    router = topo.params.get("router")
+    if not isinstance(router, HardwareRouter) or router.superpod_of is None:
+        return None
+    partner = int(router.partners()[rank])
+    return None if partner < 0 else partner
+
+
 def _servers_per_superpod(servers, pods: int, where: str, most: int) -> list:
     """Servers of each superpod from `servers` (one count for every superpod, or a list)."""
     if isinstance(servers, (list, tuple)):

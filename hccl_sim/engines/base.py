@@ -18,7 +18,9 @@ An engine places ranks (threads, Ray actors, MPI processes) and hands each rank'
      consumed / wait-consumed / deadline / abort): each rank runs its own schedule, sending its
      own slices to the peers the schedule names. Used whenever ranks share no memory.
 
-Point-to-point send/recv use `group.transport` directly and are priced by the cost model.
+Point-to-point send/recv use `group.transport` directly and are priced by the cost model; a
+group under a fault plan also has `fault_progress` (hccl_sim.fault_state), which its plans advance
+and which tells a receiver which of its transfers a `corrupt` entry hits.
 Results come from `result_array` (an engine may keep them where peers can write them).
 `fail(rank, exc)` and `exit(rank)` tell the group that a rank raised or returned, so waits on it
 end at once. Every wait has a deadline (HCCL_EXEC_TIMEOUT).
@@ -37,6 +39,7 @@ class Call(NamedTuple):
     clock: int                # the rank's entry clock, ns
     itemsize: int             # bytes per element (1 for a barrier)
     eager: Optional[np.ndarray] = None   # the input itself, when at most Group.eager_bytes
+    sent: tuple = ()          # the rank's sends so far on the pairs its fault plan counts (fault_state)
 
 
 class RankBuffers(NamedTuple):

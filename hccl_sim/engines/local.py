@@ -21,6 +21,7 @@ from topologies.errors import HcclError
 
 
 from ..communicator import Communicator
+from ..fault_state import FaultProgress
 from ..faults import RankCrashed
 from ..device import Runtime
 from . import executors
@@ -68,6 +69,7 @@ class LocalGroup:
         self._failure = None       # (rank, exception) of the first failure
         self._workers = max(1, os.cpu_count() or 1)
         self._executor = None
+        self.fault_progress = FaultProgress(config.faults)   # planned once for all: one copy
 
     def rendezvous(self, rank, call):
         """Meet the other ranks for collective #call.seq; returns the shared plan."""
@@ -126,7 +128,7 @@ class LocalGroup:
             self._cond.wait(_POLL_S)
 
     def _plan(self, slot):
-        slot.plan = rdv.plan_calls(slot.items, self.topo, self.config)
+        slot.plan = rdv.plan_calls(slot.items, self.topo, self.config, self.fault_progress)
 
     def _move_all(self, slot, plan, redop):
         p = self.size

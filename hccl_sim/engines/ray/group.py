@@ -42,6 +42,7 @@ class RayGroup:
         self.plane, self.control, self.watch, self.shared = plane, control, watch, shared
         self.transport = WatchedTransport(transport, watch)
         self._plans = rdv.PlanCache(topo, config)
+        self.fault_progress = self._plans.progress     # this rank's copy, advanced by its own plans
         self._seq = 0                      # the control plane's own sequence (several per collective)
         self.inline_bytes = min(INLINE_BYTES, control.max_payload)
         self.eager_bytes = self.inline_bytes       # MPI's eager protocol on every plane
@@ -67,7 +68,7 @@ class RayGroup:
                 self._sig_bytes.clear()
             mine = self._sig_bytes[sig] = CallPayload.signature_bytes(sig)
         try:
-            raws = self._allgather(CallPayload(mine, call.clock, call.itemsize, eager).encode(),
+            raws = self._allgather(CallPayload(mine, call.clock, call.itemsize, eager, call.sent).encode(),
                                    f"{op} (collective #{call.seq})", op)
         except HcclError as exc:
             gone = _RETURNED.search(exc.reason)
@@ -79,13 +80,13 @@ class RayGroup:
             agreed = CallPayload.agreed(raws, rank, len(mine))
             if agreed is not None:
                 # the same call everywhere (the common case) is the same bytes: only clocks differ
-                clocks, eagers = agreed
-                plan = self._plans.agreed(sig, call.itemsize, clocks)
+                clocks, sent, eagers = agreed
+                plan = self._plans.agreed(sig, call.itemsize, clocks, sent)
             else:
                 payloads = [CallPayload.decode(r) for r in raws]
                 eagers = [c.eager for c in payloads]
-                plan = self._plans.plan([Call(call.seq, c.signature_object(Signature), c.clock, c.itemsize)
-                                         for c in payloads])
+                plan = self._plans.plan([Call(call.seq, c.signature_object(Signature), c.clock, c.itemsize,
+                                              sent=c.sent) for c in payloads])
         except HcclError as exc:
             raise HcclError(exc.code, exc.reason, rank=rank, op=op) from None
         self._eager = eagers if eager is not None else None
