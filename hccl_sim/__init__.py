@@ -13,7 +13,6 @@ how long each op would take on a modelled Ascend cluster.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
