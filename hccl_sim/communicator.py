@@ -17,6 +17,7 @@ from topologies.errors import HcclError
 from topologies.validate import is_integer
 
 from . import collectives as colls
+from . import subcomm
 from .engines.base import Call, RankBuffers
 from .faults import RankCrashed
 from .planner import Signature, effective_cost
@@ -56,6 +57,10 @@ class Communicator:
         self._transport = group.transport
         self.cost = effective_cost(group.topo, group.config)   # prices point-to-point ops like collectives
         self._seq = 0
+        self.scope = ""                      # unique in the job: "" for the world, derived for split/shrink
+        self.world_ranks = tuple(range(self.size))   # the job's rank of each of this communicator's ranks
+        self._shrinks = 0
+        self._aborted = False
         self._lost = None                    # (rank, ns, label) of a rank this communicator lost
         self._checked = {}                   # a call's arguments -> their checked form (see _call)
         self.last_op: OpRecord | None = None
@@ -221,6 +226,35 @@ class Communicator:
     def barrier(self) -> None:
         self._collective(Signature("barrier", (), "uint8", None, None, None), None, None, None, None, None)
 
+    # communicators from communicators -----------------------------------------------------------------
+    def split(self, color, key: int = 0):
+        """The communicator of the ranks that gave the same `color` (None: opt out, get None), ordered
+        by (key, rank); every rank calls it (ncclCommSplit; hccl_sim.subcomm)."""
+        self._check_usable("split")
+        return subcomm.split(self, color, key)
+
+    def shrink(self, exclude=None):
+        """The survivors' communicator: every rank but `exclude` and the ranks this communicator
+        lost, renumbered in rank order; called by the survivors only (ncclCommShrink)."""
+        return subcomm.shrink(self, exclude)
+
+    def abort(self) -> None:
+        """Fail every pending and later op of this communicator on every rank (ncclCommAbort); its
+        ranks may go on with comm.shrink()."""
+        if not self._aborted:
+            self._aborted = True
+            self._group.abort(self.rank, f"rank {self.rank} aborted the communicator (comm.abort())")
+
+    @property
+    def lost_ranks(self) -> frozenset:
+        """Ranks of this communicator known dead (a crash the fault plan put in one of its ops)."""
+        return frozenset() if self._lost is None else frozenset({self._lost[0]})
+
+    def _check_usable(self, opname):
+        if self._aborted:
+            raise HcclError("E_PARA", "this communicator was aborted on this rank (comm.abort()): make a new one "
+                            "with comm.shrink()", rank=self.rank, op=opname)
+
     # point to point ------------------------------------------------------------------------------
     def _peer(self, peer, opname, what):
         if not isinstance(peer, (int, np.integer)) or isinstance(peer, bool) or not 0 <= peer < self.size:
@@ -230,6 +264,7 @@ class Communicator:
         return int(peer)
 
     def send(self, x, dst: int, tag: int = 0) -> None:
+        self._check_usable("send")
         x = self._array(x, "send")
         dst = self._peer(dst, "send", "dst")
         tag = self._tag(tag, "send")
@@ -240,6 +275,7 @@ class Communicator:
         self.last_op = OpRecord("send", "p2p", x.nbytes, x.size, dtype_name(x.dtype), start, dev.clock)
 
     def recv(self, src: int, tag: int = 0) -> np.ndarray:
+        self._check_usable("recv")
         src = self._peer(src, "recv", "src")
         tag = self._tag(tag, "recv")
         start = self.device.clock
@@ -279,6 +315,7 @@ class Communicator:
         opname = colls.of(sig.name).method
         if queue.device is not dev:
             raise HcclError("E_PARA", "stream belongs to another device", rank=self.rank, op=opname)
+        self._check_usable(opname)
         if self._lost is not None:
             raise HcclError("E_TIMEOUT", f"rank {self._lost[0]} of this communicator was lost at "
                             f"{self._lost[1] / 1e9:.6f} s ({self._lost[2]}): no collective can complete on it",

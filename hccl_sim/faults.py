@@ -33,6 +33,17 @@ class BoundFaults:
     plan: tuple                   # the plan's entries, for messages
     crashes: tuple = ()           # ((rank, at_op or None, at ns or None, at_step or None, label), ...)
 
+    def restricted(self, world: tuple) -> "BoundFaults":
+        """The plan as a communicator of the job's ranks `world` (its rank i is world[i]) sees it:
+        link faults as they are (by the cluster's links); stragglers of every op and `at`-second
+        crashes renumbered; entries that count op indices (those count the world communicator's
+        ops: hccl_sim.subcomm) left out."""
+        index = {w: i for i, w in enumerate(world)}
+        late = tuple((index[r], None, d) for r, ops, d in self.late if ops is None and r in index)
+        crashes = tuple((index[r], None, at, None, label) for r, at_op, at, _, label in self.crashes
+                        if at_op is None and r in index)
+        return dataclasses.replace(self, late=late, crashes=crashes)
+
     def straggle_ns(self, rank: int, op_index: int) -> int:
         """How late `rank` enters its op number `op_index` (0-based, per communicator)."""
         return sum(d for r, ops, d in self.late if r == rank and (ops is None or op_index in ops))
