@@ -186,7 +186,7 @@ class AbortState:
 
     def check(self, rank, op, tag=None) -> None:
         got = self._abort
-        if got is None and self._scopes:
+        if got is None and self._scopes and tag is not None:      # a wait on a tag: its scope's abort too
             got = self._scopes.get(scope_of(tag))
         if got is not None:
             code, reason = got
