@@ -17,6 +17,7 @@ from topologies.errors import HcclError
 from topologies.validate import is_integer
 
 from . import collectives as colls
+from . import subcomm
 from .engines.base import Call, RankBuffers
 from hcomm.faults import LinkFailure
 
@@ -60,6 +61,10 @@ class Communicator:
         self._transport = group.transport
         self.cost = effective_cost(group.topo, group.config)   # prices point-to-point ops like collectives
         self._seq = 0
+        self.scope = ""                      # unique in the job: "" for the world, derived for split/shrink
+        self.world_ranks = tuple(range(self.size))   # the job's rank of each of this communicator's ranks
+        self._shrinks = 0
+        self._aborted = False
         self._lost = None                    # (rank, ns, label) of a rank this communicator lost
         self._checked = {}                   # a call's arguments -> their checked form (see _call)
         self._p2p_sent, self._p2p_received = {}, {}   # sends to each peer, receives from each peer, so far
@@ -226,6 +231,35 @@ class Communicator:
     def barrier(self) -> None:
         self._collective(Signature("barrier", (), "uint8", None, None, None), None, None, None, None, None)
 
+    # communicators from communicators -----------------------------------------------------------------
+    def split(self, color, key: int = 0):
+        """The communicator of the ranks that gave the same `color` (None: opt out, get None), ordered
+        by (key, rank); every rank calls it (ncclCommSplit; hccl_sim.subcomm)."""
+        self._check_usable("split")
+        return subcomm.split(self, color, key)
+
+    def shrink(self, exclude=None):
+        """The survivors' communicator: every rank but `exclude` and the ranks this communicator
+        lost, renumbered in rank order; called by the survivors only (ncclCommShrink)."""
+        return subcomm.shrink(self, exclude)
+
+    def abort(self) -> None:
+        """Fail every pending and later op of this communicator on every rank (ncclCommAbort); its
+        ranks may go on with comm.shrink()."""
+        if not self._aborted:
+            self._aborted = True
+            self._group.abort(self.rank, f"rank {self.rank} aborted the communicator (comm.abort())")
+
+    @property
+    def lost_ranks(self) -> frozenset:
+        """Ranks of this communicator known dead (a crash the fault plan put in one of its ops)."""
+        return frozenset() if self._lost is None else frozenset({self._lost[0]})
+
+    def _check_usable(self, opname):
+        if self._aborted:
+            raise HcclError("E_PARA", "this communicator was aborted on this rank (comm.abort()): make a new one "
+                            "with comm.shrink()", rank=self.rank, op=opname)
+
     # point to point ------------------------------------------------------------------------------
     def _peer(self, peer, opname, what):
         if not isinstance(peer, (int, np.integer)) or isinstance(peer, bool) or not 0 <= peer < self.size:
@@ -237,6 +271,7 @@ class Communicator:
     def send(self, x, dst: int, tag: int = 0) -> None:
         """Send x to rank dst; returns once dst has received it (priced by the receiver, which
         replies with this rank's exit clock, or with the error CQE that ended the transfer)."""
+        self._check_usable("send")
         x = self._array(x, "send")
         dst = self._peer(dst, "send", "dst")
         tag = self._tag(tag, "send")
@@ -256,6 +291,7 @@ class Communicator:
         retransmitted over down links, slowed over slowed ones, loses an attempt when a corrupt
         entry names it, and runs over a backup NIC the communicator switched to; past the
         retransmission budget both ends get E_REMOTE (HCCL has no op retry for send/recv)."""
+        self._check_usable("recv")
         src = self._peer(src, "recv", "src")
         tag = self._tag(tag, "recv")
         start = self.device.clock
@@ -310,6 +346,7 @@ class Communicator:
         opname = colls.of(sig.name).method
         if queue.device is not dev:
             raise HcclError("E_PARA", "stream belongs to another device", rank=self.rank, op=opname)
+        self._check_usable(opname)
         if self._lost is not None:
             raise HcclError("E_TIMEOUT", f"rank {self._lost[0]} of this communicator was lost at "
                             f"{self._lost[1] / 1e9:.6f} s ({self._lost[2]}): no collective can complete on it",

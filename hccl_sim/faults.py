@@ -35,6 +35,18 @@ class BoundFaults:
     crashes: tuple = ()           # ((rank, at_op or None, at ns or None, at_step or None, label), ...)
     corrupt: tuple = ()           # ((src, dst, nth, label), ...): the nth transfer src -> dst fails its CRC
 
+    def restricted(self, world: tuple) -> "BoundFaults":
+        """The plan as a communicator of the job's ranks `world` (its rank i is world[i]) sees it:
+        link faults as they are (by the cluster's links); stragglers of every op and `at`-second
+        crashes renumbered; entries that count op indices (those count the world communicator's
+        ops: hccl_sim.subcomm) left out, and so are corrupt entries (their nth counts the world
+        communicator's transfers)."""
+        index = {w: i for i, w in enumerate(world)}
+        late = tuple((index[r], None, d) for r, ops, d in self.late if ops is None and r in index)
+        crashes = tuple((index[r], None, at, None, label) for r, at_op, at, _, label in self.crashes
+                        if at_op is None and r in index)
+        return dataclasses.replace(self, late=late, crashes=crashes, corrupt=())
+
     def straggle_ns(self, rank: int, op_index: int) -> int:
         """How late `rank` enters its op number `op_index` (0-based, per communicator)."""
         return sum(d for r, ops, d in self.late if r == rank and (ops is None or op_index in ops))

@@ -40,7 +40,11 @@ def fingerprint(topo) -> str:
     router = topo.params.get("router")
     if router is not None:
         h.update(type(router).__qualname__.encode())
-        h.update(repr(sorted((k, repr(v)) for k, v in vars(router).items() if not isinstance(v, np.ndarray))).encode())
+        parent = getattr(router, "parent", None)      # a sub-communicator's subset: its cluster's content
+        if parent is not None:
+            h.update(fingerprint(parent).encode())
+        h.update(repr(sorted((k, repr(v)) for k, v in vars(router).items()
+                             if not isinstance(v, np.ndarray) and k != "parent")).encode())
     else:
         for a, b, data in sorted(topo.graph.edges(data=True), key=lambda e: (str(e[0]), str(e[1]))):
             h.update(repr((a, b, data["kind"], data["bandwidth"], data["latency_ns"], sorted(data["ports"].items(),

@@ -150,3 +150,18 @@ def test_no_backup_nic_on_910b_or_without_l2_retry_or_for_a_flap():
     flap = hccl_sim.simulate("allreduce", 1 << 20, topology=a3(), faults=FaultPlan().nic_down(3, duration=1e-3),
                              env=RETRY)
     assert flap.retries == 1 and flap.notes == ()
+
+
+def test_a_sub_communicator_borrows_through_the_cluster_and_skips_corrupt_entries():
+    """The odd dies' communicator (die 2, die 3's partner, is not a member): its init's retry
+    switches die 3 to rank 2's NIC (each communicator's links switch on their own), and its
+    AllReduce then runs on the borrowed routes, right and without a retry. Corrupt entries count
+    the world communicator's transfers: a sub-communicator's plan has none."""
+    topo = a3()
+
+    def fn(comm):
+        sub = comm.split(comm.rank % 2)
+        y = sub.all_reduce(np.full(1 << 14, comm.rank, np.int64))
+        return int(y[0]), sub.last_op.retries, sub.config.faults.corrupt
+    got = hccl_sim.run(fn, topology=topo, faults=FaultPlan().nic_down(3).corrupt(1, 3, nth=5), env=RETRY)
+    assert got == [(sum(range(r % 2, 32, 2)), 0, ()) for r in range(32)]

@@ -24,6 +24,14 @@ and which tells a receiver which of its transfers a `corrupt` entry hits.
 Results come from `result_array` (an engine may keep them where peers can write them).
 `fail(rank, exc)` and `exit(rank)` tell the group that a rank raised or returned, so waits on it
 end at once. Every wait has a deadline (HCCL_EXEC_TIMEOUT).
+
+Sub-communicators (`comm.split`, `comm.shrink`): `subgroup(rank, members, scope, topo, config)`,
+called by every member, returns this rank's Group of the members (ranks of this group, in the
+new communicator's order; `topo` is their topologies.subset, `scope` a name every member derives
+alike). Engines whose ranks share memory give all members one new group; the others give each
+member a view of the job's transport (hcomm.transports.scoped). `abort(rank, reason)`
+(`comm.abort()`) fails every pending and later wait of this group, on every rank, and nothing of
+its parent's or its siblings'.
 """
 from __future__ import annotations
 
@@ -72,3 +80,9 @@ class Group(Protocol):
 
     def exit(self, rank: int) -> None:
         """`rank` returned: waits on it fail at once instead of at their deadline."""
+
+    def subgroup(self, rank: int, members: tuple, scope: str, topo, config) -> "Group":
+        """This rank's group of a sub-communicator of `members` (see the module docstring)."""
+
+    def abort(self, rank: int, reason: str) -> None:
+        """`rank` aborted the communicator: every pending and later op of this group fails."""
