@@ -119,9 +119,6 @@ class Cluster:
         self.topology = _topology(topology)
         self.engine = _engine(engine)
         self.config = with_faults(self.topology, Config.from_env(env, policy), faults)
-        if self.engine == "ray" and self.config.faults is not None and self.config.faults.crashes:
-            raise HcclError("E_NOT_SUPPORT", "rank_crash faults on engine ray are not modelled yet (the actor's process "
-                            "exit); they run on engine local and in simulate")
         _check_local_size(self.topology, self.engine)
         if data_plane not in (None, "shm", "object", "socket"):
             raise HcclError("E_PARA", f"data_plane {data_plane!r} is invalid; expected shm, object or socket (engine ray)")

@@ -74,6 +74,12 @@ class Communicator:
         self.ccl_buffer = self.device.malloc(2 * self.config.buffsize_bytes, tag="ccl-buffer")
 
     @property
+    def lost(self):
+        """(rank, simulated ns, fault plan entry) of the rank a fault plan's crash took from this
+        communicator, or None: every later collective on it fails at once."""
+        return self._lost
+
+    @property
     def clock(self) -> int:
         """This rank's simulated host clock, ns."""
         return self.device.clock
@@ -318,18 +324,32 @@ class Communicator:
         self.last_op = OpRecord("recv", "p2p", data.nbytes, data.size, dtype_name(data.dtype), start, end)
         return data
 
-    def _meet_crash(self, faults, plan, seq, opname):
-        """A crash the fault plan puts in this op: the dead rank stops (RankCrashed), every other
-        rank fails when HCCL would notice (faults.BoundFaults.lost_error); nobody moves data."""
+    def _meet_crash(self, faults, plan, seq, opname, buffers, redop):
+        """A crash the fault plan puts in this op: the dead rank stops, every other rank fails when
+        HCCL would notice (faults.BoundFaults.lost_error), at the same simulated time on every engine.
+
+        An engine whose ranks are processes (its group has `die` and `execute_lost`) makes it real:
+        the dead rank's process moves the data of the steps it runs before it dies and exits; the
+        others run the op until their data plane finds the dead peer. In-process ranks move no data:
+        the dead one raises RankCrashed (its result is None)."""
         crash = faults.crash_in(plan, seq, self.topology, self.config)
         if crash is None:
             return
         self._lost = crash
+        group = self._group
         if crash[0] == self.rank:
             self.device.clock = max(self.device.clock, crash[1])
+            if hasattr(group, "die"):
+                group.die(self.rank, seq, plan, buffers, redop, faults.crash_steps(plan, seq, self.topology,
+                                                                                   self.config))
             raise RankCrashed(self.rank, crash[1], opname)
         at, error = faults.lost_error(crash, plan, self.config, self.rank, opname)
         self.device.clock = max(self.device.clock, at)
+        if hasattr(group, "execute_lost"):
+            try:
+                group.execute_lost(self.rank, seq, plan, buffers, redop, crash[0])
+            except HcclError as exc:        # how this rank found the dead one: the planned error stands
+                raise error from exc
         raise error
 
     # the common path -------------------------------------------------------------------------------
@@ -359,9 +379,10 @@ class Communicator:
         progress = getattr(self._group, "fault_progress", None)
         sent = progress.sent_by(self.rank, self._p2p_sent) if progress is not None and progress.pairs else ()
         plan = self._group.rendezvous(self.rank, Call(seq, sig, entry, itemsize, eager, sent))
+        buffers = RankBuffers(x, out, None)
         if faults is not None and faults.crashes:
-            self._meet_crash(faults, plan, seq, opname)
-        self._group.execute(self.rank, seq, plan, RankBuffers(x, out, None), redop)
+            self._meet_crash(faults, plan, seq, opname, buffers, redop)
+        self._group.execute(self.rank, seq, plan, buffers, redop)
         end = plan.exits[self.rank]
         queue.tail = end
         queue.tasks.append((opname, entry, end))

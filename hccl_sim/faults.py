@@ -58,6 +58,24 @@ class BoundFaults:
         the event-driven replay of the op); at: in the first op the rank has not left by that time
         (on entry if it was idle then). Every rank computes the same answer from the op's plan, so
         no rank waits for a dead one."""
+        found = self._first_crash(plan, op_index, topo, config)
+        return None if found is None else found[:3]
+
+    def crash_steps(self, plan, op_index: int, topo, config) -> int:
+        """How many of its steps of this op (counted over the op's loops) the rank crashing in it
+        runs before it stops: at_step, or the steps it started before `at`; 0 when it dies on
+        entering the op. What a real process moves before it dies (engine ray)."""
+        from .planner import step_starts
+        rank, t, _, at_step = self._first_crash(plan, op_index, topo, config)
+        if at_step is not None:
+            return at_step
+        if t <= plan.entry[rank]:
+            return 0
+        marks, _ = step_starts(plan, topo, config, rank)
+        return sum(1 for m in marks if m < t)
+
+    def _first_crash(self, plan, op_index, topo, config):
+        """(rank, ns, label, at_step) of the op's first crash (by time, then rank), or None."""
         from .planner import step_clock
         found = None
         for rank, at_op, at_ns, at_step, label in self.crashes:
@@ -69,8 +87,8 @@ class BoundFaults:
                 if plan.exits[rank] <= at_ns:
                     continue
                 t = max(at_ns, plan.entry[rank])
-            if found is None or (t, rank) < found[:2]:
-                found = (rank, t, label)
+            if found is None or (t, rank) < (found[1], found[0]):
+                found = (rank, t, label, at_step)
         return found
 
     def lost_error(self, crash, plan, config, rank: int, opname: str):

@@ -290,15 +290,20 @@ def _trace_events(sig, loops, programs, topo, config, history, corrupt) -> list:
     return events
 
 
-def step_clock(plan, topo, config, rank: int, step: int) -> int:
-    """`rank`'s clock as it starts its step number `step` of the op (counted over the op's loops;
-    past its last step: its exit), from the event-driven replay of the plan."""
+def step_starts(plan, topo, config, rank: int) -> tuple:
+    """(`rank`'s clock as it starts each of its steps of the op, counted over the op's loops; its
+    exit clock), from the event-driven replay of the plan."""
     cost = effective_cost(topo, config, plan.backup)
     marks = [[] for _ in range(cost.num_ranks)]
     exits = _replayed_exits(plan.signature, plan.loops, plan.programs, plan.entry, cost, marks,
                             corrupt=dict(plan.corrupt or {}))
-    mine = marks[rank]
-    return mine[step] if step < len(mine) else exits[rank]
+    return marks[rank], exits[rank]
+
+
+def step_clock(plan, topo, config, rank: int, step: int) -> int:
+    """`rank`'s clock as it starts its step number `step` of the op (past its last step: its exit)."""
+    marks, exit_ns = step_starts(plan, topo, config, rank)
+    return marks[step] if step < len(marks) else exit_ns
 
 
 def effective_cost(topo, config, backup: tuple = ()):

@@ -139,11 +139,15 @@ def program_rank_steps(program, p) -> list:
     return got
 
 
-def program_moves(program) -> tuple:
-    """(serial data moves, whether index-aligned) of a program (cached). Moves of empty slices
-    (a tiny op's empty chunks) are dropped: they move nothing, and each costs a numpy call."""
+def program_moves(program, stop: int | None = None) -> tuple:
+    """(serial data moves, whether index-aligned) of a program (cached), or of its first `stop`
+    global steps (not cached: what a rank dying mid-op has done). Moves of empty slices (a tiny
+    op's empty chunks) are dropped: they move nothing, and each costs a numpy call."""
     if not program:
         return [], True
+    if stop is not None:
+        moves = [m for m in prog.data_moves(program[:stop]) if m[6] < m[7]]
+        return moves, prog.index_aligned(moves)
     holder = program[0].cache
     got = holder.get("moves")
     if got is None:

@@ -284,6 +284,18 @@ def rank_steps(program: list, p: int) -> list:
     return [tuple(s) for s in out]
 
 
+def rank_step_indices(program: list, rank: int) -> list:
+    """The indices of the global steps in which `rank` has an op: its steps, as `rank_steps`
+    lists them (step k of the rank is global step rank_step_indices(...)[k])."""
+    out = []
+    for i, st in enumerate(program):
+        st = st.full()
+        if (rank == st.t_src).any() or (rank == st.t_dst).any() or (rank == st.c_rank).any() \
+                or (rank == st.g_rank).any():
+            out.append(i)
+    return out
+
+
 def data_moves(program: list) -> list:
     """The serial data program: per step, its copies then its transfers, as plain tuples.
 

@@ -163,6 +163,12 @@ def cleanup(session: str) -> int:
     return _unlink(leftovers(session))
 
 
+def cleanup_rank(session: str, rank: int) -> int:
+    """Unlink the segments one rank of a session owns on this host (its process died without
+    closing them); returns how many there were. The session's control block is not a rank's."""
+    return _unlink(glob.glob(f"/dev/shm/{PREFIX}{session}_{int(rank)}_*"))
+
+
 def _unlink(paths) -> int:
     removed = 0
     for path in paths:

@@ -27,7 +27,7 @@ One handle per process, used by one thread at a time.
 
 Use in an engine: the driver creates the block before it starts the ranks and closes it (which
 unlinks it) at shutdown; shm.cleanup(session) removes it too, shm.sweep_orphans() once the driver
-is dead. Each rank process attaches once, and per collective calls
+is dead; a process replacing a creator that died takes the block over with adopt(session). Each rank process attaches once, and per collective calls
 `allgather(seq, pickle.dumps(signature, entry clock, ...), deadline)` with seq its communicator's
 collective counter. A rank that fails calls abort(code, reason) before raising, so its peers raise
 the same error instead of timing out; a rank that returns calls leave(); between runs the driver
@@ -168,6 +168,16 @@ class ControlBlock:
         q = seg.buf.cast("q")
         q[_W_SIZE], q[_W_SLOT], q[_W_MAGIC] = size, slot_bytes, MAGIC
         q.release()
+        return cls(seg, session, None, owner=True)
+
+    @classmethod
+    def adopt(cls, session: str) -> "ControlBlock":
+        """The creator's handle on an existing block (it resets the block and unlinks it on close),
+        for a process that takes over from a creator that died without closing it."""
+        try:
+            seg = _Mapping(segment_name(session))
+        except FileNotFoundError:
+            raise HcclError("E_NOT_FOUND", f"session {session!r} has no control block to adopt") from None
         return cls(seg, session, None, owner=True)
 
     @classmethod

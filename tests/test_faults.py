@@ -239,9 +239,53 @@ def test_rank_crash_mid_op_and_at_a_time():
     with pytest.raises(HcclError, match=r"Cluster Exception Location\[rank 1\]") as e:
         hccl_sim.simulate("allreduce", 1024, topology=topo, faults=FaultPlan().rank_crash(1, at_op=0))
     assert e.value.code == "E_TIMEOUT"
-    with pytest.raises(HcclError, match="rank_crash faults on engine ray are not modelled yet") as e:
-        hccl_sim.Cluster(topo, engine="ray", faults=FaultPlan().rank_crash(1, at_op=0))
-    assert e.value.code == "E_NOT_SUPPORT"
+
+
+def test_what_a_crashing_rank_does_before_it_dies():
+    """What a rank's process runs of the op before it dies (the Ray engine): at_step k runs k steps,
+    a crash on entry none, at=t the steps it started before t. And the data k steps move is the
+    same on both data paths: every rank's own schedule cut after k steps (per-rank executor, the
+    cross-host planes) and the data program's global steps before step k (the shared-memory plane)."""
+    import threading
+    from hccl_sim.engines import executors
+    from hccl_sim.engines.base import RankBuffers
+    from hccl_sim.env import Config
+    from hccl_sim.faults import with_faults
+    from hccl_sim.planner import Signature, make_plan, step_starts
+    from hccl_sim.types import ReduceOp
+    from hcomm.transports import InProcessTransport
+    topo = hccl_sim.topology("fullmesh", ranks=4)
+    sig = Signature("allreduce", (64,), "int64", "sum", None, "ring")
+
+    def steps_run(faults):
+        config = with_faults(topo, Config.from_env(None, None), faults)
+        plan = make_plan(sig, topo, config, [0, 0, 0, 0], 8)
+        return config.faults.crash_steps(plan, 0, topo, config), plan, config
+    assert steps_run(FaultPlan().rank_crash(2, at_op=0, at_step=3))[0] == 3
+    assert steps_run(FaultPlan().rank_crash(2, at_op=0))[0] == 0
+    _, plan, config = steps_run(FaultPlan().rank_crash(2, at_op=0))
+    marks, _ = step_starts(plan, topo, config, 2)
+    assert len(marks) == 6 and marks == sorted(set(marks))         # ring: 2(p-1) steps, each takes time
+    assert steps_run(FaultPlan().rank_crash(2, at=(marks[2] + marks[3]) / 2e9))[0] == 3
+    two = FaultPlan().rank_crash(1, at_op=0, at_step=2).rank_crash(3, at_op=0, at_step=1)
+    with pytest.raises(HcclError, match=r"Cluster Exception Location\[rank 3\]"):   # the earlier of the two
+        hccl_sim.simulate("allreduce", 512, topology=topo, algo="ring", faults=two)
+    inputs = [np.arange(64, dtype=np.int64) * (r + 1) + 100 * r for r in range(4)]
+    for k in (0, 1, 3, 6):
+        transport = InProcessTransport(4, 30)
+        own = [np.zeros(64, np.int64) for _ in range(4)]
+        ranks = [threading.Thread(target=executors.per_rank, args=(r, plan, RankBuffers(inputs[r], own[r], None),
+                                                                    ReduceOp.SUM, transport, 4, k)) for r in range(4)]
+        for t in ranks:
+            t.start()
+        for t in ranks:
+            t.join(30)
+        central = [np.zeros(64, np.int64) for _ in range(4)]
+        executors.central_share(plan, [executors.with_scratch(plan, RankBuffers(inputs[r], central[r], None), 4)
+                                       for r in range(4)], ReduceOp.SUM, until=(2, k))
+        assert all(np.array_equal(a, b) for a, b in zip(own, central)), k
+        assert any(out.any() for out in own) == (k > 0)
+    assert all(np.array_equal(out, sum(inputs)) for out in own)     # all 6 steps: the whole AllReduce
 
 
 def test_trace_of_a_retried_op_shows_every_try():

@@ -271,3 +271,87 @@ def test_deadlock_is_an_error_not_a_hang(cluster8):
         cluster8.run(lambda comm: comm.recv((comm.rank + 1) % comm.size))
     assert time.monotonic() - t0 < 30
     assert cluster8.run(lambda comm: float(comm.all_reduce(np.ones(2))[0]))[0] == 8.0
+
+
+# ---- a fault plan's rank_crash: the actor's process really exits ------------------------------------
+
+def crash_ops(comm, n=3, count=20_000):
+    """n AllReduces of int64 data too large to travel with the call (the data planes move it); each
+    error recorded with its clock, and apart from it, how this rank's data plane found the dead one."""
+    out, causes = [], []
+    for _ in range(n):
+        try:
+            y = comm.all_reduce(np.arange(count, dtype=np.int64) * (comm.rank + 1))
+            out.append(("ok", int(y.sum()), comm.last_op.end))
+        except HcclError as e:
+            out.append((e.code, str(e), comm.clock))
+            if e.__cause__ is not None:
+                causes.append((e.__cause__.code, e.__cause__.reason))
+    return out, causes
+
+
+def check_crash_runs(cluster, plan, dead):
+    """The crash run equals the local engine's (the dead rank's entry None, every survivor's planned
+    E_TIMEOUT at the same simulated clock), each survivor woken by the real death (the cause of its
+    error names the dead rank, found by its data plane), the dead actor's segments gone, and the
+    cluster usable: a run that stops before the crash, and one that lets the error escape."""
+    topo = cluster.topology
+    session = cluster._ray.session
+    old_pid = cluster._ray.pids[dead]
+    t0 = time.monotonic()
+    got = cluster.run(crash_ops)
+    assert time.monotonic() - t0 < 60
+    want = hccl_sim.run(crash_ops, topology=topo, faults=plan)
+    assert got[dead] is None and want[dead] is None
+    assert [g and g[0] for g in got] == [w and w[0] for w in want]
+    for r, g in enumerate(got):
+        if r == dead:
+            continue
+        assert g[0][1][0] == "E_TIMEOUT" and f"Cluster Exception Location[rank {dead}]" in g[0][1][1]
+        (code, reason), = g[1]                       # only the crashing op ran; later ones fail at once
+        assert f"rank {dead}" in reason and code in ("E_REMOTE", "E_PARA"), (r, code, reason)
+    assert cluster._ray.pids[dead] != old_pid           # replaced by a fresh actor
+    assert not [n for n in shm.leftovers(session) if f"_{dead}_" in os.path.basename(n)]
+    one = cluster.run(crash_ops, args=(1,))             # the crash is at op 1: this run stops before it
+    assert one == hccl_sim.run(crash_ops, topology=topo, args=(1,)) and one[dead][0][0][0] == "ok"
+
+    def escaping(comm):
+        for _ in range(2):
+            comm.all_reduce(np.ones(20_000, dtype=np.int64))
+    with pytest.raises(HcclError, match=rf"Cluster Exception Location\[rank {dead}\]") as info:
+        cluster.run(escaping)
+    assert info.value.code == "E_TIMEOUT" and info.value.rank != dead
+    return session
+
+
+@pytest.mark.parametrize("preset, plan, dead", [
+    (("fullmesh", {"ranks": 4}), hccl_sim.FaultPlan().rank_crash(3, at_op=1), 3),
+    (("atlas800t-a2", {}), hccl_sim.FaultPlan().rank_crash(0, at_op=1, at_step=2), 0)], ids=["on-entry", "mid-op"])
+def test_rank_crash_on_one_node(ray_instance, preset, plan, dead):
+    """Shared-memory planes: the dead rank's process exits on entering the op, or mid-op having done
+    its share of the data program's first steps (rank 0, which created the control block: its
+    successor takes the block over); survivors waiting for it are woken by the control block, which
+    sees its process gone."""
+    topo = hccl_sim.topology(preset[0], **preset[1])
+    before = set(os.listdir("/dev/shm"))
+    with hccl_sim.Cluster(topo, engine="ray", faults=plan) as cluster:
+        assert cluster._ray.data_plane == "shm"
+        session = check_crash_runs(cluster, plan, dead)
+    assert shm.leftovers(session) == [] and not [n for n in set(os.listdir("/dev/shm")) - before if session in n]
+
+
+@pytest.mark.parametrize("plane, plan, dead", [
+    ("socket", hccl_sim.FaultPlan().rank_crash(2, at_op=1, at_step=1), 2),
+    ("socket", hccl_sim.FaultPlan().rank_crash(1, at_op=1), 1),
+    ("object", hccl_sim.FaultPlan().rank_crash(3, at_op=1, at_step=2), 3)], ids=["socket-mid-op", "socket-on-entry",
+                                                                                  "object-mid-op"])
+def test_rank_crash_across_two_ray_nodes(ray_instance, plane, plan, dead):
+    """Two servers on two Ray nodes, every rank running its own schedule: the dead rank sends the
+    first steps of its schedule (or nothing) and exits; every survivor, whichever peer it waits for,
+    is woken by the dead one's closed connections (socket) or its actor's death (object)."""
+    import topologies
+    topo = topologies.hardware("atlas800t-a2", devices_per_server=[2, 2])
+    with hccl_sim.Cluster(topo, engine="ray", faults=plan, data_plane=plane) as cluster:
+        assert cluster._ray.data_plane == plane and len(set(cluster._ray.node_of)) == 2
+        session = check_crash_runs(cluster, plan, dead)
+    assert shm.leftovers(session) == []

@@ -323,6 +323,36 @@ def test_dead_peer_is_e_remote_naming_it(request, kind, steps):
         pair.close()
 
 
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_watched_peer_death_fails_every_wait(when):
+    """A rank waiting for rank 1 while watching rank 2 (a rank the fault plan crashes) fails as soon
+    as rank 2's process dies, with E_REMOTE naming rank 2, though it never exchanged with it: its
+    death before the watch is a refused connection, after it a closed one."""
+    group = SocketGroup(3, "serve", timeout_s=60, parent=True)
+    tr = group.transport
+    try:
+        if when == "before":
+            group.procs[2].kill()
+            group.procs[2].join(10)
+        tr.watch_peer(2)
+        if when == "after":
+            deadline = time.monotonic() + 10
+            while 2 not in tr._outgoing and time.monotonic() < deadline:     # the watch's own link
+                time.sleep(0.01)
+            assert 2 in tr._outgoing
+            group.procs[2].kill()
+        t0 = time.monotonic()
+        with pytest.raises(HcclError, match="lost rank 2") as info:
+            tr.take(1, 0, "t", tr.deadline(), "test")
+        assert info.value.code == "E_REMOTE" and info.value.rank == 0 and time.monotonic() - t0 < 10
+        tr.unwatch_peer(2)
+        tr.timeout_s = 0.2
+        with pytest.raises(HcclError, match="no data from rank 1 within 0.2 s"):
+            tr.take(1, 0, "t", tr.deadline(), "test")            # rank 1 lives: only a timeout now
+    finally:
+        group.close()
+
+
 def test_socket_keeps_shapes_dtypes_tags_and_replies():
     """Frames carry shape, dtype, tag and meta; a reply comes back through the ack."""
     a, b = SocketTransport(0, 2, timeout_s=10), SocketTransport(1, 2, timeout_s=10)

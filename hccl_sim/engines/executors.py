@@ -12,7 +12,7 @@ import operator
 import numpy as np
 
 from hcomm.executor import execute as execute_schedule
-from hcomm.program import BUFFERS, execute as execute_moves
+from hcomm.program import BUFFERS
 
 from ..dataplane import move_share
 from ..programs import program_moves_for, program_rank_steps
@@ -29,10 +29,11 @@ def with_scratch(plan, buffers, p: int):
     return buffers._replace(scratch=plan.collective.scratch(p, plan.loops, buffers.input.dtype))
 
 
-def central_share(plan, buffers: list, redop, part: int = 0, parts: int = 1) -> None:
+def central_share(plan, buffers: list, redop, part: int = 0, parts: int = 1, until=None) -> None:
     """Share `part` of `parts` of the op's data moves, on every rank's RankBuffers (rank order,
-    scratch allocated: see with_scratch)."""
-    move_share(plan, [tuple(b) for b in buffers], redop, part, parts)
+    scratch allocated: see with_scratch); `until`: (rank, steps), only what comes before that
+    rank's step number `steps` (dataplane.move_share)."""
+    move_share(plan, [tuple(b) for b in buffers], redop, part, parts, until)
 
 
 def own_result(plan, inputs, out, redop, rank: int) -> None:
@@ -148,20 +149,26 @@ def _bound(moves, buffers, ufunc) -> list:
     return ops
 
 
-def per_rank(rank: int, plan, buffers, redop, transport, size: int) -> None:
-    """Execute `rank`'s schedule of every loop over `transport` (buffers registered per loop)."""
+def per_rank(rank: int, plan, buffers, redop, transport, size: int, steps: int | None = None) -> None:
+    """Execute `rank`'s schedule of every loop over `transport` (buffers registered per loop);
+    with `steps`, only its first `steps` steps (counted over the loops): what a rank that dies
+    as the next one starts has sent (a fault plan's rank_crash mid-op)."""
     reduce_fn = reducer(redop) if redop is not None else None
     deadline = transport.deadline()
     coll = plan.collective
+    left = steps
     if not coll.carries_data:
         transport.register(rank, "input", _EMPTY)
-        for _, program in plan.loop_programs():
-            execute_schedule(program_rank_steps(program, size)[rank], rank, transport, COLLECTIVE_TAG, None,
-                             deadline, coll.method)
-        return
-    buffers = with_scratch(plan, buffers, size)
+    else:
+        buffers = with_scratch(plan, buffers, size)
     for (a, b), program in plan.loop_programs():
-        for name, view in coll.views(size, buffers.input, buffers.output, buffers.scratch, a, b).items():
-            transport.register(rank, name, view)
-        execute_schedule(program_rank_steps(program, size)[rank], rank, transport, COLLECTIVE_TAG, reduce_fn,
+        if left is not None and left <= 0:
+            return
+        schedule = program_rank_steps(program, size)[rank]
+        if left is not None:
+            schedule, left = schedule[:left], left - len(schedule)
+        if coll.carries_data:
+            for name, view in coll.views(size, buffers.input, buffers.output, buffers.scratch, a, b).items():
+                transport.register(rank, name, view)
+        execute_schedule(schedule, rank, transport, COLLECTIVE_TAG, reduce_fn if coll.carries_data else None,
                          deadline, coll.method)

@@ -255,7 +255,13 @@ class PeerEndpoint(abc.ABC):
     acks)` one that returned, once every message (`data`) or acknowledgement (`acks`) it sent has
     arrived: a rank's goodbye may overtake its last acks on another connection or call; `_probe(peer)` (optional) is called while
     a wait on `peer` lasts, to find out whether it still lives (for transports that learn of a
-    dead peer only by asking)."""
+    dead peer only by asking).
+
+    `watch_peer(peer)` makes every wait fail once `peer` is lost, not only waits on it: a rank
+    that knows its op cannot complete without `peer` (the fault plan crashes it) is told as soon
+    as it is gone, as HCCL's heartbeat tells every rank of a LOST one (reference/hccl.md §8.2),
+    whichever peer it happens to wait for; watched peers are probed during every long wait, and
+    `_watch(peer)` (optional) makes sure a death will be seen."""
 
     def __init__(self, rank: int, size: int, timeout_s: float | None = None):
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
@@ -273,6 +279,7 @@ class PeerEndpoint(abc.ABC):
         self._no_more_data = set()   # peers that returned, every message they sent arrived
         self._no_more_acks = set()   # peers that returned, every acknowledgement they sent arrived
         self._acks_from = [0] * self.size   # acknowledgements received from each peer
+        self._watched = set()        # peers whose loss fails every wait (watch_peer)
         self._closed = False
 
     # registered memory, deadlines, abort ----------------------------------------------------------
@@ -323,6 +330,31 @@ class PeerEndpoint(abc.ABC):
         else:
             self._peer_returned(rank, data=True, acks=True)
 
+    def watch_peer(self, peer: int) -> None:
+        """Until unwatch_peer(peer): every wait fails with E_REMOTE naming `peer` once it is lost."""
+        peer = check_rank(peer, self.size, "peer", self.rank)
+        if peer == self.rank:
+            raise HcclError("E_PARA", "a rank cannot watch itself", rank=self.rank)
+        with self._cond:
+            self._watched.add(peer)
+            self._cond.notify_all()
+        self._watch(peer)
+
+    def unwatch_peer(self, peer: int) -> None:
+        with self._cond:
+            self._watched.discard(peer)
+
+    def lost(self, peer: int):
+        """Why `peer` is lost (its connection broke, its actor died), or None."""
+        with self._cond:
+            return self._down.get(peer)
+
+    def _check_watched(self, me, op) -> None:
+        """Lock held: a watched peer that is lost fails this wait."""
+        for peer in self._watched:
+            if peer in self._down:
+                raise peer_lost(peer, me, self._down[peer], op)
+
     # data plane ---------------------------------------------------------------------------------------
     def post(self, src, dst, tag, region, start, stop, meta=None):
         return self.post_view(src, dst, tag, self.region(src, region)[start:stop], meta)
@@ -362,6 +394,8 @@ class PeerEndpoint(abc.ABC):
                 self._abort.check(dst, op, tag)
                 if src in self._down:
                     raise peer_lost(src, dst, self._down[src], op)
+                if self._watched:
+                    self._check_watched(dst, op)
                 if src in self._no_more_data:
                     raise take_exited(src, dst, tag, op)
                 left = remaining(deadline)
@@ -377,6 +411,8 @@ class PeerEndpoint(abc.ABC):
                 self._abort.check(handle.src, op, handle.tag)
                 if handle.dst in self._down:
                     raise peer_lost(handle.dst, handle.src, self._down[handle.dst], op)
+                if self._watched:
+                    self._check_watched(handle.src, op)
                 if handle.dst in self._no_more_acks:
                     raise consume_exited(handle.src, handle.dst, handle.tag, op)
                 left = remaining(deadline)
@@ -387,14 +423,16 @@ class PeerEndpoint(abc.ABC):
         return handle.reply
 
     def _maybe_probe(self, peer, probe_at):
-        """Ask the subclass, now and then during a long wait, whether `peer` still lives (called
-        with the lock held; the probe must not block)."""
+        """Ask the subclass, now and then during a long wait, whether `peer` (and every watched
+        peer) still lives (called with the lock held; the probe must not block)."""
         now = time.monotonic()
         if now < probe_at:
             return probe_at
-        reason = self._probe(peer)
-        if reason is not None:
-            self._down.setdefault(peer, reason)
+        for who in {peer} | self._watched:
+            if who not in self._down:
+                reason = self._probe(who)
+                if reason is not None:
+                    self._down.setdefault(who, reason)
         return now + PROBE_EVERY_S
 
     # called by subclasses --------------------------------------------------------------------------------
@@ -449,6 +487,9 @@ class PeerEndpoint(abc.ABC):
 
     def _announce_exit(self) -> None:
         """Tell the peers this rank sends and consumes nothing more (best effort)."""
+
+    def _watch(self, peer) -> None:
+        """Make sure the loss of watched `peer` will be seen (without blocking)."""
 
     def _probe(self, peer) -> Optional[str]:
         """Find out, without blocking and with the endpoint's lock held, whether `peer` is still

@@ -34,16 +34,30 @@ INLINE_BYTES = 64 << 10  # slices up to this size travel inside the delivering c
 
 
 class RayMailbox:
-    """The methods by which peers reach a rank's endpoint; mix into the rank's actor class."""
+    """The methods by which peers reach a rank's endpoint; mix into the rank's actor class.
 
-    def hcomm_deliver(self, src, seq, tag, refs, meta, msg_id):
-        self.hcomm_transport._delivered(src, seq, tag, refs[0], meta, msg_id)
+    Every call names the endpoint's epoch: an actor that opens a new endpoint for each run drops a
+    peer's late call of an earlier run (a goodbye, an acknowledgement, a delivery to a rank that
+    had given up), which would otherwise count against the new endpoint's messages."""
 
-    def hcomm_ack(self, msg_id, reply):
-        self.hcomm_transport._acknowledged(msg_id, reply)
+    def _endpoint(self, epoch):
+        tr = getattr(self, "hcomm_transport", None)
+        return tr if tr is not None and tr.epoch == epoch else None
 
-    def hcomm_bye(self, src, sent, acked):
-        self.hcomm_transport._said_bye(src, sent, acked)
+    def hcomm_deliver(self, epoch, src, seq, tag, refs, meta, msg_id):
+        tr = self._endpoint(epoch)
+        if tr is not None:
+            tr._delivered(src, seq, tag, refs[0], meta, msg_id)
+
+    def hcomm_ack(self, epoch, msg_id, reply):
+        tr = self._endpoint(epoch)
+        if tr is not None:
+            tr._acknowledged(msg_id, reply)
+
+    def hcomm_bye(self, epoch, src, sent, acked):
+        tr = self._endpoint(epoch)
+        if tr is not None:
+            tr._said_bye(src, sent, acked)
 
     def hcomm_ping(self):
         return True
@@ -60,8 +74,9 @@ class _RayMessage(RemoteMessage):
 class RayObjectTransport(PeerEndpoint):
     """One rank's endpoint, living in that rank's actor; `start(actors)` joins it to the others."""
 
-    def __init__(self, rank: int, size: int, timeout_s: float | None = None):
+    def __init__(self, rank: int, size: int, timeout_s: float | None = None, epoch: int = 0):
         super().__init__(rank, size, timeout_s)
+        self.epoch = epoch                  # every rank's endpoint of one run has the same (RayMailbox)
         self._actors = None
         self._sent = [0] * self.size        # messages sent to each rank (their sequence numbers)
         self._next = [0] * self.size        # the sequence number expected next from each rank
@@ -93,13 +108,13 @@ class RayObjectTransport(PeerEndpoint):
             seq = self._sent[handle.dst]
             self._sent[handle.dst] = seq + 1
             # submitted under the lock: a goodbye's count then covers every delivery submitted before it
-            call = actor.hcomm_deliver.remote(self.rank, seq, handle.tag, [ref], meta, handle.id)
+            call = actor.hcomm_deliver.remote(self.epoch, self.rank, seq, handle.tag, [ref], meta, handle.id)
         handle.keep = (ref, call)           # the object lives (owned by this rank) until the ack
 
     def _send_ack(self, src, msg_id, reply):
         with self._cond:
             self._acks_to[src] += 1
-            self._actor(src).hcomm_ack.remote(msg_id, reply)
+            self._actor(src).hcomm_ack.remote(self.epoch, msg_id, reply)
 
     def _announce_exit(self):
         if self._actors is None:
@@ -107,7 +122,7 @@ class RayObjectTransport(PeerEndpoint):
         with self._cond:
             for peer in range(self.size):
                 if peer != self.rank:
-                    self._actors[peer].hcomm_bye.remote(self.rank, self._sent[peer], self._acks_to[peer])
+                    self._actors[peer].hcomm_bye.remote(self.epoch, self.rank, self._sent[peer], self._acks_to[peer])
 
     # receiving -------------------------------------------------------------------------------------
     def _delivered(self, src, seq, tag, ref, meta, msg_id):

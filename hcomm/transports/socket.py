@@ -17,7 +17,10 @@ connection a reader thread demultiplexes data frames by (src, tag) into the endp
 A rank that closes says so first, with a BYE frame on each of its connections after what it sent
 there: waits on it then fail with E_PARA ("returned without ..."), a wait for data once the data
 connection's BYE is in, a wait for an acknowledgement once the other's is. A connection that breaks without one (the peer's process died) fails every wait on
-that peer with E_REMOTE naming it. Tags and meta must be JSON values (tags may be tuples).
+that peer with E_REMOTE naming it. A watched peer (PeerEndpoint.watch_peer) gets a connection at
+once if it has none, so that its death is seen even by a rank that never exchanged with it; a
+watched peer refusing a connection is gone (every endpoint listens before its run starts).
+Tags and meta must be JSON values (tags may be tuples).
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ import numpy as np
 
 from topologies.errors import HcclError
 
-from .base import POLL_S, PeerEndpoint, check_rank, connect_timeout, peer_lost
+from .base import POLL_S, PeerEndpoint, connect_timeout, peer_lost
 
 _PREFIX = struct.Struct("!BIQ")          # kind, header bytes, payload bytes
 HELLO, DATA, ACK, BYE = 1, 2, 3, 4
@@ -41,6 +44,7 @@ _JOIN_S = 5.0
 _POOL_PER_SHAPE = 4      # consumed receive buffers kept per (shape, dtype) for reuse
 _SOCK_BUF = 4 << 20      # kernel socket buffers: fewer wake-ups per large payload
 INLINE_SEND_BYTES = 64 << 10   # payloads up to this leave from the posting thread (they fit the socket buffer)
+_REFUSED = "it refuses connections (its process is gone)"
 
 
 def _tuples(x):
@@ -226,6 +230,8 @@ class SocketTransport(PeerEndpoint):
         delay, last = 0.01, None
         while True:
             self._abort.check(self.rank, "connect")
+            if peer in self._down:
+                raise peer_lost(peer, self.rank, self._down[peer], "connect")
             left = deadline - time.monotonic()
             if left <= 0:
                 raise connect_timeout(peer, self.rank, self.connect_timeout_s, f"{address[0]}:{address[1]}: {last}")
@@ -234,8 +240,15 @@ class SocketTransport(PeerEndpoint):
                 break
             except OSError as exc:       # not listening yet, or refused: retry until the deadline
                 last = exc
+                if peer in self._watched and isinstance(exc, ConnectionRefusedError):
+                    self._peer_down(peer, _REFUSED)     # it listened before the run: its process is gone
+                    raise peer_lost(peer, self.rank, _REFUSED, "connect") from None
                 time.sleep(min(delay, max(0.0, left)))
                 delay = min(delay * 2, 0.5)
+        return self._install(peer, sock)
+
+    def _install(self, peer, sock) -> _Link:
+        """A connected socket as this rank's outgoing link to `peer`: greet, start its threads."""
         sock.settimeout(None)
         _tune(sock)
         link = _Link(sock, peer, outgoing=True)
@@ -252,6 +265,21 @@ class SocketTransport(PeerEndpoint):
         for t in link.threads:
             t.start()
         return link
+
+    def _watch(self, peer) -> None:
+        """A watched peer's death shows as its connection breaking: open the link to it (on a
+        thread of its own, so no wait blocks on the connect) if there is none yet."""
+        if peer in self._outgoing or peer in self._down or self._peers is None:
+            return
+        threading.Thread(target=self._watch_link, args=(peer,), daemon=True,
+                         name=f"hcomm-sock{self.rank}-watch{peer}").start()
+
+    def _watch_link(self, peer) -> None:
+        try:
+            self._link_to(peer)
+        except HcclError as exc:
+            if not self._closed:
+                self._peer_down(peer, f"no connection: {exc.reason}")
 
     def _accept_loop(self):
         while not self._closed:

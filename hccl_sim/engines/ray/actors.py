@@ -11,6 +11,7 @@ import sys
 import time
 import traceback
 
+from hcomm import shm
 from hcomm.transports.ray_object import RayMailbox
 
 from topologies.errors import HcclError
@@ -43,6 +44,9 @@ class RankActorBase(RayMailbox):
         sys.setswitchinterval(min(sys.getswitchinterval(), _SWITCH_INTERVAL_S))
         self.runtime = Runtime(rank, topo).init()
         self.device = self.runtime.set_device(topo.device_of[rank])
+        # a predecessor that crashed (a fault plan's rank_crash) left its segments on this host:
+        # this actor replaces it in the same placement bundle, so it is the one that can remove them
+        shm.cleanup_rank(session, rank)
         self.shared = SharedArea(session, rank)
         self.device.storage = self.shared.device_storage
         self.hcomm_transport = None        # this run's endpoint (RayMailbox delivers into it)
@@ -63,16 +67,22 @@ class RankActorBase(RayMailbox):
     def reset_control(self) -> None:
         self._block_owner.reset()
 
+    def adopt_control(self) -> None:
+        """Take the control block over from this rank's crashed predecessor, which created it."""
+        from hcomm.shm_control import ControlBlock
+        self._block_owner = ControlBlock.adopt(self.session)
+
     # ---- one run ---------------------------------------------------------------------------------
-    def prepare(self, plane: str):
-        """This run's peer transport endpoint; returns its address (socket plane) or None."""
+    def prepare(self, plane: str, epoch: int = 0):
+        """This run's peer transport endpoint (`epoch`: the run's number, the same on every rank);
+        returns its address (socket plane) or None."""
         size = self.topo.num_ranks
         if self.hcomm_transport is not None:      # left by a run that never finished here
             self.hcomm_transport.close()
             self.hcomm_transport = None
         if plane == "object":
             from hcomm.transports.ray_object import RayObjectTransport
-            self.hcomm_transport = RayObjectTransport(self.rank, size, self.config.wait_timeout_s)
+            self.hcomm_transport = RayObjectTransport(self.rank, size, self.config.wait_timeout_s, epoch)
             return None
         from hcomm.transports.socket import SocketTransport
         host = _node()[1] if plane == "socket" else "127.0.0.1"    # peers on other hosts must reach it
@@ -82,7 +92,7 @@ class RankActorBase(RayMailbox):
 
     def run(self, fn, args, kwargs, spec, actors=None) -> Outcome:
         transport = self.hcomm_transport
-        group = None
+        group = comm = None
         self.device.reset_timeline()
         self.watch = RankWatch()
         try:
@@ -108,22 +118,29 @@ class RankActorBase(RayMailbox):
                     pass            # the control plane is already closed or aborted: peers know
             self._finish(transport)
             if isinstance(exc, HcclError):
-                return Outcome(self.rank, False, code=exc.code, reason=exc.reason, op=exc.op, at=at)
+                return Outcome(self.rank, False, code=exc.code, reason=exc.reason, op=exc.op, at=at,
+                               lost=_lost(comm))
             return Outcome(self.rank, False, reason=str(exc), error_type=type(exc).__name__,
-                           traceback=traceback.format_exc(limit=8), at=at)
+                           traceback=traceback.format_exc(limit=8), at=at, lost=_lost(comm))
         group.exit(self.rank)
         self._finish(transport)
-        return Outcome(self.rank, True, value=value)
+        return Outcome(self.rank, True, value=value, lost=_lost(comm))
 
     def _open_control(self, spec, transport):
         """The shared control block on the shm plane (attached once, kept across runs), else the
         peer transport (ranks on several hosts, or the cross-host planes forced on one)."""
         if spec.plane == "shm":
-            from hcomm.shm_control import ControlBlock
-            if self._control is None:
-                self._control = ShmControl(ControlBlock.attach(self.session, self.rank))
+            self.attach_control()
             return self._control
         return TransportControl(transport, self.rank, self.topo.num_ranks)
+
+    def attach_control(self) -> None:
+        """Attach this rank to the control block (once; kept across runs). The driver calls it on
+        an actor replacing a crashed one before the next run: until then the block names the dead
+        process for this rank, and a peer arriving first would take it for a death in that run."""
+        if self._control is None:
+            from hcomm.shm_control import ControlBlock
+            self._control = ShmControl(ControlBlock.attach(self.session, self.rank))
 
     def _finish(self, transport):
         if self._control is not None:
@@ -157,6 +174,11 @@ class RankActorBase(RayMailbox):
             self._block_owner = None
         self.shared.close()
         return leaks
+
+
+def _lost(comm):
+    """The rank a fault plan's crash took from this rank's communicator, or None."""
+    return None if comm is None or comm.lost is None else comm.lost[0]
 
 
 def rank_actor_class():

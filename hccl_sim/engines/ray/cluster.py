@@ -44,6 +44,8 @@ class RayCluster:
         self.session = shm.new_session()
         self._started_ray = False
         self._closed = True
+        self._broken = None             # why the cluster closed itself (a crashed rank it could not replace)
+        self._runs = 0                  # runs so far: each run's transport endpoints are an epoch of their own
         self._pg = None
         if not ray.is_initialized():
             address = address or os.environ.get("RAY_ADDRESS")
@@ -65,13 +67,12 @@ class RayCluster:
     def _start_actors(self):
         ray = self._ray
         p = self.topo.num_ranks
-        actor_cls = rank_actor_class()
-        topo_ref = ray.put(self.topo)
-        options = self._placement()
+        self._actor_cls = rank_actor_class()
+        self._topo_ref = ray.put(self.topo)
+        self._options = self._placement()
         self._closed = False
-        self.actors = [actor_cls.options(**options(r)).remote(r, topo_ref, self.config, self.session) for r in range(p)]
-        infos = self._gather([a.info.remote() for a in self.actors], "start", max(_START_TIMEOUT_S,
-                                                                                  self.config.connect_timeout_s))
+        self.actors = [self._new_actor(r) for r in range(p)]
+        infos = self._gather([a.info.remote() for a in self.actors], "start", self._start_timeout())
         self.pids = [i.pid for i in infos]
         self.node_of = [i.node_id for i in infos]
         self.nodes = sorted(set(self.node_of))
@@ -82,6 +83,12 @@ class RayCluster:
                             f"{len(self.nodes)} nodes (use 'socket' or 'object')")
         if plane == "shm":
             self._gather([self.actors[0].create_control.remote(p)], "create the control block", 60)
+
+    def _new_actor(self, rank):
+        return self._actor_cls.options(**self._options(rank)).remote(rank, self._topo_ref, self.config, self.session)
+
+    def _start_timeout(self):
+        return max(_START_TIMEOUT_S, self.config.connect_timeout_s)
 
     def _placement(self):
         """Actor options per rank: its server's placement-group bundle when Ray has several nodes."""
@@ -106,11 +113,12 @@ class RayCluster:
                 self._pg, placement_group_bundle_index=index[self.topo.server_of[rank]])}
         return options
 
-    def _gather(self, refs, what, timeout):
-        """ray.get of one call per rank, every Ray failure an HcclError naming the rank."""
+    def _gather(self, refs, what, timeout, ranks=None):
+        """ray.get of one call per rank (of `ranks`, default all), every Ray failure an HcclError
+        naming the rank."""
         ray = self._ray
         out = []
-        for r, ref in enumerate(refs):
+        for r, ref in zip(range(len(refs)) if ranks is None else ranks, refs):
             try:
                 out.append(ray.get(ref, timeout=timeout))
             except ray.exceptions.GetTimeoutError:
@@ -123,22 +131,71 @@ class RayCluster:
     # ---- runs -------------------------------------------------------------------------------------
     def run(self, fn, args=(), kwargs=None):
         if self._closed:
-            raise HcclError("E_IN_STATUS", "the Ray cluster is closed")
-        ray = self._ray
+            raise HcclError("E_IN_STATUS", "the Ray cluster is closed" + (f": {self._broken}" if self._broken else ""))
         plane = self.data_plane
         if plane == "shm":
             self._gather([self.actors[0].reset_control.remote()], "reset the control block", 60)
-        addresses = self._gather([a.prepare.remote(plane) for a in self.actors], "open its transport",
+        self._runs += 1
+        addresses = self._gather([a.prepare.remote(plane, self._runs) for a in self.actors], "open its transport",
                                  self.config.connect_timeout_s or 120)
         spec = RunSpec(self.session, plane, {r: a for r, a in enumerate(addresses)})
         actors = self.actors if plane == "object" else None
         refs = [a.run.remote(fn, args, kwargs, spec, actors) for a in self.actors]
         outcomes = self._watch(refs)
-        errors = [o for o in outcomes if not o.ok]
+        crashed = self._crashed(outcomes)
+        dead = [o.rank for o in outcomes if o.died]
+        if dead and not self._closed:
+            self._replace(dead)
+        errors = [o for o in outcomes if not o.ok and o.rank not in crashed]
         if errors:
             primary = [e for e in errors if not e.secondary] or errors
             raise min(primary, key=lambda e: (e.at, e.rank)).error()
-        return [o.value for o in outcomes]
+        return [None if o.rank in crashed else o.value for o in outcomes]
+
+    def _crashed(self, outcomes) -> set:
+        """Ranks whose actor died as the fault plan said: a rank_crash of theirs that the survivors'
+        communicators met (they lost that rank to it). Their result is None, as run_local's; any
+        other death is an error of the run."""
+        faults = self.config.faults
+        planned = {c[0] for c in faults.crashes} if faults is not None else set()
+        survivors = [o for o in outcomes if not o.died]
+        met = {o.lost for o in survivors}
+        return {o.rank for o in outcomes if o.died and o.rank in planned and (not survivors or o.rank in met)}
+
+    def _replace(self, ranks):
+        """Fresh actors for `ranks`, whose actors died, in the same placement bundles (so on the
+        same nodes): the cluster stays usable. Each removes its predecessor's shared segments; a
+        new rank 0 takes the control block over. Failing that, the cluster closes and says why."""
+        ray = self._ray
+        for r in ranks:
+            try:
+                ray.kill(self.actors[r])        # dead already: this only releases its handle
+            except Exception:   # noqa: BLE001 - gone
+                pass
+        fresh = {}
+        try:
+            fresh = {r: self._new_actor(r) for r in ranks}
+            infos = self._gather([fresh[r].info.remote() for r in ranks], "restart after its death",
+                                 self._start_timeout(), ranks=ranks)
+            for r, info in zip(ranks, infos):
+                self.actors[r] = fresh[r]
+                if info.node_id != self.node_of[r]:
+                    raise HcclError("E_INTERNAL", f"rank {r}'s new actor landed on another Ray node", rank=r)
+                self.pids[r] = info.pid
+            if self.data_plane == "shm":
+                if 0 in ranks:
+                    self._gather([self.actors[0].adopt_control.remote()], "take the control block over", 60,
+                                 ranks=[0])
+                self._gather([self.actors[r].attach_control.remote() for r in ranks], "attach the control block",
+                             60, ranks=ranks)
+        except HcclError as exc:
+            for a in fresh.values():
+                try:
+                    ray.kill(a)
+                except Exception:   # noqa: BLE001 - gone
+                    pass
+            self._broken = f"rank(s) {ranks} died and could not be replaced ({exc}); create a new Cluster"
+            self.close()
 
     def _watch(self, refs):
         """Wait for every rank's Outcome, polling for deadlocks; nothing waits past the limit."""
@@ -176,7 +233,7 @@ class RayCluster:
             return ray.get(ref)
         except ray.exceptions.RayActorError as exc:
             return Outcome(rank, False, code="E_REMOTE", reason=f"its actor died: {str(exc).splitlines()[0]}",
-                           at=time.time())
+                           at=time.time(), died=True)
         except ray.exceptions.RayError as exc:      # e.g. a result that does not pickle
             return Outcome(rank, False, code="E_INTERNAL", reason=f"{type(exc).__name__}: {exc}", at=time.time())
 

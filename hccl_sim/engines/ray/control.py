@@ -12,6 +12,8 @@ import pickle
 
 import numpy as np
 
+from topologies.errors import HcclError
+
 
 class ShmControl:
     def __init__(self, block):
@@ -59,7 +61,13 @@ class TransportControl:
             msg.consumed()
             step, round_ = step * 2, round_ + 1
         for h in handles:
-            tr.wait_consumed(h, deadline, op)
+            try:
+                tr.wait_consumed(h, deadline, op)
+            except HcclError:
+                # every payload is here: a receiver lost since (a rank the fault plan crashes right
+                # after this rendezvous, its last acknowledgements unsent) changes nothing we know
+                if tr.lost(h.dst) is None:
+                    raise
         return [known[j] for j in range(p)]
 
     def abort(self, code: str, reason: str) -> None:

@@ -23,6 +23,7 @@ view of the job's peer transport carries its control allgather and its data (per
 from __future__ import annotations
 
 import math
+import os
 import re
 
 import numpy as np
@@ -38,6 +39,7 @@ from .protocol import CallPayload
 from .watch import WatchedTransport
 
 INLINE_BYTES = 64 << 10            # inputs up to this size travel in the control plane (eager ops)
+CRASH_EXIT_STATUS = 70             # the exit status of a rank process the fault plan kills (EX_SOFTWARE)
 _RETURNED = re.compile(r"rank (\d+) returned without calling it")   # hcomm.shm_control's wording
 
 
@@ -127,18 +129,56 @@ class RayGroup:
         got[1].run(b"".join(raws), buffers.output)
 
     def _shared_shares(self, rank, seq, plan, buffers, redop, op):
+        bufs, descs, copy_back = self._shared_buffers(rank, seq, plan, buffers, op)
+        executors.central_share(plan, bufs, redop, rank, self.size)
+        self._allgather(b"", f"the other ranks' shares of {op} (collective #{seq})", op)
+        if copy_back is not None:
+            np.copyto(buffers.output, copy_back)
+        self.shared.forget_except(descs)
+
+    def _shared_buffers(self, rank, seq, plan, buffers, op):
+        """Every rank's buffers of the op, mapped here (ranks name their segments in an allgather);
+        the segment names; this rank's output view to copy back, or None."""
         p = self.size
         scratch_shape = plan.collective.scratch_shape(p, op_loops(plan.signature, p, buffers.input.itemsize,
                                                                   self.config))
         desc, copy_back = self.shared.describe(buffers, scratch_shape)
         descs = [type(desc).decode(r) for r in
                  self._allgather(desc.encode(), f"{op} (collective #{seq}) buffers", op)]
-        bufs = [self.shared.attach(d) for d in descs]
-        executors.central_share(plan, bufs, redop, rank, p)
-        self._allgather(b"", f"the other ranks' shares of {op} (collective #{seq})", op)
-        if copy_back is not None:
-            np.copyto(buffers.output, copy_back)
-        self.shared.forget_except(descs)
+        return [self.shared.attach(d) for d in descs], descs, copy_back
+
+    # ---- a fault plan's rank_crash (engines/base.py) ----------------------------------------------
+    def die(self, rank, seq, plan, buffers, redop, steps) -> None:
+        """This rank's process dies in this op, as a crashed one does: it moves the data of its
+        first `steps` steps (its own schedule on the peer planes; its share of the data program
+        up to its step `steps` on the shm plane), then exits at once: no goodbye to its peers, no
+        clean-up, nothing flushed. Its peers find it by its closed connections (socket), its
+        actor's death (object) or its process gone from the control block (shm)."""
+        try:
+            if steps and plan.collective.carries_data and self._eager is None:
+                op = plan.collective.method
+                if self.plane != "shm":
+                    executors.per_rank(rank, plan, buffers, redop, self.transport, self.size, steps=steps)
+                else:
+                    bufs, _, _ = self._shared_buffers(rank, seq, plan, buffers, op)
+                    executors.central_share(plan, bufs, redop, rank, self.size, until=(rank, steps))
+        except BaseException:   # noqa: BLE001 - it dies anyway: what it was doing then does not matter
+            pass
+        os._exit(CRASH_EXIT_STATUS)
+
+    def execute_lost(self, rank, seq, plan, buffers, redop, dead) -> None:
+        """This rank's part of an op in which `dead` dies: run as usual until the data plane finds
+        it gone. On the peer planes every wait fails once `dead` is lost (watch_peer), whichever
+        peer it waits for; on the shm plane every rank waits for `dead` in the control block,
+        which sees its process gone."""
+        if self.plane == "shm":
+            self.execute(rank, seq, plan, buffers, redop)
+            return
+        self.transport.watch_peer(dead)
+        try:
+            self.execute(rank, seq, plan, buffers, redop)
+        finally:
+            self.transport.unwatch_peer(dead)
 
     def result_array(self, shape, dtype):
         dtype = np.dtype(dtype)

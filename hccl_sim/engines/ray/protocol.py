@@ -4,7 +4,8 @@ control plane. Nothing positional: every message is a small frozen dataclass.
 - RankInfo      an actor's answer at start-up: where it runs (Ray node id, pid).
 - RunSpec       the driver's instructions for one run: the session, the data plane, the peers'
                 transport addresses, whether this actor creates the shared control block.
-- Outcome       an actor's answer for one run: its result, or its error (code, reason, when).
+- Outcome       an actor's answer for one run: its result, or its error (code, reason, when), and
+                the rank a fault plan crashed under it; or, made by the driver, its actor's death.
 - RankStatus    what a rank is waiting for, for the driver's stall watch.
 - CallPayload   a rank's side of a collective's rendezvous (signature, entry clock, item size,
                 an eager op's input), the bytes the control plane's allgather carries.
@@ -47,6 +48,8 @@ class Outcome:
     error_type: str = ""
     traceback: str = ""
     at: float = 0.0                     # time.time() when the error was caught (earliest = root cause)
+    lost: Optional[int] = None          # the rank the fault plan crashed, as this rank's communicator knows
+    died: bool = False                  # the rank's actor process died (its outcome is the driver's)
 
     def error(self) -> HcclError:
         if self.code:
@@ -56,7 +59,7 @@ class Outcome:
     @property
     def secondary(self) -> bool:
         """An error caused by another rank's failure (an abort, a lost or departed peer)."""
-        if self.reason.startswith("its actor died"):
+        if self.died:
             return False                # the dead rank itself: the root cause
         return self.code in ("E_REMOTE",) or self.reason.startswith("aborted")
 
