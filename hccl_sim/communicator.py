@@ -74,12 +74,6 @@ class Communicator:
         self.ccl_buffer = self.device.malloc(2 * self.config.buffsize_bytes, tag="ccl-buffer")
 
     @property
-    def lost(self):
-        """(rank, simulated ns, fault plan entry) of the rank a fault plan's crash took from this
-        communicator, or None: every later collective on it fails at once."""
-        return self._lost
-
-    @property
     def clock(self) -> int:
         """This rank's simulated host clock, ns."""
         return self.device.clock

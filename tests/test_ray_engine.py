@@ -277,8 +277,9 @@ def test_deadlock_is_an_error_not_a_hang(cluster8):
 
 def crash_ops(comm, n=3, count=20_000):
     """n AllReduces of int64 data too large to travel with the call (the data planes move it); each
-    error recorded with its clock, and apart from it, how this rank's data plane found the dead one."""
-    out, causes = [], []
+    error recorded with its clock, and apart from it, how this rank's data plane found the dead one;
+    then, if a rank was lost, the survivors shrink and AllReduce on the new communicator."""
+    out, causes, shrunk = [], [], None
     for _ in range(n):
         try:
             y = comm.all_reduce(np.arange(count, dtype=np.int64) * (comm.rank + 1))
@@ -287,14 +288,19 @@ def crash_ops(comm, n=3, count=20_000):
             out.append((e.code, str(e), comm.clock))
             if e.__cause__ is not None:
                 causes.append((e.__cause__.code, e.__cause__.reason))
-    return out, causes
+    if comm.lost_ranks:
+        new = comm.shrink()
+        y = new.all_reduce(np.arange(count, dtype=np.int64) * (comm.rank + 1))
+        shrunk = (new.rank, new.world_ranks, int(y.sum()), new.last_op.end)
+    return out, causes, shrunk
 
 
 def check_crash_runs(cluster, plan, dead):
     """The crash run equals the local engine's (the dead rank's entry None, every survivor's planned
     E_TIMEOUT at the same simulated clock), each survivor woken by the real death (the cause of its
     error names the dead rank, found by its data plane), the dead actor's segments gone, and the
-    cluster usable: a run that stops before the crash, and one that lets the error escape."""
+    cluster usable: a run that stops before the crash, and one that lets the error escape. The
+    survivors shrink and go on as on the local engine."""
     topo = cluster.topology
     session = cluster._ray.session
     old_pid = cluster._ray.pids[dead]
@@ -303,7 +309,8 @@ def check_crash_runs(cluster, plan, dead):
     assert time.monotonic() - t0 < 60
     want = hccl_sim.run(crash_ops, topology=topo, faults=plan)
     assert got[dead] is None and want[dead] is None
-    assert [g and g[0] for g in got] == [w and w[0] for w in want]
+    assert [g and (g[0], g[2]) for g in got] == [w and (w[0], w[2]) for w in want]
+    assert all(g[2][1] == tuple(r for r in range(topo.num_ranks) if r != dead) for g in got if g)
     for r, g in enumerate(got):
         if r == dead:
             continue

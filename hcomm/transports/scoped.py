@@ -63,6 +63,15 @@ class ScopedTransport:
     def abort_scope(self, scope: str, code: str, reason: str) -> None:
         self.parent.abort_scope(scope, code, reason)
 
+    def watch_peer(self, peer: int) -> None:
+        self.parent.watch_peer(self.members[peer])
+
+    def unwatch_peer(self, peer: int) -> None:
+        self.parent.unwatch_peer(self.members[peer])
+
+    def lost(self, peer: int):
+        return self.parent.lost(self.members[peer])
+
     def mark_exited(self, rank: int) -> None:
         pass            # a rank leaves the job, not one communicator: the parent transport is told
 

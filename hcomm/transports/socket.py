@@ -249,6 +249,9 @@ class SocketTransport(PeerEndpoint):
 
     def _install(self, peer, sock) -> _Link:
         """A connected socket as this rank's outgoing link to `peer`: greet, start its threads."""
+        if self._closed:                 # a watch's connect that finished after close()
+            sock.close()
+            raise HcclError("E_IN_STATUS", f"rank {self.rank}'s socket transport is closed", rank=self.rank)
         sock.settimeout(None)
         _tune(sock)
         link = _Link(sock, peer, outgoing=True)

@@ -2,7 +2,9 @@
 shared-memory segments and, for each run, its endpoint of the peer transport.
 
 The actor is threaded: `run` blocks in the user's function while peers' deliveries (the object
-plane's mailbox), the driver's status polls and its deadlock notice run on other threads.
+plane's mailbox), the driver's status polls and its deadlock notice run on other threads. A rank
+the fault plan crashes never returns from `run`: its process exits (RayGroup.die), and the
+driver puts a fresh actor in its place.
 """
 from __future__ import annotations
 
@@ -92,7 +94,7 @@ class RankActorBase(RayMailbox):
 
     def run(self, fn, args, kwargs, spec, actors=None) -> Outcome:
         transport = self.hcomm_transport
-        group = comm = None
+        group = None
         self.device.reset_timeline()
         self.watch = RankWatch()
         try:
@@ -119,12 +121,12 @@ class RankActorBase(RayMailbox):
             self._finish(transport)
             if isinstance(exc, HcclError):
                 return Outcome(self.rank, False, code=exc.code, reason=exc.reason, op=exc.op, at=at,
-                               lost=_lost(comm))
+                               lost=_lost(group))
             return Outcome(self.rank, False, reason=str(exc), error_type=type(exc).__name__,
-                           traceback=traceback.format_exc(limit=8), at=at, lost=_lost(comm))
+                           traceback=traceback.format_exc(limit=8), at=at, lost=_lost(group))
         group.exit(self.rank)
         self._finish(transport)
-        return Outcome(self.rank, True, value=value, lost=_lost(comm))
+        return Outcome(self.rank, True, value=value, lost=_lost(group))
 
     def _open_control(self, spec, transport):
         """The shared control block on the shm plane (attached once, kept across runs), else the
@@ -176,9 +178,9 @@ class RankActorBase(RayMailbox):
         return leaks
 
 
-def _lost(comm):
-    """The rank a fault plan's crash took from this rank's communicator, or None."""
-    return None if comm is None or comm.lost is None else comm.lost[0]
+def _lost(group):
+    """The job's ranks the fault plan crashed in this rank's communicators' ops."""
+    return () if group is None else tuple(sorted(group.lost_world))
 
 
 def rank_actor_class():

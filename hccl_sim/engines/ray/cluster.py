@@ -12,6 +12,12 @@ A run: reset the control block, let every actor open its transport endpoint (the
 out the addresses), run `fn` on every actor, and poll them while it runs: a rank that raised
 is reported by the earliest error that is not a consequence of another's (an abort, a departed
 peer); every rank waiting with nothing moving for STALL_S is a deadlock, told to every rank.
+
+A fault plan's rank_crash ends the dead rank's actor process (RayGroup.die). Its death is the
+plan's when the survivors' communicators met that crash: its result is None and the run's outcome
+is the survivors' (their results, or their error raised), as run_local's. Any dead actor is then
+replaced by a fresh one in the same placement bundle, which removes its predecessor's shared
+segments (and, for rank 0, takes the control block over), so the cluster stays usable.
 """
 from __future__ import annotations
 
@@ -159,7 +165,7 @@ class RayCluster:
         faults = self.config.faults
         planned = {c[0] for c in faults.crashes} if faults is not None else set()
         survivors = [o for o in outcomes if not o.died]
-        met = {o.lost for o in survivors}
+        met = {r for o in survivors for r in o.lost}
         return {o.rank for o in outcomes if o.died and o.rank in planned and (not survivors or o.rank in met)}
 
     def _replace(self, ranks):

@@ -44,12 +44,15 @@ _RETURNED = re.compile(r"rank (\d+) returned without calling it")   # hcomm.shm_
 
 
 class RayGroup:
-    def __init__(self, rank, topo, config, plane, control, transport, watch, shared=None):
+    def __init__(self, rank, topo, config, plane, control, transport, watch, shared=None, lost_world=None):
         self.rank, self.topo, self.config, self.size = rank, topo, config, topo.num_ranks
         self.plane, self.control, self.watch, self.shared = plane, control, watch, shared
         self._raw_transport = transport
         self.transport = WatchedTransport(transport, watch)
         self.scope = ""                    # this communicator's scope of the job's transport
+        # the job's ranks a fault plan crashed in an op of this rank's communicators (shared with
+        # its sub-communicators' groups): the driver takes those deaths for the plan's
+        self.lost_world = set() if lost_world is None else lost_world
         self._plans = rdv.PlanCache(topo, config)
         self.fault_progress = self._plans.progress     # this rank's copy, advanced by its own plans
         self._seq = 0                      # the control plane's own sequence (several per collective)
@@ -171,6 +174,8 @@ class RayGroup:
         it gone. On the peer planes every wait fails once `dead` is lost (watch_peer), whichever
         peer it waits for; on the shm plane every rank waits for `dead` in the control block,
         which sees its process gone."""
+        tr = self._raw_transport
+        self.lost_world.add(tr.members[dead] if isinstance(tr, ScopedTransport) else dead)
         if self.plane == "shm":
             self.execute(rank, seq, plan, buffers, redop)
             return
@@ -203,7 +208,7 @@ class RayGroup:
         transport = ScopedTransport(self._raw_transport, members, scope)
         sub_rank = tuple(members).index(rank)
         group = RayGroup(sub_rank, topo, config, "peer", TransportControl(transport, sub_rank, len(members)),
-                         transport, self.watch)
+                         transport, self.watch, lost_world=self.lost_world)
         group.scope = scope
         return group
 

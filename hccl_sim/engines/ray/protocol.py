@@ -48,7 +48,7 @@ class Outcome:
     error_type: str = ""
     traceback: str = ""
     at: float = 0.0                     # time.time() when the error was caught (earliest = root cause)
-    lost: Optional[int] = None          # the rank the fault plan crashed, as this rank's communicator knows
+    lost: tuple = ()                    # the job's ranks the fault plan crashed in this rank's ops
     died: bool = False                  # the rank's actor process died (its outcome is the driver's)
 
     def error(self) -> HcclError:
