@@ -28,7 +28,7 @@ from .env import Config
 from .fault_state import FaultProgress
 from .faults import FaultPlan, with_faults
 from .planner import Signature, make_plan
-from .types import DTYPES, ReduceOp, dtype_name, numpy_dtype, parse_reduce_op
+from .types import ReduceOp, dtype_name, numpy_dtype, parse_reduce_op
 
 __all__ = ["topology", "run", "simulate", "Cluster", "FaultPlan", "Communicator", "ReduceOp", "HcclError", "HCCL_RESULT",
            "Topology", "Estimate", "OpRecord", "ENGINES", "busbw_factor", "MAX_LOCAL_RANKS",

@@ -158,7 +158,6 @@ def test_no_shared_memory_left_after_runs_and_kills(ray_instance):
         if comm.rank == 2:
             time.sleep(30)                                # killed while the others wait in the next op
         comm.all_reduce(np.ones(100_000))
-    ref = cluster._ray.actors[0]
     import threading
     killer = threading.Timer(4.0, lambda: ray.kill(victim))
     killer.start()

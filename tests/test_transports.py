@@ -3,7 +3,6 @@ threads (in-process), spawned processes (socket), Ray actors on a two-node Ray c
 store). Results equal numpy's; deadlines expire with E_TIMEOUT; a dead peer is E_REMOTE naming it;
 a peer that returned is E_PARA; abort wakes waiters; no process, thread or /dev/shm entry is left."""
 import os
-import re
 import threading
 import time
 
@@ -19,7 +18,7 @@ from hcomm.transports.ray_object import RayObjectTransport, ScheduleRunner
 from hcomm.transports.socket import SocketTransport
 from topologies.errors import HcclError
 
-from conftest import descendants, shm_leaks
+from conftest import shm_leaks
 from transport_cases import (CASES, SIZES, SPAWN, case_buffers, case_expected, case_steps, check_outputs,
                              run_cases, socket_rank)
 
