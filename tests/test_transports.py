@@ -20,7 +20,7 @@ from topologies.errors import HcclError
 
 from conftest import shm_leaks
 from transport_cases import (CASES, SIZES, SPAWN, case_buffers, case_expected, case_steps, check_outputs,
-                             run_cases, socket_rank)
+                             listening_rank, run_cases, socket_rank)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -324,32 +324,45 @@ def test_dead_peer_is_e_remote_naming_it(request, kind, steps):
 
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_watched_peer_death_fails_every_wait(when):
-    """A rank waiting for rank 1 while watching rank 2 (a rank the fault plan crashes) fails as soon
-    as rank 2's process dies, with E_REMOTE naming rank 2, though it never exchanged with it: its
-    death before the watch is a refused connection, after it a closed one."""
-    group = SocketGroup(3, "serve", timeout_s=60, parent=True)
-    tr = group.transport
+    """Rank 0 waits for rank 1 while watching rank 2 (a rank the fault plan crashes), a process it
+    never exchanged with: it fails as soon as rank 2's process dies, E_REMOTE naming rank 2. A death
+    before the watch is a refused connection; after it, the watch's own connection closing."""
+    mine, theirs = SPAWN.Pipe()
+    proc = SPAWN.Process(target=listening_rank, args=(2, 3, theirs))
+    proc.start()
+    theirs.close()
+    r0, r1 = SocketTransport(0, 3, timeout_s=60), SocketTransport(1, 3, timeout_s=60)
     try:
+        assert mine.poll(60)
+        peers = {0: r0.address, 1: r1.address, 2: mine.recv()}
+        r0.start(peers, eager=False)
+        r1.start(peers, eager=False)
         if when == "before":
-            group.procs[2].kill()
-            group.procs[2].join(10)
-        tr.watch_peer(2)
+            proc.kill()
+            proc.join(10)
+        r0.watch_peer(2)
         if when == "after":
             deadline = time.monotonic() + 10
-            while 2 not in tr._outgoing and time.monotonic() < deadline:     # the watch's own link
+            while 2 not in r0._outgoing and time.monotonic() < deadline:     # the watch's own link
                 time.sleep(0.01)
-            assert 2 in tr._outgoing
-            group.procs[2].kill()
+            assert 2 in r0._outgoing
+            proc.kill()
         t0 = time.monotonic()
         with pytest.raises(HcclError, match="lost rank 2") as info:
-            tr.take(1, 0, "t", tr.deadline(), "test")
+            r0.take(1, 0, "t", r0.deadline(), "test")
         assert info.value.code == "E_REMOTE" and info.value.rank == 0 and time.monotonic() - t0 < 10
-        tr.unwatch_peer(2)
-        tr.timeout_s = 0.2
+        if when == "before":
+            assert "refuses connections" in str(info.value)
+        r0.unwatch_peer(2)
+        r0.timeout_s = 0.2
         with pytest.raises(HcclError, match="no data from rank 1 within 0.2 s"):
-            tr.take(1, 0, "t", tr.deadline(), "test")            # rank 1 lives: only a timeout now
+            r0.take(1, 0, "t", r0.deadline(), "test")            # rank 1 lives: only a timeout now
     finally:
-        group.close()
+        r0.close()
+        r1.close()
+        mine.close()
+        proc.kill()
+        proc.join(10)
 
 
 def test_socket_keeps_shapes_dtypes_tags_and_replies():

@@ -75,3 +75,13 @@ def socket_rank(rank, p, scenario, conn, timeout_s):
         conn.send(exc)
     finally:
         tr.close()
+
+
+def listening_rank(rank, p, conn):
+    """A spawned rank that only listens (it connects nowhere): for a peer that watches it die."""
+    tr = SocketTransport(rank, p, timeout_s=60, connect_timeout_s=30)
+    try:
+        conn.send(tr.address)
+        conn.poll(60)
+    finally:
+        tr.close()
