@@ -79,6 +79,12 @@ def _check_local_size(topo, engine):
                         "(hccl_sim.MAX_LOCAL_RANKS, one thread per rank); use hccl_sim.simulate for larger clusters")
 
 
+def _check_engine_faults(engine, config):
+    if engine == "ray" and config.faults is not None and config.faults.crashes:
+        raise HcclError("E_NOT_SUPPORT", "rank_crash faults on engine ray are not modelled yet (the actor's process "
+                        "exit); they run on engine local and in simulate")
+
+
 def _engine(engine):
     if engine in ("local", "ray"):
         return engine
@@ -118,10 +124,9 @@ class Cluster:
                  address: str | None = None, data_plane: str | None = None, faults=None):
         self.topology = _topology(topology)
         self.engine = _engine(engine)
+        self._env, self._policy, self._faults = env, policy, faults
         self.config = with_faults(self.topology, Config.from_env(env, policy), faults)
-        if self.engine == "ray" and self.config.faults is not None and self.config.faults.crashes:
-            raise HcclError("E_NOT_SUPPORT", "rank_crash faults on engine ray are not modelled yet (the actor's process "
-                            "exit); they run on engine local and in simulate")
+        _check_engine_faults(self.engine, self.config)
         _check_local_size(self.topology, self.engine)
         if data_plane not in (None, "shm", "object", "socket"):
             raise HcclError("E_PARA", f"data_plane {data_plane!r} is invalid; expected shm, object or socket (engine ray)")
@@ -131,14 +136,22 @@ class Cluster:
             from .engines.ray import RayCluster
             self._ray = RayCluster(self.topology, self.config, address=address, data_plane=data_plane)
 
-    def run(self, fn, args=(), kwargs=None):
+    def run(self, fn, args=(), kwargs=None, faults=None, env=None):
+        """fn(comm, *args, **kwargs) on every rank; results by rank. `faults` (a FaultPlan) and
+        `env` (HCCL variables) given here are this run's instead of the cluster's, on the same
+        ranks (a chaos campaign's scenarios on one set of actors: starting them takes seconds)."""
         if not self._open:
             raise HcclError("E_IN_STATUS", "the cluster is closed")
+        config = self.config
+        if faults is not None or env is not None:
+            config = with_faults(self.topology, Config.from_env(self._env if env is None else env, self._policy),
+                                 self._faults if faults is None else faults)
+            _check_engine_faults(self.engine, config)
         _check_call(fn, args, kwargs, self.topology, self.engine)
         if self._ray is not None:
-            return self._ray.run(fn, args=args, kwargs=kwargs)
+            return self._ray.run(fn, args=args, kwargs=kwargs, config=config)
         from .engines.local import run_local
-        return run_local(fn, self.topology, self.config, args=args, kwargs=kwargs)
+        return run_local(fn, self.topology, config, args=args, kwargs=kwargs)
 
     def close(self):
         self._open = False

@@ -80,6 +80,7 @@ class OpPlan:
     parts: Optional[dict] = None   # loop length -> ((start, stop, program), ...) run one after another on
                                    # data where the timing program runs them side by side (A3's double ring)
     retries: int = 0               # op retries a link failure cost (hccl_sim.retry)
+    tries: Optional[list] = None   # every try's entry clocks, first to last (under link faults)
 
     @functools.cached_property
     def algo(self) -> str:
@@ -248,12 +249,25 @@ def _trace_events(sig, loops, programs, cost, history) -> list:
 
 def step_clock(plan, topo, config, rank: int, step: int) -> int:
     """`rank`'s clock as it starts its step number `step` of the op (counted over the op's loops;
-    past its last step: its exit), from the event-driven replay of the plan."""
+    past its last step: its exit), from the event-driven replay of the plan.
+
+    An op retried after a link failure is replayed try by try: a failed try's replay stops at its
+    error CQE (every rank stops there), so a step the rank had not started in it by then is found
+    in a later try; the last try completes (the plan priced it)."""
     cost = effective_cost(topo, config)
-    marks = [[] for _ in range(cost.num_ranks)]
-    exits = _replayed_exits(plan.signature, plan.loops, plan.programs, plan.entry, cost, marks)
-    mine = marks[rank]
-    return mine[step] if step < len(mine) else exits[rank]
+    for at in getattr(plan, "tries", None) or [plan.entry]:
+        marks = [[] for _ in range(cost.num_ranks)]
+        try:
+            exits = _replayed_exits(plan.signature, plan.loops, plan.programs, at, cost, marks)
+        except LinkFailure as failure:
+            mine = marks[rank]
+            if step < len(mine) and mine[step] <= failure.time_ns:
+                return mine[step]
+            continue
+        mine = marks[rank]
+        return mine[step] if step < len(mine) else exits[rank]
+    raise HcclError("E_INTERNAL", f"rank {rank}: every try of {plan.signature.describe()} failed in its replay, "
+                    "yet the op was planned as completed")
 
 
 def effective_cost(topo, config):
@@ -299,7 +313,8 @@ def make_plan(sig: Signature, topo, config, entry: list, itemsize: int, trace: b
     if trace:
         events = _trace_events(sig, loops, programs, cost, history)
     nbytes = 0 if sig.name == "barrier" else colls.of(sig.name).op_bytes(sig.count, p, itemsize)
-    return OpPlan(sig, choice, loops, programs, list(entry), exits, nbytes, events, parts, retries)
+    tries = [list(at) for at, _ in history] if cost.link_state else None
+    return OpPlan(sig, choice, loops, programs, list(entry), exits, nbytes, events, parts, retries, tries)
 
 
 def check_signatures(signatures: list) -> Optional[str]:

@@ -121,30 +121,31 @@ class RayCluster:
         return out
 
     # ---- runs -------------------------------------------------------------------------------------
-    def run(self, fn, args=(), kwargs=None):
+    def run(self, fn, args=(), kwargs=None, config=None):
+        """fn on every actor; `config`: this run's HCCL settings and faults (default the cluster's)."""
         if self._closed:
             raise HcclError("E_IN_STATUS", "the Ray cluster is closed")
-        ray = self._ray
+        config = self.config if config is None else config
         plane = self.data_plane
         if plane == "shm":
             self._gather([self.actors[0].reset_control.remote()], "reset the control block", 60)
-        addresses = self._gather([a.prepare.remote(plane) for a in self.actors], "open its transport",
-                                 self.config.connect_timeout_s or 120)
-        spec = RunSpec(self.session, plane, {r: a for r, a in enumerate(addresses)})
+        addresses = self._gather([a.prepare.remote(plane, config) for a in self.actors], "open its transport",
+                                 config.connect_timeout_s or 120)
+        spec = RunSpec(self.session, plane, {r: a for r, a in enumerate(addresses)}, config)
         actors = self.actors if plane == "object" else None
         refs = [a.run.remote(fn, args, kwargs, spec, actors) for a in self.actors]
-        outcomes = self._watch(refs)
+        outcomes = self._watch(refs, config)
         errors = [o for o in outcomes if not o.ok]
         if errors:
             primary = [e for e in errors if not e.secondary] or errors
             raise min(primary, key=lambda e: (e.at, e.rank)).error()
         return [o.value for o in outcomes]
 
-    def _watch(self, refs):
+    def _watch(self, refs, config):
         """Wait for every rank's Outcome, polling for deadlocks; nothing waits past the limit."""
         ray = self._ray
         p = len(refs)
-        limit = time.monotonic() + (self.config.wait_timeout_s or 10 ** 9) + self.config.connect_timeout_s + 30
+        limit = time.monotonic() + (config.wait_timeout_s or 10 ** 9) + config.connect_timeout_s + 30
         done = {}
         stalled = None                  # (progress total, since) while every running rank waits
         pending = list(refs)
