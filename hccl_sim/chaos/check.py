@@ -166,14 +166,14 @@ def classify(sc: Scenario, twin, faulty, reference=None) -> Verdict:
     errors = {r: faulty[r][k] for r in survivors}
     codes = sorted({rec.code for rec in errors.values()})
     if codes == ["E_NOT_SUPPORT"]:
-        return Verdict("skipped", _short(errors[survivors[0]].message))
+        return Verdict("skipped", errors[survivors[0]].message)
     if len(codes) > 1:
         return Verdict("WRONG", f"ranks disagree on the error: codes {', '.join(codes)}")
     for r in survivors:
         problem = _error_problem(sc, r, errors[r], config, dead)
         if problem:
             return Verdict("WRONG", problem)
-    return Verdict("clean error", _short(errors[survivors[0]].message))
+    return Verdict("clean error", errors[survivors[0]].message)
 
 
 def _twin_problem(sc, twin, reference):
@@ -349,10 +349,10 @@ class Result:
         return self.verdict.outcome
 
 
-def run_scenario(sc: Scenario, runner, deadline_s: float = 60.0) -> Result:
-    """The scenario's twin, then the scenario, each within the wall deadline; classified, and
-    checked for anything left behind."""
-    limit = max(deadline_s, Config.from_env(sc.env).exec_timeout_s + DEADLINE_MARGIN_S)
+def run_scenario(sc: Scenario, runner, deadline_s: float = 60.0, margin_s: float = DEADLINE_MARGIN_S) -> Result:
+    """The scenario's twin, then the scenario, each within the wall deadline (at least
+    HCCL_EXEC_TIMEOUT + `margin_s`); classified, and checked for anything left behind."""
+    limit = max(deadline_s, Config.from_env(sc.env).exec_timeout_s + margin_s)
     before = snapshot()
     t0 = time.perf_counter()
     reference = reference_digests(sc.call, runner.topo.num_ranks)

@@ -139,9 +139,13 @@ def unmade_kinds() -> list:
 def _algos_for(topo, op: str) -> tuple:
     """algo= values that run `op` on `topo` (HCCL tokens and registry names), one per distinct
     label of what runs (fallbacks included once), selection (None) first."""
-    seen, out = set(), [None]
+    plain = ("null", "NA")                  # "let HCCL choose" spelt as a token: tried last
+    tokens = ([t for t in ALGO_TOKENS if t not in plain] + [n for n in registry.ALGORITHMS if n not in ALGO_TOKENS]
+              + list(plain))
+    out = [None]
     with quiet_logs():
-        for token in list(ALGO_TOKENS) + [n for n in registry.ALGORITHMS if n not in ALGO_TOKENS]:
+        seen = {_simulate_label(topo, op, None)}
+        for token in tokens:
             try:
                 label = _simulate_label(topo, op, token)
             except HcclError:
@@ -252,10 +256,12 @@ def _draw_count(rng, size_class, coll, p, itemsize) -> int:
     if size_class == "tiny":
         m = int(rng.choice([0, 1, 2, 3])) if coll.divisible else int(rng.choice([0, 1, 2, p - 1, p, p + 1]))
         return m * unit
+    # small and medium sizes as nccl-tests counts them: an AllGather's is its whole output (p inputs)
+    share = p if coll.name == "allgather" else 1
     if size_class == "small":
-        return int(rng.integers(4, 5000)) // unit * unit + unit
+        return int(rng.integers(4, 5000)) // share // unit * unit + unit
     if size_class == "medium":
-        return int(rng.integers(5000, 60000)) // unit * unit
+        return max(1, int(rng.integers(5000, 60000)) // share // unit) * unit
     cap = collectives.of(coll.name).loops(1 << 40, p, itemsize, LOOP_BUFFSIZE_MB << 20).cap
     loops = int(rng.choice([2, 3], p=[0.75, 0.25]))
     per = cap * (loops - 1) + int(rng.integers(1, cap // 4 + 2))    # per block for block collectives
