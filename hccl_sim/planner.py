@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
@@ -254,20 +255,42 @@ def step_clock(plan, topo, config, rank: int, step: int) -> int:
     An op retried after a link failure is replayed try by try: a failed try's replay stops at its
     error CQE (every rank stops there), so a step the rank had not started in it by then is found
     in a later try; the last try completes (the plan priced it)."""
-    cost = effective_cost(topo, config)
-    for at in getattr(plan, "tries", None) or [plan.entry]:
-        marks = [[] for _ in range(cost.num_ranks)]
-        try:
-            exits = _replayed_exits(plan.signature, plan.loops, plan.programs, at, cost, marks)
-        except LinkFailure as failure:
-            mine = marks[rank]
-            if step < len(mine) and mine[step] <= failure.time_ns:
+    for marks, exits, failed_at in _step_marks(plan, topo, config):
+        mine = marks[rank]
+        if exits is None:
+            if step < len(mine) and mine[step] <= failed_at:
                 return mine[step]
             continue
-        mine = marks[rank]
         return mine[step] if step < len(mine) else exits[rank]
     raise HcclError("E_INTERNAL", f"rank {rank}: every try of {plan.signature.describe()} failed in its replay, "
                     "yet the op was planned as completed")
+
+
+_STEP_MARKS_LOCK = threading.Lock()
+
+
+def _step_marks(plan, topo, config) -> list:
+    """Every try's (step start clocks of every rank, exits or None, error CQE time or None), from
+    the replay; kept on the plan, which every rank of an in-process engine shares, so that the op
+    is replayed once and not once per rank."""
+    memo = getattr(plan, "__dict__", None)            # a ShiftedPlan has no room for it: replayed each time
+    with _STEP_MARKS_LOCK:
+        if memo is not None and "_step_marks" in memo:
+            return memo["_step_marks"]
+        cost = effective_cost(topo, config)
+        tries = []
+        for at in getattr(plan, "tries", None) or [plan.entry]:
+            marks = [[] for _ in range(cost.num_ranks)]
+            try:
+                exits = _replayed_exits(plan.signature, plan.loops, plan.programs, at, cost, marks)
+            except LinkFailure as failure:
+                tries.append((marks, None, failure.time_ns))
+                continue
+            tries.append((marks, exits, None))
+            break
+        if memo is not None:
+            memo["_step_marks"] = tries
+        return tries
 
 
 def effective_cost(topo, config):

@@ -14,7 +14,7 @@ import pytest
 import hccl_sim
 import topologies
 from hccl_sim import FaultPlan, HcclError
-from hccl_sim.chaos import Call, Scenario, classify, generate, run_campaign, run_scenario, scenario, space_for
+from hccl_sim.chaos import Call, Scenario, classify, generate, run_campaign, run_scenario, scenario
 from hccl_sim.chaos import report
 from hccl_sim.chaos.check import LocalRunner, Result, Verdict, reference_digests
 from hccl_sim.chaos.scenarios import twin_spans

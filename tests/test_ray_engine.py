@@ -217,3 +217,22 @@ def test_deadlock_is_an_error_not_a_hang(cluster8):
         cluster8.run(lambda comm: comm.recv((comm.rank + 1) % comm.size))
     assert time.monotonic() - t0 < 30
     assert cluster8.run(lambda comm: float(comm.all_reduce(np.ones(2))[0]))[0] == 8.0
+
+
+def test_chaos_campaign_on_ray_equals_the_local_engine(ray_instance):
+    """Ten seeded chaos scenarios on one set of actors (two 4-NPU servers on the two Ray nodes),
+    each run with its own plan and environment: no WRONG, HANG or LEAK, and every scenario's
+    outcome, retries, simulated time lost and every rank's records equal to the local engine's."""
+    import topologies
+    from hccl_sim.chaos import run_campaign, run_scenario
+    from hccl_sim.chaos.check import LocalRunner
+    from hccl_sim.chaos.report import failed
+    topo = topologies.hardware("atlas800t-a2", devices_per_server=[4, 4])
+    space, results = run_campaign(3, 10, topo, engine="ray")
+    assert not failed(results), [(sc.index, r.outcome, r.verdict.detail) for sc, r in results]
+    local = LocalRunner(topo)
+    for sc, got in results:
+        want = run_scenario(sc, local)
+        assert (got.outcome, got.verdict.retries, got.verdict.lost_s) == (want.outcome, want.verdict.retries,
+                                                                          want.verdict.lost_s), sc.index
+        assert got.faulty == want.faulty and got.twin == want.twin

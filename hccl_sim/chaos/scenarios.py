@@ -243,7 +243,9 @@ def _draw_call(rng, space: Space, p: int):
     out = "new"
     if rng.random() < 0.35:
         out = "inplace" if op in IN_PLACE_OPS and rng.random() < 0.6 else "out"
-    calls = int(rng.choice([1, 2, 3], p=[0.6, 0.25, 0.15]))
+    # repeated calls (a later one can be the faulty one); large ones at most twice, for wall time
+    calls = int(rng.choice([1, 2, 3], p=[0.6, 0.25, 0.15])) if size_class in ("tiny", "small") else \
+        int(rng.choice([1, 2], p=[0.7, 0.3]))
     env.update(_draw_retry_env(rng, space))
     call = Call(op, count, dtype, redop, root, algo, out, calls, int(rng.integers(2**31)))
     return call, env
@@ -263,8 +265,8 @@ def _draw_count(rng, size_class, coll, p, itemsize) -> int:
     if size_class == "medium":
         return max(1, int(rng.integers(5000, 60000)) // share // unit) * unit
     cap = collectives.of(coll.name).loops(1 << 40, p, itemsize, LOOP_BUFFSIZE_MB << 20).cap
-    loops = int(rng.choice([2, 3], p=[0.75, 0.25]))
-    per = cap * (loops - 1) + int(rng.integers(1, cap // 4 + 2))    # per block for block collectives
+    loops = int(rng.choice([2, 3], p=[0.8, 0.2]))
+    per = cap * (loops - 1) + int(rng.integers(1, cap // 8 + 2))    # per block for block collectives
     if coll.block and coll.name != "allgather":
         return per * p
     return per
@@ -331,18 +333,22 @@ def _pair(rng, space: Space):
     return a, b, level_of(effective_cost(topo, Config()), a, b)
 
 
-def _duration(rng, budget) -> tuple:
+def _duration(rng, budget, env) -> tuple:
     """A down time (ns) against the RDMA retransmission budget: within one interval (the first
-    retransmission gets through), under the whole budget, or past it (an error CQE)."""
+    retransmission gets through), under the whole budget, past it (an error CQE), or past it but
+    back within HoldTime (what op retry, where it is on, recovers from)."""
     interval, retries = budget
     total = interval * retries
-    regime = int(rng.choice(3, p=[0.3, 0.25, 0.45]))
+    hold_ns = dict(Config.from_env(env).retry_params)["HoldTime"] * 1_000_000
+    regime = int(rng.choice(4, p=[0.25, 0.2, 0.35, 0.2]))
     if regime == 0:
         d = int(interval * rng.uniform(0.05, 0.9))
     elif regime == 1:
         d = int(total * rng.uniform(0.3, 0.95))
-    else:
+    elif regime == 2 or not hold_ns:
         d = int(total * rng.uniform(1.05, 4.0))
+    else:
+        d = int((total + interval) * 1.01 + hold_ns * rng.uniform(0.0, 0.9))
     return max(1, d), d / total
 
 
@@ -360,7 +366,7 @@ def fmt_s(seconds: float) -> str:
 def _make_flap(rng, space, spans, target, budget, env):
     a, b, level = _pair(rng, space)
     at = _inside(rng, spans, target)
-    d, share = _duration(rng, budget)
+    d, share = _duration(rng, budget, env)
     return (dict(a=a, b=b, at=at / 1e9, duration=d / 1e9),
             f"link_flap {a}-{b} ({level}) at {fmt_s(at / 1e9)} for {fmt_s(d / 1e9)} ({share:.2g}x RDMA budget)")
 
@@ -387,7 +393,7 @@ def _make_nic(rng, space, spans, target, budget, env):
     at = _inside(rng, spans, target)
     if rng.random() < 0.4:
         return dict(rank=rank, at=at / 1e9, duration=None), f"nic_down rank {rank} at {fmt_s(at / 1e9)} for good"
-    d, share = _duration(rng, budget)
+    d, share = _duration(rng, budget, env)
     return (dict(rank=rank, at=at / 1e9, duration=d / 1e9),
             f"nic_down rank {rank} at {fmt_s(at / 1e9)} for {fmt_s(d / 1e9)} ({share:.2g}x RDMA budget)")
 
