@@ -20,6 +20,7 @@ None). The twin is the same program with the same data and environment and no fa
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -118,6 +119,7 @@ class Verdict:
     retries: Optional[int] = None      # op retries over the scenario's calls (recovered)
     lost_s: Optional[float] = None     # simulated time lost: last exit minus the twin's, max over ranks
     bound_s: Optional[float] = None    # the least that retries must lose: k HoldTime + (k-1) IntervalTime per op
+    cqe_s: Optional[float] = None      # the failed tries' retransmission budgets: k (RETRY_CNT + 1) interval per op
 
 
 def classify(sc: Scenario, twin, faulty, reference=None) -> Verdict:
@@ -211,7 +213,8 @@ def _recovered(sc, twin, faulty, survivors, config) -> Verdict:
         return Verdict("WRONG", f"finished {-lost} ns before the fault-free twin")
     if lost < bound_ns:
         return Verdict("WRONG", f"{retries} retries lost {lost} ns, less than HoldTime/IntervalTime make ({bound_ns} ns)")
-    return Verdict("recovered", "", retries, lost / 1e9, bound_ns / 1e9)
+    interval, count = sc.rdma
+    return Verdict("recovered", "", retries, lost / 1e9, bound_ns / 1e9, retries * (count + 1) * interval / 1e9)
 
 
 def _error_problem(sc, rank, rec, config, dead) -> Optional[str]:
@@ -377,8 +380,8 @@ def run_scenario(sc: Scenario, runner, deadline_s: float = 60.0, margin_s: float
         if verdict.outcome == "WRONG":
             verdict.detail += f"; also left behind: {', '.join(left[:4])}"
         else:
-            verdict = Verdict("LEAK", f"left behind: {', '.join(left[:4])}" + (" ..." if len(left) > 4 else ""),
-                              verdict.retries, verdict.lost_s, verdict.bound_s)
+            verdict = dataclasses.replace(verdict, outcome="LEAK", detail=f"left behind: {', '.join(left[:4])}"
+                                          + (" ..." if len(left) > 4 else ""))
     return Result(sc.index, verdict, wall, twin[1] if twin[0] == "done" else None,
                   faulty[1] if faulty[0] == "done" else None)
 

@@ -13,7 +13,7 @@ scenario the engine refuses with E_NOT_SUPPORT) live in hccl_sim.chaos_check.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -87,12 +87,13 @@ class Scenario:
     fault: str                # what the plan does, in a few words
     target: int               # the call the fault aims at
     spans: tuple = ()         # the twin's (first entry, last exit) ns of every call, as planned
-    notes: list = field(default_factory=list)
+    rdma: tuple = (0, 0)      # (retransmission interval ns, retransmissions) under the scenario's env
 
     def to_dict(self) -> dict:
         return {"index": self.index, "seed": self.seed, "call": self.call.to_dict(), "env": dict(self.env),
                 "plan": self.plan.to_dict(), "fault": self.fault, "target": self.target,
-                "spans_ns": [list(s) for s in self.spans]}
+                "spans_ns": [list(s) for s in self.spans], "rdma_interval_ns": self.rdma[0],
+                "rdma_retry_cnt": self.rdma[1]}
 
 
 # ---- what a topology offers ----------------------------------------------------------------------
@@ -202,7 +203,7 @@ def scenario(seed: int, index: int, topo, engine: str = "local", space: Space | 
             env.pop("HCCL_ALGO", None)
             spans = twin_spans(call, env, topo)
     target = int(rng.integers(call.calls))
-    budget = _rdma_budget(topo, env)
+    budget = rdma_budget(topo, env)
     kinds = space.kinds
     weights = np.array([3.0 if k == "link_flap" else 2.0 if k == "rank_crash" else 1.0 for k in kinds])
     plan = FaultPlan(seed=int(rng.integers(2**31)))
@@ -212,7 +213,7 @@ def scenario(seed: int, index: int, topo, engine: str = "local", space: Space | 
         entry, text = MAKERS[kind](rng, space, spans, target, budget, env)
         getattr(plan, kind)(**entry)
         texts.append(text)
-    return Scenario(index, seed, call, env, plan, " + ".join(texts), target, tuple(spans))
+    return Scenario(index, seed, call, env, plan, " + ".join(texts), target, tuple(spans), budget)
 
 
 def _draw_call(rng, space: Space, p: int):
@@ -275,7 +276,7 @@ def _draw_count(rng, size_class, coll, p, itemsize) -> int:
 def _draw_retry_env(rng, space: Space) -> dict:
     env = {}
     if rng.random() < 0.75:
-        env["HCCL_OP_RETRY_ENABLE"] = ",".join(f"{lv}:{int(rng.random() < 0.6)}" for lv in space.levels)
+        env["HCCL_OP_RETRY_ENABLE"] = ",".join(f"{lv}:{int(rng.random() < 0.75)}" for lv in space.levels)
     if rng.random() < 0.7:
         env["HCCL_OP_RETRY_PARAMS"] = (f"MaxCnt:{int(rng.integers(1, 5))},"
                                        f"HoldTime:{HOLD_TIMES_MS[int(rng.integers(len(HOLD_TIMES_MS)))]},"
@@ -306,7 +307,7 @@ def twin_spans(call: Call, env: dict, topo) -> list:
     return spans
 
 
-def _rdma_budget(topo, env):
+def rdma_budget(topo, env) -> tuple:
     """(retransmission interval ns, retransmissions) under the scenario's HCCL_RDMA_TIMEOUT and
     HCCL_RDMA_RETRY_CNT, as FaultPlan.bind sets them (4.096 us x 2^timeout, reference §3.2)."""
     state = FaultPlan().bind(topo, Config.from_env(env)).link_state
