@@ -227,17 +227,17 @@ def cmd_chaos(args) -> int:
         else:
             print(line, flush=True)
     try:
-        space, results = report.run_campaign(args.seed, args.scenarios, topo, engine=args.engine,
-                                             deadline_s=args.deadline, only=args.replay, on_start=start,
-                                             on_result=done)
+        space, results, left = report.run_campaign(args.seed, args.scenarios, topo, engine=args.engine,
+                                                   deadline_s=args.deadline, only=args.replay, on_start=start,
+                                                   on_result=done)
     finally:
         if bar and bar[0] is not None:
             bar[0].close()
-    print(report.format_summary(results))
+    print(report.format_summary(results, left))
     if args.json:
-        report.write_json(args.json, args.seed, topo, args.engine, space, results)
+        report.write_json(args.json, args.seed, topo, args.engine, space, results, left)
         print(f"# scenarios written to {args.json}")
-    return 1 if report.failed(results) else 0
+    return 1 if report.failed(results, left) else 0
 
 
 def cmd_topo(args) -> int:

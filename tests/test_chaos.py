@@ -46,9 +46,9 @@ def run(topo, sc):
 def test_campaign_of_100_scenarios_on_the_local_engine(a2):
     """Every scenario is recovered or a clean error, every fault kind and collective turns up, and
     each fault's time lands inside the call it aims at (the twin's real clocks are the planned spans)."""
-    space, results = run_campaign(7, 100, a2)
+    space, results, left = run_campaign(7, 100, a2)
     outcomes = {r.outcome for _, r in results}
-    assert not report.failed(results), [(sc.index, r.outcome, r.verdict.detail) for sc, r in results
+    assert left == [] and not report.failed(results), [(sc.index, r.outcome, r.verdict.detail) for sc, r in results
                                         if r.outcome in report.FAILURES]
     assert outcomes == {"recovered", "clean error"}
     drawn = {e["kind"] for sc, _ in results for e in sc.plan.entries}
@@ -73,7 +73,7 @@ def test_same_seed_same_scenarios_and_outcomes(a2):
     assert scenario(5, 17, a2).to_dict() == first[17]            # scenario N alone, as --replay draws it
 
     def outcomes():
-        _, results = run_campaign(5, 8, a2)
+        _, results, _ = run_campaign(5, 8, a2)
         return [(r.outcome, r.verdict.detail, r.verdict.retries, r.verdict.lost_s, r.twin, r.faulty)
                 for _, r in results]
     assert outcomes() == outcomes()

@@ -219,6 +219,21 @@ def test_deadlock_is_an_error_not_a_hang(cluster8):
     assert cluster8.run(lambda comm: float(comm.all_reduce(np.ones(2))[0]))[0] == 8.0
 
 
+def test_result_pool_stays_bounded_over_many_shapes(cluster8):
+    """(Found by `hccl-sim chaos --engine ray`.) Ops of ever new shapes on the shared-memory plane:
+    each rank keeps at most RESULT_POOL_SPARE free result segments, the least recently used
+    unlinked, instead of one per shape for the cluster's life."""
+    from hccl_sim.engines.ray.shm_plane import RESULT_POOL_SPARE
+    stem = f"{shm.PREFIX}{cluster8._ray.session}_0_result_"
+
+    def fn(comm, n):
+        comm.all_reduce(np.ones(n, np.int32))
+    for k in range(3 * RESULT_POOL_SPARE):
+        cluster8.run(fn, args=(20_000 + 16 * k,))             # 80 KB and up: past the inline size
+    kept = [n for n in os.listdir("/dev/shm") if n.startswith(stem)]
+    assert 1 <= len(kept) <= RESULT_POOL_SPARE + 1, kept
+
+
 def test_chaos_campaign_on_ray_equals_the_local_engine(ray_instance):
     """Ten seeded chaos scenarios on one set of actors (two 4-NPU servers on the two Ray nodes),
     each run with its own plan and environment: no WRONG, HANG or LEAK, and every scenario's
@@ -228,8 +243,8 @@ def test_chaos_campaign_on_ray_equals_the_local_engine(ray_instance):
     from hccl_sim.chaos.check import LocalRunner
     from hccl_sim.chaos.report import failed
     topo = topologies.hardware("atlas800t-a2", devices_per_server=[4, 4])
-    space, results = run_campaign(3, 10, topo, engine="ray")
-    assert not failed(results), [(sc.index, r.outcome, r.verdict.detail) for sc, r in results]
+    space, results, left = run_campaign(3, 10, topo, engine="ray")
+    assert not failed(results, left), ([(sc.index, r.outcome, r.verdict.detail) for sc, r in results], left)
     local = LocalRunner(topo)
     for sc, got in results:
         want = run_scenario(sc, local)

@@ -285,8 +285,12 @@ class LocalRunner:
     def after_hang(self):
         pass             # a hung run's threads are daemons, and the next snapshot includes them
 
-    def close(self):
-        pass
+    def kept(self, names) -> set:
+        """Shared-memory entries the engine keeps between runs by design: none in-process."""
+        return set()
+
+    def close(self) -> list:
+        return []
 
 
 class RayRunner:
@@ -322,8 +326,45 @@ class RayRunner:
         closer.join(60)
         self.cluster = Cluster(self.topo, engine="ray", address=self.address)
 
-    def close(self):
+    def kept(self, names) -> set:
+        """The actors' working set between runs (hccl_sim.engines.ray.shm_plane): per rank its newest
+        CCL input, output and scratch segment and RESULT_POOL_SPARE pooled results (+1 in use); anything
+        beyond that (an old generation, a device allocation, a pool that keeps growing) is left behind."""
+        from hcomm.shm import PREFIX
+        from ..engines.ray.shm_plane import RESULT_POOL_SPARE
+        stem = f"{PREFIX}{self.cluster._ray.session}_"
+        by_rank = {}
+        for name in names:
+            parts = name[len(stem):].split("_") if name.startswith(stem) else []
+            if len(parts) >= 3 and parts[-1].isdigit():      # rank, kind, [pid,] generation or counter
+                by_rank.setdefault((parts[0], parts[1]), []).append((int(parts[-1]), name))
+        kept = set()
+        for (rank, kind), found in by_rank.items():
+            keep = {"input": 1, "output": 1, "scratch": 1, "result": RESULT_POOL_SPARE + 1}.get(kind, 0)
+            kept |= {name for _, name in sorted(found)[len(found) - keep:]} if keep else set()
+        return kept
+
+    def close(self) -> list:
+        """Close the cluster; what it left behind (segments of its session, live actor processes)."""
+        from hcomm import shm
+        ray_cluster = self.cluster._ray
+        session, pids = ray_cluster.session, list(getattr(ray_cluster, "pids", []))
         self.cluster.close()
+        deadline = time.monotonic() + 10
+        while True:
+            left = [path for path in shm.leftovers(session)] + [f"rank actor process {pid}" for pid in pids
+                                                                  if _alive(pid)]
+            if not left or time.monotonic() >= deadline:
+                return left
+            time.sleep(0.1)
+
+
+def _alive(pid) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _no_op(comm):
@@ -375,7 +416,7 @@ def run_scenario(sc: Scenario, runner, deadline_s: float = 60.0, margin_s: float
                                    f"{_short(f'{type(exc).__name__}: {exc}')}")
     else:
         verdict = classify(sc, twin[1], faulty[1], reference)
-    left = leaks(before) + [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    left = leaks(before, kept=runner.kept) + [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
     if left:
         if verdict.outcome == "WRONG":
             verdict.detail += f"; also left behind: {', '.join(left[:4])}"
@@ -413,22 +454,30 @@ def snapshot():
     return (_shm_entries(), _descendants(), {t.ident for t in threading.enumerate() if t.name.startswith("hccl-")})
 
 
-def leaks(before, settle_s: float = 2.0) -> list:
+def leaks(before, settle_s: float = 2.0, kept=None) -> list:
     """What is there now and was not in `before` (waiting up to `settle_s` for it to go): shared
     memory named for a process of this tree (hccl-sim's segments carry the driver's pid; entries of
-    other users of the machine are not ours to count), processes below this one that are not Ray's
-    own (Ray starts and stops its workers as it likes), live rank or data-plane threads."""
+    other users of the machine are not ours to count) beyond what `kept(names)` says the engine
+    keeps by design, processes below this one (but Ray's and resource trackers, _by_design), live
+    rank or data-plane threads."""
     deadline = time.monotonic() + settle_s
     while True:
         shm, procs, threads = snapshot()
         ours = procs | {os.getpid()}
-        left = [f"/dev/shm/{n}" for n in sorted(shm - before[0]) if _pid_in(n) in ours]
-        left += [f"process {pid} ({_cmdline(pid)[:60]})" for pid in sorted(procs - before[1])
-                 if "ray" not in _cmdline(pid).lower()]
+        allowed = kept(shm) if kept is not None else set()
+        left = [f"/dev/shm/{n}" for n in sorted(shm - before[0] - allowed) if _pid_in(n) in ours]
+        left += [f"process {pid} ({_cmdline(pid)[:60]})" for pid in sorted(procs - before[1]) if not _by_design(pid)]
         left += [f"thread {t.name}" for t in threading.enumerate() if t.ident in threads - before[2]]
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.05)
+
+
+def _by_design(pid) -> bool:
+    """Ray's own processes (it starts and stops workers as it likes) and multiprocessing's resource
+    tracker (one per process that made shared memory, living as long as that process)."""
+    cmd = _cmdline(pid)
+    return "ray" in cmd.lower() or "resource_tracker" in cmd
 
 
 def _shm_entries() -> set:

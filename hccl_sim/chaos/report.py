@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from dataclasses import dataclass
 
 import yaml
 
@@ -12,17 +13,27 @@ from .check import FAILURES, OUTCOMES, run_scenario, runner_for
 from .scenarios import fmt_s, quiet_logs, scenario, space_for, unmade_kinds
 
 
+@dataclass
+class Campaign:
+    space: object                 # what the scenarios were drawn from (scenarios.Space)
+    results: list                 # [(Scenario, Result), ...]
+    left: list                    # what the engine left behind once closed (segments, processes)
+
+    def __iter__(self):           # space, results, left = run_campaign(...)
+        return iter((self.space, self.results, self.left))
+
+
 def run_campaign(seed: int, n: int, topo, engine: str = "local", deadline_s: float = 60.0, only=None,
-                 address=None, on_start=None, on_result=None):
-    """(space, [(Scenario, Result), ...]) of scenarios 0..n-1 (or only scenario `only`).
-    `on_start(space, total)` once the engine is up; `on_result(scenario, result)` after each."""
+                 address=None, on_start=None, on_result=None) -> Campaign:
+    """Scenarios 0..n-1 (or only scenario `only`) run one by one on one engine, which is checked
+    once closed. `on_start(space, total)` once the engine is up; `on_result(scenario, result)` after each."""
     runner = runner_for(engine, topo, address)
+    out, space = [], None
     try:
         space = space_for(topo, engine, crash_ok=runner.crash_supported())
         indices = [only] if only is not None else list(range(n))
         if on_start:
             on_start(space, len(indices))
-        out = []
         with quiet_logs():
             for i in indices:
                 sc = scenario(seed, i, topo, engine, space)
@@ -30,13 +41,13 @@ def run_campaign(seed: int, n: int, topo, engine: str = "local", deadline_s: flo
                 out.append((sc, result))
                 if on_result:
                     on_result(sc, result)
-        return space, out
     finally:
-        runner.close()
+        left = runner.close()
+    return Campaign(space, out, left)
 
 
-def failed(results) -> bool:
-    return any(r.outcome in FAILURES for _, r in results)
+def failed(results, left=()) -> bool:
+    return bool(left) or any(r.outcome in FAILURES for _, r in results)
 
 
 # ---- the table ------------------------------------------------------------------------------------
@@ -90,7 +101,7 @@ def summary(results) -> dict:
     return out
 
 
-def format_summary(results) -> str:
+def format_summary(results, left=()) -> str:
     s = summary(results)
     c = s["outcomes"]
     lines = [f"# {s['scenarios']} scenarios: " + ", ".join(f"{o} {c[o]}" for o in OUTCOMES),
@@ -105,7 +116,9 @@ def format_summary(results) -> str:
             lines.append(f"#   the rest is each failed try up to its error CQE: {rest['min']:.3g}x to {rest['max']:.3g}x "
                          f"(median {rest['median']:.3g}x) the retransmission budget (HCCL_RDMA_RETRY_CNT + 1) x "
                          "4.096 us x 2^HCCL_RDMA_TIMEOUT")
-    bad = sum(c[o] for o in FAILURES)
+    if left:
+        lines.append(f"# LEAK once the engine closed: {', '.join(left[:6])}" + (" ..." if len(left) > 6 else ""))
+    bad = sum(c[o] for o in FAILURES) + bool(left)
     lines.append(f"# {'FAILED: ' + str(bad) + ' WRONG/HANG/LEAK' if bad else 'OK: no WRONG, HANG or LEAK'}")
     return "\n".join(lines)
 
@@ -149,9 +162,9 @@ def _indent(text, pad="  "):
 
 # ---- JSON -----------------------------------------------------------------------------------------
 
-def to_json(seed, topo, engine, space, results) -> dict:
+def to_json(seed, topo, engine, space, results, left=()) -> dict:
     return {"seed": seed, "topology": topo.name, "ranks": topo.num_ranks, "servers": topo.num_servers,
-            "engine": engine, "kinds": list(space.kinds), "summary": summary(results),
+            "engine": engine, "kinds": list(space.kinds), "summary": summary(results), "left_at_close": list(left),
             "scenarios": [_scenario_json(sc, r) for sc, r in results]}
 
 
@@ -177,9 +190,9 @@ def _rank_outcomes(ranks):
     return [None if recs is None else [rec._asdict() for rec in recs] for recs in ranks]
 
 
-def write_json(path, seed, topo, engine, space, results) -> None:
+def write_json(path, seed, topo, engine, space, results, left=()) -> None:
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(to_json(seed, topo, engine, space, results), f, indent=1)
+        json.dump(to_json(seed, topo, engine, space, results, left), f, indent=1)
 
 
 def progress_bar(total: int):
