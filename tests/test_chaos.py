@@ -16,7 +16,8 @@ import topologies
 from hccl_sim import FaultPlan, HcclError
 from hccl_sim.chaos import Call, Scenario, classify, generate, run_campaign, run_scenario, scenario
 from hccl_sim.chaos import report
-from hccl_sim.chaos.check import LocalRunner, Result, Verdict, reference_digests
+from hccl_sim.chaos.check import Result, Verdict, reference_digests
+from hccl_sim.chaos.runners import LocalRunner
 from hccl_sim.chaos.scenarios import rdma_budget, twin_spans
 from hccl_sim.cli import main
 

@@ -240,7 +240,7 @@ def test_chaos_campaign_on_ray_equals_the_local_engine(ray_instance):
     outcome, retries, simulated time lost and every rank's records equal to the local engine's."""
     import topologies
     from hccl_sim.chaos import run_campaign, run_scenario
-    from hccl_sim.chaos.check import LocalRunner
+    from hccl_sim.chaos.runners import LocalRunner
     from hccl_sim.chaos.report import failed
     topo = topologies.hardware("atlas800t-a2", devices_per_server=[4, 4])
     space, results, left = run_campaign(3, 10, topo, engine="ray")

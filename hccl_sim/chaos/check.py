@@ -1,9 +1,9 @@
-"""One chaos scenario run against its fault-free twin, and what its outcome is.
+"""What a chaos scenario's outcome is, from every rank's records of it and of its fault-free twin.
 
 Every rank runs `rank_program`: the scenario's call, repeated, each outcome kept as data (an
 HcclError is caught and recorded, so every rank's outcome is seen; a rank the plan kills returns
-None). The twin is the same program with the same data and environment and no faults. Outcomes
-(DESIGN.md "Faults contract"):
+None). The twin is the same program with the same data and environment and no faults (running
+both: hccl_sim.chaos.runners). Outcomes (DESIGN.md "Faults contract"):
 
 - recovered: every surviving rank completed every call with a result bit-identical to the
   twin's (and the twin's equal to the numpy reference), the ranks agreeing on retries and
@@ -20,13 +20,8 @@ None). The twin is the same program with the same data and environment and no fa
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import os
 import re
-import threading
-import time
-import warnings
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
@@ -43,9 +38,6 @@ from .scenarios import Call, Scenario
 OUTCOMES = ("recovered", "clean error", "skipped", "WRONG", "HANG", "LEAK")
 FAILURES = ("WRONG", "HANG", "LEAK")
 LINK_FAILING = ("link_flap", "link_down", "nic_down")      # kinds that can end a transfer in an error CQE
-DEADLINE_MARGIN_S = 15
-"""A run's wall deadline is at least HCCL_EXEC_TIMEOUT + this: the engines' own deadline on every
-wait (HCCL_EXEC_TIMEOUT, in wall seconds) must have had its chance before a run counts as hung."""
 _LEVEL = re.compile(r"Cluster Exception Location\[link [^\]]*\((L[012])\)\]")
 
 
@@ -221,31 +213,31 @@ def _error_problem(sc, rank, rec, config, dead) -> Optional[str]:
     """Why rank's error is not one the scenario's faults can produce (None if it is)."""
     named = [e for i, e in enumerate(sc.plan.entries) if entry_label(i, e) in rec.message]
     if not named:
-        return f"rank {rank}: {rec.code} does not name a fault of the plan: {_short(rec.message)}"
+        return f"rank {rank}: {rec.code} does not name a fault of the plan: {short(rec.message)}"
     entry = named[0]
     kind = entry["kind"]
     if kind in LINK_FAILING:
         if rec.code not in ("E_REMOTE", "E_OPRETRY_FAIL"):
-            return f"rank {rank}: {kind} gave {rec.code}, expected E_REMOTE or E_OPRETRY_FAIL: {_short(rec.message)}"
+            return f"rank {rank}: {kind} gave {rec.code}, expected E_REMOTE or E_OPRETRY_FAIL: {short(rec.message)}"
         m = _LEVEL.search(rec.message)
         if not m:
-            return f"rank {rank}: {rec.code} names no failed link and level: {_short(rec.message)}"
+            return f"rank {rank}: {rec.code} names no failed link and level: {short(rec.message)}"
         level = m.group(1)
         enabled = dict(config.retry_enable).get(level, False)
         if rec.code == "E_REMOTE" and enabled:
-            return f"rank {rank}: E_REMOTE although op retry is on for {level}: {_short(rec.message)}"
+            return f"rank {rank}: E_REMOTE although op retry is on for {level}: {short(rec.message)}"
         if rec.code == "E_OPRETRY_FAIL":
             if not enabled:
                 return f"rank {rank}: E_OPRETRY_FAIL although op retry is off for {level}"
             if ("in-place" in rec.message) != (sc.call.out == "inplace"):
-                return f"rank {rank}: the refusal does not match the call's out= mode ({sc.call.out}): {_short(rec.message)}"
+                return f"rank {rank}: the refusal does not match the call's out= mode ({sc.call.out}): {short(rec.message)}"
             cap = re.search(r"MaxCnt=(\d+)", rec.message)
             if cap and int(cap.group(1)) != dict(config.retry_params)["MaxCnt"]:
                 return f"rank {rank}: refusal names MaxCnt={cap.group(1)}, the environment set another"
         return None
     if kind == "rank_crash":
         if rec.code != "E_TIMEOUT":
-            return f"rank {rank}: a lost rank gave {rec.code}, expected E_TIMEOUT: {_short(rec.message)}"
+            return f"rank {rank}: a lost rank gave {rec.code}, expected E_TIMEOUT: {short(rec.message)}"
         if entry["rank"] not in dead:
             return f"rank {rank}: told rank {entry['rank']} was lost, but rank {entry['rank']} did not die"
         if f"rank {entry['rank']}" not in rec.message:
@@ -253,130 +245,17 @@ def _error_problem(sc, rank, rec, config, dead) -> Optional[str]:
         wait = HEARTBEAT_LOST_S if not config.exec_timeout_s else min(HEARTBEAT_LOST_S, config.exec_timeout_s)
         how = "Heartbeat Lost Occurred" if wait == HEARTBEAT_LOST_S else "HCCL_EXEC_TIMEOUT"
         if how not in rec.message:
-            return f"rank {rank}: expected detection by {how} (wait {wait} s): {_short(rec.message)}"
+            return f"rank {rank}: expected detection by {how} (wait {wait} s): {short(rec.message)}"
         crashed = re.search(r"crashed at ([0-9.]+) s", rec.message)
         if crashed and rec.end / 1e9 < float(crashed.group(1)) + wait - 1e-6:
             return f"rank {rank}: told at {rec.end / 1e9:.6f} s, before the {wait} s wait since the crash was over"
         return None
-    return f"rank {rank}: a {kind} fault cannot fail an op, yet it got {rec.code}: {_short(rec.message)}"
+    return f"rank {rank}: a {kind} fault cannot fail an op, yet it got {rec.code}: {short(rec.message)}"
 
 
-def _short(text: str, n: int = 240) -> str:
+def short(text: str, n: int = 240) -> str:
     text = " ".join(text.split())
     return text if len(text) <= n else text[:n - 3] + "..."
-
-
-# ---- running ---------------------------------------------------------------------------------------
-
-class LocalRunner:
-    """Scenarios on the local engine: hccl_sim.run per run."""
-    engine = "local"
-
-    def __init__(self, topo):
-        self.topo = topo
-
-    def run(self, call, env, plan):
-        from .. import run
-        return run(rank_program, topology=self.topo, env=env, faults=plan, args=(call,))
-
-    def crash_supported(self) -> bool:
-        return True
-
-    def after_hang(self):
-        pass             # a hung run's threads are daemons, and the next snapshot includes them
-
-    def kept(self, names) -> set:
-        """Shared-memory entries the engine keeps between runs by design: none in-process."""
-        return set()
-
-    def close(self) -> list:
-        return []
-
-
-class RayRunner:
-    """Scenarios on the Ray engine: one Cluster (its actors) for the whole campaign, each run
-    with the scenario's environment and fault plan (Cluster.run(faults=, env=))."""
-    engine = "ray"
-
-    def __init__(self, topo, address=None):
-        from .. import Cluster
-        self.topo, self.address = topo, address
-        self.cluster = Cluster(topo, engine="ray", address=address)
-
-    def run(self, call, env, plan):
-        from ..faults import FaultPlan
-        return self.cluster.run(rank_program, args=(call,), env=env, faults=FaultPlan() if plan is None else plan)
-
-    def crash_supported(self) -> bool:
-        """Whether this engine runs rank_crash (found by trying: a plan whose crash never comes)."""
-        from ..faults import FaultPlan
-        try:
-            self.cluster.run(_no_op, faults=FaultPlan().rank_crash(0, at_op=1 << 30), env={})
-        except HcclError as exc:
-            if exc.code == "E_NOT_SUPPORT":
-                return False
-            raise
-        return True
-
-    def after_hang(self):
-        """A run that never ended leaves its actors busy: start a fresh set."""
-        from .. import Cluster
-        closer = threading.Thread(target=self.cluster.close, daemon=True)
-        closer.start()
-        closer.join(60)
-        self.cluster = Cluster(self.topo, engine="ray", address=self.address)
-
-    def kept(self, names) -> set:
-        """The actors' working set between runs (hccl_sim.engines.ray.shm_plane): per rank its newest
-        CCL input, output and scratch segment and RESULT_POOL_SPARE pooled results (+1 in use); anything
-        beyond that (an old generation, a device allocation, a pool that keeps growing) is left behind."""
-        from hcomm.shm import PREFIX
-        from ..engines.ray.shm_plane import RESULT_POOL_SPARE
-        stem = f"{PREFIX}{self.cluster._ray.session}_"
-        by_rank = {}
-        for name in names:
-            parts = name[len(stem):].split("_") if name.startswith(stem) else []
-            if len(parts) >= 3 and parts[-1].isdigit():      # rank, kind, [pid,] generation or counter
-                by_rank.setdefault((parts[0], parts[1]), []).append((int(parts[-1]), name))
-        kept = set()
-        for (rank, kind), found in by_rank.items():
-            keep = {"input": 1, "output": 1, "scratch": 1, "result": RESULT_POOL_SPARE + 1}.get(kind, 0)
-            kept |= {name for _, name in sorted(found)[len(found) - keep:]} if keep else set()
-        return kept
-
-    def close(self) -> list:
-        """Close the cluster; what it left behind (segments of its session, live actor processes)."""
-        from hcomm import shm
-        ray_cluster = self.cluster._ray
-        session, pids = ray_cluster.session, list(getattr(ray_cluster, "pids", []))
-        self.cluster.close()
-        deadline = time.monotonic() + 10
-        while True:
-            left = [path for path in shm.leftovers(session)] + [f"rank actor process {pid}" for pid in pids
-                                                                  if _alive(pid)]
-            if not left or time.monotonic() >= deadline:
-                return left
-            time.sleep(0.1)
-
-
-def _alive(pid) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _no_op(comm):
-    return None
-
-
-def runner_for(engine: str, topo, address=None):
-    if engine == "local":
-        return LocalRunner(topo)
-    if engine == "ray":
-        return RayRunner(topo, address)
-    raise HcclError("E_PARA", f"chaos runs on engine local or ray, not {engine!r}")
 
 
 @dataclass
@@ -391,129 +270,3 @@ class Result:
     @property
     def outcome(self) -> str:
         return self.verdict.outcome
-
-
-def run_scenario(sc: Scenario, runner, deadline_s: float = 60.0, margin_s: float = DEADLINE_MARGIN_S) -> Result:
-    """The scenario's twin, then the scenario, each within the wall deadline (at least
-    HCCL_EXEC_TIMEOUT + `margin_s`); classified, and checked for anything left behind."""
-    limit = max(deadline_s, Config.from_env(sc.env).exec_timeout_s + margin_s)
-    before = snapshot()
-    t0 = time.perf_counter()
-    reference = reference_digests(sc.call, runner.topo.num_ranks)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ResourceWarning)
-        twin = _bounded(lambda: runner.run(sc.call, sc.env, None), limit)
-        faulty = _bounded(lambda: runner.run(sc.call, sc.env, sc.plan), limit) if twin[0] == "done" else twin
-    wall = time.perf_counter() - t0
-    if "hang" in (twin[0], faulty[0]):
-        which = "fault-free twin" if twin[0] == "hang" else "scenario"
-        runner.after_hang()
-        return Result(sc.index, Verdict("HANG", f"the {which} did not finish within {limit:g} s of wall time"), wall)
-    if "raised" in (twin[0], faulty[0]):
-        exc = twin[1] if twin[0] == "raised" else faulty[1]
-        outcome = "skipped" if isinstance(exc, HcclError) and exc.code == "E_NOT_SUPPORT" else "WRONG"
-        verdict = Verdict(outcome, f"the {'twin' if twin[0] == 'raised' else 'scenario'} raised: "
-                                   f"{_short(f'{type(exc).__name__}: {exc}')}")
-    else:
-        verdict = classify(sc, twin[1], faulty[1], reference)
-    left = leaks(before, kept=runner.kept) + [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
-    if left:
-        if verdict.outcome == "WRONG":
-            verdict.detail += f"; also left behind: {', '.join(left[:4])}"
-        else:
-            verdict = dataclasses.replace(verdict, outcome="LEAK", detail=f"left behind: {', '.join(left[:4])}"
-                                          + (" ..." if len(left) > 4 else ""))
-    return Result(sc.index, verdict, wall, twin[1] if twin[0] == "done" else None,
-                  faulty[1] if faulty[0] == "done" else None)
-
-
-def _bounded(fn, limit_s: float):
-    """("done", value), ("raised", exception) or ("hang", None): fn run in a thread of its own,
-    waited for `limit_s` wall seconds."""
-    box = {}
-
-    def body():
-        try:
-            box["value"] = fn()
-        except BaseException as exc:   # noqa: BLE001 - reported as the scenario's outcome
-            box["error"] = exc
-    worker = threading.Thread(target=body, name="hccl-chaos-run", daemon=True)
-    worker.start()
-    worker.join(limit_s)
-    if worker.is_alive():
-        return ("hang", None)
-    if "error" in box:
-        return ("raised", box["error"])
-    return ("done", box["value"])
-
-
-# ---- what a scenario leaves behind ---------------------------------------------------------------
-
-def snapshot():
-    """(/dev/shm entries, descendant processes, hccl-sim threads) now."""
-    return (_shm_entries(), _descendants(), {t.ident for t in threading.enumerate() if t.name.startswith("hccl-")})
-
-
-def leaks(before, settle_s: float = 2.0, kept=None) -> list:
-    """What is there now and was not in `before` (waiting up to `settle_s` for it to go): shared
-    memory named for a process of this tree (hccl-sim's segments carry the driver's pid; entries of
-    other users of the machine are not ours to count) beyond what `kept(names)` says the engine
-    keeps by design, processes below this one (but Ray's and resource trackers, _by_design), live
-    rank or data-plane threads."""
-    deadline = time.monotonic() + settle_s
-    while True:
-        shm, procs, threads = snapshot()
-        ours = procs | {os.getpid()}
-        allowed = kept(shm) if kept is not None else set()
-        left = [f"/dev/shm/{n}" for n in sorted(shm - before[0] - allowed) if _pid_in(n) in ours]
-        left += [f"process {pid} ({_cmdline(pid)[:60]})" for pid in sorted(procs - before[1]) if not _by_design(pid)]
-        left += [f"thread {t.name}" for t in threading.enumerate() if t.ident in threads - before[2]]
-        if not left or time.monotonic() >= deadline:
-            return left
-        time.sleep(0.05)
-
-
-def _by_design(pid) -> bool:
-    """Ray's own processes (it starts and stops workers as it likes) and multiprocessing's resource
-    tracker (one per process that made shared memory, living as long as that process)."""
-    cmd = _cmdline(pid)
-    return "ray" in cmd.lower() or "resource_tracker" in cmd
-
-
-def _shm_entries() -> set:
-    try:
-        return set(os.listdir("/dev/shm"))
-    except OSError:
-        return set()
-
-
-def _pid_in(name: str):
-    m = re.search(r"-(\d+)-", name)
-    return int(m.group(1)) if m else None
-
-
-def _descendants() -> set:
-    """Live (not zombie) processes below this one, from /proc."""
-    parent = {}
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                if fields[0] != "Z":
-                    parent[int(pid)] = int(fields[1])
-            except (OSError, IndexError):
-                pass
-    found, frontier = set(), {os.getpid()}
-    while frontier:
-        frontier = {pid for pid, pp in parent.items() if pp in frontier} - found
-        found |= frontier
-    return found
-
-
-def _cmdline(pid) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return "?"

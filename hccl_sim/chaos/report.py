@@ -9,8 +9,10 @@ from dataclasses import dataclass
 
 import yaml
 
-from .check import FAILURES, OUTCOMES, run_scenario, runner_for
-from .scenarios import fmt_s, quiet_logs, scenario, space_for, unmade_kinds
+from .check import FAILURES, OUTCOMES
+from .runners import run_scenario, runner_for
+from .makers import fmt_s
+from .scenarios import quiet_logs, scenario, space_for, unmade_kinds
 
 
 @dataclass
@@ -30,13 +32,13 @@ def run_campaign(seed: int, n: int, topo, engine: str = "local", deadline_s: flo
     runner = runner_for(engine, topo, address)
     out, space = [], None
     try:
-        space = space_for(topo, engine, crash_ok=runner.crash_supported())
+        space = space_for(topo, crash_ok=runner.crash_supported())
         indices = [only] if only is not None else list(range(n))
         if on_start:
             on_start(space, len(indices))
         with quiet_logs():
             for i in indices:
-                sc = scenario(seed, i, topo, engine, space)
+                sc = scenario(seed, i, topo, space)
                 result = run_scenario(sc, runner, deadline_s)
                 out.append((sc, result))
                 if on_result:

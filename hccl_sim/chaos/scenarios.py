@@ -5,11 +5,12 @@ A Scenario is one call (a collective, its size, dtype, reduce op, root, algorith
 made 1-3 times in a row by every rank), an HCCL environment (op retry per level and its
 parameters, RDMA retransmission, HCCL_EXEC_TIMEOUT, HCCL_BUFFSIZE, HCCL_ALGO) and a FaultPlan
 whose times land inside the call the fault aims at (learned from the fault-free twin's plan).
-Scenario N of seed S depends on (S, N, topology, engine) only, so `--replay N` regenerates it
-alone. Every kind in hccl_sim.faults.MODELLED that this module can make joins the campaign.
+Scenario N of seed S depends on (S, N, the topology, whether the engine runs crashes) only, so
+`--replay N` regenerates it alone. Every kind in hccl_sim.faults.MODELLED that this module can
+make (MAKERS) joins the campaign; one it cannot make is named in the campaign's header.
 
 Running and classifying (outcomes: recovered, clean error, WRONG, HANG, LEAK; skipped for a
-scenario the engine refuses with E_NOT_SUPPORT) live in hccl_sim.chaos_check.
+scenario the engine refuses with E_NOT_SUPPORT): hccl_sim.chaos.runners and .check.
 """
 from __future__ import annotations
 
@@ -27,9 +28,10 @@ from ..faults import FaultPlan
 from ..planner import Signature, effective_cost, make_plan
 from ..retry import level_of
 from ..types import numpy_dtype
+from .makers import MAKERS
 
-OPS = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall")
-IN_PLACE_OPS = ("allreduce", "broadcast", "reduce", "alltoall")
+OPS = collectives.DATA_COLLECTIVES
+IN_PLACE_OPS = tuple(n for n in OPS if collectives.of(n).output_shape((4,), 2) == (4,))
 """Collectives whose result has the input's shape, so out=x (in place) is possible."""
 EXEC_TIMEOUTS_S = (10, 20, 45)
 """HCCL_EXEC_TIMEOUT values a scenario runs with: below and above the heartbeat's 30 s LOST
@@ -39,8 +41,6 @@ HOLD_TIMES_MS = (0, 1, 5, 20, 100)
 INTERVAL_TIMES_MS = (0, 1, 5, 10)
 """HCCL_OP_RETRY_PARAMS HoldTime / IntervalTime values (HCCL's range is [0, 60000] ms, §3.2;
 when unset, HCCL's defaults 5000 and 1000 ms apply)."""
-STRAGGLER_DELAYS_S = (2e-6, 5e-5, 1e-3, 2e-2)
-SLOW_FACTORS = (0.5, 0.2, 0.05, 0.01)
 LOOP_BUFFSIZE_MB = 1
 """HCCL_BUFFSIZE of a multi-loop scenario: HCCL's smallest CCL buffer (§3.2), so that a few MB
 of data already takes several buffer loops."""
@@ -79,6 +79,7 @@ class Call:
 
 @dataclass
 class Scenario:
+    """One call, its environment and a fault plan aimed at one of its repetitions."""
     index: int
     seed: int                 # the campaign's seed
     call: Call
@@ -108,10 +109,7 @@ class Space:
     kinds: tuple              # fault kinds drawn (modelled, made here, runnable on the engine)
 
 
-MAKERS = {}                   # kind -> function(rng, space, span, budget, env) -> (entry kwargs, text)
-
-
-def space_for(topo, engine: str = "local", crash_ok: bool = True) -> Space:
+def space_for(topo, crash_ok: bool = True) -> Space:
     """The Space of `topo`. `crash_ok`: whether the engine runs rank_crash (a Ray engine that
     refuses it with E_NOT_SUPPORT does not get crash scenarios)."""
     p = topo.num_ranks
@@ -181,16 +179,16 @@ class quiet_logs:
 
 # ---- generation -----------------------------------------------------------------------------------
 
-def generate(seed: int, n: int, topo, engine: str = "local", space: Space | None = None) -> list:
-    """Scenarios 0..n-1 of `seed` on `topo`."""
-    space = space or space_for(topo, engine)
-    return [scenario(seed, i, topo, engine, space) for i in range(n)]
+def generate(seed: int, n: int, topo, space: Space | None = None) -> list:
+    """Scenarios 0..n-1 of `seed` on `topo` (`space`: space_for(topo), the default)."""
+    space = space or space_for(topo)
+    return [scenario(seed, i, topo, space) for i in range(n)]
 
 
-def scenario(seed: int, index: int, topo, engine: str = "local", space: Space | None = None) -> Scenario:
+def scenario(seed: int, index: int, topo, space: Space | None = None) -> Scenario:
     """Scenario `index` of the campaign `seed`: drawn from its own generator, so it does not
     depend on the scenarios before it."""
-    space = space or space_for(topo, engine)
+    space = space or space_for(topo)
     rng = np.random.default_rng([seed, index, 0xC4A05])
     p = topo.num_ranks
     call, env = _draw_call(rng, space, p)
@@ -312,119 +310,3 @@ def rdma_budget(topo, env) -> tuple:
     HCCL_RDMA_RETRY_CNT, as FaultPlan.bind sets them (4.096 us x 2^timeout, reference §3.2)."""
     state = FaultPlan().bind(topo, Config.from_env(env)).link_state
     return state.interval_ns, state.retries
-
-
-# ---- one fault of each kind ---------------------------------------------------------------------
-
-def _inside(rng, spans, target) -> int:
-    """A simulated time (ns) strictly inside the target call's span."""
-    lo, hi = spans[target]
-    return int(lo + rng.integers(max(1, hi - lo)))
-
-
-def _pair(rng, space: Space):
-    """Two ranks: half the time in one server (an L0 link), else in different servers."""
-    topo = space.topo
-    p = topo.num_ranks
-    a = int(rng.integers(p))
-    same = [r for r in range(p) if r != a and topo.server_of[r] == topo.server_of[a]]
-    other = [r for r in range(p) if topo.server_of[r] != topo.server_of[a]]
-    pool = same if same and (not other or rng.random() < 0.5) else other
-    b = pool[int(rng.integers(len(pool)))]
-    return a, b, level_of(effective_cost(topo, Config()), a, b)
-
-
-def _duration(rng, budget, env) -> tuple:
-    """A down time (ns) against the RDMA retransmission budget: within one interval (the first
-    retransmission gets through), under the whole budget, past it (an error CQE), or past it but
-    back within HoldTime (what op retry, where it is on, recovers from)."""
-    interval, retries = budget
-    total = interval * retries
-    hold_ns = dict(Config.from_env(env).retry_params)["HoldTime"] * 1_000_000
-    regime = int(rng.choice(4, p=[0.25, 0.2, 0.35, 0.2]))
-    if regime == 0:
-        d = int(interval * rng.uniform(0.05, 0.9))
-    elif regime == 1:
-        d = int(total * rng.uniform(0.3, 0.95))
-    elif regime == 2 or not hold_ns:
-        d = int(total * rng.uniform(1.05, 4.0))
-    else:
-        d = int((total + interval) * 1.01 + hold_ns * rng.uniform(0.0, 0.9))
-    return max(1, d), d / total
-
-
-def fmt_s(seconds: float) -> str:
-    """A simulated duration in the unit that reads best."""
-    a = abs(seconds)
-    if a == 0:
-        return "0"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if a >= scale:
-            return f"{seconds / scale:.3g}{unit}"
-    return f"{seconds * 1e9:.0f}ns"
-
-
-def _make_flap(rng, space, spans, target, budget, env):
-    a, b, level = _pair(rng, space)
-    at = _inside(rng, spans, target)
-    d, share = _duration(rng, budget, env)
-    return (dict(a=a, b=b, at=at / 1e9, duration=d / 1e9),
-            f"link_flap {a}-{b} ({level}) at {fmt_s(at / 1e9)} for {fmt_s(d / 1e9)} ({share:.2g}x RDMA budget)")
-
-
-def _make_down(rng, space, spans, target, budget, env):
-    a, b, level = _pair(rng, space)
-    at = _inside(rng, spans, target)
-    return dict(a=a, b=b, at=at / 1e9), f"link_down {a}-{b} ({level}) at {fmt_s(at / 1e9)}"
-
-
-def _make_slow(rng, space, spans, target, budget, env):
-    a, b, level = _pair(rng, space)
-    factor = SLOW_FACTORS[int(rng.integers(len(SLOW_FACTORS)))]
-    at = 0 if rng.random() < 0.3 else _inside(rng, spans, target)
-    lo, hi = spans[target]
-    duration = None if rng.random() < 0.5 else max(1, int((hi - lo) * rng.uniform(0.1, 2.0)))
-    text = f"link_slow {a}-{b} ({level}) x{factor} from {fmt_s(at / 1e9)}"
-    text += " for good" if duration is None else f" for {fmt_s(duration / 1e9)}"
-    return dict(a=a, b=b, factor=factor, at=at / 1e9, duration=None if duration is None else duration / 1e9), text
-
-
-def _make_nic(rng, space, spans, target, budget, env):
-    rank = space.nic_ranks[int(rng.integers(len(space.nic_ranks)))]
-    at = _inside(rng, spans, target)
-    if rng.random() < 0.4:
-        return dict(rank=rank, at=at / 1e9, duration=None), f"nic_down rank {rank} at {fmt_s(at / 1e9)} for good"
-    d, share = _duration(rng, budget, env)
-    return (dict(rank=rank, at=at / 1e9, duration=d / 1e9),
-            f"nic_down rank {rank} at {fmt_s(at / 1e9)} for {fmt_s(d / 1e9)} ({share:.2g}x RDMA budget)")
-
-
-def _make_straggler(rng, space, spans, target, budget, env):
-    rank = int(rng.integers(space.topo.num_ranks))
-    delay = STRAGGLER_DELAYS_S[int(rng.integers(len(STRAGGLER_DELAYS_S)))]
-    ops = None if rng.random() < 0.4 else [target]
-    where = "every op" if ops is None else f"op {target}"
-    return dict(rank=rank, delay=delay, ops=ops), f"straggler rank {rank} +{fmt_s(delay)} in {where}"
-
-
-def _make_crash(rng, space, spans, target, budget, env):
-    rank = int(rng.integers(space.topo.num_ranks))
-    mode = int(rng.integers(3))
-    if mode == 0:
-        return dict(rank=rank, at_op=target), f"rank_crash rank {rank} entering op {target}"
-    if mode == 1:
-        step = int(rng.integers(8))
-        return dict(rank=rank, at_op=target, at_step=step), f"rank_crash rank {rank} in op {target} at step {step}"
-    at = _inside(rng, spans, target)
-    return dict(rank=rank, at=at / 1e9), f"rank_crash rank {rank} at {fmt_s(at / 1e9)} (op {target})"
-
-
-def _make_corrupt(rng, space, spans, target, budget, env):
-    a, b, level = _pair(rng, space)
-    nth = int(rng.choice([0, 1, 3]))
-    return dict(a=a, b=b, nth=nth), f"corrupt {a}->{b} ({level}) transfer {nth}"
-
-
-MAKERS.update({"link_flap": _make_flap, "link_down": _make_down, "link_slow": _make_slow, "nic_down": _make_nic,
-               "straggler": _make_straggler, "rank_crash": _make_crash, "corrupt": _make_corrupt})
-
