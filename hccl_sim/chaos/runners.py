@@ -154,7 +154,7 @@ def run_scenario(sc: Scenario, runner, deadline_s: float = 60.0, margin_s: float
         exc = twin[1] if twin[0] == "raised" else faulty[1]
         outcome = "skipped" if isinstance(exc, HcclError) and exc.code == "E_NOT_SUPPORT" else "WRONG"
         verdict = Verdict(outcome, f"the {'twin' if twin[0] == 'raised' else 'scenario'} raised: "
-                                   f"{short(f'{type(exc).__name__}: {exc}')}")
+                                   f"{short(f'{type(exc).__name__}: {exc}', 2000)}")
     else:
         verdict = classify(sc, twin[1], faulty[1], reference)
     left = leaks(before, kept=runner.kept) + [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
