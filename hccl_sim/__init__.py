@@ -13,7 +13,6 @@ how long each op would take on a modelled Ascend cluster.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +25,7 @@ from topologies.validate import integer, is_integer
 from . import collectives
 from .communicator import Communicator, OpRecord
 from .env import Config
+from .fault_state import FaultProgress
 from .faults import FaultPlan, with_faults
 from .planner import Signature, make_plan
 from .types import DTYPES, ReduceOp, dtype_name, numpy_dtype, parse_reduce_op
@@ -181,6 +181,7 @@ class Estimate:
     ranks: int
     times: tuple          # every rank's simulated duration, s
     retries: int = 0      # op retries a link failure cost (fault plans)
+    notes: tuple = ()     # what the fault machinery did (e.g. a backup NIC switched to)
 
     @property
     def time(self) -> float:
@@ -246,12 +247,13 @@ def simulate(op: str, nbytes: int, topology=None, algo: str | None = None, dtype
     sig = Signature(name, shape, dname, red, root if coll.rooted else None, algo)
     config = with_faults(topo, Config.from_env(env, policy), faults)
     entry = [0] * p if config.faults is None else [config.faults.straggle_ns(r, 0) for r in range(p)]
-    plan = make_plan(sig, topo, config, entry, itemsize, trace=trace)
+    now = None if config.faults is None else FaultProgress(config.faults).before()   # the job's first op
+    plan = make_plan(sig, topo, config, entry, itemsize, trace=trace, faults_now=now)
     if config.faults is not None and config.faults.crashes:
         crash = config.faults.crash_in(plan, 0, topo, config)
         if crash is not None:       # what the survivors get (the dead rank's own end is its crash)
             survivor = next(r for r in range(p) if r != crash[0]) if p > 1 else crash[0]
             raise config.faults.lost_error(crash, plan, config, survivor, name)[1]
     est = Estimate(name, count * itemsize, count, dname, plan.algo, p,
-                   tuple((e - s) / 1e9 for s, e in zip(plan.entry, plan.exits)), plan.retries)
+                   tuple((e - s) / 1e9 for s, e in zip(plan.entry, plan.exits)), plan.retries, plan.notes)
     return (est, plan) if trace else est

@@ -17,9 +17,13 @@ from topologies.errors import HcclError
 from topologies.validate import is_integer
 
 from . import collectives as colls
+from . import subcomm
 from .engines.base import Call, RankBuffers
+from hcomm.faults import LinkFailure
+
 from .faults import RankCrashed
 from .planner import Signature, effective_cost
+from .retry import exception_location, level_of
 from .device import Device, DeviceArray, Stream, Work
 from .types import dtype_name, parse_reduce_op
 
@@ -37,6 +41,7 @@ class OpRecord(NamedTuple):
     start: int          # this rank's clock at entry, ns
     end: int            # this rank's clock at exit, ns
     retries: int = 0
+    notes: tuple = ()   # what the fault machinery did in the op (e.g. a backup NIC switched to)
 
     @property
     def time(self) -> float:
@@ -56,8 +61,13 @@ class Communicator:
         self._transport = group.transport
         self.cost = effective_cost(group.topo, group.config)   # prices point-to-point ops like collectives
         self._seq = 0
+        self.scope = ""                      # unique in the job: "" for the world, derived for split/shrink
+        self.world_ranks = tuple(range(self.size))   # the job's rank of each of this communicator's ranks
+        self._shrinks = 0
+        self._aborted = False
         self._lost = None                    # (rank, ns, label) of a rank this communicator lost
         self._checked = {}                   # a call's arguments -> their checked form (see _call)
+        self._p2p_sent, self._p2p_received = {}, {}   # sends to each peer, receives from each peer, so far
         self.last_op: OpRecord | None = None
         self.device = device if device is not None else Device(rank, group.topo)
         # HCCL allocates the communicator's CCL buffer, 2 x HCCL_BUFFSIZE (in + out), from HBM.
@@ -221,6 +231,35 @@ class Communicator:
     def barrier(self) -> None:
         self._collective(Signature("barrier", (), "uint8", None, None, None), None, None, None, None, None)
 
+    # communicators from communicators -----------------------------------------------------------------
+    def split(self, color, key: int = 0):
+        """The communicator of the ranks that gave the same `color` (None: opt out, get None), ordered
+        by (key, rank); every rank calls it (ncclCommSplit; hccl_sim.subcomm)."""
+        self._check_usable("split")
+        return subcomm.split(self, color, key)
+
+    def shrink(self, exclude=None):
+        """The survivors' communicator: every rank but `exclude` and the ranks this communicator
+        lost, renumbered in rank order; called by the survivors only (ncclCommShrink)."""
+        return subcomm.shrink(self, exclude)
+
+    def abort(self) -> None:
+        """Fail every pending and later op of this communicator on every rank (ncclCommAbort); its
+        ranks may go on with comm.shrink()."""
+        if not self._aborted:
+            self._aborted = True
+            self._group.abort(self.rank, f"rank {self.rank} aborted the communicator (comm.abort())")
+
+    @property
+    def lost_ranks(self) -> frozenset:
+        """Ranks of this communicator known dead (a crash the fault plan put in one of its ops)."""
+        return frozenset() if self._lost is None else frozenset({self._lost[0]})
+
+    def _check_usable(self, opname):
+        if self._aborted:
+            raise HcclError("E_PARA", "this communicator was aborted on this rank (comm.abort()): make a new one "
+                            "with comm.shrink()", rank=self.rank, op=opname)
+
     # point to point ------------------------------------------------------------------------------
     def _peer(self, peer, opname, what):
         if not isinstance(peer, (int, np.integer)) or isinstance(peer, bool) or not 0 <= peer < self.size:
@@ -230,22 +269,50 @@ class Communicator:
         return int(peer)
 
     def send(self, x, dst: int, tag: int = 0) -> None:
+        """Send x to rank dst; returns once dst has received it (priced by the receiver, which
+        replies with this rank's exit clock, or with the error CQE that ended the transfer)."""
+        self._check_usable("send")
         x = self._array(x, "send")
         dst = self._peer(dst, "send", "dst")
         tag = self._tag(tag, "send")
         dev = self.device
         start = dev.clock
         msg = self._transport.post_view(self.rank, dst, ("p2p", tag), np.ascontiguousarray(x), meta=start)
-        dev.clock = self._transport.wait_consumed(msg, self._transport.deadline(), "send")   # priced by the receiver
+        reply = self._transport.wait_consumed(msg, self._transport.deadline(), "send")
+        self._p2p_sent[dst] = self._p2p_sent.get(dst, 0) + 1
+        if isinstance(reply, (list, tuple)):             # [clock, reason]: the transfer failed
+            dev.clock = max(dev.clock, int(reply[0]))
+            raise HcclError("E_REMOTE", reply[1], rank=self.rank, op="send")
+        dev.clock = reply
         self.last_op = OpRecord("send", "p2p", x.nbytes, x.size, dtype_name(x.dtype), start, dev.clock)
 
     def recv(self, src: int, tag: int = 0) -> np.ndarray:
+        """The next array rank src sends this rank (on `tag`). Under a fault plan the transfer is
+        retransmitted over down links, slowed over slowed ones, loses an attempt when a corrupt
+        entry names it, and runs over a backup NIC the communicator switched to; past the
+        retransmission budget both ends get E_REMOTE (HCCL has no op retry for send/recv)."""
+        self._check_usable("recv")
         src = self._peer(src, "recv", "src")
         tag = self._tag(tag, "recv")
         start = self.device.clock
         msg = self._transport.take(src, self.rank, ("p2p", tag), self._transport.deadline(), "recv")
         data = np.array(msg.data, copy=True)
-        end, send_end = self.cost.p2p_ns(src, self.rank, data.nbytes, msg.meta, start)
+        before = self._p2p_received.get(src, 0)
+        self._p2p_received[src] = before + 1
+        progress = getattr(self._group, "fault_progress", None)
+        cost, crc = self.cost, None
+        if progress is not None:
+            crc = progress.p2p_crc(src, self.rank, before)
+            if progress.backup:
+                cost = effective_cost(self.topology, self.config, progress.backup)
+        try:
+            end, send_end = cost.p2p_ns(src, self.rank, data.nbytes, msg.meta, start, crc=crc)
+        except LinkFailure as f:
+            reason = (f"{exception_location(f, 'send/recv', 'p2p', level_of(cost, src, self.rank))}; HCCL has no op "
+                      "retry for send/recv")
+            msg.consumed(reply=[f.time_ns, reason])
+            self.device.clock = max(self.device.clock, f.time_ns)
+            raise HcclError("E_REMOTE", reason, rank=self.rank, op="recv") from None
         msg.consumed(reply=send_end)
         self.device.clock = end
         self.last_op = OpRecord("recv", "p2p", data.nbytes, data.size, dtype_name(data.dtype), start, end)
@@ -279,6 +346,7 @@ class Communicator:
         opname = colls.of(sig.name).method
         if queue.device is not dev:
             raise HcclError("E_PARA", "stream belongs to another device", rank=self.rank, op=opname)
+        self._check_usable(opname)
         if self._lost is not None:
             raise HcclError("E_TIMEOUT", f"rank {self._lost[0]} of this communicator was lost at "
                             f"{self._lost[1] / 1e9:.6f} s ({self._lost[2]}): no collective can complete on it",
@@ -288,7 +356,9 @@ class Communicator:
         if faults is not None:
             entry += faults.straggle_ns(self.rank, seq)     # a straggler enters late
         eager = x if x is not None and x.nbytes <= self._group.eager_bytes else None
-        plan = self._group.rendezvous(self.rank, Call(seq, sig, entry, itemsize, eager))
+        progress = getattr(self._group, "fault_progress", None)
+        sent = progress.sent_by(self.rank, self._p2p_sent) if progress is not None and progress.pairs else ()
+        plan = self._group.rendezvous(self.rank, Call(seq, sig, entry, itemsize, eager, sent))
         if faults is not None and faults.crashes:
             self._meet_crash(faults, plan, seq, opname)
         self._group.execute(self.rank, seq, plan, RankBuffers(x, out, None), redop)
@@ -296,7 +366,8 @@ class Communicator:
         queue.tail = end
         queue.tasks.append((opname, entry, end))
         count = 0 if x is None else x.size
-        self.last_op = OpRecord(opname, plan.algo, plan.nbytes, count, sig.dtype, entry, end, plan.retries)
+        self.last_op = OpRecord(opname, plan.algo, plan.nbytes, count, sig.dtype, entry, end, plan.retries,
+                                plan.notes)
         if stream is not None:
             return Work(result, stream, end, self.last_op)
         dev.clock = max(dev.clock, end)

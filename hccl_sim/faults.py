@@ -5,7 +5,8 @@ ranks, each entry checked when it is added (or loaded) and again against the top
 on, every error an HcclError naming the entry. Times are simulated seconds from the job's start.
 `link_state(topo)` turns the link entries into hcomm's LinkState (the graph edges of each route,
 down or slowed over windows of integer nanoseconds), which prices retransmission; stragglers
-delay a rank's entry into the ops they name. Plans save to and load from YAML.
+delay a rank's entry into the ops they name; a corrupt entry names the nth transfer a -> b of the
+job, which hccl_sim.fault_state finds in the op that holds it. Plans save to and load from YAML.
 """
 from __future__ import annotations
 
@@ -32,6 +33,19 @@ class BoundFaults:
     late: tuple                   # ((rank, ops or None, delay ns), ...)
     plan: tuple                   # the plan's entries, for messages
     crashes: tuple = ()           # ((rank, at_op or None, at ns or None, at_step or None, label), ...)
+    corrupt: tuple = ()           # ((src, dst, nth, label), ...): the nth transfer src -> dst fails its CRC
+
+    def restricted(self, world: tuple) -> "BoundFaults":
+        """The plan as a communicator of the job's ranks `world` (its rank i is world[i]) sees it:
+        link faults as they are (by the cluster's links); stragglers of every op and `at`-second
+        crashes renumbered; entries that count op indices (those count the world communicator's
+        ops: hccl_sim.subcomm) left out, and so are corrupt entries (their nth counts the world
+        communicator's transfers)."""
+        index = {w: i for i, w in enumerate(world)}
+        late = tuple((index[r], None, d) for r, ops, d in self.late if ops is None and r in index)
+        crashes = tuple((index[r], None, at, None, label) for r, at_op, at, _, label in self.crashes
+                        if at_op is None and r in index)
+        return dataclasses.replace(self, late=late, crashes=crashes, corrupt=())
 
     def straggle_ns(self, rank: int, op_index: int) -> int:
         """How late `rank` enters its op number `op_index` (0-based, per communicator)."""
@@ -82,7 +96,7 @@ KINDS = {
     "straggler": (("rank", "delay"), {"ops": None}),
 }
 LINK_KINDS = ("link_flap", "link_down", "link_slow", "nic_down")
-MODELLED = LINK_KINDS + ("straggler", "rank_crash")
+MODELLED = LINK_KINDS + ("straggler", "rank_crash", "corrupt")
 """Kinds a run prices today; a plan holding another kind is refused (E_NOT_SUPPORT) when run."""
 HEARTBEAT_LOST_S = 30
 """A rank that stops answering is LOST after 30 s without heartbeat (HCCL_LOST_THRESHOLD,
@@ -215,6 +229,9 @@ class FaultPlan:
         return self._add(kind="nic_down", rank=rank, at=at, duration=duration)
 
     def corrupt(self, a, b, nth=0):
+        """The nth transfer from rank a to rank b (0-based, over the whole job in op order: every
+        transfer a -> b of every collective, every loop, and every send a -> b) fails its CRC and is
+        retransmitted after the retransmission interval: one lost attempt."""
         return self._add(kind="corrupt", a=a, b=b, nth=nth)
 
     def rank_crash(self, rank, at_op=None, at=None, at_step=None):
@@ -293,8 +310,11 @@ class FaultPlan:
                      for e in self.entries if e["kind"] == "straggler")
         crashes = tuple((e["rank"], e["at_op"], None if e["at"] is None else seconds_to_ns(e["at"]), e["at_step"],
                          _describe(i, e)) for i, e in enumerate(self.entries) if e["kind"] == "rank_crash")
+        corrupt = tuple((e["a"], e["b"], e["nth"], _describe(i, e)) for i, e in enumerate(self.entries)
+                        if e["kind"] == "corrupt")
         return BoundFaults(self.link_state(topo, interval, config.rdma_retry_cnt), late,
-                           tuple(tuple(sorted(e.items(), key=lambda kv: kv[0])) for e in self.entries), crashes)
+                           tuple(tuple(sorted(e.items(), key=lambda kv: kv[0])) for e in self.entries), crashes,
+                           corrupt)
 
     def link_state(self, topo, interval_ns: int = 4096 << 20, retries: int = 7) -> LinkState:
         """hcomm's LinkState of the plan's link entries on `topo` (edges of each route, ns windows)."""

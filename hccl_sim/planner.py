@@ -15,6 +15,11 @@ Loops: as HCCL in op-base mode, data larger than the CCL buffer (HCCL_BUFFSIZE) 
 buffer-sized loops; on hardware presets each loop is staged user -> CCL buffer -> user. Loops are
 priced in closed form: timing is invariant under a uniform shift, so once full loops move every
 rank's clock by the same amount, every further such run of loops does exactly that too.
+
+Faults: an op that a fault plan's link change meets, or that holds a corrupted transfer (the
+communicator's hccl_sim.fault_state says which), is priced by the event-driven replay from its
+absolute clocks, with op retry (hccl_sim.retry) when a transfer's retransmissions run out; after an
+A3 backup-NIC switch the op and every later one run on the borrowed routes.
 """
 from __future__ import annotations
 
@@ -28,11 +33,13 @@ import numpy as np
 
 from hcomm.cost import CostModel, as_cost
 from hcomm.faults import LinkFailure
+from hcomm.steps import Send
 from hcomm.vtiming import program_times
 from topologies.errors import HcclError
-from topologies.presets import without_inter_hccs
+from topologies.presets import with_backup_nics, without_inter_hccs
 
 from . import collectives as colls
+from .fault_state import NO_FAULTS, OpFaults
 from .retry import priced_with_retry
 from .programs import loop_parts, pods_of, program_rank_steps, servers_of
 from .selection import Choice, Context, select
@@ -81,7 +88,11 @@ class OpPlan:
     parts: Optional[dict] = None   # loop length -> ((start, stop, program), ...) run one after another on
                                    # data where the timing program runs them side by side (A3's double ring)
     retries: int = 0               # op retries a link failure cost (hccl_sim.retry)
-    tries: Optional[list] = None   # every try's entry clocks, first to last (under link faults)
+    transfers: Optional[dict] = None   # (src, dst) -> the op's transfers on each pair a corrupt entry counts
+    backup: tuple = ()             # dies on their partner's NIC when the op ends (A3's backup NIC)
+    notes: tuple = ()              # what the fault machinery did that last_op reports (a backup NIC used)
+    corrupt: Optional[dict] = None     # {(src, dst, k): label}: the op's transfers that fail their CRC
+    tries: Optional[list] = None   # every try's (entry clocks, backup dies), first to last (under a fault plan)
 
     @functools.cached_property
     def algo(self) -> str:
@@ -174,22 +185,27 @@ def _check_overflow(clock, step: int, remaining: int):
                         "loops); use a smaller size or a larger HCCL_BUFFSIZE")
 
 
-def plan_times(sig, cost, config, itemsize, choice, entry, faults: bool = True):
-    """(loops, programs by loop length, exit clocks, data parts) of the op from `entry` clocks.
-
-    Fault-free prices are cached by relative entry clocks (timing is shift-invariant). Under a
-    link state (a fault plan) an op whose fault-free span meets a change is re-priced by the
-    event-driven replay from its absolute clocks, which retransmits over down links and may raise
-    hcomm.faults.LinkFailure; an op no change meets is exactly its fault-free self."""
-    p = cost.num_ranks
-    loops = op_loops(sig, p, itemsize, config)
+def op_programs(sig, cost, config, itemsize, choice):
+    """(loops, programs by loop length, data parts or None) of the op (programs cached in the cost model)."""
+    loops = op_loops(sig, cost.num_ranks, itemsize, config)
     lengths = [n for n in {loops.cap if loops.full else None, loops.tail or None} if n]
     if sig.name == "barrier":
         lengths = [1]
     built = {n: loop_parts(cost, sig.name, choice, n if sig.name != "barrier" else 0, itemsize, sig.root)
              for n in lengths}
-    programs = {n: got[0] for n, got in built.items()}
     parts = {n: got[1] for n, got in built.items() if got[1] is not None}
+    return loops, {n: got[0] for n, got in built.items()}, parts or None
+
+
+def plan_times(sig, cost, config, itemsize, choice, entry, faults: bool = True, corrupt: Optional[dict] = None):
+    """(loops, programs by loop length, exit clocks, data parts) of the op from `entry` clocks.
+
+    Fault-free prices are cached by relative entry clocks (timing is shift-invariant). Under a
+    link state (a fault plan) an op whose fault-free span meets a change, or that holds a
+    corrupted transfer (`corrupt`, {(src, dst, k): label}, consumed as they are transmitted), is
+    re-priced by the event-driven replay from its absolute clocks, which retransmits over down
+    links and may raise hcomm.faults.LinkFailure; an op no fault meets is exactly its fault-free self."""
+    loops, programs, parts = op_programs(sig, cost, config, itemsize, choice)
     cache = cost.cache("timings")
     base = min(entry) if len(entry) else 0
     rel = tuple(int(t) - base for t in entry)
@@ -202,15 +218,36 @@ def plan_times(sig, cost, config, itemsize, choice, entry, faults: bool = True):
         rel_exits = cache[key] = tuple(int(t) for t in clock)
     exits = [base + t for t in rel_exits]
     links = cost.link_state
-    if faults and links and links.affects(base, max(exits, default=base)):
-        exits = _replayed_exits(sig, loops, programs, entry, cost)
-    return loops, programs, exits, parts or None
+    if faults and (corrupt or (links and links.affects(base, max(exits, default=base)))):
+        exits = _replayed_exits(sig, loops, programs, entry, cost, corrupt=corrupt)
+    return loops, programs, exits, parts
 
 
-def _replayed_exits(sig, loops, programs, entry, cost, marks=None, events=None) -> list:
+def _sends(program, p: int, src: int, dst: int) -> int:
+    """Transfers src -> dst in one loop's program (the replay numbers them in this order)."""
+    if not program:
+        return 0
+    return sum(1 for step in program_rank_steps(program, p)[src] for op in step
+               if isinstance(op, Send) and op.peer == dst)
+
+
+def op_transfers(sig, loops, programs, p: int, pairs) -> dict:
+    """(src, dst) -> the op's transfers on each pair: every loop's, in loop order."""
+    out = {}
+    for src, dst in pairs:
+        if sig.name == "barrier":
+            out[(src, dst)] = _sends(programs[1], p, src, dst)
+            continue
+        n = loops.full * _sends(programs[loops.cap], p, src, dst) if loops.full else 0
+        out[(src, dst)] = n + (_sends(programs[loops.tail], p, src, dst) if loops.tail else 0)
+    return out
+
+
+def _replayed_exits(sig, loops, programs, entry, cost, marks=None, events=None, corrupt=None) -> list:
     """Exit clocks from the event-driven replay under the cost model's link state, loop by loop
     with the same fixed costs as _time_loops (`marks`: every rank's step start clocks; `events`:
-    the trace, appended)."""
+    the trace, appended; `corrupt`: {(src, dst, k): label} of the op's corrupted transfers, k
+    counted over its loops, consumed as they are transmitted)."""
     from hcomm.timing import replay
     if len(loops) > _LOOPS_BEFORE_GIVING_UP:
         raise HcclError("E_NOT_SUPPORT", f"an op of {len(loops)} buffer loops is not replayed loop by loop (traced, "
@@ -220,23 +257,30 @@ def _replayed_exits(sig, loops, programs, entry, cost, marks=None, events=None) 
     dm = cost.device_model
     clock = [int(t) + dm.op_overhead_ns.get(sig.name, 0) for t in entry]
     spans = [(0, 1)] if sig.name == "barrier" else list(loops)
+    before = dict.fromkeys({(a, b) for a, b, _ in corrupt}, 0) if corrupt else None   # the pairs' earlier transfers
     for k, (a, b) in enumerate(spans):
         if k:
             clock = [t + dm.loop_overhead_ns for t in clock]
-        clock = replay(program_rank_steps(programs[b - a], p), clock, cost, dtype=sig.dtype,
+        program = programs[b - a]
+        clock = replay(program_rank_steps(program, p), clock, cost, dtype=sig.dtype,
                        redop=sig.redop or "sum", op_name=sig.name, links=cost.link_state, marks=marks,
-                       events=events)
+                       events=events, corrupt=corrupt, first=before)
+        if before:
+            before = {pair: n + _sends(program, p, *pair) for pair, n in before.items()}
     return [int(t) for t in clock]
 
 
-def _trace_events(sig, loops, programs, cost, history) -> list:
+def _trace_events(sig, loops, programs, topo, config, history, corrupt) -> list:
     """Chrome-trace events of the op from the event-driven replay, loop by loop with the op's fixed
     costs: every try of `history` (one, without faults): a failed try up to its error CQE, the wait
-    before the next try (an event on every rank), then the try that succeeded."""
+    before the next try (an event on every rank), then the try that succeeded; each try on the
+    routes it ran on (a backup NIC switched to before it), losing the corrupted attempts it met."""
     events = []
-    for k, (at, failure) in enumerate(history):
+    remaining = dict(corrupt or {})
+    for k, (at, failure, backup) in enumerate(history):
+        cost = effective_cost(topo, config, backup)
         try:
-            _replayed_exits(sig, loops, programs, at, cost, events=events)
+            _replayed_exits(sig, loops, programs, at, cost, events=events, corrupt=remaining)
         except LinkFailure:
             pass                               # its events up to the error CQE are in
         if failure is None:
@@ -252,9 +296,10 @@ def step_clock(plan, topo, config, rank: int, step: int) -> int:
     """`rank`'s clock as it starts its step number `step` of the op (counted over the op's loops;
     past its last step: its exit), from the event-driven replay of the plan.
 
-    An op retried after a link failure is replayed try by try: a failed try's replay stops at its
-    error CQE (every rank stops there), so a step the rank had not started in it by then is found
-    in a later try; the last try completes (the plan priced it)."""
+    An op retried after a link failure is replayed try by try (each on the routes it ran on, losing
+    the corrupted attempts it met, as the trace does): a failed try's replay stops at its error CQE
+    (every rank stops there), so a step the rank had not started in it by then is found in a later
+    try; the last try completes (the plan priced it)."""
     for marks, exits, failed_at in _step_marks(plan, topo, config):
         mine = marks[rank]
         if exits is None:
@@ -277,12 +322,13 @@ def _step_marks(plan, topo, config) -> list:
     with _STEP_MARKS_LOCK:
         if memo is not None and "_step_marks" in memo:
             return memo["_step_marks"]
-        cost = effective_cost(topo, config)
         tries = []
-        for at in getattr(plan, "tries", None) or [plan.entry]:
+        remaining = dict(getattr(plan, "corrupt", None) or {})
+        for at, backup in getattr(plan, "tries", None) or [(plan.entry, plan.backup)]:
+            cost = effective_cost(topo, config, backup)
             marks = [[] for _ in range(cost.num_ranks)]
             try:
-                exits = _replayed_exits(plan.signature, plan.loops, plan.programs, at, cost, marks)
+                exits = _replayed_exits(plan.signature, plan.loops, plan.programs, at, cost, marks, corrupt=remaining)
             except LinkFailure as failure:
                 tries.append((marks, None, failure.time_ns))
                 continue
@@ -293,15 +339,19 @@ def _step_marks(plan, topo, config) -> list:
         return tries
 
 
-def effective_cost(topo, config):
+def effective_cost(topo, config, backup: tuple = ()):
     """The CostModel a communicator with `config` prices on: on an A3 SuperPoD with
-    HCCL_INTER_HCCS_DISABLE=TRUE, that of the topology with RoCE between its servers."""
+    HCCL_INTER_HCCS_DISABLE=TRUE, that of the topology with RoCE between its servers; with
+    `backup` dies on their partner's NIC, that of the borrowed routes; under a fault plan, in its
+    link state (which also holds the retransmission rule a corrupted transfer needs)."""
     cost = as_cost(topo)
     params = cost.topology.params
     if config.inter_hccs_disable and params.get("superpod_of_server") is not None and params.get("inter_hccs", True):
         cost = as_cost(without_inter_hccs(cost.topology))
+    if backup and tuple(backup) != cost.topology.params.get("backup_nics", ()):
+        cost = as_cost(with_backup_nics(cost.topology, backup))
     faults = config.faults
-    if faults is not None and faults.link_state and cost.link_state != faults.link_state:
+    if faults is not None and (faults.link_state or faults.corrupt) and cost.link_state != faults.link_state:
         cost = CostModel.of(cost.topology, faults.link_state)
     return cost
 
@@ -318,15 +368,27 @@ def choose(sig: Signature, topo, config, itemsize: int) -> Choice:
                           cost.cache("selection"), pods))
 
 
-def make_plan(sig: Signature, topo, config, entry: list, itemsize: int, trace: bool = False) -> OpPlan:
-    """Plan one collective call on `topo` (a Topology or its CostModel) from every rank's entry clock."""
-    cost = effective_cost(topo, config)
+def make_plan(sig: Signature, topo, config, entry: list, itemsize: int, trace: bool = False,
+              faults_now: Optional[OpFaults] = None) -> OpPlan:
+    """Plan one collective call on `topo` (a Topology or its CostModel) from every rank's entry clock;
+    `faults_now`: what the communicator's fault progress says about this op (hccl_sim.fault_state)."""
+    now = faults_now or NO_FAULTS
+    cost = effective_cost(topo, config, now.backup)
     p = cost.num_ranks
     choice = choose(sig, cost, config, itemsize)
-    retries, history = 0, [(list(entry), None)]
-    if cost.link_state:
-        (loops, programs, exits, parts), retries, history = priced_with_retry(
-            lambda at: plan_times(sig, cost, config, itemsize, choice, at), sig, choice.label, cost, config, entry)
+    transfers, corrupt = None, {}
+    if now.corrupt:
+        loops, programs, _ = op_programs(sig, cost, config, itemsize, choice)
+        transfers = op_transfers(sig, loops, programs, p, sorted({(a, b) for a, b, _, _ in now.corrupt}))
+        corrupt = {(a, b, k): label for a, b, k, label in now.corrupt if k < transfers[(a, b)]}
+    retries, history, backup, notes = 0, [(list(entry), None, now.backup)], now.backup, ()
+    if config.faults is not None:
+        remaining = dict(corrupt)           # a corrupted transfer loses one attempt, in whichever try meets it
+
+        def price(at, dies):
+            return plan_times(sig, effective_cost(topo, config, dies), config, itemsize, choice, at, corrupt=remaining)
+        (loops, programs, exits, parts), retries, history, backup, notes = priced_with_retry(
+            price, sig, choice.label, cost, config, entry, now.backup)
     else:
         loops, programs, exits, parts = plan_times(sig, cost, config, itemsize, choice, entry)
     if sig.name == "barrier":
@@ -334,10 +396,11 @@ def make_plan(sig: Signature, topo, config, entry: list, itemsize: int, trace: b
         exits = [max(exits)] * p
     events = None
     if trace:
-        events = _trace_events(sig, loops, programs, cost, history)
+        events = _trace_events(sig, loops, programs, topo, config, history, corrupt)
     nbytes = 0 if sig.name == "barrier" else colls.of(sig.name).op_bytes(sig.count, p, itemsize)
-    tries = [list(at) for at, _ in history] if cost.link_state else None
-    return OpPlan(sig, choice, loops, programs, list(entry), exits, nbytes, events, parts, retries, tries)
+    tries = [(list(at), dies) for at, _, dies in history] if config.faults is not None else None
+    return OpPlan(sig, choice, loops, programs, list(entry), exits, nbytes, events, parts, retries, transfers,
+                  backup, notes, corrupt or None, tries)
 
 
 def check_signatures(signatures: list) -> Optional[str]:

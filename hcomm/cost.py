@@ -5,10 +5,10 @@ Everything that turns a schedule into simulated time goes through a CostModel: t
 engine (hcomm.vtiming), the event-driven reference (hcomm.timing), the planner's program and
 timing caches, the selection policies' decisions, and point-to-point send/recv. Keys are content:
 a CostModel is found by the topology's fingerprint (two equal topologies share one), and every
-cache it owns lives and dies with it, so a different link state (the fault schedules of the
-faults issue) is a different CostModel whose caches start empty — no stale fault-free price can
-be served for a faulty link. Today every link is as the topology built it: `link_state` is the
-empty tuple; a fault plan will supply the timed link changes. A Topology is treated as immutable
+cache it owns lives and dies with it, so a different link state (a fault plan's timed link
+changes, hcomm.faults.LinkState) is a different CostModel whose caches start empty — no stale
+fault-free price can be served for a faulty link. Without a plan every link is as the topology
+built it: `link_state` is the empty tuple. A Topology is treated as immutable
 once priced (its fingerprint is computed once).
 """
 from __future__ import annotations
@@ -17,6 +17,10 @@ import hashlib
 from collections import OrderedDict
 
 import numpy as np
+
+from topologies.model import transfer_ns
+
+from .faults import LinkFailure
 
 _MODELS_KEPT = 16          # cost models kept alive for topologies no longer referenced elsewhere
 _CACHE_LIMIT = 4096        # entries per cache before it is emptied (programs can be large)
@@ -36,7 +40,11 @@ def fingerprint(topo) -> str:
     router = topo.params.get("router")
     if router is not None:
         h.update(type(router).__qualname__.encode())
-        h.update(repr(sorted((k, repr(v)) for k, v in vars(router).items() if not isinstance(v, np.ndarray))).encode())
+        parent = getattr(router, "parent", None)      # a sub-communicator's subset: its cluster's content
+        if parent is not None:
+            h.update(fingerprint(parent).encode())
+        h.update(repr(sorted((k, repr(v)) for k, v in vars(router).items()
+                             if not isinstance(v, np.ndarray) and k != "parent")).encode())
     else:
         for a, b, data in sorted(topo.graph.edges(data=True), key=lambda e: (str(e[0]), str(e[1]))):
             h.update(repr((a, b, data["kind"], data["bandwidth"], data["latency_ns"], sorted(data["ports"].items(),
@@ -94,17 +102,31 @@ class CostModel:
     def notify_arrays(self, src, dst):
         return self.topology.notify_arrays(src, dst)
 
-    def p2p_ns(self, src: int, dst: int, nbytes: int, send_clock: int, recv_clock: int) -> tuple:
+    def p2p_ns(self, src: int, dst: int, nbytes: int, send_clock: int, recv_clock: int, crc: str | None = None) -> tuple:
         """(receiver's exit, sender's exit) clocks of one send/recv pair, priced as a one-transfer
         step: the transfer starts once both sides have posted and the sender's notify has arrived
         (HCCL's record/wait), crosses the route (latency + bytes / bottleneck bandwidth), and the
         sender learns it was consumed one notify later; staged through the CCL buffer on presets
-        that stage (a local copy on each side); each call pays the preset's fixed per-call cost."""
+        that stage (a local copy on each side); each call pays the preset's fixed per-call cost.
+
+        Under a link state the transfer is retransmitted over down links and slowed over slowed
+        ones (hcomm.faults.LinkState.transmit; `crc`: it is corrupted, and loses one attempt);
+        hcomm.faults.LinkFailure when its retransmissions run out (src, dst and hops set)."""
         dm = self.device_model
         stage = dm.copy_ns(nbytes) if dm.staging and nbytes else 0
         call = dm.p2p_overhead_ns               # each side's call: expansion and launch
         ready = max(send_clock + call + stage, recv_clock + call) + self.notify_ns(src, dst)
-        arrive = ready + self.route(src, dst).cost_ns(nbytes)
+        route = self.route(src, dst)
+        wire = transfer_ns(nbytes, route.bandwidth)
+        end = ready + wire
+        links = self.link_state
+        if links or crc is not None:
+            try:
+                end, _ = links.transmit(route.hops, ready, wire, crc=crc)
+            except LinkFailure as failure:
+                failure.src, failure.dst, failure.hops = src, dst, route.hops
+                raise
+        arrive = end + route.latency_ns
         return arrive + stage, arrive + self.notify_ns(dst, src)
 
 

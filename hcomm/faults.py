@@ -9,7 +9,10 @@ Retransmission (reference/hccl.md §3.2, §8.1; DESIGN.md "Faults contract"): an
 a link of its route down, or sees one go down before its last byte is on the wire, is retried
 after `interval` ns (4.096 us x 2^HCCL_RDMA_TIMEOUT) up to `retries` times (HCCL_RDMA_RETRY_CNT);
 past that the transfer ends in an error CQE. A slowed route carries the attempt at the rate in
-force when it starts. A flap shorter than the budget only delays the transfer.
+force when it starts. A flap shorter than the budget only delays the transfer. A corrupted
+transfer (`crc`: a plan's `corrupt` entry) loses its first attempt that finds the route up: the
+receiver drops it on its CRC, and the sender retransmits after the same interval; that attempt
+counts against the same budget.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ class LinkFailure(Exception):
         self.finished = ()          # ranks whose every step had completed (set by the replay)
         self.hops = ()
         self.step = None            # the sender's step index in the op (set by the replay)
+        self.down_edges = ()        # graph edges down when the last attempt failed (none: a CRC error)
         super().__init__(f"error CQE after {attempts} attempts ({label}) at {time_ns} ns")
 
 
@@ -39,7 +43,8 @@ class LinkState:
         self._by_edge = {}
         for edges, start, end, factor, label in self.changes:
             for e in edges:
-                self._by_edge.setdefault(tuple(e), []).append((start, math.inf if end is None else end, factor, label))
+                e = tuple(e)
+                self._by_edge.setdefault(e, []).append((start, math.inf if end is None else end, factor, label, e))
 
     def __bool__(self):
         return bool(self.changes)
@@ -67,23 +72,42 @@ class LinkState:
             out.extend(self._by_edge.get(e, ()))
         return out
 
-    def transmit(self, hops, start: int, wire: int):
+    def down_for_good(self, edge, t: int) -> bool:
+        """Edge `edge` is down at `t` and never comes back (a change of factor 0 with no end)."""
+        return any(f == 0 and s <= t and e == math.inf for s, e, f, _, _ in self._by_edge.get(tuple(edge), ()))
+
+    def down_at(self, edge, t: int) -> bool:
+        """Edge `edge` is down at `t`."""
+        return any(f == 0 and s <= t < e for s, e, f, _, _ in self._by_edge.get(tuple(edge), ()))
+
+    def transmit(self, hops, start: int, wire: int, crc: str | None = None, attempts: list | None = None):
         """(end of the last attempt's wire time, attempts that failed) of a transfer posted at
-        `start` needing `wire` ns; LinkFailure when the retransmissions run out."""
+        `start` needing `wire` ns; LinkFailure when the retransmissions run out.
+
+        `crc`: the transfer is corrupted (the label of the fault): its first attempt that finds the
+        route up fails its CRC all the same. `attempts`: a list to which every failed attempt is
+        appended as (start, retransmission time, why)."""
         changes = self._changes_on(self.edges_of(hops))
-        if not changes:
+        if not changes and crc is None:
             return start + wire, 0
         t, failed = start, 0
         while True:
             factor = 1.0
-            for s, e, f, _ in changes:
+            for s, e, f, _, _ in changes:
                 if f > 0 and s <= t < e:
                     factor *= f
             need = wire if factor == 1.0 else math.ceil(wire / factor)
-            down = [label for s, e, f, label in changes if f == 0 and s < t + max(need, 1) and e > t]
-            if not down:
+            down = [(label, edge) for s, e, f, label, edge in changes if f == 0 and s < t + max(need, 1) and e > t]
+            if not down and crc is None:
                 return t + need, failed
+            label = down[0][0] if down else crc
+            if attempts is not None:
+                attempts.append((t, t + self.interval_ns, f"link down: {label}" if down else f"CRC error: {label}"))
+            if not down:
+                crc = None              # the corrupted attempt is the only one
             failed += 1
             t += self.interval_ns
             if failed > self.retries:
-                raise LinkFailure(t, down[0], failed)
+                failure = LinkFailure(t, label, failed)
+                failure.down_edges = tuple(dict.fromkeys(edge for _, edge in down))
+                raise failure

@@ -16,6 +16,9 @@ Rules (DESIGN.md "Simulated time"):
 - A receive completes when its data is in place (its batch reduced); the matching send
   completes when the receiver has consumed it, plus one notify (the zero-copy ack).
 - A step completes at the latest completion of its operations.
+- Under a link state (hcomm.faults) a transfer is retransmitted over down links and slowed over
+  slowed ones; a corrupted transfer (the pair's k-th of the op, `corrupt`) loses one attempt to
+  its CRC. Each failed attempt is in the trace.
 
 hcomm.vtiming computes the same times vectorised over ranks; tests hold the two equal.
 """
@@ -28,7 +31,7 @@ from topologies.errors import HcclError
 from topologies.model import transfer_ns
 
 from .cost import as_cost
-from .faults import LinkFailure
+from .faults import LinkFailure, LinkState
 from .steps import Copy, Recv, Send, Stage
 
 
@@ -45,10 +48,10 @@ class _Rank:
 
 class _Transfer:
     __slots__ = ("src", "dst", "key", "send_op", "recv_op", "send_post", "recv_post", "egress", "ingress",
-                 "route", "arrive")
+                 "route", "arrive", "index")
 
-    def __init__(self, src, dst, key):
-        self.src, self.dst, self.key = src, dst, key
+    def __init__(self, src, dst, key, index):
+        self.src, self.dst, self.key, self.index = src, dst, key, index
         self.send_op = self.recv_op = self.send_post = self.recv_post = None
         self.egress = self.ingress = self.route = self.arrive = None
 
@@ -62,7 +65,8 @@ class _Inbox:
 
 
 def replay(schedules, entry_ns, cost, dtype: str = "float32", redop: str | None = "sum",
-           events: list | None = None, op_name: str = "op", links=None, marks: list | None = None):
+           events: list | None = None, op_name: str = "op", links=None, marks: list | None = None,
+           corrupt: dict | None = None, first: dict | None = None):
     """Replay per-rank step lists; return every rank's exit clock (ns).
 
     Args:
@@ -75,6 +79,10 @@ def replay(schedules, entry_ns, cost, dtype: str = "float32", redop: str | None 
             fail: LinkFailure), over slowed links they take longer. None: every link as built.
         marks: optional list of one list per rank, to which each rank's clock is appended as it
             starts each of its steps.
+        corrupt: {(src, dst, k): label} of transfers that fail their CRC once (needs `links`, the
+            retransmission rule): the k-th transfer from src to dst, counted from `first[(src,
+            dst)]` (the pair's transfers before this replay, default 0). An entry is removed when
+            its transfer is transmitted, so a retried op does not lose that attempt again.
     """
     model = as_cost(cost)
     p = len(schedules)
@@ -86,6 +94,9 @@ def replay(schedules, entry_ns, cost, dtype: str = "float32", redop: str | None 
     pending_sends, pending_recvs = {}, {}
     inboxes = [None] * p
     seq = [0]
+    made = dict(first or {})    # (src, dst) -> transfers of the pair so far (their index)
+    if corrupt and not isinstance(links, LinkState):
+        raise HcclError("E_INTERNAL", "a corrupted transfer needs the link state's retransmission rule", op=op_name)
 
     def local(r, op, t):
         cost = dm.copy_ns(op.nbytes)
@@ -103,7 +114,9 @@ def replay(schedules, entry_ns, cost, dtype: str = "float32", redop: str | None 
         if waiting:
             return waiting.popleft()
         seq[0] += 1
-        tr = _Transfer(src, dst, (order, src, dst, seq[0]))
+        index = made.get((src, dst), 0)
+        made[(src, dst)] = index + 1
+        tr = _Transfer(src, dst, (order, src, dst, seq[0]), index)
         tr.route = model.route(src, dst)
         tr.egress, tr.ingress = ("out",) + tr.route.egress, ("in",) + tr.route.ingress
         mine.setdefault((src, dst), deque()).append(tr)
@@ -176,17 +189,22 @@ def replay(schedules, entry_ns, cost, dtype: str = "float32", redop: str | None 
                                                          redop or "sum"))
         start = max(ready, port_free.get(tr.egress, 0), port_free.get(tr.ingress, 0))
         end = start + wire
-        if links:
+        crc = corrupt.pop((tr.src, tr.dst, tr.index), None) if corrupt else None
+        if links or crc is not None:
+            lost = [] if events is not None else None
             try:
-                end, _ = links.transmit(route.hops, start, wire)
+                end, _ = links.transmit(route.hops, start, wire, crc=crc, attempts=lost)
             except LinkFailure as failure:
                 failure.src, failure.dst, failure.hops = tr.src, tr.dst, route.hops
                 failure.step = ranks[tr.src].index
                 failure.finished = tuple(r for r, rk in enumerate(ranks) if rk.index >= len(rk.steps))
                 if events is not None:
+                    lost_attempts(tr, sop, route, lost)
                     events.append((tr.src, f"send->{tr.dst} failed", start, failure.time_ns,
                                    {"bytes": sop.nbytes, "link": route.kind, "attempts": failure.attempts}))
                 raise
+            if lost:
+                lost_attempts(tr, sop, route, lost)
         port_free[tr.egress] = port_free[tr.ingress] = end
         tr.arrive = end + route.latency_ns
         if events is not None:
@@ -200,6 +218,11 @@ def replay(schedules, entry_ns, cost, dtype: str = "float32", redop: str | None 
         inbox.arrived.append(tr)
         if len(inbox.arrived) == inbox.expected:
             reduce_inbox(tr.dst, inbox)
+
+    def lost_attempts(tr, sop, route, lost):
+        for t0, t1, why in lost:
+            events.append((tr.src, f"send->{tr.dst} lost ({why.split(':')[0]})", t0, t1,
+                           {"bytes": sop.nbytes, "link": route.kind, "why": why}))
 
     def reduce_inbox(dst, inbox):
         """One batch per sender, reduced in the order their last transfers were issued."""

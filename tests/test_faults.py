@@ -41,16 +41,14 @@ def test_bad_entries_are_named(build, match):
     assert e.value.code == "E_PARA"
 
 
-def test_entries_checked_against_the_topology_and_kinds_not_modelled_refused():
+def test_entries_checked_against_the_topology():
     with pytest.raises(HcclError, match=r"entry 1 \(link_down 0-9\): b=9 is not a rank of fullmesh"):
         times(FaultPlan().link_slow(0, 1, factor=0.5).link_down(0, 9))
     with pytest.raises(HcclError, match="reaches no peer over RoCE") as e:
         times(FaultPlan().nic_down(3), topo=hccl_sim.topology("atlas800t-a2"))
     assert e.value.code == "E_PARA"
-    for plan in (FaultPlan().corrupt(0, 1),):
-        with pytest.raises(HcclError, match="faults are not modelled yet") as e:
-            times(plan)
-        assert e.value.code == "E_NOT_SUPPORT"
+    with pytest.raises(HcclError, match=r"entry 0 \(corrupt 0-2\): b=2 is not a rank of fullmesh"):
+        times(FaultPlan().corrupt(0, 2))
     with pytest.raises(HcclError, match=r"HCCL_RDMA_TIMEOUT=22 is out of range \[5, 20\] on 910B"):
         hccl_sim.simulate("allreduce", 64, topology=hccl_sim.topology("atlas800t-a2"), faults=FaultPlan(),
                           env={"HCCL_RDMA_TIMEOUT": "22"})

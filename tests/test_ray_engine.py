@@ -178,6 +178,60 @@ def test_run_with_engine_ray_and_address(ray_instance):
     assert results == [3, 3, 3]
 
 
+def split_abort_shrink(comm):
+    """Split by parity, collectives on the halves (eager and not), an abort in one half (its
+    pending op fails on the others), shrink without the aborted rank, then collectives again."""
+    sub = comm.split(comm.rank % 2, key=-comm.rank)
+    big = sub.all_reduce(np.full(100_000, comm.rank, dtype=np.int64))
+    small = sub.all_gather(np.full(3, comm.rank, dtype=np.int64))
+    timing = [sub.last_op.time]
+    if comm.rank == 3:
+        sub.abort()
+        return "aborted"
+    try:
+        sub.all_reduce(np.ones(4))
+        pending = "ok"
+    except HcclError as e:
+        pending = e.code
+    new = sub.shrink(exclude=[sub.world_ranks.index(3)] if comm.rank % 2 else [])
+    y = new.all_reduce(np.arange(50_000, dtype=np.int64) * (comm.rank + 1))
+    z = new.reduce_scatter(np.arange(4 * new.size, dtype=np.int64) + comm.rank)
+    return pending, int(big[0]), small.tolist(), new.world_ranks, int(y[-1]), z.tolist(), timing, new.last_op.time
+
+
+def world_abort(comm):
+    """The world communicator aborted by rank 5: a collective and a send fail on the others
+    (told by the control block or by the abort notice), then the survivors shrink and go on."""
+    comm.all_reduce(np.ones(10))
+    if comm.rank == 5:
+        comm.abort()
+        return "aborted"
+    codes = []
+    for op in (lambda: comm.all_reduce(np.ones(100_000)), lambda: comm.send(np.ones(3), dst=(comm.rank + 1) % 8)):
+        try:
+            op()
+            codes.append("ok")
+        except HcclError as e:
+            codes.append(e.code)
+    new = comm.shrink(exclude=[5])
+    y = new.all_reduce(np.full(200_000, comm.rank, dtype=np.int64))
+    return codes, int(y[0]), new.last_op.time
+
+
+@pytest.mark.parametrize("plane", [None, "socket", "object"])
+def test_split_abort_shrink_equal_the_local_engine(ray_instance, plane):
+    """Sub-communicators over the job's transport (each rank's scoped view): results, errors and
+    simulated times as on the local engine, on every data plane; an aborted world too."""
+    topo = hccl_sim.topology("atlas800t-a2")
+    with hccl_sim.Cluster(topo, engine="ray", data_plane=plane) as cluster:
+        got = cluster.run(split_abort_shrink)
+        world = cluster.run(world_abort)
+    assert got == hccl_sim.run(split_abort_shrink, topology=topo)
+    assert got[3] == "aborted" and got[1][0] == "E_REMOTE" and got[0][0] == "ok"
+    assert world == hccl_sim.run(world_abort, topology=topo)
+    assert world[5] == "aborted" and world[0][0] == ["E_REMOTE", "E_REMOTE"]
+
+
 @pytest.mark.parametrize("plane", ["object", "socket"])
 def test_data_planes_for_ranks_on_other_hosts(ray_instance, plane):
     """The paths ranks that share no memory take (Ray's object store; the control sockets)."""

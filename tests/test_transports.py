@@ -371,3 +371,45 @@ def test_bad_use_is_an_hccl_error():
         tr.close()
     with pytest.raises(HcclError, match="size must be a positive int"):
         RayObjectTransport(0, 0)
+
+
+def test_scoped_abort_fails_only_its_scope_here_and_at_the_peer():
+    """abort_scope: waits on that communicator's tags fail at once, at the aborting endpoint and
+    at its peer (the notice frame); the world's and another scope's traffic goes on; a scoped
+    view (hcomm.transports.scoped) renumbers ranks and keeps its tags apart."""
+    from hcomm.transports.scoped import ScopedTransport
+    a, b = SocketTransport(0, 2, timeout_s=20), SocketTransport(1, 2, timeout_s=20)
+    try:
+        peers = {0: a.address, 1: b.address}
+        starter = threading.Thread(target=a.start, args=(peers,), kwargs={"eager": False})
+        starter.start()
+        b.start(peers, eager=False)
+        starter.join(30)
+        sa, sb = ScopedTransport(a, [1, 0], "s1"), ScopedTransport(b, [1, 0], "s1")
+        other_a, other_b = ScopedTransport(a, [0, 1], "s2"), ScopedTransport(b, [0, 1], "s2")
+        pending = sb.post_view(0, 1, "coll", np.ones(2))          # sub rank 0 is b (rank 1)
+        sa.abort("E_REMOTE", "rank 0 aborted the communicator")
+        start = time.monotonic()
+        with pytest.raises(HcclError, match="aborted: rank 0 aborted the communicator"):
+            sb.wait_consumed(pending, sb.deadline(), "send")
+        with pytest.raises(HcclError, match="aborted"):
+            sb.take(1, 0, "coll", sb.deadline(), "recv")
+        assert time.monotonic() - start < 5                    # told, not timed out
+        h = other_a.post_view(0, 1, "coll", np.arange(3))
+        msg = other_b.take(0, 1, "coll", other_b.deadline(), "recv")
+        assert msg.tag == ("sub", "s2", "coll") and msg.data.tolist() == [0, 1, 2]
+        msg.consumed(7)
+        assert other_a.wait_consumed(h, other_a.deadline(), "send") == 7
+        h = a.post_view(0, 1, ("p2p", 0), np.zeros(1))
+        b.take(0, 1, ("p2p", 0), b.deadline(), "recv").consumed()
+        a.wait_consumed(h, a.deadline(), "send")
+    finally:
+        a.close()
+        b.close()
+    inproc = InProcessTransport(2, timeout_s=20)
+    view = ScopedTransport(inproc, [1, 0], "s")
+    view.abort("E_REMOTE", "gone")
+    with pytest.raises(HcclError, match="aborted: gone"):
+        view.take(0, 1, "coll", view.deadline(), "recv")
+    inproc.post_view(0, 1, "coll", np.ones(1))
+    assert inproc.take(0, 1, "coll", inproc.deadline(), "recv").data.tolist() == [1.0]

@@ -21,6 +21,7 @@ from .errors import HcclError
 from .model import DeviceModel, Topology, add_link, seconds_to_ns
 
 from .routers import FullMeshRouter, HardwareRouter, RingRouter, hccs_port
+from .subset import SubsetRouter, subset
 from .validate import integer, real
 
 PRESET_DIR = Path(__file__).with_name("presets")
@@ -255,6 +256,51 @@ def without_inter_hccs(topo: Topology) -> Topology:
                                                              "links": links})
         _ROCE_VARIANTS[topo] = got
     return got
+
+
+_BACKUP_VARIANTS = weakref.WeakKeyDictionary()
+
+
+def with_backup_nics(topo: Topology, dies) -> Topology:
+    """An A3 topology in which every die of `dies` uses its package partner's NIC (HCCL's backup
+    NIC, `backup_device_ip`, switched to by an L2 op retry when the die's own NIC is down for good;
+    reference/hccl.md §8.3): its RoCE routes cross SIO to the partner and leave by the partner's
+    NIC, and the two dies share that NIC at half bandwidth each (routers.NIC_SHARE). `dies` are
+    ranks of the cluster (a sub-communicator's subset: of the cluster it is part of, whose route
+    hops it keeps). One variant per (topology, dies); no dies: the topology itself."""
+    dies = tuple(sorted({int(d) for d in dies}))
+    if not dies:
+        return topo
+    variants = _BACKUP_VARIANTS.setdefault(topo, {})
+    got = variants.get(dies)
+    if got is None:
+        router = topo.params.get("router")
+        if isinstance(router, SubsetRouter):
+            got = subset(with_backup_nics(router.parent, dies), router.members)
+        else:
+            if not isinstance(router, HardwareRouter) or router.superpod_of is None:
+                raise HcclError("E_NOT_SUPPORT", f"{topo.name}: a backup NIC is an A3 SuperPoD (atlas900-a3) feature")
+            try:
+                router = router.with_backup(router.backup + dies)
+            except ValueError as e:
+                raise HcclError("E_PARA", f"{topo.name}: {e}") from None
+            # the links are as built (their graph too); only the borrowing dies' routes change
+            got = dataclasses.replace(topo, graph=topo.__dict__["graph"], params={**topo.params, "router": router})
+        got.params["backup_nics"] = dies
+        variants[dies] = got
+    return got
+
+
+def package_partner(topo: Topology, rank: int):
+    """The other die of the package of the cluster's rank `rank` (its SIO partner) on an A3
+    topology (or a subset of one: ranks of the cluster); None elsewhere or where it has none."""
+    router = topo.params.get("router")
+    while isinstance(router, SubsetRouter):
+        router = router.parent.params.get("router")
+    if not isinstance(router, HardwareRouter) or router.superpod_of is None:
+        return None
+    partner = int(router.partners()[rank])
+    return None if partner < 0 else partner
 
 
 def _servers_per_superpod(servers, pods: int, where: str, most: int) -> list:

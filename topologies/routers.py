@@ -6,14 +6,23 @@ Port ids: rank * PORTS + a port code (one shared port per class), or, for HCCS l
 their own (`intra_server.ports: per_link`), rank * PORTS + PER_LINK + the peer's device index: each
 peer link then has its own egress and ingress, and a mesh step's seven exchanges run at once. A
 synthetic full mesh gives each directed link its own pair.
+
+A3's backup NIC (HardwareRouter.with_backup): a die whose NIC is down for good reaches RoCE
+through its package partner's NIC, over SIO; both dies then share that NIC, half each.
 """
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 
 from .model import seconds_to_ns
 
 HCCS, PCIE, ROCE, RIGHT, LEFT, SIO, UB = 0, 1, 2, 3, 4, 5, 6
+NIC_SHARE = 0.5
+"""The share of a NIC each die of a 910C package gets once one of them borrows it: HCCL's backup
+NIC "halves bandwidth" (reference/hccl.md §8.3). A static even split: each die keeps its own RoCE
+port (queue), at half the NIC's bandwidth."""
 PORTS = 64                   # port codes per rank
 PER_LINK = 16                # per-link HCCS port codes: PER_LINK + peer device index (< PORTS - PER_LINK)
 _PORT_NAMES = {HCCS: "hccs", PCIE: "pcie", ROCE: "roce", RIGHT: "right", LEFT: "left", SIO: "sio", UB: "ub"}
@@ -39,6 +48,38 @@ class HardwareRouter:
         self.pcie = None if cross is None else (2 * seconds_to_ns(cross["latency_per_hop"]), float(cross["bandwidth"]),
                                                 cross["kind"])
         self.roce = (2 * seconds_to_ns(inter["latency_per_hop"]), float(inter["bandwidth"]), inter["kind"])
+        self.backup = ()                  # dies on their partner's NIC (with_backup)
+        self._borrower = self._shared = self._partner = None
+
+    def partners(self) -> np.ndarray:
+        """Every rank's package partner (the die joined to it by SIO: same server, device id ^ 1),
+        -1 where it has none."""
+        width = int(self.device_of.max()) + 2 if len(self.device_of) else 2
+        key = self.server_of * width + self.device_of
+        order = np.argsort(key, kind="stable")
+        ranked = key[order]
+        want = self.server_of * width + (self.device_of ^ 1)
+        at = np.minimum(np.searchsorted(ranked, want), len(ranked) - 1)
+        return np.where(ranked[at] == want, order[at], -1)
+
+    def with_backup(self, dies) -> "HardwareRouter":
+        """This router with each die of `dies` reaching RoCE through its partner's NIC: its RoCE
+        routes (both directions: its peers address it at the backup NIC) cross SIO to the partner
+        first (or last), and the two dies' RoCE traffic runs at NIC_SHARE of the NIC's bandwidth."""
+        if self.superpod_of is None:
+            raise ValueError("a backup NIC is an A3 (superpod preset) feature")
+        router = copy.copy(self)
+        router.backup = tuple(sorted({int(d) for d in dies}))
+        partner = self.partners()
+        dies = np.asarray(router.backup, dtype=np.int64)
+        if (partner[dies] < 0).any():
+            raise ValueError(f"dies {dies[partner[dies] < 0].tolist()} have no package partner")
+        router._partner = partner
+        router._borrower = np.zeros(len(self.server_of), dtype=bool)
+        router._borrower[dies] = True
+        router._shared = router._borrower.copy()
+        router._shared[partner[dies]] = True
+        return router
 
     def _class(self, src, dst):
         if self.superpod_of is not None:
@@ -60,12 +101,24 @@ class HardwareRouter:
                 continue
             sel = cls == code
             lat[sel], bw[sel] = spec[0], spec[1]
+        if self.backup:
+            lat, bw = self._backup_routes(cls == ROCE, src, dst, lat, bw)
         eport, iport = src * PORTS + cls, dst * PORTS + cls
         if self.per_link:
             hccs = cls == HCCS
             eport = np.where(hccs, src * PORTS + PER_LINK + self.device_of[dst], eport)
             iport = np.where(hccs, dst * PORTS + PER_LINK + self.device_of[src], iport)
         return lat, bw, eport, iport
+
+    def _backup_routes(self, roce, src, dst, lat, bw):
+        """Latency and bandwidth of RoCE routes with backup NICs in use: one SIO hop more per
+        borrowing end; NIC_SHARE of the bandwidth where either end's NIC is shared (and no more
+        than SIO carries, for a borrower)."""
+        sio_lat, sio_bw, _ = self.hccs
+        borrowing = self._borrower[src].astype(np.int64) + self._borrower[dst]
+        lat = np.where(roce, lat + borrowing * sio_lat, lat)
+        bw = np.where(roce & (self._shared[src] | self._shared[dst]), bw * NIC_SHARE, bw)
+        return lat, np.where(roce & (borrowing > 0), np.minimum(bw, sio_bw), bw)
 
     def _specs(self):
         """(class code, (latency ns, bandwidth, kind) or None) of every link class."""
@@ -81,7 +134,17 @@ class HardwareRouter:
         eport = iport = _PORT_NAMES[code]
         if code == HCCS and self.per_link:
             eport, iport = hccs_port(int(self.device_of[dst])), hccs_port(int(self.device_of[src]))
-        return lat, bw, eport, iport, (src,) + via + (dst,), (kind,) * (len(via) + 1)
+        hops, kinds = (src,) + via + (dst,), (kind,) * (len(via) + 1)
+        if code == ROCE and self.backup:
+            got = self._backup_routes(np.array([True]), np.array([src]), np.array([dst]), np.array([lat]),
+                                      np.array([bw]))
+            lat, bw = int(got[0][0]), float(got[1][0])
+            sio = self.hccs[2]
+            if self._borrower[src]:
+                hops, kinds = (src, int(self._partner[src])) + hops[1:], (sio,) + kinds
+            if self._borrower[dst]:
+                hops, kinds = hops[:-1] + (int(self._partner[dst]), dst), kinds + (sio,)
+        return lat, bw, eport, iport, hops, kinds
 
 
 def hccs_port(peer_device: int) -> str:

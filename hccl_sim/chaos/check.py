@@ -37,7 +37,10 @@ from .scenarios import Call, Scenario
 
 OUTCOMES = ("recovered", "clean error", "skipped", "WRONG", "HANG", "LEAK")
 FAILURES = ("WRONG", "HANG", "LEAK")
-LINK_FAILING = ("link_flap", "link_down", "nic_down")      # kinds that can end a transfer in an error CQE
+LINK_FAILING = ("link_flap", "link_down", "nic_down")      # kinds that take links down
+CQE_KINDS = LINK_FAILING + ("corrupt",)
+"""Kinds an error CQE can name: a down link's, or a corrupted transfer's when its lost attempt was
+the one past HCCL_RDMA_RETRY_CNT (the others lost to a down link: alone, it is retransmitted)."""
 _LEVEL = re.compile(r"Cluster Exception Location\[link [^\]]*\((L[012])\)\]")
 
 
@@ -195,7 +198,7 @@ def _recovered(sc, twin, faulty, survivors, config) -> Verdict:
         retries += n
     if retries:
         if not any(e["kind"] in LINK_FAILING for e in sc.plan.entries):
-            return Verdict("WRONG", f"{retries} op retries, but no fault of the plan can fail a transfer")
+            return Verdict("WRONG", f"{retries} op retries, but no fault of the plan takes a link down")
         if sc.call.out == "inplace":
             return Verdict("WRONG", "an in-place op (out=x) was retried: HCCL refuses that")
         if not any(on for _, on in config.retry_enable):
@@ -216,7 +219,9 @@ def _error_problem(sc, rank, rec, config, dead) -> Optional[str]:
         return f"rank {rank}: {rec.code} does not name a fault of the plan: {short(rec.message)}"
     entry = named[0]
     kind = entry["kind"]
-    if kind in LINK_FAILING:
+    if kind == "corrupt" and not any(e["kind"] in LINK_FAILING for e in sc.plan.entries):
+        return f"rank {rank}: a corrupted transfer alone is retransmitted, yet it got {rec.code}: {short(rec.message)}"
+    if kind in CQE_KINDS:
         if rec.code not in ("E_REMOTE", "E_OPRETRY_FAIL"):
             return f"rank {rank}: {kind} gave {rec.code}, expected E_REMOTE or E_OPRETRY_FAIL: {short(rec.message)}"
         m = _LEVEL.search(rec.message)

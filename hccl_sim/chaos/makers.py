@@ -119,7 +119,15 @@ def _make_crash(rng, space, spans, target, budget, env):
 
 
 def _make_corrupt(rng, space, spans, target, budget, env):
+    # corrupt counts the transfers a -> b themselves: between servers, a pair that talks directly
+    # (the same card of another server, level1's ring/NHR/... peers); inside one, any pair
     a, b, level = _pair(rng, space)
+    topo = space.topo
+    if topo.server_of[a] != topo.server_of[b]:
+        mine = [r for r in range(topo.num_ranks) if topo.server_of[r] == topo.server_of[a]]
+        theirs = [r for r in range(topo.num_ranks) if topo.server_of[r] == topo.server_of[b]]
+        if len(theirs) > mine.index(a):
+            b = theirs[mine.index(a)]
     nth = int(rng.choice([0, 1, 3]))
     return dict(a=a, b=b, nth=nth), f"corrupt {a}->{b} ({level}) transfer {nth}"
 

@@ -18,10 +18,20 @@ An engine places ranks (threads, Ray actors, MPI processes) and hands each rank'
      consumed / wait-consumed / deadline / abort): each rank runs its own schedule, sending its
      own slices to the peers the schedule names. Used whenever ranks share no memory.
 
-Point-to-point send/recv use `group.transport` directly and are priced by the cost model.
+Point-to-point send/recv use `group.transport` directly and are priced by the cost model; a
+group under a fault plan also has `fault_progress` (hccl_sim.fault_state), which its plans advance
+and which tells a receiver which of its transfers a `corrupt` entry hits.
 Results come from `result_array` (an engine may keep them where peers can write them).
 `fail(rank, exc)` and `exit(rank)` tell the group that a rank raised or returned, so waits on it
 end at once. Every wait has a deadline (HCCL_EXEC_TIMEOUT).
+
+Sub-communicators (`comm.split`, `comm.shrink`): `subgroup(rank, members, scope, topo, config)`,
+called by every member, returns this rank's Group of the members (ranks of this group, in the
+new communicator's order; `topo` is their topologies.subset, `scope` a name every member derives
+alike). Engines whose ranks share memory give all members one new group; the others give each
+member a view of the job's transport (hcomm.transports.scoped). `abort(rank, reason)`
+(`comm.abort()`) fails every pending and later wait of this group, on every rank, and nothing of
+its parent's or its siblings'.
 """
 from __future__ import annotations
 
@@ -37,6 +47,7 @@ class Call(NamedTuple):
     clock: int                # the rank's entry clock, ns
     itemsize: int             # bytes per element (1 for a barrier)
     eager: Optional[np.ndarray] = None   # the input itself, when at most Group.eager_bytes
+    sent: tuple = ()          # the rank's sends so far on the pairs its fault plan counts (fault_state)
 
 
 class RankBuffers(NamedTuple):
@@ -69,3 +80,9 @@ class Group(Protocol):
 
     def exit(self, rank: int) -> None:
         """`rank` returned: waits on it fail at once instead of at their deadline."""
+
+    def subgroup(self, rank: int, members: tuple, scope: str, topo, config) -> "Group":
+        """This rank's group of a sub-communicator of `members` (see the module docstring)."""
+
+    def abort(self, rank: int, reason: str) -> None:
+        """`rank` aborted the communicator: every pending and later op of this group fails."""

@@ -21,6 +21,7 @@ from topologies.errors import HcclError
 
 
 from ..communicator import Communicator
+from ..fault_state import FaultProgress
 from ..faults import RankCrashed
 from ..device import Runtime
 from . import executors
@@ -66,8 +67,12 @@ class LocalGroup:
         self._slots = {}                  # (phase, seq) -> _Slot
         self._exited = set()
         self._failure = None       # (rank, exception) of the first failure
+        self._aborted = None       # why, once a rank called comm.abort()
         self._workers = max(1, os.cpu_count() or 1)
         self._executor = None
+        self.members = tuple(range(self.size))   # in the parent group (a sub-communicator's group)
+        self._children = {}        # scope -> LocalGroup of a sub-communicator
+        self.fault_progress = FaultProgress(config.faults)   # planned once for all: one copy
 
     def rendezvous(self, rank, call):
         """Meet the other ranks for collective #call.seq; returns the shared plan."""
@@ -85,6 +90,8 @@ class LocalGroup:
         limit = rdv.deadline(self.config)
         key = (phase, seq)
         with self._cond:
+            if self._aborted is not None:
+                raise HcclError("E_REMOTE", f"aborted: {self._aborted}", rank=rank, op=rdv.opname(sig))
             slot = self._slots.get(key)
             if slot is None:
                 slot = self._slots[key] = _Slot(self.size)
@@ -126,7 +133,7 @@ class LocalGroup:
             self._cond.wait(_POLL_S)
 
     def _plan(self, slot):
-        slot.plan = rdv.plan_calls(slot.items, self.topo, self.config)
+        slot.plan = rdv.plan_calls(slot.items, self.topo, self.config, self.fault_progress)
 
     def _move_all(self, slot, plan, redop):
         p = self.size
@@ -155,11 +162,15 @@ class LocalGroup:
         return self._executor
 
     def close(self):
+        for child in self._children.values():
+            child.close()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
 
     def _check_waiting(self, rank, seq, slot, sig):
+        if self._aborted is not None:
+            raise HcclError("E_REMOTE", f"aborted: {self._aborted}", rank=rank, op=rdv.opname(sig))
         if self._failure is not None:
             fr, exc = self._failure
             raise rdv.peer_failed_error(rank, sig, seq, fr, rdv.describe_failure(exc))
@@ -172,13 +183,45 @@ class LocalGroup:
             if self._failure is None:
                 self._failure = (rank, exc)
             self._cond.notify_all()
+            children = list(self._children.values())
         self.transport.abort("E_REMOTE", f"rank {rank} failed: {rdv.describe_failure(exc)}")
+        for child in children:
+            if rank in child.members:
+                child.fail(child.members.index(rank), exc)
 
     def exit(self, rank):
         with self._cond:
             self._exited.add(rank)
             self._cond.notify_all()
+            children = list(self._children.values())
         self.transport.mark_exited(rank)
+        for child in children:
+            if rank in child.members:
+                child.exit(child.members.index(rank))
+
+    def abort(self, rank, reason):
+        with self._cond:
+            if self._aborted is None:
+                self._aborted = reason
+            self._cond.notify_all()
+        self.transport.abort("E_REMOTE", reason)
+
+    def subgroup(self, rank, members, scope, topo, config):
+        """The one group every member of the sub-communicator shares (made by the first to ask)."""
+        members = tuple(members)
+        with self._cond:
+            child = self._children.get(scope)
+            if child is None:
+                child = self._children[scope] = LocalGroup(topo, config, dataplane=self.dataplane)
+                child.members = members
+                for r in self._exited:
+                    if r in members:
+                        child.exit(members.index(r))
+        if child.members != members:
+            raise HcclError("E_PARA", f"ranks disagree on the members of a new communicator: rank "
+                            f"{child.members[0]}'s view is {list(child.members)[:16]}, this rank's is "
+                            f"{list(members)[:16]}", rank=rank)
+        return child
 
     @property
     def failure(self):

@@ -13,6 +13,7 @@ import time
 from topologies.errors import HcclError
 
 from .. import collectives as colls
+from ..fault_state import FaultProgress
 from ..planner import check_signatures, make_plan
 
 
@@ -29,14 +30,19 @@ def opname(sig) -> str:
     return colls.of(sig.name).method
 
 
-def plan_calls(calls: list, topo, config):
+def plan_calls(calls: list, topo, config, progress: FaultProgress | None = None):
     """The shared plan of one collective from every rank's Call (rank order), or an HcclError
-    (E_PARA) naming who called what when the calls differ."""
+    (E_PARA) naming who called what when the calls differ. `progress`: the communicator's fault
+    progress (hccl_sim.fault_state), read for this op and advanced by its plan."""
     problem = check_signatures([c.signature for c in calls])
     if problem:
         raise HcclError("E_PARA", problem)
     first = calls[0]
-    return make_plan(first.signature, topo, config, [c.clock for c in calls], first.itemsize)
+    now = None if progress is None else progress.before([c.sent for c in calls])
+    plan = make_plan(first.signature, topo, config, [c.clock for c in calls], first.itemsize, faults_now=now)
+    if progress is not None:
+        progress.after(plan)
+    return plan
 
 
 # ---- what a waiting rank is told -------------------------------------------------------------------
@@ -65,43 +71,53 @@ def describe_failure(exc: BaseException) -> str:
 class PlanCache:
     """Plans by (call, relative entry clocks): a rank that plans every op itself (engines without a
     planning hub) plans each distinct call once. Timing is shift-invariant, so a cached plan moved
-    by the earliest entry clock is exactly the plan of the shifted call."""
+    by the earliest entry clock is exactly the plan of the shifted call. It also keeps this rank's
+    copy of the communicator's fault progress (every rank advances it by the same plans)."""
 
     def __init__(self, topo, config, limit: int = 1024):
         self.topo, self.config, self.limit = topo, config, limit
         self._plans = {}
+        self.progress = FaultProgress(config.faults)
 
     def plan(self, calls: list):
         first = calls[0]
         if any(c.signature != first.signature or c.itemsize != first.itemsize for c in calls):
             return plan_calls(calls, self.topo, self.config)     # raises the mismatch error
-        return self.agreed(first.signature, first.itemsize, [c.clock for c in calls])
+        return self.agreed(first.signature, first.itemsize, [c.clock for c in calls], [c.sent for c in calls])
 
-    def agreed(self, sig, itemsize: int, clocks: list):
-        """The plan when every rank made the same call (`sig`), entered at `clocks`."""
+    def agreed(self, sig, itemsize: int, clocks: list, sent=None):
+        """The plan when every rank made the same call (`sig`), entered at `clocks`, having sent
+        `sent` (every rank's Call.sent)."""
         faults = self.config.faults
-        if faults is not None and faults.link_state:
-            # link changes are at absolute times: prices are not shift-invariant, nothing is cached
-            return make_plan(sig, self.topo, self.config, list(clocks), itemsize)
-        base = min(clocks)
-        key = (sig, itemsize, tuple([c - base for c in clocks]))
-        plan = self._plans.get(key)
-        if plan is None:
-            if len(self._plans) >= self.limit:
-                self._plans.clear()
-            plan = self._plans[key] = make_plan(sig, self.topo, self.config, list(key[2]), itemsize)
-        return ShiftedPlan(plan, base) if base else plan
+        now = self.progress.before(sent)
+        if (faults is not None and faults.link_state) or now.corrupt:
+            # link changes are at absolute times: prices are not shift-invariant, nothing is cached;
+            # nor is an op that may hold a corrupted transfer (which one depends on the ops before)
+            plan = make_plan(sig, self.topo, self.config, list(clocks), itemsize, faults_now=now)
+        else:
+            base = min(clocks)
+            key = (sig, itemsize, tuple([c - base for c in clocks]), now.backup)
+            plan = self._plans.get(key)
+            if plan is None:
+                if len(self._plans) >= self.limit:
+                    self._plans.clear()
+                plan = self._plans[key] = make_plan(sig, self.topo, self.config, list(key[2]), itemsize, faults_now=now)
+            plan = ShiftedPlan(plan, base) if base else plan
+        self.progress.after(plan)
+        return plan
 
 
 class ShiftedPlan:
     """A cached plan moved by `base` ns: what the plan of the shifted call is (timing is
     shift-invariant), without copying it; entry and exit clocks are shifted when read."""
-    __slots__ = ("plan", "base", "signature", "choice", "loops", "programs", "nbytes", "events", "retries")
+    __slots__ = ("plan", "base", "signature", "choice", "loops", "programs", "nbytes", "events", "retries",
+                 "transfers", "backup", "notes", "corrupt")
 
     def __init__(self, plan, base: int):
         self.plan, self.base = plan, base
         self.signature, self.choice, self.loops, self.programs = plan.signature, plan.choice, plan.loops, plan.programs
         self.nbytes, self.events, self.retries = plan.nbytes, plan.events, plan.retries
+        self.transfers, self.backup, self.notes, self.corrupt = plan.transfers, plan.backup, plan.notes, plan.corrupt
 
     @property
     def entry(self):

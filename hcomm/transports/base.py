@@ -150,23 +150,46 @@ def check_rank(rank, size, what, me=None, op=None) -> int:
     return int(rank)
 
 
+SCOPED = "sub"
+"""First element of a scoped tag, (SCOPED, scope, tag): a sub-communicator's traffic over its
+parent's transport (hccl_sim.engines.scoped). Every other tag belongs to the scope WORLD."""
+WORLD = ""
+ABORT_NOTICE = "abort-notice"
+"""Tag of the frame `abort_scope` sends every peer: (ABORT_NOTICE, scope); its meta is (code, reason)."""
+
+
+def scope_of(tag) -> str:
+    """The communicator scope a tag belongs to."""
+    if type(tag) is tuple and len(tag) == 3 and tag[0] == SCOPED:
+        return tag[1]
+    return WORLD
+
+
 class AbortState:
-    """The abort every transport carries: first (code, reason) wins; `check` raises it."""
+    """The abort every transport carries: first (code, reason) wins; `check` raises it. A scoped
+    abort (one communicator's, `set_scope`) fails only the waits on that scope's tags."""
 
     def __init__(self):
         self._abort = None
+        self._scopes = {}
 
     def set(self, code: str, reason: str) -> None:
         if self._abort is None:
             self._abort = (code, reason)
 
+    def set_scope(self, scope: str, code: str, reason: str) -> None:
+        self._scopes.setdefault(scope, (code, reason))
+
     @property
     def aborted(self):
         return self._abort
 
-    def check(self, rank, op) -> None:
-        if self._abort is not None:
-            code, reason = self._abort
+    def check(self, rank, op, tag=None) -> None:
+        got = self._abort
+        if got is None and self._scopes and tag is not None:      # a wait on a tag: its scope's abort too
+            got = self._scopes.get(scope_of(tag))
+        if got is not None:
+            code, reason = got
             raise HcclError(code, f"aborted: {reason}", rank=rank, op=op)
 
 
@@ -187,6 +210,9 @@ class Registry:
             return self._buffers[(rank, name)]
         except KeyError:
             raise HcclError("E_PTR", f"buffer {name!r} is not registered", rank=rank) from None
+
+
+_EMPTY_NOTICE = np.zeros(0, dtype=np.uint8)
 
 
 # ---- the shared half of transports between processes ---------------------------------------------------
@@ -276,6 +302,21 @@ class PeerEndpoint(abc.ABC):
         with self._cond:
             self._cond.notify_all()
 
+    def abort_scope(self, scope: str, code: str, reason: str) -> None:
+        """Fail every wait on `scope`'s tags, here and at every peer (one notice frame each, best
+        effort: a peer already gone needs none). Other scopes' traffic goes on."""
+        self._abort.set_scope(scope, code, reason)
+        with self._cond:
+            self._cond.notify_all()
+            peers = [q for q in range(self.size) if q != self.rank and q not in self._down
+                     and q not in self._no_more_acks]
+        for q in peers:
+            try:
+                self._send_data(SendHandle(self.rank, q, (ABORT_NOTICE, scope), -1), _EMPTY_NOTICE,
+                                (code, reason))
+            except (HcclError, OSError):
+                pass
+
     def mark_exited(self, rank: int) -> None:
         if rank == self.rank:
             self._announce_exit()
@@ -318,7 +359,7 @@ class PeerEndpoint(abc.ABC):
                     if not queue:
                         del self._inbox[key]
                     return msg
-                self._abort.check(dst, op)
+                self._abort.check(dst, op, tag)
                 if src in self._down:
                     raise peer_lost(src, dst, self._down[src], op)
                 if src in self._no_more_data:
@@ -333,7 +374,7 @@ class PeerEndpoint(abc.ABC):
         probe_at = time.monotonic() + PROBE_AFTER_S
         with self._cond:
             while not handle.done:
-                self._abort.check(handle.src, op)
+                self._abort.check(handle.src, op, handle.tag)
                 if handle.dst in self._down:
                     raise peer_lost(handle.dst, handle.src, self._down[handle.dst], op)
                 if handle.dst in self._no_more_acks:
@@ -363,7 +404,13 @@ class PeerEndpoint(abc.ABC):
             self._enqueue(msg)
 
     def _enqueue(self, msg) -> None:
-        """Queue an arrived message (lock held)."""
+        """Queue an arrived message (lock held); an abort notice aborts its scope instead."""
+        tag = msg.tag
+        if type(tag) is tuple and len(tag) == 2 and tag[0] == ABORT_NOTICE:
+            code, reason = msg.meta
+            self._abort.set_scope(tag[1], code, reason)
+            self._cond.notify_all()
+            return
         self._inbox.setdefault((msg.src, msg.tag), deque()).append(msg)
         self._cond.notify_all()
 

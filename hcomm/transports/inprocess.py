@@ -123,6 +123,11 @@ class InProcessTransport:
         self._abort.set(code, reason)
         self.abort_wake()
 
+    def abort_scope(self, scope: str, code: str, reason: str) -> None:
+        """Fail every wait on `scope`'s tags (base.scope_of); every rank shares this object."""
+        self._abort.set_scope(scope, code, reason)
+        self.abort_wake()
+
     def mark_exited(self, rank: int) -> None:
         """`rank` will post and consume nothing more: waits on it fail at once."""
         self._exited.add(rank)
@@ -179,7 +184,7 @@ class InProcessTransport:
             what = waiting_for_data(src, op)
             try:
                 while not ch.queue:
-                    self._abort.check(dst, op)
+                    self._abort.check(dst, op, tag)
                     self.watch.waiting(dst, what)
                     self.watch.check(dst, op)
                     if src in self._exited:
@@ -206,7 +211,7 @@ class InProcessTransport:
         while not msg._done.wait(_POLL_S if deadline is None else max(0.0, min(_POLL_S, deadline - time.monotonic()))):
             if msg._done.is_set():
                 break
-            self._abort.check(msg.src, op)
+            self._abort.check(msg.src, op, msg.tag)
             self.watch.waiting(msg.src, waiting_for_consumer(msg.dst, op))
             self.watch.check(msg.src, op)
             if msg.dst in self._exited:

@@ -16,6 +16,9 @@ Execution, by the data plane the cluster chose:
   rank's own schedule over the peer-to-peer transport (direct TCP, or Ray's object store); no rank
   touches another's data or computes another's result.
 Point-to-point send/recv use the peer transport on every plane.
+
+A sub-communicator's group (split, shrink: `subgroup`) runs on plane "peer": its members' scoped
+view of the job's peer transport carries its control allgather and its data (per-rank executor).
 """
 from __future__ import annotations
 
@@ -23,12 +26,14 @@ import math
 import re
 
 import numpy as np
+from hcomm.transports.scoped import ScopedTransport
 from topologies.errors import HcclError
 
 from .. import executors
 from .. import rendezvous as rdv
 from ..base import Call, RankBuffers
 from ...planner import Signature, op_loops
+from .control import ShmControl, TransportControl
 from .protocol import CallPayload
 from .watch import WatchedTransport
 
@@ -40,8 +45,11 @@ class RayGroup:
     def __init__(self, rank, topo, config, plane, control, transport, watch, shared=None):
         self.rank, self.topo, self.config, self.size = rank, topo, config, topo.num_ranks
         self.plane, self.control, self.watch, self.shared = plane, control, watch, shared
+        self._raw_transport = transport
         self.transport = WatchedTransport(transport, watch)
+        self.scope = ""                    # this communicator's scope of the job's transport
         self._plans = rdv.PlanCache(topo, config)
+        self.fault_progress = self._plans.progress     # this rank's copy, advanced by its own plans
         self._seq = 0                      # the control plane's own sequence (several per collective)
         self.inline_bytes = min(INLINE_BYTES, control.max_payload)
         self.eager_bytes = self.inline_bytes       # MPI's eager protocol on every plane
@@ -67,7 +75,7 @@ class RayGroup:
                 self._sig_bytes.clear()
             mine = self._sig_bytes[sig] = CallPayload.signature_bytes(sig)
         try:
-            raws = self._allgather(CallPayload(mine, call.clock, call.itemsize, eager).encode(),
+            raws = self._allgather(CallPayload(mine, call.clock, call.itemsize, eager, call.sent).encode(),
                                    f"{op} (collective #{call.seq})", op)
         except HcclError as exc:
             gone = _RETURNED.search(exc.reason)
@@ -79,13 +87,13 @@ class RayGroup:
             agreed = CallPayload.agreed(raws, rank, len(mine))
             if agreed is not None:
                 # the same call everywhere (the common case) is the same bytes: only clocks differ
-                clocks, eagers = agreed
-                plan = self._plans.agreed(sig, call.itemsize, clocks)
+                clocks, sent, eagers = agreed
+                plan = self._plans.agreed(sig, call.itemsize, clocks, sent)
             else:
                 payloads = [CallPayload.decode(r) for r in raws]
                 eagers = [c.eager for c in payloads]
-                plan = self._plans.plan([Call(call.seq, c.signature_object(Signature), c.clock, c.itemsize)
-                                         for c in payloads])
+                plan = self._plans.plan([Call(call.seq, c.signature_object(Signature), c.clock, c.itemsize,
+                                              sent=c.sent) for c in payloads])
         except HcclError as exc:
             raise HcclError(exc.code, exc.reason, rank=rank, op=op) from None
         self._eager = eagers if eager is not None else None
@@ -140,6 +148,24 @@ class RayGroup:
 
     def fail(self, rank, exc) -> None:
         self.control.abort("E_REMOTE", f"rank {rank} failed: {rdv.describe_failure(exc)}")
+
+    def abort(self, rank, reason) -> None:
+        """comm.abort(): this communicator's waits fail here and at every peer (its scope of the
+        job's transport; the shared control block is the world communicator's alone)."""
+        if isinstance(self.control, ShmControl):
+            self.control.abort("E_REMOTE", reason)
+        self.transport.abort_scope(self.scope, "E_REMOTE", reason)
+
+    def subgroup(self, rank, members, scope, topo, config):
+        """This rank's group of a sub-communicator: its members' view of the job's peer transport
+        (hcomm.transports.scoped), the control plane an allgather over it, data by the per-rank
+        executor (eager ops as here)."""
+        transport = ScopedTransport(self._raw_transport, members, scope)
+        sub_rank = tuple(members).index(rank)
+        group = RayGroup(sub_rank, topo, config, "peer", TransportControl(transport, sub_rank, len(members)),
+                         transport, self.watch)
+        group.scope = scope
+        return group
 
     def exit(self, rank) -> None:
         self.transport.mark_exited(rank)

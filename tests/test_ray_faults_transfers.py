@@ -1,0 +1,67 @@
+"""Corrupted transfers and point-to-point faults on the Ray engine: every rank plans for itself, its
+sends on a counted pair travel in its rendezvous payload, and the receiver's error reaches the
+sender in its acknowledgement; outcomes and simulated times equal the local engine's."""
+import numpy as np
+import pytest
+
+import hccl_sim
+from hccl_sim import HcclError
+
+pytestmark = pytest.mark.timeout(300)
+DELTA = round(4.096e-6 * 2 ** 5 * 1e9)
+FAST = {"HCCL_RDMA_TIMEOUT": "5", "HCCL_RDMA_RETRY_CNT": "1"}
+
+
+def _job(comm):
+    """A send 2 -> 10 while rank 10's NIC is down (both ends fail), a send 1 -> 9 (the pair's
+    transfer 0), two AllReduces (the pair's level-1 transfers after it), another send 1 -> 9."""
+    out = []
+
+    def p2p(src, dst, n):
+        try:
+            if comm.rank == src:
+                comm.send(np.arange(n, dtype=np.int64), dst=dst)
+            elif comm.rank == dst:
+                out.append(int(comm.recv(src).sum()))
+            else:
+                return
+            out.append(("p2p", comm.last_op.start, comm.last_op.end))
+        except HcclError as e:
+            out.append((e.code, str(e), comm.clock))
+    p2p(2, 10, 1000)
+    comm.barrier()                 # the late ranks 2 and 10 caught up: what follows starts alike in every run
+    p2p(1, 9, 5000)
+    for _ in range(2):
+        y = comm.all_reduce((np.arange(40_000, dtype=np.int64) * (comm.rank + 1)) % 997)
+        out.append((int(y.sum()), comm.last_op.start, comm.last_op.end, comm.last_op.retries))
+    p2p(1, 9, 5000)
+    return out
+
+
+def _pair_transfers(topo, sig, itemsize):
+    from hccl_sim.env import Config
+    from hccl_sim.planner import make_plan, op_transfers
+    plan = make_plan(sig, topo, Config(), [0] * topo.num_ranks, itemsize)
+    return op_transfers(sig, plan.loops, plan.programs, topo.num_ranks, [(1, 9)])[(1, 9)]
+
+
+def test_ray_corrupt_and_p2p_faults_equal_the_local_engine(ray_cluster):
+    """Pair 1 -> 9: the barrier's transfers come first (b of them), then the send, each AllReduce's
+    two (level-1 ring), the last send; corrupting the send, the second op's first and the last
+    send costs each one interval. Rank 10's NIC is down for both of the send 2 -> 10's attempts,
+    and back before anything else."""
+    from hccl_sim.planner import Signature
+    topo = hccl_sim.topology("atlas800t-a2", servers=2)
+    b = _pair_transfers(topo, Signature("barrier", (), "uint8", None, None, None), 1)
+    assert _pair_transfers(topo, Signature("allreduce", (40_000,), "int64", "sum", None, None), 8) == 2
+    plan = (hccl_sim.FaultPlan().nic_down(10, at=0.0, duration=2 * DELTA / 1e9)
+            .corrupt(1, 9, nth=b).corrupt(1, 9, nth=b + 3).corrupt(1, 9, nth=b + 5))
+    local = hccl_sim.run(_job, topology=topo, faults=plan, env=FAST)
+    clean = hccl_sim.run(_job, topology=topo, env=FAST)
+    assert local[2][0][0] == local[10][0][0] == "E_REMOTE" and "no op retry for send/recv" in local[10][0][1]
+    took = [[e[2] - e[1] for e in out if e[0] == "p2p" or isinstance(e[0], int) and len(e) == 4]
+            for out in (local[1], clean[1])]
+    assert [a - b for a, b in zip(*took)] == [DELTA, 0, DELTA, DELTA]
+    with hccl_sim.Cluster(topo, engine="ray", faults=plan, env=FAST) as cluster:
+        assert cluster._ray.data_plane == "socket"
+        assert cluster.run(_job) == local
