@@ -109,6 +109,7 @@ def reference_digests(call: Call, p: int) -> list:
 
 @dataclass
 class Verdict:
+    """A scenario's outcome (one of OUTCOMES), why, and what recovering from its faults cost."""
     outcome: str
     detail: str = ""
     retries: Optional[int] = None      # op retries over the scenario's calls (recovered)
