@@ -118,6 +118,7 @@ class Cluster:
                  address: str | None = None, data_plane: str | None = None, faults=None):
         self.topology = _topology(topology)
         self.engine = _engine(engine)
+        self._env, self._policy, self._faults = env, policy, faults
         self.config = with_faults(self.topology, Config.from_env(env, policy), faults)
         _check_local_size(self.topology, self.engine)
         if data_plane not in (None, "shm", "object", "socket"):
@@ -128,14 +129,21 @@ class Cluster:
             from .engines.ray import RayCluster
             self._ray = RayCluster(self.topology, self.config, address=address, data_plane=data_plane)
 
-    def run(self, fn, args=(), kwargs=None):
+    def run(self, fn, args=(), kwargs=None, faults=None, env=None):
+        """fn(comm, *args, **kwargs) on every rank; results by rank. `faults` (a FaultPlan) and
+        `env` (HCCL variables) given here are this run's instead of the cluster's, on the same
+        ranks (a chaos campaign's scenarios on one set of actors: starting them takes seconds)."""
         if not self._open:
             raise HcclError("E_IN_STATUS", "the cluster is closed")
+        config = self.config
+        if faults is not None or env is not None:
+            config = with_faults(self.topology, Config.from_env(self._env if env is None else env, self._policy),
+                                 self._faults if faults is None else faults)
         _check_call(fn, args, kwargs, self.topology, self.engine)
         if self._ray is not None:
-            return self._ray.run(fn, args=args, kwargs=kwargs)
+            return self._ray.run(fn, args=args, kwargs=kwargs, config=config)
         from .engines.local import run_local
-        return run_local(fn, self.topology, self.config, args=args, kwargs=kwargs)
+        return run_local(fn, self.topology, config, args=args, kwargs=kwargs)
 
     def close(self):
         self._open = False

@@ -1,4 +1,4 @@
-"""The `hccl-sim` command: `bench` (the main job) and `topo`.
+"""The `hccl-sim` command: `bench` (the main job), `topo` and `chaos` (seeded fault campaigns).
 
 Bad arguments end in a one-line error and exit status 2, never a traceback.
 """
@@ -109,6 +109,19 @@ def build_parser():
     b.add_argument("--faults", default=None, metavar="PLAN.yaml", help="run the sweep under a fault plan "
                    "(hccl_sim.FaultPlan YAML); adds each row's retries and simulated time lost")
 
+    c = sub.add_parser("chaos", help="seeded fault campaign: scenarios run against their fault-free twins")
+    c.add_argument("-n", "--scenarios", type=int, default=500, help="how many scenarios (default 500)")
+    c.add_argument("--seed", type=int, default=0, help="the campaign's seed: the same seed, the same scenarios (default 0)")
+    c.add_argument("--engine", default="local", help="local (threads) or ray (one actor per rank) (default local)")
+    _add_topology_args(c)
+    c.set_defaults(servers=None)
+    c.add_argument("--replay", type=int, default=None, metavar="N",
+                   help="rerun scenario N alone, in full detail (its plan as YAML, every rank's outcome)")
+    c.add_argument("--json", default=None, metavar="FILE", help="write every scenario (plan, env, call, outcome, times)")
+    c.add_argument("--deadline", type=float, default=60.0, metavar="S",
+                   help="wall seconds a run may take before it counts as a HANG (at least HCCL_EXEC_TIMEOUT + 15; "
+                        "default 60)")
+
     t = sub.add_parser("topo", help="describe a topology; export an HCCL rank table")
     t.add_argument("topology", nargs="?", default=DEFAULT_TOPOLOGY, help="preset name or rank-table JSON")
     t.add_argument("--servers", type=int)
@@ -141,7 +154,7 @@ def cmd_bench(args) -> int:
                      engine=args.engine, iters=args.iters, warmup=args.warmup_iters, check=bool(args.check),
                      env=_env_pairs(args.env), trace=args.trace, policy=args.policy,
                      faults=None if args.faults is None else FaultPlan.load(args.faults))
-    from .bench import REDUCING, ROOTED
+    from .bench import ROOTED
     from . import canonical_op
     from .types import parse_reduce_op, dtype_name
     spec.op = canonical_op(spec.op)
@@ -167,6 +180,64 @@ def cmd_bench(args) -> int:
     if args.trace:
         print(f"# trace written to {args.trace}")
     return 0 if all(not r.wrong for r in rows) else 1
+
+
+MAX_SCENARIOS = 1_000_000
+CHAOS_SERVERS = 2
+"""Servers of a hardware preset when chaos is not told (--servers): two, so that faults meet links
+inside a server (L0) and between servers (L1)."""
+
+
+def cmd_chaos(args) -> int:
+    from .chaos import report
+    if not 1 <= args.scenarios <= MAX_SCENARIOS:
+        raise HcclError("E_PARA", f"-n {args.scenarios}: the number of scenarios must be in [1, {MAX_SCENARIOS}]")
+    if args.replay is not None and args.replay < 0:
+        raise HcclError("E_PARA", f"--replay {args.replay}: a scenario number is >= 0")
+    if not (args.deadline > 0 and math.isfinite(args.deadline)):
+        raise HcclError("E_PARA", f"--deadline {args.deadline}: wall seconds > 0")
+    if args.engine not in ("local", "ray"):
+        raise HcclError("E_PARA", f"--engine {args.engine!r}: chaos runs on local or ray (real data, so that results "
+                        "can be compared with the fault-free twin's)")
+    lname = topologies.ALIASES.get(args.topology.lower(), args.topology.lower())
+    if lname in topologies.HARDWARE_PRESETS and args.servers is None:
+        args.servers = CHAOS_SERVERS
+    topo = _topology(args)
+    if topo.num_ranks < 2:
+        raise HcclError("E_PARA", f"chaos needs at least 2 ranks (faults are between ranks); {topo.name} has "
+                        f"{topo.num_ranks}")
+    from . import _check_local_size
+    _check_local_size(topo, args.engine)
+    replay = args.replay is not None
+    bar = []
+
+    def start(space, total):
+        print(report.header(args.seed, total, topo, args.engine, space, table=not replay), flush=True)
+        if not replay:
+            bar.append(report.progress_bar(total))
+
+    def done(sc, result):
+        if replay:
+            print(report.replay_text(sc, result), flush=True)
+            return
+        line = report.row(sc, result)
+        if bar and bar[0] is not None:
+            bar[0].write(line, file=sys.stdout)
+            bar[0].update(1)
+        else:
+            print(line, flush=True)
+    try:
+        space, results, left = report.run_campaign(args.seed, args.scenarios, topo, engine=args.engine,
+                                                   deadline_s=args.deadline, only=args.replay, on_start=start,
+                                                   on_result=done)
+    finally:
+        if bar and bar[0] is not None:
+            bar[0].close()
+    print(report.format_summary(results, left))
+    if args.json:
+        report.write_json(args.json, args.seed, topo, args.engine, space, results, left)
+        print(f"# scenarios written to {args.json}")
+    return 1 if report.failed(results, left) else 0
 
 
 def cmd_topo(args) -> int:
@@ -210,7 +281,7 @@ def _main(argv) -> int:
         if args.command is None:
             parser.print_help()
             return 0
-        return {"bench": cmd_bench, "topo": cmd_topo}[args.command](args)
+        return {"bench": cmd_bench, "topo": cmd_topo, "chaos": cmd_chaos}[args.command](args)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
     except HcclError as exc:

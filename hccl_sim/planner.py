@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
@@ -91,6 +92,7 @@ class OpPlan:
     backup: tuple = ()             # dies on their partner's NIC when the op ends (A3's backup NIC)
     notes: tuple = ()              # what the fault machinery did that last_op reports (a backup NIC used)
     corrupt: Optional[dict] = None     # {(src, dst, k): label}: the op's transfers that fail their CRC
+    tries: Optional[list] = None   # every try's (entry clocks, backup dies), first to last (under a fault plan)
 
     @functools.cached_property
     def algo(self) -> str:
@@ -292,18 +294,56 @@ def _trace_events(sig, loops, programs, topo, config, history, corrupt) -> list:
 
 def step_starts(plan, topo, config, rank: int) -> tuple:
     """(`rank`'s clock as it starts each of its steps of the op, counted over the op's loops; its
-    exit clock), from the event-driven replay of the plan."""
-    cost = effective_cost(topo, config, plan.backup)
-    marks = [[] for _ in range(cost.num_ranks)]
-    exits = _replayed_exits(plan.signature, plan.loops, plan.programs, plan.entry, cost, marks,
-                            corrupt=dict(plan.corrupt or {}))
+    exit clock) in the try that completed the op (the one whose data moves: hccl_sim.retry)."""
+    marks, exits, _ = _step_marks(plan, topo, config)[-1]
     return marks[rank], exits[rank]
 
 
 def step_clock(plan, topo, config, rank: int, step: int) -> int:
-    """`rank`'s clock as it starts its step number `step` of the op (past its last step: its exit)."""
-    marks, exit_ns = step_starts(plan, topo, config, rank)
-    return marks[step] if step < len(marks) else exit_ns
+    """`rank`'s clock as it starts its step number `step` of the op (counted over the op's loops;
+    past its last step: its exit), from the event-driven replay of the plan.
+
+    An op retried after a link failure is replayed try by try (each on the routes it ran on, losing
+    the corrupted attempts it met, as the trace does): a failed try's replay stops at its error CQE
+    (every rank stops there), so a step the rank had not started in it by then is found in a later
+    try; the last try completes (the plan priced it)."""
+    for marks, exits, failed_at in _step_marks(plan, topo, config):
+        mine = marks[rank]
+        if exits is None:
+            if step < len(mine) and mine[step] <= failed_at:
+                return mine[step]
+            continue
+        return mine[step] if step < len(mine) else exits[rank]
+    raise HcclError("E_INTERNAL", f"rank {rank}: every try of {plan.signature.describe()} failed in its replay, "
+                    "yet the op was planned as completed")
+
+
+_STEP_MARKS_LOCK = threading.Lock()
+
+
+def _step_marks(plan, topo, config) -> list:
+    """Every try's (step start clocks of every rank, exits or None, error CQE time or None), from
+    the replay; kept on the plan, which every rank of an in-process engine shares, so that the op
+    is replayed once and not once per rank."""
+    memo = getattr(plan, "__dict__", None)            # a ShiftedPlan has no room for it: replayed each time
+    with _STEP_MARKS_LOCK:
+        if memo is not None and "_step_marks" in memo:
+            return memo["_step_marks"]
+        tries = []
+        remaining = dict(getattr(plan, "corrupt", None) or {})
+        for at, backup in getattr(plan, "tries", None) or [(plan.entry, plan.backup)]:
+            cost = effective_cost(topo, config, backup)
+            marks = [[] for _ in range(cost.num_ranks)]
+            try:
+                exits = _replayed_exits(plan.signature, plan.loops, plan.programs, at, cost, marks, corrupt=remaining)
+            except LinkFailure as failure:
+                tries.append((marks, None, failure.time_ns))
+                continue
+            tries.append((marks, exits, None))
+            break
+        if memo is not None:
+            memo["_step_marks"] = tries
+        return tries
 
 
 def effective_cost(topo, config, backup: tuple = ()):
@@ -365,8 +405,9 @@ def make_plan(sig: Signature, topo, config, entry: list, itemsize: int, trace: b
     if trace:
         events = _trace_events(sig, loops, programs, topo, config, history, corrupt)
     nbytes = 0 if sig.name == "barrier" else colls.of(sig.name).op_bytes(sig.count, p, itemsize)
+    tries = [(list(at), dies) for at, _, dies in history] if config.faults is not None else None
     return OpPlan(sig, choice, loops, programs, list(entry), exits, nbytes, events, parts, retries, transfers,
-                  backup, notes, corrupt or None)
+                  backup, notes, corrupt or None, tries)
 
 
 def check_signatures(signatures: list) -> Optional[str]:

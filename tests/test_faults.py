@@ -1,6 +1,8 @@
 """Fault plans and what they do: entries checked and named, YAML round trips, link flaps priced as
 HCCL's retransmission (just under and just over the budget), slowed links, stragglers, op retry
 with HoldTime/IntervalTime and its refusals, bit-identical results, the same times in every engine."""
+import re
+
 import numpy as np
 import pytest
 
@@ -301,3 +303,24 @@ def test_trace_of_a_retried_op_shows_every_try():
     assert after and max(e[3] for e in plan.events) <= round(est.time * 1e9)
     failed = [e for e in plan.events if e[1].endswith("failed")]
     assert len(failed) == 2 and failed[0][2] == 0 and failed[0][3] == 2 * DELTA   # the first try's error CQE
+
+
+def test_crash_mid_op_in_an_op_retried_after_a_link_failure():
+    """(chaos seed 11, scenario 280: was E_INTERNAL, a LinkFailure escaping the step clock.) A
+    mid-op crash in an op that op retry rescues: the step is found try by try. Ring AllReduce on
+    4 ranks with link 0-1 down for 1 ms: the first try ends in its error CQE at 2 DELTA before rank
+    3 has started any step, so rank 3 dies in the retry (from 2 DELTA + HoldTime), at its step k."""
+    env = {**FAST, "HCCL_OP_RETRY_ENABLE": "L0:1", "HCCL_OP_RETRY_PARAMS": "MaxCnt:2,HoldTime:1,IntervalTime:0"}
+    ring4 = hccl_sim.topology("fullmesh", ranks=4, bandwidth=1e9, latency=1e-6)
+    flap = dict(a=0, b=1, at=0, duration=1e-3)
+    retried = times(FaultPlan().link_flap(**flap), env=env, nbytes=1 << 16, topo=ring4)
+    assert retried.retries == 1
+    crashed = []
+    for step in (0, 2, 4):
+        plan = FaultPlan().link_flap(**flap).rank_crash(3, at_op=0, at_step=step)
+        with pytest.raises(HcclError, match=r"Cluster Exception Location\[rank 3\]") as e:
+            times(plan, env=env, nbytes=1 << 16, topo=ring4)
+        assert e.value.code == "E_TIMEOUT"
+        crashed.append(float(re.search(r"crashed at ([0-9.]+) s", str(e.value)).group(1)))
+    retry_start = (2 * DELTA + 1_000_000) / 1e9
+    assert retry_start - 1e-6 <= crashed[0] < crashed[1] < crashed[2] < retried.time

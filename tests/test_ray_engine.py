@@ -361,3 +361,37 @@ def test_rank_crash_across_two_ray_nodes(ray_instance, plane, plan, dead):
         assert cluster._ray.data_plane == plane and len(set(cluster._ray.node_of)) == 2
         session = check_crash_runs(cluster, plan, dead)
     assert shm.leftovers(session) == []
+
+
+def test_result_pool_stays_bounded_over_many_shapes(cluster8):
+    """(Found by `hccl-sim chaos --engine ray`.) Ops of ever new shapes on the shared-memory plane:
+    each rank keeps at most RESULT_POOL_SPARE free result segments, the least recently used
+    unlinked, instead of one per shape for the cluster's life."""
+    from hccl_sim.engines.ray.shm_plane import RESULT_POOL_SPARE
+    stem = f"{shm.PREFIX}{cluster8._ray.session}_0_result_"
+
+    def fn(comm, n):
+        comm.all_reduce(np.ones(n, np.int32))
+    for k in range(3 * RESULT_POOL_SPARE):
+        cluster8.run(fn, args=(20_000 + 16 * k,))             # 80 KB and up: past the inline size
+    kept = [n for n in os.listdir("/dev/shm") if n.startswith(stem)]
+    assert 1 <= len(kept) <= RESULT_POOL_SPARE + 1, kept
+
+
+def test_chaos_campaign_on_ray_equals_the_local_engine(ray_instance):
+    """Ten seeded chaos scenarios on one set of actors (two 4-NPU servers on the two Ray nodes),
+    each run with its own plan and environment: no WRONG, HANG or LEAK, and every scenario's
+    outcome, retries, simulated time lost and every rank's records equal to the local engine's."""
+    import topologies
+    from hccl_sim.chaos import run_campaign, run_scenario
+    from hccl_sim.chaos.runners import LocalRunner
+    from hccl_sim.chaos.report import failed
+    topo = topologies.hardware("atlas800t-a2", devices_per_server=[4, 4])
+    space, results, left = run_campaign(3, 10, topo, engine="ray")
+    assert not failed(results, left), ([(sc.index, r.outcome, r.verdict.detail) for sc, r in results], left)
+    local = LocalRunner(topo)
+    for sc, got in results:
+        want = run_scenario(sc, local)
+        assert (got.outcome, got.verdict.retries, got.verdict.lost_s) == (want.outcome, want.verdict.retries,
+                                                                          want.verdict.lost_s), sc.index
+        assert got.faulty == want.faulty and got.twin == want.twin

@@ -75,21 +75,22 @@ class RankActorBase(RayMailbox):
         self._block_owner = ControlBlock.adopt(self.session)
 
     # ---- one run ---------------------------------------------------------------------------------
-    def prepare(self, plane: str, epoch: int = 0):
-        """This run's peer transport endpoint (`epoch`: the run's number, the same on every rank);
-        returns its address (socket plane) or None."""
+    def prepare(self, plane: str, epoch: int = 0, config=None):
+        """This run's peer transport endpoint (`epoch`: the run's number, the same on every rank;
+        its waits bounded by `config`, default the actor's); returns its address (socket plane) or None."""
+        config = self.config if config is None else config
         size = self.topo.num_ranks
         if self.hcomm_transport is not None:      # left by a run that never finished here
             self.hcomm_transport.close()
             self.hcomm_transport = None
         if plane == "object":
             from hcomm.transports.ray_object import RayObjectTransport
-            self.hcomm_transport = RayObjectTransport(self.rank, size, self.config.wait_timeout_s, epoch)
+            self.hcomm_transport = RayObjectTransport(self.rank, size, config.wait_timeout_s, epoch)
             return None
         from hcomm.transports.socket import SocketTransport
         host = _node()[1] if plane == "socket" else "127.0.0.1"    # peers on other hosts must reach it
-        self.hcomm_transport = SocketTransport(self.rank, size, self.config.wait_timeout_s,
-                                               connect_timeout_s=float(self.config.connect_timeout_s), host=host)
+        self.hcomm_transport = SocketTransport(self.rank, size, config.wait_timeout_s,
+                                               connect_timeout_s=float(config.connect_timeout_s), host=host)
         return self.hcomm_transport.address
 
     def run(self, fn, args, kwargs, spec, actors=None) -> Outcome:
@@ -103,7 +104,8 @@ class RankActorBase(RayMailbox):
             else:
                 transport.start(spec.peers, eager=False)
             control = self._open_control(spec, transport)
-            group = RayGroup(self.rank, self.topo, self.config, spec.plane, control, transport, self.watch,
+            config = self.config if spec.config is None else spec.config
+            group = RayGroup(self.rank, self.topo, config, spec.plane, control, transport, self.watch,
                              self.shared)
             comm = Communicator(self.rank, group, self.device)
             comm.runtime = self.runtime

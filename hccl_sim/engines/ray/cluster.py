@@ -135,20 +135,22 @@ class RayCluster:
         return out
 
     # ---- runs -------------------------------------------------------------------------------------
-    def run(self, fn, args=(), kwargs=None):
+    def run(self, fn, args=(), kwargs=None, config=None):
+        """fn on every actor; `config`: this run's HCCL settings and faults (default the cluster's)."""
         if self._closed:
             raise HcclError("E_IN_STATUS", "the Ray cluster is closed" + (f": {self._broken}" if self._broken else ""))
+        config = self.config if config is None else config
         plane = self.data_plane
         if plane == "shm":
             self._gather([self.actors[0].reset_control.remote()], "reset the control block", 60)
         self._runs += 1
-        addresses = self._gather([a.prepare.remote(plane, self._runs) for a in self.actors], "open its transport",
-                                 self.config.connect_timeout_s or 120)
-        spec = RunSpec(self.session, plane, {r: a for r, a in enumerate(addresses)})
+        addresses = self._gather([a.prepare.remote(plane, self._runs, config) for a in self.actors],
+                                 "open its transport", config.connect_timeout_s or 120)
+        spec = RunSpec(self.session, plane, {r: a for r, a in enumerate(addresses)}, config)
         actors = self.actors if plane == "object" else None
         refs = [a.run.remote(fn, args, kwargs, spec, actors) for a in self.actors]
-        outcomes = self._watch(refs)
-        crashed = self._crashed(outcomes)
+        outcomes = self._watch(refs, config)
+        crashed = self._crashed(outcomes, config)
         dead = [o.rank for o in outcomes if o.died]
         if dead and not self._closed:
             self._replace(dead)
@@ -158,11 +160,11 @@ class RayCluster:
             raise min(primary, key=lambda e: (e.at, e.rank)).error()
         return [None if o.rank in crashed else o.value for o in outcomes]
 
-    def _crashed(self, outcomes) -> set:
+    def _crashed(self, outcomes, config) -> set:
         """Ranks whose actor died as the fault plan said: a rank_crash of theirs that the survivors'
         communicators met (they lost that rank to it). Their result is None, as run_local's; any
         other death is an error of the run."""
-        faults = self.config.faults
+        faults = config.faults
         planned = {c[0] for c in faults.crashes} if faults is not None else set()
         survivors = [o for o in outcomes if not o.died]
         met = {r for o in survivors for r in o.lost}
@@ -203,11 +205,11 @@ class RayCluster:
             self._broken = f"rank(s) {ranks} died and could not be replaced ({exc}); create a new Cluster"
             self.close()
 
-    def _watch(self, refs):
+    def _watch(self, refs, config):
         """Wait for every rank's Outcome, polling for deadlocks; nothing waits past the limit."""
         ray = self._ray
         p = len(refs)
-        limit = time.monotonic() + (self.config.wait_timeout_s or 10 ** 9) + self.config.connect_timeout_s + 30
+        limit = time.monotonic() + (config.wait_timeout_s or 10 ** 9) + config.connect_timeout_s + 30
         done = {}
         stalled = None                  # (progress total, since) while every running rank waits
         pending = list(refs)

@@ -3,7 +3,7 @@ control plane. Nothing positional: every message is a small frozen dataclass.
 
 - RankInfo      an actor's answer at start-up: where it runs (Ray node id, pid).
 - RunSpec       the driver's instructions for one run: the session, the data plane, the peers'
-                transport addresses, whether this actor creates the shared control block.
+                transport addresses, the run's Config (HCCL settings and faults).
 - Outcome       an actor's answer for one run: its result, or its error (code, reason, when), and
                 the rank a fault plan crashed under it; or, made by the driver, its actor's death.
 - RankStatus    what a rank is waiting for, for the driver's stall watch.
@@ -35,6 +35,7 @@ class RunSpec:
     session: str
     plane: str                          # "shm" | "socket" | "object"
     peers: dict = field(default_factory=dict)   # rank -> (host, port) of its socket transport
+    config: Any = None                  # this run's hccl_sim.env.Config (None: the actor's own)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ through another process).
 A rank's device arrays and pooled results already live in segments of their own and are shared
 as they are; a host input is copied into the rank's CCL input segment. Results come from a pool
 of segments, a segment being reused only once user code has dropped its array (or any view of
-it), so peers write results in place and nobody copies them out.
+it), so peers write results in place and nobody copies them out; a few free ones are kept, the
+least recently used beyond that unlinked.
 """
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ import numpy as np
 from hcomm import shm
 
 from .protocol import SharedBuffers
+
+
+RESULT_POOL_SPARE = 8
+"""Free pooled result segments a rank keeps for reuse, over all shapes (a training loop's few)."""
 
 
 class SharedArea:
@@ -41,13 +46,34 @@ class SharedArea:
     def result_array(self, shape, dtype):
         dtype = np.dtype(dtype)
         key = (tuple(shape), dtype.str)
-        pool = self.result_pool.setdefault(key, [])
+        pool = self.result_pool.pop(key, [])
+        self.result_pool[key] = pool               # the most recently used shape last
         for entry in pool:
             if sys.getrefcount(entry[1]) <= 2:     # only the pool's tuple and getrefcount's argument
                 return entry[1]
+        self._trim()
         name, arr = shm.PrivateSegment.array(self.session, self.rank, "result", shape, dtype)
         pool.append((name, arr))
+        self.result_pool[key] = pool               # _trim may have dropped the key while its pool was empty
         return self.share(name, arr)
+
+    def _trim(self):
+        """Drop free pooled results past RESULT_POOL_SPARE, least recently used shapes first (their
+        finalizers unlink the segments): ops of ever new shapes must not grow /dev/shm without end."""
+        spare = 0
+        for key in reversed(list(self.result_pool)):
+            kept = []
+            for entry in self.result_pool[key]:
+                if sys.getrefcount(entry[1]) > 2:  # user code holds it
+                    kept.append(entry)
+                elif spare < RESULT_POOL_SPARE:
+                    spare += 1
+                    kept.append(entry)
+            if kept:
+                self.result_pool[key] = kept
+            else:
+                del self.result_pool[key]
+        self._shared = {k: v for k, v in self._shared.items() if v[1]() is not None}
 
     def _segment_of(self, arr):
         got = self._shared.get(id(arr))

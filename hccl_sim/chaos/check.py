@@ -1,0 +1,278 @@
+"""What a chaos scenario's outcome is, from every rank's records of it and of its fault-free twin.
+
+Every rank runs `rank_program`: the scenario's call, repeated, each outcome kept as data (an
+HcclError is caught and recorded, so every rank's outcome is seen; a rank the plan kills returns
+None). The twin is the same program with the same data and environment and no faults (running
+both: hccl_sim.chaos.runners). Outcomes (DESIGN.md "Faults contract"):
+
+- recovered: every surviving rank completed every call with a result bit-identical to the
+  twin's (and the twin's equal to the numpy reference), the ranks agreeing on retries and
+  algorithm, no rank faster than in the twin, and at least HoldTime (+ IntervalTime per further
+  try) lost per retried op (reference/hccl.md §8.3);
+- clean error: every survivor raised in the same call an HcclError that names a fault of the plan
+  (its `fault plan entry` label) with a code that fault can produce: E_REMOTE (an error CQE, op
+  retry off for the failed link's level), E_OPRETRY_FAIL (retry on but refused: in-place only
+  for an in-place call, MaxCnt as set), E_TIMEOUT for a lost rank (by the heartbeat's 30 s or
+  HCCL_EXEC_TIMEOUT, whichever the environment makes first, §8.2), the dead rank None;
+- skipped: the engine refuses the scenario (E_NOT_SUPPORT), counted and reported;
+- WRONG: anything else; HANG: a run did not end by the wall deadline; LEAK: /dev/shm segments,
+  child processes, rank threads or device allocations left that were not there before.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+from topologies.errors import HcclError
+
+from .. import collectives
+from ..env import Config
+from ..faults import HEARTBEAT_LOST_S, _describe as entry_label
+from ..types import parse_reduce_op
+from .scenarios import Call, Scenario
+
+OUTCOMES = ("recovered", "clean error", "skipped", "WRONG", "HANG", "LEAK")
+FAILURES = ("WRONG", "HANG", "LEAK")
+LINK_FAILING = ("link_flap", "link_down", "nic_down")      # kinds that take links down
+CQE_KINDS = LINK_FAILING + ("corrupt",)
+"""Kinds an error CQE can name: a down link's, or a corrupted transfer's when its lost attempt was
+the one past HCCL_RDMA_RETRY_CNT (the others lost to a down link: alone, it is retransmitted)."""
+_LEVEL = re.compile(r"Cluster Exception Location\[link [^\]]*\((L[012])\)\]")
+
+
+class CallRecord(NamedTuple):
+    """One rank's outcome of one call."""
+    ok: bool
+    digest: Optional[str]     # the result's digest (dtype, shape, bytes); None where the call returns None
+    start: int                # clock at entry, ns
+    end: int                  # clock at exit (or when the error was raised), ns
+    retries: int = 0
+    algo: str = ""
+    code: Optional[str] = None
+    message: str = ""
+
+
+def rank_input(call: Call, rank: int) -> np.ndarray:
+    """Rank `rank`'s input: integers (exact under every reduction order), different on every rank
+    and element, the same in the scenario and its twin; 1 or 2 for prod (wraps, order-free)."""
+    rng = np.random.default_rng([call.data_seed, rank])
+    lo, hi = (1, 3) if call.redop == "prod" else (0, 1000)
+    return rng.integers(lo, hi, size=call.count, dtype=np.dtype(call.dtype))
+
+
+def digest(y) -> Optional[str]:
+    if y is None:
+        return None
+    y = np.ascontiguousarray(y)
+    return f"{y.dtype}{list(y.shape)}:{hashlib.blake2b(y.tobytes(), digest_size=12).hexdigest()}"
+
+
+def rank_program(comm, call: Call) -> list:
+    """Runs on every rank: the call `call.calls` times; a CallRecord each, up to the first error."""
+    coll = collectives.of(call.op)
+    method = getattr(comm, coll.method)
+    kwargs = {"algo": call.algo}
+    if call.redop is not None:
+        kwargs["op"] = call.redop
+    if call.root is not None:
+        kwargs["root"] = call.root
+    records = []
+    for _ in range(call.calls):
+        x = rank_input(call, comm.rank)
+        if call.out == "inplace":
+            kwargs["out"] = x
+        elif call.out == "out":
+            kwargs["out"] = np.empty(coll.output_shape(x.shape, comm.size), dtype=x.dtype)
+        start = comm.clock
+        try:
+            y = method(x, **kwargs)
+        except HcclError as exc:
+            records.append(CallRecord(False, None, start, comm.clock, code=exc.code, message=str(exc)))
+            break
+        op = comm.last_op
+        records.append(CallRecord(True, digest(y), op.start, op.end, op.retries, op.algo))
+    return records
+
+
+def reference_digests(call: Call, p: int) -> list:
+    """Every rank's expected result digest from numpy (hccl_sim.collectives' reference)."""
+    inputs = [rank_input(call, r) for r in range(p)]
+    redop = parse_reduce_op(call.redop) if call.redop is not None else None
+    return [digest(y) for y in collectives.of(call.op).reference(inputs, redop, call.root or 0)]
+
+
+# ---- classification ----------------------------------------------------------------------------
+
+@dataclass
+class Verdict:
+    """A scenario's outcome (one of OUTCOMES), why, and what recovering from its faults cost."""
+    outcome: str
+    detail: str = ""
+    retries: Optional[int] = None      # op retries over the scenario's calls (recovered)
+    lost_s: Optional[float] = None     # simulated time lost: last exit minus the twin's, max over ranks
+    bound_s: Optional[float] = None    # the least that retries must lose: k HoldTime + (k-1) IntervalTime per op
+    cqe_s: Optional[float] = None      # the failed tries' retransmission budgets: k (RETRY_CNT + 1) interval per op
+
+
+def classify(sc: Scenario, twin, faulty, reference=None) -> Verdict:
+    """The outcome of a scenario from every rank's records in the twin and under faults (None for
+    a dead rank); `reference`: every rank's expected digest, checked against the twin."""
+    wrong = _twin_problem(sc, twin, reference)
+    if wrong:
+        return Verdict("WRONG", wrong)
+    p, calls = len(twin), sc.call.calls
+    config = Config.from_env(sc.env)
+    entries = sc.plan.entries
+    crashing = {e["rank"] for e in entries if e["kind"] == "rank_crash"}
+    dead = [r for r in range(p) if faulty[r] is None]
+    if set(dead) - crashing:
+        return Verdict("WRONG", f"rank {min(set(dead) - crashing)} returned no result, but the plan does not crash it")
+    survivors = [r for r in range(p) if faulty[r] is not None]
+    if not survivors:
+        return Verdict("WRONG", "every rank died")
+    fail_at = {}
+    for r in survivors:
+        recs = faulty[r]
+        first = next((k for k, rec in enumerate(recs) if not rec.ok), None)
+        if first is None and len(recs) != calls:
+            return Verdict("WRONG", f"rank {r} made {len(recs)} of {calls} calls without an error")
+        fail_at[r] = first
+        for k, rec in enumerate(recs[:first]):
+            mine = twin[r][k]
+            if rec.digest != mine.digest:
+                return Verdict("WRONG", f"rank {r} call {k}: result {rec.digest} differs from the fault-free twin's "
+                                        f"{mine.digest}")
+            if rec.algo != mine.algo:
+                return Verdict("WRONG", f"rank {r} call {k}: ran {rec.algo!r}, the twin {mine.algo!r}")
+    points = set(fail_at.values())
+    if points == {None}:
+        if dead:
+            return Verdict("WRONG", f"rank {dead[0]} died but every survivor completed every call")
+        return _recovered(sc, twin, faulty, survivors, config)
+    if len(points) > 1:
+        by = {}
+        for r, k in fail_at.items():
+            by.setdefault(k, []).append(r)
+        said = "; ".join(f"ranks {rs[:6]} {'completed' if k is None else f'failed in call {k}'}"
+                         for k, rs in sorted(by.items(), key=lambda kv: -1 if kv[0] is None else kv[0]))
+        return Verdict("WRONG", f"ranks disagree: {said}")
+    k = points.pop()
+    errors = {r: faulty[r][k] for r in survivors}
+    codes = sorted({rec.code for rec in errors.values()})
+    if codes == ["E_NOT_SUPPORT"]:
+        return Verdict("skipped", errors[survivors[0]].message)
+    if len(codes) > 1:
+        return Verdict("WRONG", f"ranks disagree on the error: codes {', '.join(codes)}")
+    for r in survivors:
+        problem = _error_problem(sc, r, errors[r], config, dead)
+        if problem:
+            return Verdict("WRONG", problem)
+    return Verdict("clean error", errors[survivors[0]].message)
+
+
+def _twin_problem(sc, twin, reference):
+    for r, recs in enumerate(twin):
+        if recs is None or len(recs) != sc.call.calls or not all(rec.ok for rec in recs):
+            bad = next((rec for rec in recs or () if not rec.ok), None)
+            return f"the fault-free twin failed on rank {r}: {bad.code + ' ' + bad.message if bad else recs}"
+        if reference is not None and any(rec.digest != reference[r] for rec in recs):
+            return f"the fault-free twin's result on rank {r} differs from the numpy reference"
+    return None
+
+
+def _recovered(sc, twin, faulty, survivors, config) -> Verdict:
+    params = dict(config.retry_params)
+    retries, bound_ns = 0, 0
+    for k in range(sc.call.calls):
+        tries = {faulty[r][k].retries for r in survivors}
+        if len(tries) > 1:
+            return Verdict("WRONG", f"call {k}: ranks disagree on retries ({sorted(tries)})")
+        n = tries.pop()
+        if n > params["MaxCnt"]:
+            return Verdict("WRONG", f"call {k}: {n} retries, over MaxCnt={params['MaxCnt']}")
+        if n:
+            bound_ns += (n * params["HoldTime"] + (n - 1) * params["IntervalTime"]) * 1_000_000
+        retries += n
+    if retries:
+        if not any(e["kind"] in LINK_FAILING for e in sc.plan.entries):
+            return Verdict("WRONG", f"{retries} op retries, but no fault of the plan takes a link down")
+        if sc.call.out == "inplace":
+            return Verdict("WRONG", "an in-place op (out=x) was retried: HCCL refuses that")
+        if not any(on for _, on in config.retry_enable):
+            return Verdict("WRONG", f"{retries} op retries with HCCL_OP_RETRY_ENABLE off at every level")
+    lost = max(faulty[r][-1].end - twin[r][-1].end for r in survivors)
+    if lost < 0:
+        return Verdict("WRONG", f"finished {-lost} ns before the fault-free twin")
+    if lost < bound_ns:
+        return Verdict("WRONG", f"{retries} retries lost {lost} ns, less than HoldTime/IntervalTime make ({bound_ns} ns)")
+    interval, count = sc.rdma
+    return Verdict("recovered", "", retries, lost / 1e9, bound_ns / 1e9, retries * (count + 1) * interval / 1e9)
+
+
+def _error_problem(sc, rank, rec, config, dead) -> Optional[str]:
+    """Why rank's error is not one the scenario's faults can produce (None if it is)."""
+    named = [e for i, e in enumerate(sc.plan.entries) if entry_label(i, e) in rec.message]
+    if not named:
+        return f"rank {rank}: {rec.code} does not name a fault of the plan: {short(rec.message)}"
+    entry = named[0]
+    kind = entry["kind"]
+    if kind == "corrupt" and not any(e["kind"] in LINK_FAILING for e in sc.plan.entries):
+        return f"rank {rank}: a corrupted transfer alone is retransmitted, yet it got {rec.code}: {short(rec.message)}"
+    if kind in CQE_KINDS:
+        if rec.code not in ("E_REMOTE", "E_OPRETRY_FAIL"):
+            return f"rank {rank}: {kind} gave {rec.code}, expected E_REMOTE or E_OPRETRY_FAIL: {short(rec.message)}"
+        m = _LEVEL.search(rec.message)
+        if not m:
+            return f"rank {rank}: {rec.code} names no failed link and level: {short(rec.message)}"
+        level = m.group(1)
+        enabled = dict(config.retry_enable).get(level, False)
+        if rec.code == "E_REMOTE" and enabled:
+            return f"rank {rank}: E_REMOTE although op retry is on for {level}: {short(rec.message)}"
+        if rec.code == "E_OPRETRY_FAIL":
+            if not enabled:
+                return f"rank {rank}: E_OPRETRY_FAIL although op retry is off for {level}"
+            if ("in-place" in rec.message) != (sc.call.out == "inplace"):
+                return f"rank {rank}: the refusal does not match the call's out= mode ({sc.call.out}): {short(rec.message)}"
+            cap = re.search(r"MaxCnt=(\d+)", rec.message)
+            if cap and int(cap.group(1)) != dict(config.retry_params)["MaxCnt"]:
+                return f"rank {rank}: refusal names MaxCnt={cap.group(1)}, the environment set another"
+        return None
+    if kind == "rank_crash":
+        if rec.code != "E_TIMEOUT":
+            return f"rank {rank}: a lost rank gave {rec.code}, expected E_TIMEOUT: {short(rec.message)}"
+        if entry["rank"] not in dead:
+            return f"rank {rank}: told rank {entry['rank']} was lost, but rank {entry['rank']} did not die"
+        if f"rank {entry['rank']}" not in rec.message:
+            return f"rank {rank}: the E_TIMEOUT does not name rank {entry['rank']}"
+        wait = HEARTBEAT_LOST_S if not config.exec_timeout_s else min(HEARTBEAT_LOST_S, config.exec_timeout_s)
+        how = "Heartbeat Lost Occurred" if wait == HEARTBEAT_LOST_S else "HCCL_EXEC_TIMEOUT"
+        if how not in rec.message:
+            return f"rank {rank}: expected detection by {how} (wait {wait} s): {short(rec.message)}"
+        crashed = re.search(r"crashed at ([0-9.]+) s", rec.message)
+        if crashed and rec.end / 1e9 < float(crashed.group(1)) + wait - 1e-6:
+            return f"rank {rank}: told at {rec.end / 1e9:.6f} s, before the {wait} s wait since the crash was over"
+        return None
+    return f"rank {rank}: a {kind} fault cannot fail an op, yet it got {rec.code}: {short(rec.message)}"
+
+
+def short(text: str, n: int = 240) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[:n - 3] + "..."
+
+
+@dataclass
+class Result:
+    """A scenario's outcome, as reported."""
+    index: int
+    verdict: Verdict
+    wall_s: float                      # the twin and the faulty run, together
+    twin: Optional[list] = None        # every rank's CallRecords
+    faulty: Optional[list] = None
+
+    @property
+    def outcome(self) -> str:
+        return self.verdict.outcome
