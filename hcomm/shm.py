@@ -28,7 +28,10 @@ def _untrack(shm):
 
 
 def segment_name(session: str, rank: int, kind: str, generation: int) -> str:
-    return f"{PREFIX}{session}_{rank}_{kind}_{generation}"
+    """A rank's segment's name. It carries the owning process's pid: a rank whose process died and
+    was replaced (a fault plan's crash on Ray) must not reuse its predecessor's names, which peers
+    may still hold mapped (with the old size and contents)."""
+    return f"{PREFIX}{session}_{rank}_{kind}_{os.getpid()}_{generation}"
 
 
 class OwnedSegments:

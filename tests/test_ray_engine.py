@@ -320,6 +320,9 @@ def check_crash_runs(cluster, plan, dead):
     assert not [n for n in shm.leftovers(session) if f"_{dead}_" in os.path.basename(n)]
     one = cluster.run(crash_ops, args=(1,))             # the crash is at op 1: this run stops before it
     assert one == hccl_sim.run(crash_ops, topology=topo, args=(1,)) and one[dead][0][0][0] == "ok"
+    for count in (300_000, 20_000):                     # the fresh actor's segments are its own (chaos
+        big = cluster.run(crash_ops, args=(1, count))   # seed 7: peers' stale mappings of reused names)
+        assert big == hccl_sim.run(crash_ops, topology=topo, args=(1, count))
 
     def escaping(comm):
         for _ in range(2):

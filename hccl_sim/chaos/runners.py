@@ -83,10 +83,13 @@ class RayRunner:
 
     def kept(self, names) -> set:
         """The actors' working set between runs (hccl_sim.engines.ray.shm_plane): per rank its newest
-        CCL input, output and scratch segment and RESULT_POOL_SPARE pooled results (+1 in use); anything
-        beyond that (an old generation, a device allocation, a pool that keeps growing) is left behind."""
+        CCL input, output and scratch segment and RESULT_POOL_SPARE pooled results, plus the results
+        of the last run's calls (held until it returned: the pool trims at its next allocation);
+        anything beyond that (an old generation, a device allocation, a pool that keeps growing) is
+        left behind."""
         from hcomm.shm import PREFIX
         from ..engines.ray.shm_plane import RESULT_POOL_SPARE
+        from .scenarios import MAX_CALLS
         stem = f"{PREFIX}{self.cluster._ray.session}_"
         by_rank = {}
         for name in names:
@@ -95,7 +98,7 @@ class RayRunner:
                 by_rank.setdefault((parts[0], parts[1]), []).append((int(parts[-1]), name))
         kept = set()
         for (rank, kind), found in by_rank.items():
-            keep = {"input": 1, "output": 1, "scratch": 1, "result": RESULT_POOL_SPARE + 1}.get(kind, 0)
+            keep = {"input": 1, "output": 1, "scratch": 1, "result": RESULT_POOL_SPARE + MAX_CALLS}.get(kind, 0)
             kept |= {name for _, name in sorted(found)[len(found) - keep:]} if keep else set()
         return kept
 

@@ -45,6 +45,9 @@ LOOP_BUFFSIZE_MB = 1
 """HCCL_BUFFSIZE of a multi-loop scenario: HCCL's smallest CCL buffer (§3.2), so that a few MB
 of data already takes several buffer loops."""
 
+MAX_CALLS = 3
+"""Most calls a scenario makes in a row (each rank holds every call's result until it returns)."""
+
 
 @dataclass(frozen=True)
 class Call:
@@ -243,7 +246,7 @@ def _draw_call(rng, space: Space, p: int):
     if rng.random() < 0.35:
         out = "inplace" if op in IN_PLACE_OPS and rng.random() < 0.6 else "out"
     # repeated calls (a later one can be the faulty one); large ones at most twice, for wall time
-    calls = int(rng.choice([1, 2, 3], p=[0.6, 0.25, 0.15])) if size_class in ("tiny", "small") else \
+    calls = int(rng.choice([1, 2, MAX_CALLS], p=[0.6, 0.25, 0.15])) if size_class in ("tiny", "small") else \
         int(rng.choice([1, 2], p=[0.7, 0.3]))
     env.update(_draw_retry_env(rng, space))
     call = Call(op, count, dtype, redop, root, algo, out, calls, int(rng.integers(2**31)))
