@@ -55,18 +55,19 @@ class TransportControl:
             tag = ("ctl", seq, round_)
             blob = np.frombuffer(pickle.dumps(known, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
             blobs.append(blob)
-            handles.append(tr.post_view(rank, (rank + step) % p, tag, blob))
+            handles.append(((rank + step) % p, tr.post_view(rank, (rank + step) % p, tag, blob)))
             msg = tr.take((rank - step) % p, rank, tag, deadline, op)
             known.update(pickle.loads(bytes(np.asarray(msg.data, dtype=np.uint8))))
             msg.consumed()
             step, round_ = step * 2, round_ + 1
-        for h in handles:
+        for dst, h in handles:
             try:
                 tr.wait_consumed(h, deadline, op)
             except HcclError:
                 # every payload is here: a receiver lost since (a rank the fault plan crashes right
-                # after this rendezvous, its last acknowledgements unsent) changes nothing we know
-                if tr.lost(h.dst) is None:
+                # after this rendezvous, its last acknowledgements unsent) changes nothing we know;
+                # `dst` in this control plane's numbering (a handle names the job transport's rank)
+                if tr.lost(dst) is None:
                     raise
         return [known[j] for j in range(p)]
 
