@@ -8,7 +8,6 @@ driver puts a fresh actor in its place.
 """
 from __future__ import annotations
 
-import gc
 import os
 import sys
 import time
@@ -153,10 +152,6 @@ class RankActorBase(RayMailbox):
         if transport is not None:
             transport.close()
         self.hcomm_transport = None
-        # an error caught in the run keeps the frames of the op it ended, and with them the op's
-        # result array, in a reference cycle: collected now, its segment is unlinked before the
-        # next run instead of whenever the collector next runs (the result pool's bound)
-        gc.collect()
 
     def status(self) -> RankStatus:
         what, progress = self.watch.snapshot()
