@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import hccl_sim
+from hccl_sim.chaos import runners as _chaos_runners
 
 
 def add(a, b, out):
@@ -35,23 +36,7 @@ def fullmesh():
 
 # ---- processes and shared memory a test leaves behind ----------------------------------------------
 
-def descendants():
-    """Live processes below this one (no psutil here: read /proc)."""
-    parent = {}
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                if fields[0] != "Z":
-                    parent[int(pid)] = int(fields[1])
-            except OSError:
-                pass
-    found, frontier = set(), {os.getpid()}
-    while frontier:
-        frontier = {pid for pid, pp in parent.items() if pp in frontier} - found
-        found |= frontier
-    return found
+descendants = _chaos_runners.descendants     # live processes below this one, from /proc
 
 
 def shm_leaks(before):

@@ -195,7 +195,7 @@ def _bounded(fn, limit_s: float):
 
 def snapshot():
     """(/dev/shm entries, descendant processes, hccl-sim threads) now."""
-    return (_shm_entries(), _descendants(), {t.ident for t in threading.enumerate() if t.name.startswith("hccl-")})
+    return (_shm_entries(), descendants(), {t.ident for t in threading.enumerate() if t.name.startswith("hccl-")})
 
 
 def leaks(before, settle_s: float = 2.0, kept=None) -> list:
@@ -236,7 +236,7 @@ def _pid_in(name: str):
     return int(m.group(1)) if m else None
 
 
-def _descendants() -> set:
+def descendants() -> set:
     """Live (not zombie) processes below this one, from /proc."""
     parent = {}
     for pid in os.listdir("/proc"):
