@@ -108,7 +108,10 @@ def priced_with_retry(price, sig, algo: str, cost, config, entry: list, backup: 
             history.append((current, None, backup))
             return result, tries, history, backup, tuple(notes)
         except LinkFailure as f:
-            history.append((current, f, backup))
+            # the plan keeps every try's failure (the trace shows each); without its traceback, which
+            # would keep this call's whole stack alive, and with it the op's buffers (its caller's
+            # result segments on Ray) for as long as the plan lives
+            history.append((current, f.with_traceback(None), backup))
             level = level_of(cost, f.src, f.dst)
             where = exception_location(f, sig, algo, level)
             switch, no_backup = backup_nic(f, cost, level, enabled.get(level, False), backup)

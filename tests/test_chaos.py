@@ -311,3 +311,25 @@ def test_cli_bad_arguments_exit_2(argv, message, capsys):
     assert main(["chaos"] + argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_ray_runner_keeps_the_pools_working_set_and_no_more():
+    """Between runs a Ray rank may hold its newest CCL input/output/scratch and up to
+    RESULT_POOL_SPARE + MAX_CALLS result segments: a rank holding fewer keeps them all (a
+    negative slice once dropped all but one of them: a false LEAK), one holding more is reported
+    for its oldest; other sessions' and other kinds' names are not the runner's."""
+    from types import SimpleNamespace
+    from hcomm.shm import PREFIX
+    from hccl_sim.chaos.runners import RayRunner
+    from hccl_sim.chaos.scenarios import MAX_CALLS
+    from hccl_sim.engines.ray.shm_plane import RESULT_POOL_SPARE
+    runner = RayRunner.__new__(RayRunner)
+    runner.cluster = SimpleNamespace(_ray=SimpleNamespace(session="vm-1-ab"))
+    allowed = RESULT_POOL_SPARE + MAX_CALLS
+    few = {f"{PREFIX}vm-1-ab_0_result_77_{k}" for k in range(5, 5 + allowed - 1)}
+    assert runner.kept(few) == few
+    many = [f"{PREFIX}vm-1-ab_3_result_77_{k}" for k in range(1, allowed + 3)]
+    inputs = [f"{PREFIX}vm-1-ab_3_input_77_{k}" for k in (1, 2)]
+    other = f"{PREFIX}vm-2-cd_3_result_77_1"
+    kept = runner.kept(set(many) | set(inputs) | {other})
+    assert kept == set(many[2:]) | {inputs[1]}

@@ -132,6 +132,24 @@ def test_op_retry_closed_form_and_bit_identical_result():
     assert [rec.end - rec.start for _, rec in results] == [round(t * 1e9) for t in est.times]
 
 
+def test_a_retried_ops_plan_does_not_keep_its_buffers_alive():
+    """The plan keeps every try's LinkFailure (for the trace), but not its traceback: the frames
+    of the failed try would keep the op's input and result alive as long as the plan lives (on
+    Ray: result segments held between runs)."""
+    import weakref
+    env = {"HCCL_OP_RETRY_ENABLE": "L0:1", "HCCL_OP_RETRY_PARAMS": "MaxCnt:2,HoldTime:30,IntervalTime:10"}
+    plan = FaultPlan().link_flap(0, 1, at=0, duration=0.05)
+
+    def fn(comm):
+        x = np.arange(50_000, dtype=np.int64)
+        y = comm.all_reduce(x, algo="ring")
+        refs = [weakref.ref(x), weakref.ref(y)]
+        del x, y
+        return comm.last_op.retries, [r() is None for r in refs]
+    for retries, freed in hccl_sim.run(fn, topology=pair(), faults=plan, env={**FAST, **env}):
+        assert retries == 2 and freed == [True, True]
+
+
 def test_op_retry_refusals():
     env = {"HCCL_OP_RETRY_ENABLE": "L0:1,L1:1", "HCCL_OP_RETRY_PARAMS": "MaxCnt:1,HoldTime:1,IntervalTime:0"}
     with pytest.raises(HcclError, match=r"retries exhausted: 1 of MaxCnt=1") as e:

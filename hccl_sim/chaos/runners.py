@@ -99,7 +99,7 @@ class RayRunner:
         kept = set()
         for (rank, kind), found in by_rank.items():
             keep = {"input": 1, "output": 1, "scratch": 1, "result": RESULT_POOL_SPARE + MAX_CALLS}.get(kind, 0)
-            kept |= {name for _, name in sorted(found)[len(found) - keep:]} if keep else set()
+            kept |= {name for _, name in sorted(found)[max(0, len(found) - keep):]} if keep else set()
         return kept
 
     def close(self) -> list:
