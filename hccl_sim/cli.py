@@ -1,4 +1,5 @@
-"""The `hccl-sim` command: `bench` (the main job), `topo` and `chaos` (seeded fault campaigns).
+"""The `hccl-sim` command: `bench` (the main job), `topo`, `chaos` (seeded fault campaigns) and
+`train` (data-parallel training, hccl_sim.training.command).
 
 Bad arguments end in a one-line error and exit status 2, never a traceback.
 """
@@ -121,6 +122,9 @@ def build_parser():
     c.add_argument("--deadline", type=float, default=60.0, metavar="S",
                    help="wall seconds a run may take before it counts as a HANG (at least HCCL_EXEC_TIMEOUT + 15; "
                         "default 60)")
+
+    from .training.command import add_parser as add_train_parser
+    add_train_parser(sub, _add_topology_args)
 
     t = sub.add_parser("topo", help="describe a topology; export an HCCL rank table")
     t.add_argument("topology", nargs="?", default=DEFAULT_TOPOLOGY, help="preset name or rank-table JSON")
@@ -261,6 +265,11 @@ def cmd_topo(args) -> int:
     return 0
 
 
+def cmd_train(args) -> int:
+    from .training.command import run_command
+    return run_command(args, _topology, _env_pairs)
+
+
 def main(argv=None) -> int:
     shown = set()
 
@@ -281,7 +290,7 @@ def _main(argv) -> int:
         if args.command is None:
             parser.print_help()
             return 0
-        return {"bench": cmd_bench, "topo": cmd_topo, "chaos": cmd_chaos}[args.command](args)
+        return {"bench": cmd_bench, "topo": cmd_topo, "chaos": cmd_chaos, "train": cmd_train}[args.command](args)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
     except HcclError as exc:

@@ -372,7 +372,12 @@ class Communicator:
         eager = x if x is not None and x.nbytes <= self._group.eager_bytes else None
         progress = getattr(self._group, "fault_progress", None)
         sent = progress.sent_by(self.rank, self._p2p_sent) if progress is not None and progress.pairs else ()
-        plan = self._group.rendezvous(self.rank, Call(seq, sig, entry, itemsize, eager, sent))
+        try:
+            plan = self._group.rendezvous(self.rank, Call(seq, sig, entry, itemsize, eager, sent))
+        except HcclError as exc:
+            if exc.time_ns is not None:     # a failure the plan priced (an error CQE): this rank's
+                dev.clock = max(dev.clock, entry, exc.time_ns)  # clock moves on to when it was found
+            raise
         buffers = RankBuffers(x, out, None)
         if faults is not None and faults.crashes:
             self._meet_crash(faults, plan, seq, opname, buffers, redop)

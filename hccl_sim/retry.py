@@ -118,17 +118,19 @@ def priced_with_retry(price, sig, algo: str, cost, config, entry: list, backup: 
             why = f"; no backup NIC: {no_backup}" if no_backup else ""
             if not enabled.get(level, False):
                 raise HcclError("E_REMOTE", f"{where}; op retry is off for {level} (HCCL_OP_RETRY_ENABLE){why}",
-                                op=sig.name) from None
+                                op=sig.name, time_ns=f.time_ns) from None
             if sig.inplace:
                 raise HcclError("E_OPRETRY_FAIL", f"{where}; cannot retry an in-place op (out= aliases the input, "
-                                "HCCL's sendBuf == recvBuf): its input is overwritten", op=sig.name) from None
+                                "HCCL's sendBuf == recvBuf): its input is overwritten", op=sig.name,
+                                time_ns=f.time_ns) from None
             if f.finished:
                 left = ", ".join(f"rank {r}" for r in f.finished[:8]) + (", ..." if len(f.finished) > 8 else "")
                 raise HcclError("E_OPRETRY_FAIL", f"{where}; cannot retry: {left} had already left the op (HCCL "
-                                "retries only when every rank is stopped in the same op)", op=sig.name) from None
+                                "retries only when every rank is stopped in the same op)", op=sig.name,
+                                time_ns=f.time_ns) from None
             if tries >= params["MaxCnt"]:
                 raise HcclError("E_OPRETRY_FAIL", f"{where}; retries exhausted: {tries} of MaxCnt={params['MaxCnt']} "
-                                f"tried while the link stayed down{why}", op=sig.name) from None
+                                f"tried while the link stayed down{why}", op=sig.name, time_ns=f.time_ns) from None
             tries += 1
             if cost.topology.device != "910C":
                 log.warning("op retry on %s: real HCCL retries ops only on A3 (910C); hccl-sim retries here too",

@@ -89,6 +89,16 @@ def test_flap_just_under_and_just_over_the_retransmission_budget():
         times(FaultPlan().link_flap(0, 1, at=0, duration=(DELTA + 1) / 1e9))
     assert e.value.code == "E_REMOTE" and "op retry is off for L0" in str(e.value)    # one synthetic "server"
     assert "simulated time 0.000262 s" in str(e.value)            # 2 x 131.072 us
+    assert e.value.time_ns == 2 * DELTA
+
+    def fn(comm):                   # every rank's clock moves on to the error CQE, as the message says
+        try:
+            comm.all_reduce(np.ones(1 << 17, dtype=np.int64), algo="ring")
+        except HcclError as exc:
+            return exc.code, exc.time_ns, comm.clock
+    got = hccl_sim.run(fn, topology=pair(), faults=FaultPlan().link_flap(0, 1, at=0, duration=(DELTA + 1) / 1e9),
+                       env=FAST)
+    assert got == [("E_REMOTE", 2 * DELTA, 2 * DELTA)] * 2
 
 
 def test_a_flap_the_op_never_meets_changes_nothing():

@@ -23,13 +23,15 @@ class HcclError(RuntimeError):
     The message names the rank, the operation and the cause, as HCCL's error logs do.
     """
 
-    def __init__(self, code: str, message: str, rank: int | None = None, op: str | None = None):
+    def __init__(self, code: str, message: str, rank: int | None = None, op: str | None = None,
+                 time_ns: int | None = None):
         if code not in HCCL_RESULT:
             raise ValueError(f"unknown HCCL result code {code!r}")
         self.code = code
         self.value = HCCL_RESULT[code]
         self.rank = rank
         self.op = op
+        self.time_ns = time_ns      # the simulated clock at which the failure was detected, if known
         prefix = []
         if rank is not None:
             prefix.append(f"rank {rank}")
@@ -40,4 +42,4 @@ class HcclError(RuntimeError):
         super().__init__(f"HCCL_{code} ({self.value}): {where}{message}")
 
     def __reduce__(self):
-        return (type(self), (self.code, self.reason, self.rank, self.op))
+        return (type(self), (self.code, self.reason, self.rank, self.op, self.time_ns))

@@ -117,7 +117,8 @@ class LocalGroup:
             if slot.taken == self.size:
                 del self._slots[key]
         if slot.error is not None:
-            raise HcclError(slot.error.code, slot.error.reason, rank=rank, op=rdv.opname(sig))
+            raise HcclError(slot.error.code, slot.error.reason, rank=rank, op=rdv.opname(sig),
+                            time_ns=slot.error.time_ns)
         return slot
 
     def _wait_slot(self, rank, seq, slot, sig, limit, watch):

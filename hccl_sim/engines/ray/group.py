@@ -100,7 +100,7 @@ class RayGroup:
                 plan = self._plans.plan([Call(call.seq, c.signature_object(Signature), c.clock, c.itemsize,
                                               sent=c.sent) for c in payloads])
         except HcclError as exc:
-            raise HcclError(exc.code, exc.reason, rank=rank, op=op) from None
+            raise HcclError(exc.code, exc.reason, rank=rank, op=op, time_ns=exc.time_ns) from None
         self._eager = eagers if eager is not None else None
         return plan
 
