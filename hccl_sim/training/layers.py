@@ -8,7 +8,7 @@ subtracted, so large logits neither overflow nor lose the small ones).
 
 Every layer says what its forward and backward cost as (FLOPs, bytes moved) for a batch of n
 rows; the trainer charges them on the device roofline (hccl_sim.device). float32 throughout, as a
-torch model on an NPU trains.
+torch model on an NPU trains (BatchNorm's statistics accumulate in float64).
 """
 from __future__ import annotations
 
@@ -86,15 +86,19 @@ class BatchNorm(Layer):
 
     def forward(self, x, sync):
         c = self.channels
-        stats = np.empty(2 * c + 1, dtype=DTYPE)
-        stats[:c] = x.sum(axis=0)
-        stats[c:2 * c] = (x * x).sum(axis=0)
+        # statistics accumulate in float64, as torch's CPU kernels accumulate float in double:
+        # the square-sum form loses a float32's digits to cancellation on near-constant channels
+        x64 = x.astype(np.float64)
+        stats = np.empty(2 * c + 1, dtype=np.float64)
+        stats[:c] = x64.sum(axis=0)
+        stats[c:2 * c] = (x64 * x64).sum(axis=0)
         stats[2 * c] = x.shape[0]
         total = sync.all_reduce(stats, f"{self.name}.stats")
         count = float(total[2 * c])
         mean = total[:c] / count
         var = np.maximum(total[c:2 * c] / count - mean * mean, 0)
         invstd = (1.0 / np.sqrt(var + self.EPS)).astype(DTYPE)
+        mean = mean.astype(DTYPE)
         self._xhat = (x - mean) * invstd
         self._invstd, self._count = invstd, count
         m = self.MOMENTUM
@@ -105,13 +109,13 @@ class BatchNorm(Layer):
 
     def backward(self, dy, sync):
         c, xhat = self.channels, self._xhat
-        local = np.empty(2 * c, dtype=DTYPE)
-        local[:c] = dy.sum(axis=0)
-        local[c:] = (dy * xhat).sum(axis=0)
+        local = np.empty(2 * c, dtype=np.float64)
+        local[:c] = dy.sum(axis=0, dtype=np.float64)
+        local[c:] = (dy * xhat).sum(axis=0, dtype=np.float64)
         # the parameters' gradients are this rank's share: DDP's AllReduce sums them (as torch)
-        self.grads["bias"], self.grads["weight"] = local[:c].copy(), local[c:].copy()
+        self.grads["bias"], self.grads["weight"] = local[:c].astype(DTYPE), local[c:].astype(DTYPE)
         total = sync.all_reduce(local, f"{self.name}.grad_stats")
-        sum_dy, sum_dy_xhat = total[:c], total[c:]
+        sum_dy, sum_dy_xhat = total[:c].astype(DTYPE), total[c:].astype(DTYPE)
         scale = self.params["weight"] * self._invstd / self._count
         return scale * (self._count * dy - sum_dy - xhat * sum_dy_xhat)
 

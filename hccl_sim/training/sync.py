@@ -29,6 +29,7 @@ class Sync:
     def new_step(self):
         self.compute_ns = self.comm_ns = self.retries = 0
         self.ops = []                # (name, start, end) of every collective of the step
+        self.algos = set()           # what ran them (last_op.algo)
 
     def rebind(self, comm):
         """After a shrink: the same device and streams, the survivors' communicator."""
@@ -63,6 +64,7 @@ class Sync:
         self.comm_ns += record.end - record.start
         self.retries += record.retries
         self.ops.append((name, record.start, record.end))
+        self.algos.add(record.algo)
 
     def all_reduce(self, x, name: str):
         """The sum over ranks, in order on the compute stream."""

@@ -75,6 +75,7 @@ class StepRecord:
     wall_s: float
     launches: list = field(default_factory=list)   # (bucket, ns its gradients were ready)
     ops: list = field(default_factory=list)        # (collective, start, end)
+    algos: list = field(default_factory=list)      # the algorithms that ran them
 
 
 @dataclass
@@ -202,7 +203,7 @@ def train_rank(comm, cfg: TrainConfig) -> RankResult:
         end = sync.now()
         records.append(StepRecord(step, comm.size, loss_sum / cfg.batch, correct / cfg.batch, start, end,
                                   sync.compute_ns, sync.comm_ns, sync.retries, time.perf_counter() - wall,
-                                  list(reducer.launches), list(sync.ops)))
+                                  list(reducer.launches), list(sync.ops), sorted(sync.algos)))
         if step == cfg.trace_step:
             trace = _stream_tasks(comm, sync, start, end)
         step += 1
