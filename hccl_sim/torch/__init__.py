@@ -1,0 +1,93 @@
+"""torch.distributed over hccl-sim: importing this module registers the backend "hccl_sim".
+
+Inside `hccl_sim.run(fn, engine="ray")` (a process per rank), `hccl_sim.torch.init_process_group(comm)`
+makes that rank's communicator torch's default group; then ordinary torch.distributed code runs
+on it: collectives, `DistributedDataParallel` with its comm hooks, `new_group` (a communicator of
+the members, priced on their places in the topology). Every collective's simulated time is in
+`hccl_sim.torch.records()`.
+"""
+from __future__ import annotations
+
+try:
+    import torch  # noqa: F401
+    import torch.distributed as dist
+except ImportError as exc:                       # pragma: no cover - torch is the [torch] extra
+    from topologies.errors import HcclError
+    raise HcclError("E_NOT_FOUND", "hccl_sim.torch needs torch: pip install 'hccl-sim[torch]' (CPU build: "
+                    "pip install torch --index-url https://download.pytorch.org/whl/cpu)") from exc
+
+from topologies.errors import HcclError
+
+from .process_group import BACKEND, ProcessGroupHcclSim
+
+__all__ = ["init_process_group", "ProcessGroupHcclSim", "BACKEND", "records", "Options"]
+
+
+class Options:
+    """pg_options of the hccl_sim backend: the communicator the group runs on."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+
+class _World:
+    comm = None                      # this process's rank's world communicator
+
+
+def _create(dist_opts, pg_options):
+    """torch's backend creator (extended API): the default group's communicator comes in
+    pg_options; a new_group's is made from it for the members (they alone call this)."""
+    if isinstance(pg_options, Options):
+        return ProcessGroupHcclSim(pg_options.comm)
+    world = _World.comm
+    if world is None:
+        raise HcclError("E_PARA", "the hccl_sim backend needs hccl_sim.torch.init_process_group(comm) first "
+                        "(inside hccl_sim.run(fn, engine=\"ray\"))")
+    members = sorted(int(r) for r in dist_opts.global_ranks_in_group)
+    if members == list(range(world.size)):
+        return ProcessGroupHcclSim(world)
+    others = [r for r in range(world.size) if r not in set(members)]
+    return ProcessGroupHcclSim(world.shrink(exclude=others))
+
+
+dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+
+
+def init_process_group(comm, timeout=None):
+    """Make `comm` (this rank's Communicator) torch's default process group."""
+    from datetime import timedelta
+    if dist.is_initialized():
+        raise HcclError("E_PARA", "torch.distributed is already initialised in this process "
+                        "(dist.destroy_process_group() first)", rank=comm.rank)
+    _World.comm = comm
+    kw = {} if timeout is None else {"timeout": timedelta(seconds=timeout)}
+    dist.init_process_group(BACKEND, store=dist.HashStore(), rank=comm.rank, world_size=comm.size,
+                            pg_options=Options(comm), **kw)
+
+
+def _ours(pg):
+    """The ProcessGroupHcclSim behind a torch group (torch keeps a Python group as it is)."""
+    if isinstance(pg, ProcessGroupHcclSim):
+        return pg
+    try:
+        backend = pg._get_backend(torch.device("cpu"))
+    except RuntimeError:
+        return None
+    return backend if isinstance(backend, ProcessGroupHcclSim) else None
+
+
+def records(group=None) -> list:
+    """comm.last_op of every collective the group (default: the default group) has run."""
+    pg = _ours(dist.distributed_c10d._get_default_group() if group is None else group)
+    if pg is None:
+        raise HcclError("E_PARA", "not an hccl_sim process group")
+    return list(pg.records)
+
+
+def destroy_process_group():
+    """torch's destroy_process_group, and the groups' worker threads."""
+    groups = [pg for pg in (_ours(g) for g in list(dist.distributed_c10d._world.pg_map)) if pg is not None]
+    dist.destroy_process_group()
+    for pg in groups:
+        pg.shutdown()
+    _World.comm = None

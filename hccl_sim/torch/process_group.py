@@ -1,0 +1,205 @@
+"""A torch.distributed ProcessGroup whose collectives run on an hccl_sim Communicator.
+
+Each collective is a closure queued on the group's one FIFO worker thread (so every rank issues
+its ops to hccl-sim in the order torch issued them, asynchronous or not) and returns a Work made
+from a torch Future (`_create_work_from_future`) that the worker completes with the output
+tensors, or fails with the HcclError. CPU tensors are viewed as numpy arrays (no copy) and the
+ops run in place where torch's contract is in place (allreduce, broadcast). Every collective's
+simulated time is kept (`records`, and `last_op`), as `comm.last_op` says it.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+
+from topologies.errors import HcclError
+
+BACKEND = "hccl_sim"
+# compared with ==: an opts.reduceOp is a ReduceOp object, equal to (but not hashed as) these
+_REDOPS = ((dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.PRODUCT, "prod"), (dist.ReduceOp.MIN, "min"),
+           (dist.ReduceOp.MAX, "max"), (dist.ReduceOp.AVG, "avg"))
+
+
+def as_numpy(t: torch.Tensor) -> np.ndarray:
+    """The tensor's storage as a numpy array (bfloat16 through ml_dtypes), no copy."""
+    if t.device.type != "cpu":
+        raise HcclError("E_PARA", f"hccl_sim tensors live on the CPU, got one on {t.device}")
+    if not t.is_contiguous():
+        raise HcclError("E_PARA", "hccl_sim collectives need contiguous tensors")
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+        return t.detach().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.detach().numpy()
+
+
+class _Worker:
+    """One thread running a group's collectives in issue order."""
+
+    def __init__(self, name):
+        self._jobs = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name=f"hccl-torch-{name}", daemon=True)
+        self._thread.start()
+
+    def _loop(self):
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fn, fut = job
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:   # noqa: BLE001 - handed to whoever waits on the Work
+                fut.set_exception(exc)
+
+    def submit(self, fn):
+        fut = torch.futures.Future()
+        self._jobs.put((fn, fut))
+        return _create_work_from_future(fut)
+
+    def stop(self):
+        self._jobs.put(None)
+        self._thread.join(timeout=30)
+
+
+class ProcessGroupHcclSim(dist.ProcessGroup):
+    def __init__(self, comm):
+        super().__init__(comm.rank, comm.size)
+        self.comm = comm
+        self.records = []            # comm.last_op of every collective, in order
+        self._worker = _Worker(f"{comm.rank}")
+
+    def getBackendName(self):
+        return BACKEND
+
+    @property
+    def last_op(self):
+        return self.records[-1] if self.records else None
+
+    # helpers ----------------------------------------------------------------------------------------
+    def _run(self, body, result):
+        def job():
+            body()
+            return result
+        return self._worker.submit(job)
+
+    def _record(self):
+        self.records.append(self.comm.last_op)
+
+    def _redop(self, op):
+        for torch_op, name in _REDOPS:
+            if op == torch_op:
+                return name
+        raise HcclError("E_NOT_SUPPORT", f"reduce op {op} is not one of SUM, PRODUCT, MIN, MAX, AVG")
+
+    def _all_reduce_into(self, t, redop):
+        x = as_numpy(t)
+        if redop == "avg":
+            self.comm.all_reduce(x, op="sum", out=x)
+            self._record()
+            t.div_(self.comm.size)
+        else:
+            self.comm.all_reduce(x, op=redop, out=x)
+            self._record()
+
+    # collectives ------------------------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        redop = self._redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        return self._run(lambda: [self._all_reduce_into(t, redop) for t in tensors], tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+
+        def body():
+            for t in tensors:
+                x = as_numpy(t)
+                self.comm.broadcast(x, root=root, out=x)
+                self._record()
+        return self._run(body, tensors)
+
+    def allgather(self, output_lists, inputs, opts=None):
+        def body():
+            for outs, t in zip(output_lists, inputs):
+                y = self.comm.all_gather(as_numpy(t).reshape(1, -1))
+                self._record()
+                for r, o in enumerate(outs):
+                    as_numpy(o).reshape(-1)[...] = y[r]
+        return self._run(body, output_lists)
+
+    def _allgather_base(self, output, input, opts=None):     # noqa: A002 - torch's name
+        def body():
+            n = input.numel()
+            out = as_numpy(output).reshape(self.comm.size, n)
+            self.comm.all_gather(as_numpy(input).reshape(1, n), out=out)
+            self._record()
+        return self._run(body, [output])
+
+    all_gather_single = _allgather_base
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        def body():
+            for output, input_ in zip(outputs, inputs):
+                n = input_.numel()
+                self.comm.all_gather(as_numpy(input_).reshape(1, n), out=as_numpy(output).reshape(self.comm.size, n))
+                self._record()
+        return self._run(body, outputs)
+
+    def _reduce_scatter_base(self, output, input, opts=None):    # noqa: A002 - torch's name
+        redop = self._redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+
+        def body():
+            n = output.numel()
+            x = as_numpy(input).reshape(self.comm.size * n)
+            out = as_numpy(output).reshape(n)
+            self.comm.reduce_scatter(x, op="sum" if redop == "avg" else redop, out=out)
+            self._record()
+            if redop == "avg":
+                output.div_(self.comm.size)
+        return self._run(body, [output])
+
+    reduce_scatter_single = _reduce_scatter_base
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        works = [self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)]
+        return works[-1] if works else self._run(lambda: None, [])
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        redop = self._redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+
+        def body():
+            for out, ins in zip(outputs, input_lists):
+                x = np.concatenate([as_numpy(t).reshape(-1) for t in ins])
+                y = as_numpy(out).reshape(-1)
+                self.comm.reduce_scatter(x, op="sum" if redop == "avg" else redop, out=y)
+                self._record()
+                if redop == "avg":
+                    out.div_(self.comm.size)
+        return self._run(body, outputs)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):   # noqa: A002
+        if output_split_sizes or input_split_sizes:
+            raise HcclError("E_NOT_SUPPORT", "all_to_all_single with uneven splits (HCCL's AlltoAllV) is not "
+                            "modelled: give equal splits")
+
+        def body():
+            p = self.comm.size
+            x = as_numpy(input).reshape(p, -1)
+            self.comm.all_to_all(x, out=as_numpy(output).reshape(p, -1))
+            self._record()
+        return self._run(body, [output])
+
+    def barrier(self, opts=None):
+        def body():
+            self.comm.barrier()
+            self._record()
+        return self._run(body, [])
+
+    def shutdown(self):
+        self._worker.stop()

@@ -1,0 +1,158 @@
+"""The torch.distributed backend "hccl_sim" (hccl_sim.torch) on Ray ranks: its collectives against
+torch's reference results, sync and async Works, new_group, DistributedDataParallel's parameters
+equal to single-process training on the whole batch (with the allreduce and fp16 comm hooks),
+and every collective's simulated time reported."""
+import numpy as np
+import pytest
+
+import hccl_sim
+
+import topologies
+import torch    # a declared [test] dependency (hccl-sim[torch])
+
+
+def _collectives(comm):
+    import torch
+    import torch.distributed as dist
+    import hccl_sim.torch as ht
+    ht.init_process_group(comm)
+    r, p = comm.rank, comm.size
+    out = {}
+    t = torch.arange(6, dtype=torch.float32) * (r + 1)
+    dist.all_reduce(t)
+    out["allreduce"] = t.tolist()
+    m = torch.tensor([float(r), float(-r)])
+    dist.all_reduce(m, op=dist.ReduceOp.MAX)
+    out["max"] = m.tolist()
+    a = torch.full((3,), float(r + 1))
+    dist.all_reduce(a, op=dist.ReduceOp.AVG)
+    out["avg"] = a.tolist()
+    work = dist.all_reduce(torch.ones(4, dtype=torch.int64), async_op=True)
+    work.wait()
+    out["async"] = work.get_future().value()[0].tolist()
+    g = [torch.zeros(2) for _ in range(p)]
+    dist.all_gather(g, torch.full((2,), float(r)))
+    out["allgather"] = [x.tolist() for x in g]
+    big = torch.zeros(2 * p)
+    dist.all_gather_into_tensor(big, torch.full((2,), float(r)))
+    out["allgather_tensor"] = big.tolist()
+    b = torch.arange(4.0) if r == 1 else torch.zeros(4)
+    dist.broadcast(b, src=1)
+    out["broadcast"] = b.tolist()
+    rs = torch.zeros(2)
+    dist.reduce_scatter_tensor(rs, torch.arange(2.0 * p) + r)
+    out["reduce_scatter"] = rs.tolist()
+    a2a = torch.zeros(p)
+    dist.all_to_all_single(a2a, torch.arange(float(p)) + 10 * r)
+    out["alltoall"] = a2a.tolist()
+    dist.barrier()
+    sub = dist.new_group([0, 2])
+    s = torch.ones(1)
+    if r in (0, 2):
+        dist.all_reduce(s, group=sub)
+        out["sub_time"] = ht.records(sub)[-1].time
+    out["sub"] = s.tolist()
+    recs = ht.records()
+    out["ops"] = [rec.name for rec in recs]
+    out["times"] = [rec.time for rec in recs]
+    ht.destroy_process_group()
+    return out
+
+
+def test_collectives_match_torch_semantics(ray_cluster):
+    p = 3
+    res = hccl_sim.run(_collectives, topology=topologies.hardware("atlas800t-a2", devices_per_server=[p]), engine="ray")
+    for r, out in enumerate(res):
+        assert out["allreduce"] == (np.arange(6) * sum(range(1, p + 1))).tolist()
+        assert out["max"] == [p - 1.0, 0.0] and out["avg"] == [2.0] * 3 and out["async"] == [p] * 4
+        assert out["allgather"] == [[float(q)] * 2 for q in range(p)]
+        assert out["allgather_tensor"] == [float(q) for q in range(p) for _ in range(2)]
+        assert out["broadcast"] == [0.0, 1.0, 2.0, 3.0]
+        assert out["reduce_scatter"] == [sum(2 * r + k + q for q in range(p)) for k in range(2)]
+        assert out["alltoall"] == [r + 10.0 * q for q in range(p)]
+        assert out["sub"] == ([2.0] if r in (0, 2) else [1.0])
+        assert out["ops"][:2] == ["all_reduce", "all_reduce"] and all(t > 0 for t in out["times"])
+    twin = hccl_sim.run(_same_ops, topology=topologies.hardware("atlas800t-a2", devices_per_server=[p]))
+    assert [out["times"] for out in res] == twin      # each collective's simulated time is the Communicator's
+
+
+def _same_ops(comm):
+    """The ops _collectives makes, through the hccl_sim API: their simulated times."""
+    p, f32 = comm.size, np.float32
+    times = []
+    for call in (lambda: comm.all_reduce(np.zeros(6, f32)), lambda: comm.all_reduce(np.zeros(2, f32), op="max"),
+                 lambda: comm.all_reduce(np.zeros(3, f32)), lambda: comm.all_reduce(np.zeros(4, np.int64)),
+                 lambda: comm.all_gather(np.zeros((1, 2), f32)), lambda: comm.all_gather(np.zeros((1, 2), f32)),
+                 lambda: comm.broadcast(np.zeros(4, f32), root=1), lambda: comm.reduce_scatter(np.zeros(2 * p, f32)),
+                 lambda: comm.all_to_all(np.zeros((p, 1), f32)), comm.barrier):
+        call()
+        times.append(comm.last_op.time)
+    return times
+
+
+def _ddp(comm, steps, hook, bucket_cap_mb):
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    import hccl_sim.torch as ht
+    ht.init_process_group(comm)
+    model = _model()
+    ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
+    if hook == "allreduce":
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+    elif hook == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    x, y = _data(steps)
+    n = x.shape[1] // comm.size
+    for s in range(steps):
+        mine = slice(comm.rank * n, (comm.rank + 1) * n)
+        loss = ((ddp(x[s, mine]) - y[s, mine]) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    params = [q.detach().numpy().copy() for q in model.parameters()]
+    recs = ht.records()
+    ht.destroy_process_group()
+    return params, len(recs), sum(rec.time for rec in recs)
+
+
+def _model():
+    import torch
+    import torch.nn as nn
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def _data(steps):
+    import torch
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(steps, 12, 8, generator=g), torch.randn(steps, 12, 4, generator=g)
+
+
+def _reference(steps):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = _data(steps)
+    for s in range(steps):
+        loss = ((model(x[s]) - y[s]) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return [q.detach().numpy() for q in model.parameters()]
+
+
+@pytest.mark.parametrize("hook,atol", [(None, 1e-5), ("allreduce", 1e-5), ("fp16", 2e-3)])
+def test_ddp_parameters_equal_full_batch_training(ray_cluster, hook, atol):
+    steps, p = 4, 4
+    topo = topologies.hardware("atlas800t-a2", devices_per_server=[p])
+    res = hccl_sim.run(_ddp, topology=topo, engine="ray", args=(steps, hook, 0.001))
+    want = _reference(steps)
+    for params, n_ops, sim in res:
+        assert n_ops > steps and sim > 0               # DDP's broadcast + several buckets per step
+        for got, ref in zip(params, want):
+            assert np.allclose(got, ref, atol=atol)
+    for params, _, _ in res[1:]:                       # bit-identical across ranks
+        assert all(np.array_equal(a, b) for a, b in zip(params, res[0][0]))
