@@ -156,3 +156,52 @@ def test_ddp_parameters_equal_full_batch_training(ray_cluster, hook, atol):
             assert np.allclose(got, ref, atol=atol)
     for params, _, _ in res[1:]:                       # bit-identical across ranks
         assert all(np.array_equal(a, b) for a, b in zip(params, res[0][0]))
+
+
+def _bn_model():
+    import torch.nn as nn
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def _ddp_syncbn(comm, steps):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    import hccl_sim.torch as ht
+    ht.init_process_group(comm)
+    model = ht.convert_sync_batchnorm(_bn_model())
+    assert isinstance(model[1], ht.SyncBatchNorm)
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    x, y = _data(steps)
+    n = x.shape[1] // comm.size
+    for s in range(steps):
+        mine = slice(comm.rank * n, (comm.rank + 1) * n)
+        loss = ((ddp(x[s, mine]) - y[s, mine]) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    out = [q.detach().numpy().copy() for q in model.parameters()]
+    out += [model[1].running_mean.numpy().copy(), model[1].running_var.numpy().copy()]
+    ht.destroy_process_group()
+    return out
+
+
+def test_syncbn_under_ddp_equals_full_batch_batchnorm(ray_cluster):
+    """A CPU model's BatchNorm1d converted to hccl_sim.torch.SyncBatchNorm, under DDP on 4 ranks of
+    3 samples each: parameters and running statistics as one process with BatchNorm1d on all 12."""
+    steps = 3
+    model = _bn_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = _data(steps)
+    for s in range(steps):
+        loss = ((model(x[s]) - y[s]) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    want = [q.detach().numpy() for q in model.parameters()] + [model[1].running_mean.numpy(),
+                                                              model[1].running_var.numpy()]
+    res = hccl_sim.run(_ddp_syncbn, topology=topologies.hardware("atlas800t-a2", devices_per_server=[4]),
+                       engine="ray", args=(steps,))
+    for got in res:
+        for a, b in zip(got, want):
+            assert np.allclose(a, b, atol=1e-5)

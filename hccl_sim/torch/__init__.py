@@ -4,7 +4,8 @@ Inside `hccl_sim.run(fn, engine="ray")` (a process per rank), `hccl_sim.torch.in
 makes that rank's communicator torch's default group; then ordinary torch.distributed code runs
 on it: collectives, `DistributedDataParallel` with its comm hooks, `new_group` (a communicator of
 the members, priced on their places in the topology). Every collective's simulated time is in
-`hccl_sim.torch.records()`.
+`hccl_sim.torch.records()`. `SyncBatchNorm` / `convert_sync_batchnorm`: torch's SyncBatchNorm for
+CPU modules (torch's own refuses them).
 """
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ except ImportError as exc:                       # pragma: no cover - torch is t
 from topologies.errors import HcclError
 
 from .process_group import BACKEND, ProcessGroupHcclSim
+from .sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 
-__all__ = ["init_process_group", "ProcessGroupHcclSim", "BACKEND", "records", "Options"]
+__all__ = ["init_process_group", "destroy_process_group", "ProcessGroupHcclSim", "BACKEND", "records", "Options",
+           "SyncBatchNorm", "convert_sync_batchnorm"]
 
 
 class Options:
