@@ -236,3 +236,13 @@ def test_train_command_refuses_bad_arguments(argv, message, capsys):
     assert main(["train"] + argv) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_train_command_under_a_crash_plan(tmp_path, capsys):
+    plan = tmp_path / "crash.yaml"
+    FaultPlan().rank_crash(2, at_op=9).save(str(plan))
+    assert main(["train", "--steps", "3", "--hidden", "32", "--batch", "64", "--checkpoint-every", "1",
+                 "--faults", str(plan)]) == 0
+    out = capsys.readouterr().out
+    assert "# recovered: rank 2 lost in step 1 (E_TIMEOUT" in out and "shrunk to 7 ranks" in out
+    assert "restored the checkpoint of step 1" in out and "bit-identical on every rank" in out
