@@ -35,7 +35,8 @@ import numpy as np
 
 from topologies.errors import HcclError
 
-from .base import POLL_S, PeerEndpoint, connect_timeout, peer_lost
+from .base import POLL_S, connect_timeout, peer_lost
+from .peer import PeerEndpoint
 
 _PREFIX = struct.Struct("!BIQ")          # kind, header bytes, payload bytes
 HELLO, DATA, ACK, BYE = 1, 2, 3, 4
