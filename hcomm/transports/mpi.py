@@ -32,6 +32,7 @@ missing rounds, and receive until every frame sent to them is in, so no request 
 from __future__ import annotations
 
 import json
+import os
 import struct
 import threading
 import time
@@ -47,8 +48,11 @@ DATA, ACK, BYE, ABORT = 1, 2, 3, 4
 _HEAD = struct.Struct("<BiiqQI")    # kind, src rank, dst rank, message id, payload bytes, header bytes
 INLINE_BYTES = 16 << 10             # payloads up to this travel inside their frame (one message, one copy)
 SLOT_BYTES = 1024                   # one process's share of a control allgather round
-_YIELDS = 20                        # idle polls that only yield the CPU before the sleeps start
+_I64 = struct.Struct("<q")
+_BUSY_S = 2e-4                      # a wait polls flat out this long (a peer on another core answers in us),
+_SPIN_S = 5e-3                      # then yields the CPU between polls until this long, then sleeps
 _MAX_SLEEP_S = 1e-3
+_TESTS_PER_PROGRESS = 32            # a control round's Test()s between two looks at the hub's frames
 _POOL_PER_SHAPE = 4
 
 
@@ -66,6 +70,18 @@ def require_thread_level(ranks_per_process: int) -> None:
         raise HcclError("E_NOT_SUPPORT", f"ranks_per_process={ranks_per_process} runs ranks as threads that call MPI, "
                         f"which needs MPI_THREAD_SERIALIZED or more; this MPI was initialised with "
                         f"{names.get(MPI.Query_thread(), MPI.Query_thread())} (mpi4py.rc.thread_level)")
+
+
+def _pause(idle_s: float, most_s: float) -> None:
+    """Between two polls of a wait that has seen nothing for `idle_s`: yield the CPU (MPI moves a
+    collective only while its processes poll: a sleeping process stalls every round it is in, and
+    8 processes on 2 cores need each other's turns), then sleep, longer as the wait goes on."""
+    if idle_s < _BUSY_S:
+        return
+    if idle_s < _SPIN_S:
+        os.sched_yield()
+    else:
+        time.sleep(min(most_s, _MAX_SLEEP_S, idle_s / 10))
 
 
 def _tuples(x):
@@ -101,8 +117,9 @@ class MpiHub:
         self.sent_to = [0] * self.nprocs       # frames sent to each process
         self.received_from = [0] * self.nprocs
         self._ctl_posted, self._ctl_pending = 0, []
+        self._slots = self._new_slots()      # a control round's buffers, reused until a round is abandoned
         self._pool = {}
-        self._idle_polls = 0
+        self._idle_since = time.monotonic()     # when the last poll of a waiting rank moved something
         self.aborted = None
         self.on_abort = []                     # callbacks(code, reason): the control plane's waiters
         self.closed = False
@@ -205,14 +222,11 @@ class MpiHub:
 
     def idle(self, timeout: float) -> None:
         """One poll of a waiting rank: progress, else yield or sleep (longer as nothing moves)."""
+        now = time.monotonic()
         if self.progress():
-            self._idle_polls = 0
+            self._idle_since = now
             return
-        self._idle_polls += 1
-        if self._idle_polls <= _YIELDS:
-            time.sleep(0)
-        else:
-            time.sleep(min(timeout, _MAX_SLEEP_S, 1e-5 * 2 ** min(self._idle_polls - _YIELDS, 7)))
+        _pause(now - self._idle_since, timeout)
 
     # receive buffers, reused: a fresh array for every message costs page faults on every byte ------
     def _buffer(self, shape, dtype):
@@ -231,50 +245,66 @@ class MpiHub:
 
     # the control allgather ------------------------------------------------------------------------
     def _wait(self, request, deadline, what: str):
-        """Poll `request` (driving progress, so aborts are heard) until done, the deadline or an abort."""
-        polls = 0
+        """Poll `request` until done, the deadline or an abort; every few polls (and every poll
+        once the wait is long) drive the hub's progress too, so abort frames are heard."""
+        start = now = time.monotonic()
+        test, lock, polls = request.Test, self.lock, 0
         while True:
-            with self.lock:
-                if request.Test():
+            with lock:
+                if test():
                     return
             if self.aborted is not None:
                 raise HcclError(self.aborted[0], f"aborted: {self.aborted[1]}")
-            if deadline is not None and time.monotonic() >= deadline:
-                raise HcclError("E_TIMEOUT", f"{what} did not complete within {self.timeout_s or 0:g} s "
-                                "(HCCL_EXEC_TIMEOUT)")
-            self.progress()
             polls += 1
-            time.sleep(0 if polls <= _YIELDS else min(_MAX_SLEEP_S, 1e-5 * 2 ** min(polls - _YIELDS, 7)))
+            if polls % _TESTS_PER_PROGRESS == 0 or now - start > _BUSY_S:
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    raise HcclError("E_TIMEOUT", f"{what} did not complete within {self.timeout_s or 0:g} s "
+                                    "(HCCL_EXEC_TIMEOUT)")
+                self.progress()
+                _pause(now - start, _MAX_SLEEP_S)
 
-    def _ctl_round(self, chunk: bytes, deadline, what):
-        send = np.zeros(SLOT_BYTES, dtype=np.uint8)
+    def _ctl_round(self, chunk: bytes, deadline, what) -> bytes:
+        """One Iallgather of SLOT_BYTES per process; every process's slot, concatenated."""
+        send, recv = self._slots
         send[:len(chunk)] = np.frombuffer(chunk, dtype=np.uint8)
-        recv = np.empty(SLOT_BYTES * self.nprocs, dtype=np.uint8)
+        send[len(chunk):] = 0
         with self.lock:
             req = self.ctl.Iallgather([send, self.MPI.BYTE], [recv, self.MPI.BYTE])
             self._ctl_posted += 1
-            self._ctl_pending.append((req, send, recv))
-        self._wait(req, deadline, what)
-        return recv.reshape(self.nprocs, SLOT_BYTES)
+        try:
+            self._wait(req, deadline, what)
+        except HcclError:
+            with self.lock:     # abandoned: close() completes it (its buffers must live until then)
+                self._ctl_pending.append((req, send, recv))
+                self._slots = self._new_slots()
+            raise
+        return recv.tobytes()
+
+    def _new_slots(self):
+        return np.zeros(SLOT_BYTES, dtype=np.uint8), np.empty(SLOT_BYTES * self.nprocs, dtype=np.uint8)
 
     def ctl_allgather(self, blob: bytes, deadline, what: str = "the control allgather") -> list:
         """Every process's `blob`, in process order (fixed-size rounds of MPI_Iallgather). A
         process that posted a `ctl_post` round in the same place (it has no ranks left to call)
         ends the exchange after the first round: its blob is whole, longer ones are cut (None)."""
-        first = SLOT_BYTES - 8
-        rows = self._ctl_round(struct.pack("<q", len(blob)) + blob[:first], deadline, what)
-        sizes = [struct.unpack_from("<q", r)[0] for r in rows]
+        first, S = SLOT_BYTES - 8, SLOT_BYTES
+        raw = self._ctl_round(_I64.pack(len(blob)) + blob[:first], deadline, what)
+        starts = range(0, S * self.nprocs, S)
+        sizes = [_I64.unpack_from(raw, at)[0] for at in starts]
         if min(sizes) < 0:           # a final process: nobody posts more rounds (it will not)
-            return [bytes(r[8:8 + (-n - 1)]) if n < 0 else (bytes(r[8:8 + n]) if n <= first else None)
-                    for r, n in zip(rows, sizes)]
-        parts = [[bytes(r[8:8 + min(n, first)])] for r, n in zip(rows, sizes)]
-        rounds = -(-(max(sizes) - first) // SLOT_BYTES) if max(sizes) > first else 0
-        for i in range(rounds):        # every process computes the same count from the first round
-            at = first + i * SLOT_BYTES
-            rows = self._ctl_round(blob[at:at + SLOT_BYTES], deadline, what)
+            return [raw[at + 8:at + 8 - n - 1] if n < 0 else (raw[at + 8:at + 8 + n] if n <= first else None)
+                    for at, n in zip(starts, sizes)]
+        top = max(sizes)
+        if top <= first:             # the common case: one round
+            return [raw[at + 8:at + 8 + n] for at, n in zip(starts, sizes)]
+        parts = [[raw[at + 8:at + 8 + min(n, first)]] for at, n in zip(starts, sizes)]
+        for i in range(-(-(top - first) // S)):   # every process computes the same count from round one
+            at = first + i * S
+            raw = self._ctl_round(blob[at:at + S], deadline, what)
             for q, n in enumerate(sizes):
                 if n > at:
-                    parts[q].append(bytes(rows[q][:min(SLOT_BYTES, n - at)]))
+                    parts[q].append(raw[q * S:q * S + min(S, n - at)])
         return [b"".join(p) for p in parts]
 
     def ctl_post(self, blob: bytes) -> None:
