@@ -23,10 +23,14 @@ without MPI_Finalize takes the whole job down (MPICH's and Open MPI's default er
 from __future__ import annotations
 
 import atexit
+import math
 import pickle
+import sys
 import threading
 import time
 import traceback
+
+import numpy as np
 
 from hcomm.transports.mpi import MpiHub, MpiTransport, require_thread_level
 from topologies.errors import HcclError
@@ -64,12 +68,32 @@ def default_plane() -> str:
     return "p2p"
 
 
+RESULT_POOL_BYTES = 1 << 20
+"""Results at least this large come from a per-rank pool of arrays, reused once user code has
+dropped them: a fresh 64 MiB array costs 16,384 page faults on its first write, every op."""
+RESULT_POOL_SPARE = 4
+
+
 class MpiGroup(PeerGroup):
     """One rank's world group on the MPI engine (plane "p2p" or "window")."""
 
     def __init__(self, rank, topo, config, control, transport, job):
         super().__init__(rank, topo, config, control, transport)
         self.job, self.plane = job, job.plane
+        self._results = {}             # (shape, dtype) -> arrays handed out before
+
+    def result_array(self, shape, dtype):
+        dtype = np.dtype(dtype)
+        if math.prod(shape) * dtype.itemsize < RESULT_POOL_BYTES:
+            return np.empty(shape, dtype=dtype)
+        pool = self._results.setdefault((tuple(shape), dtype.str), [])
+        for arr in pool:
+            if sys.getrefcount(arr) <= 3:      # the pool's list, the loop variable, getrefcount's argument
+                return arr
+        if len(pool) >= RESULT_POOL_SPARE:     # user code holds them all: forget the oldest
+            pool.pop(0)
+        pool.append(np.empty(shape, dtype=dtype))
+        return pool[-1]
 
     def _execute_data(self, rank, seq, plan, buffers, redop, op):
         if self.plane == "window" and self.job.window is not None:

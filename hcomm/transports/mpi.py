@@ -41,7 +41,7 @@ import numpy as np
 
 from topologies.errors import HcclError
 
-from .peer import PeerEndpoint
+from .peer import PeerEndpoint, json_plain as _plain, json_tuples as _tuples
 
 FRAME, PAYLOAD = 11, 12             # MPI tags on the hub's communicator
 DATA, ACK, BYE, ABORT = 1, 2, 3, 4
@@ -82,17 +82,6 @@ def _pause(idle_s: float, most_s: float) -> None:
         os.sched_yield()
     else:
         time.sleep(min(most_s, _MAX_SLEEP_S, idle_s / 10))
-
-
-def _tuples(x):
-    """JSON turns tuples into lists; a tag is hashable, so every list in one was a tuple."""
-    return tuple(_tuples(v) for v in x) if isinstance(x, list) else x
-
-
-def _plain(o):
-    if isinstance(o, np.generic):
-        return o.item()
-    raise TypeError(f"{type(o).__name__} is not a JSON value")
 
 
 def _bytes_of(arr: np.ndarray) -> np.ndarray:

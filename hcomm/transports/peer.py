@@ -24,6 +24,20 @@ from .base import (ABORT_NOTICE, POLL_S, PROBE_AFTER_S, PROBE_EVERY_S, AbortStat
 _EMPTY_NOTICE = np.zeros(0, dtype=np.uint8)
 
 
+# ---- tags and meta as JSON, for the transports that frame them so (socket, MPI) ----------------------
+
+def json_tuples(x):
+    """JSON turns tuples into lists; a tag is hashable, so every list in one was a tuple."""
+    return tuple(json_tuples(v) for v in x) if isinstance(x, list) else x
+
+
+def json_plain(o):
+    """json.dumps' `default`: numpy scalars as Python ones."""
+    if isinstance(o, np.generic):
+        return o.item()
+    raise TypeError(f"{type(o).__name__} is not a JSON value")
+
+
 class SendHandle:
     """A posted send of a transport between processes: completed by the receiver's acknowledgement."""
     __slots__ = ("src", "dst", "tag", "id", "reply", "done", "keep")

@@ -41,6 +41,16 @@ def fn(comm, n):
     return checks, times
 
 
+def held(comm):
+    """Results come from a pool (engines/mpi.py): one that user code still holds is never reused."""
+    x = np.arange(300_000, dtype=np.int64) + comm.rank
+    a, b = comm.all_reduce(x), comm.all_reduce(x + 1)
+    keep = b.copy()
+    del a
+    c = comm.all_reduce(x + 2)
+    return bool(np.array_equal(b, keep)), int(c.sum())
+
+
 def main():
     from mpi4py import MPI
     p = MPI.COMM_WORLD.Get_size() * K
@@ -53,6 +63,8 @@ def main():
             bad = [(rank, name) for rank, (checks, _) in enumerate(got) for name, ok in checks if not ok]
             assert not bad, f"{plane} n={n}: wrong results {bad}"
             assert [t for _, t in got] == [t for _, t in want], f"{plane} n={n}: simulated times differ from local"
+    got = hccl_sim.run(held, topology=topo, engine="mpi", ranks_per_process=K, data_plane=PLANES[0])
+    assert got == hccl_sim.run(held, topology=topo) and all(ok for ok, _ in got), got
     print(f"OK {MPI.COMM_WORLD.Get_rank()}", flush=True)
 
 
