@@ -75,6 +75,8 @@ class MpiControl:
             self._cond.notify_all()
 
     def allgather(self, local: int, seq: int, payload: bytes, deadline, op) -> list:
+        if self.k == 1:                  # a lone rank: no meeting of threads, one MPI round
+            return self._alone(seq, payload, deadline, op)
         with self._cond:
             rnd = self._rounds.setdefault(seq, _Round(self.k))
             rnd.items[local] = (CALL, payload)
@@ -97,6 +99,26 @@ class MpiControl:
         if rnd.error is not None:
             raise HcclError(rnd.error.code, rnd.error.reason, rank=self.base + local, op=op)
         return self._decide(rnd.result, seq, self.base + local, op)
+
+    def _alone(self, seq, payload, deadline, op) -> list:
+        if seq != self._next:
+            raise HcclError("E_INTERNAL", f"control round {seq} out of order (next {self._next})", rank=self.base, op=op)
+        self._next += 1
+        if self._aborted is not None:
+            raise HcclError(self._aborted[0], f"aborted: {self._aborted[1]}", rank=self.base, op=op)
+        try:
+            blobs = self.hub.ctl_allgather(_LEN.pack(CALL, len(payload)) + payload, deadline,
+                                           f"collective round {seq} ({op})")
+        except HcclError as exc:
+            raise HcclError(exc.code, exc.reason, rank=self.base, op=op) from None
+        items = []
+        for b in blobs:                  # one (kind, length) head and body per process
+            if b is None:
+                items.append((CALL, b""))
+                continue
+            kind, _ = _LEN.unpack_from(b)
+            items.append((kind, b[_LEN.size:]))
+        return self._decide(items, seq, self.base, op)
 
     def _fill(self, seq, rnd) -> bool:
         """Markers for the process's finished ranks; True when this caller completes the round

@@ -17,8 +17,10 @@ were sent (a small message never overtakes a large one still arriving).
 
 Nobody runs a progress thread: a rank that waits (PeerEndpoint's `_idle`) drives the hub, which
 receives what has arrived for any of the process's ranks, completes sends and hands the messages
-to their endpoints; while nothing moves it yields, then sleeps a little longer each time (at most
-1 ms), so 8 processes on 2 cores do not starve each other. Every wait keeps its deadline
+to their endpoints; while nothing moves it polls flat out for 0.2 ms (a peer on another core
+answers within that), then yields the CPU between polls (MPI moves a collective only while its
+processes poll, so 8 processes on 2 cores need each other's turns), and past 5 ms sleeps, at most
+1 ms at a time. Every wait keeps its deadline
 (HCCL_EXEC_TIMEOUT) and ends at once on abort: `hub.abort` fails every local wait and tells every
 other process (an ABORT frame), whose hub fails theirs.
 
