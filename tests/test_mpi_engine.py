@@ -61,14 +61,14 @@ def test_four_processes_point_to_point_plane():
 
 def test_mismatch_raising_rank_and_early_return_fail_every_process_fast():
     lines, _ = mpiexec(3, SCRIPTS / "failures.py", 1)
-    for what in ("mismatched", "raising", "early"):
+    for what in ("mismatched", "raising", "early", "aborting"):   # aborting: comm.abort() releases the others
         assert said(lines, what) == [0, 1, 2], lines
     assert said(lines, "crash") == [0, 1, 2], lines
 
 
 def test_failures_with_two_ranks_per_process():
     lines, _ = mpiexec(2, SCRIPTS / "failures.py", 2)
-    for what in ("mismatched", "raising", "early", "crash"):
+    for what in ("mismatched", "raising", "early", "aborting", "crash"):
         assert said(lines, what) == [0, 1], lines
 
 

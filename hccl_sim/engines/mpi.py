@@ -82,6 +82,12 @@ class MpiGroup(PeerGroup):
         self.job, self.plane = job, job.plane
         self._results = {}             # (shape, dtype) -> arrays handed out before
 
+    def abort(self, rank, reason) -> None:
+        """comm.abort() on the world communicator: its control rounds fail on every process (its
+        data waits by the scoped abort of PeerGroup); sub-communicators go on."""
+        self.job.hub.abort_control("E_REMOTE", reason)
+        super().abort(rank, reason)
+
     def result_array(self, shape, dtype):
         dtype = np.dtype(dtype)
         if math.prod(shape) * dtype.itemsize < RESULT_POOL_BYTES:

@@ -46,7 +46,7 @@ from topologies.errors import HcclError
 from .peer import PeerEndpoint, json_plain as _plain, json_tuples as _tuples
 
 FRAME, PAYLOAD = 11, 12             # MPI tags on the hub's communicator
-DATA, ACK, BYE, ABORT = 1, 2, 3, 4
+DATA, ACK, BYE, ABORT, CTL_ABORT = 1, 2, 3, 4, 5
 _HEAD = struct.Struct("<BiiqQI")    # kind, src rank, dst rank, message id, payload bytes, header bytes
 INLINE_BYTES = 16 << 10             # payloads up to this travel inside their frame (one message, one copy)
 SLOT_BYTES = 1024                   # one process's share of a control allgather round
@@ -111,7 +111,7 @@ class MpiHub:
         self._slots = self._new_slots()      # a control round's buffers, reused until a round is abandoned
         self._pool = {}
         self._idle_since = time.monotonic()     # when the last poll of a waiting rank moved something
-        self.aborted = None
+        self.aborted = self.ctl_aborted = None
         self.on_abort = []                     # callbacks(code, reason): the control plane's waiters
         self.closed = False
 
@@ -139,6 +139,18 @@ class MpiHub:
             if not inline:
                 self._sends.append((self.comm.Isend([_bytes_of(payload), B], proc, PAYLOAD), payload))
             self.sent_to[proc] += 1
+
+    def abort_control(self, code: str, reason: str, tell_peers: bool = True) -> None:
+        """Fail every control round, here and (with `tell_peers`) in every other process: the
+        world communicator's comm.abort(); its data waits are the endpoints' scoped abort."""
+        if self.ctl_aborted is None:
+            self.ctl_aborted = (code, reason)
+        for cb in list(self.on_abort):
+            cb(code, reason)
+        if tell_peers and not self.closed:
+            for q in range(self.nprocs):
+                if q != self.proc:
+                    self.send(CTL_ABORT, -1, -q - 1, -1, {"code": code, "reason": reason})
 
     def abort(self, code: str, reason: str, tell_peers: bool = True) -> None:
         """Fail every wait of this process's ranks; with `tell_peers`, every other process's too."""
@@ -198,8 +210,8 @@ class MpiHub:
             self._incoming[q].append([request, (kind, src, dst, msg_id, header, data)])
 
     def _dispatch(self, kind, src, dst, msg_id, header, data) -> None:
-        if kind == ABORT:
-            self.abort(header["code"], header["reason"], tell_peers=False)
+        if kind in (ABORT, CTL_ABORT):
+            (self.abort if kind == ABORT else self.abort_control)(header["code"], header["reason"], tell_peers=False)
             return
         ep = self.endpoints.get(dst)
         if ep is None:
@@ -244,8 +256,9 @@ class MpiHub:
             with lock:
                 if test():
                     return
-            if self.aborted is not None:
-                raise HcclError(self.aborted[0], f"aborted: {self.aborted[1]}")
+            got = self.aborted or self.ctl_aborted
+            if got is not None:
+                raise HcclError(got[0], f"aborted: {got[1]}")
             polls += 1
             if polls % _TESTS_PER_PROGRESS == 0 or now - start > _BUSY_S:
                 now = time.monotonic()

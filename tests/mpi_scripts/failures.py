@@ -26,6 +26,21 @@ def early(comm):
         comm.all_reduce(np.ones(3))
 
 
+def aborting(comm):
+    """Rank 0 aborts the world communicator and stays busy: the others' next op fails at once."""
+    comm.all_reduce(np.ones(4))
+    if comm.rank == 0:
+        comm.abort()
+        time.sleep(3)
+        return None
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(np.ones(4))
+    except hccl_sim.HcclError as exc:
+        return exc.code, "rank 0 aborted the communicator" in exc.reason, time.monotonic() - t0
+    return "no error"
+
+
 def main():
     from mpi4py import MPI
     me = MPI.COMM_WORLD.Get_rank()
@@ -44,6 +59,9 @@ def main():
         took = time.monotonic() - t0
         assert took < 20, f"{fn.__name__} took {took:.1f} s"
         print(f"{fn.__name__} {me} {code} {took:.2f}", flush=True)
+    got = hccl_sim.run(aborting, topology=topo, engine="mpi", ranks_per_process=K, env=env)
+    assert got[0] is None and all(g[:2] == ("E_REMOTE", True) and g[2] < 2.0 for g in got[1:]), got
+    print(f"aborting {me} released", flush=True)
     crash = hccl_sim.FaultPlan().rank_crash(0, at_op=0)
     try:
         hccl_sim.run(mismatched, topology=topo, engine="mpi", ranks_per_process=K, faults=crash)
