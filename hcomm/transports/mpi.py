@@ -17,7 +17,7 @@ were sent (a small message never overtakes a large one still arriving).
 
 Nobody runs a progress thread: a rank that waits (PeerEndpoint's `_idle`) drives the hub, which
 receives what has arrived for any of the process's ranks, completes sends and hands the messages
-to their endpoints; while nothing moves it polls flat out for 0.2 ms (a peer on another core
+to their endpoints; while nothing moves it polls flat out for 50 us (a peer on another core
 answers within that), then yields the CPU between polls (MPI moves a collective only while its
 processes poll, so 8 processes on 2 cores need each other's turns), and past 5 ms sleeps, at most
 1 ms at a time. Every wait keeps its deadline
@@ -51,7 +51,8 @@ _HEAD = struct.Struct("<BiiqQI")    # kind, src rank, dst rank, message id, payl
 INLINE_BYTES = 16 << 10             # payloads up to this travel inside their frame (one message, one copy)
 SLOT_BYTES = 1024                   # one process's share of a control allgather round
 _I64 = struct.Struct("<q")
-_BUSY_S = 2e-4                      # a wait polls flat out this long (a peer on another core answers in us),
+_BUSY_S = 5e-5                      # a wait polls flat out this long (a peer on another core answers in us;
+                                    # longer spins starve the processes it waits for when cores are few),
 _SPIN_S = 5e-3                      # then yields the CPU between polls until this long, then sleeps
 _MAX_SLEEP_S = 1e-3
 _TESTS_PER_PROGRESS = 32            # a control round's Test()s between two looks at the hub's frames
@@ -260,8 +261,8 @@ class MpiHub:
             if got is not None:
                 raise HcclError(got[0], f"aborted: {got[1]}")
             polls += 1
+            now = time.monotonic()
             if polls % _TESTS_PER_PROGRESS == 0 or now - start > _BUSY_S:
-                now = time.monotonic()
                 if deadline is not None and now >= deadline:
                     raise HcclError("E_TIMEOUT", f"{what} did not complete within {self.timeout_s or 0:g} s "
                                     "(HCCL_EXEC_TIMEOUT)")
