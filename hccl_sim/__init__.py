@@ -30,12 +30,12 @@ from .faults import FaultPlan, with_faults
 from .planner import Signature, make_plan
 from .types import ReduceOp, dtype_name, numpy_dtype, parse_reduce_op
 
-__all__ = ["topology", "run", "simulate", "Cluster", "FaultPlan", "Communicator", "ReduceOp", "HcclError", "HCCL_RESULT",
+__all__ = ["topology", "run", "init", "finalize", "simulate", "Cluster", "FaultPlan", "Communicator", "ReduceOp", "HcclError", "HCCL_RESULT",
            "Topology", "Estimate", "OpRecord", "ENGINES", "busbw_factor", "MAX_LOCAL_RANKS",
            "MAX_ALLTOALL_RANKS"]
 __version__ = "0.1.0"
 
-ENGINES = ("local", "ray", "timing")
+ENGINES = ("local", "ray", "mpi", "timing")
 OPS = collectives.DATA_COLLECTIVES
 
 
@@ -80,29 +80,62 @@ def _check_local_size(topo, engine):
 
 
 def _engine(engine):
-    if engine in ("local", "ray"):
+    if engine in ("local", "ray", "mpi"):
         return engine
-    if engine == "mpi":
-        raise HcclError("E_NOT_SUPPORT", f"engine {engine!r} is not available in this version; "
-                        f"available engines: {', '.join(ENGINES)}")
     raise HcclError("E_PARA", f"unknown engine {engine!r}; expected one of local, ray, mpi (run) or timing (simulate)")
 
 
 def run(fn, topology=None, engine: str = "local", args=(), kwargs=None, env: dict | None = None,
-        policy: str | None = None, address: str | None = None, faults=None):
+        policy: str | None = None, address: str | None = None, faults=None, ranks_per_process: int = 1,
+        data_plane: str | None = None):
     """Run fn(comm, *args, **kwargs) once on every rank; return the results indexed by rank.
 
     An exception on any rank releases the others and reaches the caller as an HcclError naming
     the rank (the original exception is its __cause__). `faults`: a FaultPlan the run meets.
+    engine="mpi": every MPI process calls run (under mpiexec); each hosts `ranks_per_process`
+    ranks (threads) and gets every rank's result; `data_plane` "window" (MPI-3 shared-memory
+    windows, every process on one node; the default there) or "p2p" (Isend/Irecv).
     """
     topo = _topology(topology)
     config = with_faults(topo, Config.from_env(env, policy), faults)
     _check_call(fn, args, kwargs, topo, _engine(engine))
+    if engine != "mpi" and (ranks_per_process != 1 or data_plane is not None):
+        raise HcclError("E_PARA", f"ranks_per_process and data_plane are settings of engine mpi (run), not of "
+                        f"engine {engine!r} (Cluster takes data_plane for ray)")
+    if engine == "mpi":
+        from .engines.mpi import default_plane, run_mpi
+        return run_mpi(fn, topo, config, args=args, kwargs=kwargs, ranks_per_process=ranks_per_process,
+                       plane=default_plane() if data_plane is None else data_plane)
     if _engine(engine) == "ray":
         with Cluster(topo, engine="ray", env=env, policy=policy, address=address, faults=faults) as cluster:
             return cluster.run(fn, args=args, kwargs=kwargs)
     from .engines.local import run_local
     return run_local(fn, topo, config, args=args, kwargs=kwargs)
+
+
+def init(topology=None, ranks_per_process: int = 1, env: dict | None = None, policy: str | None = None,
+         faults=None, data_plane: str | None = None, **params):
+    """Under mpirun/mpiexec, in every process: this process's Communicator on engine mpi (with
+    ranks_per_process=k > 1, a list of its k Communicators, ranks p*k .. p*k+k-1, each to be
+    driven by a thread of its own). `topology` as for run (a Topology, a preset name with its
+    parameters such as servers=2, or a rank-table path whose servers and devices MPI ranks take
+    in order); "fullmesh"/"ring" without ranks= get one rank per emulated slot of the job. The
+    job ends when the program exits (or at hccl_sim.finalize())."""
+    from .engines.mpi import default_plane, init_mpi, world
+    if isinstance(topology, str) and topology in ("fullmesh", "ring") and "ranks" not in params:
+        params["ranks"] = world().Get_size() * ranks_per_process
+    if params and not isinstance(topology, str):
+        raise HcclError("E_PARA", f"init: {', '.join(sorted(params))} are parameters of a preset name, "
+                        "not of a Topology or None")
+    topo = topologies.load(topology, **params) if params else _topology(topology)
+    config = with_faults(topo, Config.from_env(env, policy), faults)
+    return init_mpi(topo, config, ranks_per_process, plane=default_plane() if data_plane is None else data_plane)
+
+
+def finalize() -> None:
+    """End the MPI jobs init() opened in this process (called at exit anyway)."""
+    from .engines.mpi import finalize as _finalize
+    _finalize()
 
 
 class Cluster:
@@ -118,6 +151,9 @@ class Cluster:
                  address: str | None = None, data_plane: str | None = None, faults=None):
         self.topology = _topology(topology)
         self.engine = _engine(engine)
+        if self.engine == "mpi":
+            raise HcclError("E_PARA", "Cluster keeps ranks of engine local or ray across runs; under mpiexec every "
+                            "process calls hccl_sim.run(fn, engine='mpi') or hccl_sim.init()")
         self._env, self._policy, self._faults = env, policy, faults
         self.config = with_faults(self.topology, Config.from_env(env, policy), faults)
         _check_local_size(self.topology, self.engine)

@@ -25,6 +25,7 @@ from .faults import with_faults
 from .types import dtype_name, nccl_name, numpy_dtype
 from .verifiable import expected, rank_input
 
+REAL_ENGINES = ("local", "ray", "mpi")
 ROOTED = tuple(n for n in collectives.DATA_COLLECTIVES if collectives.of(n).rooted)
 REDUCING = tuple(n for n in collectives.DATA_COLLECTIVES if collectives.of(n).reducing)
 
@@ -99,6 +100,8 @@ class BenchSpec:
     trace: str | None = None
     policy: str = "hccl"
     faults: object = None          # a hccl_sim.FaultPlan the sweep runs under
+    ranks_per_process: int = 1     # engine mpi: ranks (threads) per MPI process
+    data_plane: str | None = None  # engine mpi: "window" or "p2p" (None: the engine's default)
 
 
 def run_bench(spec: BenchSpec, topo, progress=None) -> list:
@@ -146,9 +149,9 @@ def run_bench(spec: BenchSpec, topo, progress=None) -> list:
                            redop=spec.redop, root=spec.root, env=spec.env, policy=spec.policy, faults=spec.faults)
             total_ns = sum(round(t * 1e9) for t in est.times)
             emit(size, count, total_ns / p / 1e9, None, time.perf_counter() - t0, est.algo, est.retries)
-        elif spec.engine not in ("local", "ray"):
-            raise HcclError("E_PARA", f"unknown engine {spec.engine!r}; bench supports local, ray and timing")
-    if spec.engine in ("local", "ray"):
+        elif spec.engine not in REAL_ENGINES:
+            raise HcclError("E_PARA", f"unknown engine {spec.engine!r}; bench supports local, ray, mpi and timing")
+    if spec.engine in REAL_ENGINES:
         _run_sweep(spec, topo, config, emit)
     if spec.trace:
         chrome.write(spec.trace, trace_sections)
@@ -168,10 +171,10 @@ def check_spec(spec: BenchSpec, p: int) -> None:
         raise HcclError("E_PARA", f"bench alltoall on engine timing: {p} ranks are over the limit of "
                         f"{MAX_ALLTOALL_RANKS} (hccl_sim.MAX_ALLTOALL_RANKS)")
     limit = collectives.get(spec.op).max_ranks_with_data
-    if spec.engine in ("local", "ray") and limit is not None and p > limit:
+    if spec.engine in REAL_ENGINES and limit is not None and p > limit:
         raise HcclError("E_PARA", f"bench {spec.op} on engine {spec.engine}: {p} ranks are over the limit of "
                         f"{limit} for real data (collectives max_ranks_with_data); use --engine timing")
-    if spec.engine in ("local", "ray"):
+    if spec.engine in REAL_ENGINES:
         need = 3 * p * max(spec.sizes)
         have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         if need > HOST_MEMORY_FRACTION * have:
@@ -240,6 +243,12 @@ def _run_sweep(spec, topo, config, emit):
         from .engines.local import run_local
         run_local(_sweep, topo, config, args=(spec, emit))
         return
+    if spec.engine == "mpi":
+        # every process runs the sweep; rank 0 (thread 0 of process 0) emits each row as it completes
+        from .engines.mpi import default_plane, run_mpi
+        run_mpi(_sweep, topo, config, args=(spec, emit), ranks_per_process=spec.ranks_per_process,
+                plane=spec.data_plane or default_plane())
+        return
     from . import Cluster
     with Cluster(topo, engine="ray", env=spec.env, policy=spec.policy, faults=spec.faults) as cluster:
         for row in cluster.run(_sweep, args=(spec,))[0]:
@@ -254,7 +263,7 @@ def header(spec: BenchSpec, topo) -> str:
     lines = [f"# hccl-sim bench: {spec.op} on {topo.name} ({topo.num_servers} server{'s' if topo.num_servers > 1 else ''}, "
              f"{p} ranks, {topo.device}), engine {spec.engine}",
              f"# minBytes {min(spec.sizes)} maxBytes {max(spec.sizes)} sizes: {len(spec.sizes)} warmup iters: "
-             f"{spec.warmup} iters: {spec.iters} validation: {int(spec.check and spec.engine == 'local')} "
+             f"{spec.warmup} iters: {spec.iters} validation: {int(spec.check and spec.engine in REAL_ENGINES)} "
              f"policy: {spec.policy}",
              "# time is simulated time per op on the modelled cluster (mean over ranks); wall is the real time "
              "one op took to emulate here",
@@ -306,3 +315,31 @@ def to_json(spec: BenchSpec, topo, rows: list) -> dict:
 def write_json(path: str, spec, topo, rows) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(to_json(spec, topo, rows), f, indent=2)
+
+
+# ---- hccl_test's output (--format hccl_test) --------------------------------------------------------
+
+HCCL_TEST_PER_NPU_BLOCKS = ("allgather", "reducescatter")
+"""Ops whose hccl_test data_size is one NPU's block (AllGather's send count, ReduceScatter's
+receive count) while nccl-tests' size is the whole p-block buffer: sizes differ by p. For the
+others both count one NPU's buffer. With that, hccl_test's alg_bandwidth (AllReduce, Broadcast,
+Reduce: size / t; AllGather: whole output / t; ReduceScatter: whole input / t; AlltoAll: whole
+send buffer / t; reference/hccl.md section 6) is nccl-tests' algbw exactly."""
+
+
+def hccl_test_sizes(op: str, data_sizes: list, p: int) -> list:
+    """nccl-tests sizes (what BenchSpec.sizes holds) for hccl_test's per-NPU data sizes."""
+    return [s * p for s in data_sizes] if canonical_op(op) in HCCL_TEST_PER_NPU_BLOCKS else list(data_sizes)
+
+
+def hccl_test_header(spec: BenchSpec, p: int) -> str:
+    div = p if spec.op in HCCL_TEST_PER_NPU_BLOCKS else 1
+    return (f"the minbytes is {min(spec.sizes) // div}, maxbytes is {max(spec.sizes) // div}, iters is {spec.iters}, "
+            f"warmup_iters is {spec.warmup}\n"
+            f"{'data_size(Bytes):':<20s}| {'avg_time(us):':<16s}| {'alg_bandwidth(GB/s):':<22s}| check_result:")
+
+
+def hccl_test_row(spec: BenchSpec, row: Row, p: int) -> str:
+    size = row.size // p if spec.op in HCCL_TEST_PER_NPU_BLOCKS else row.size
+    check = "NULL" if row.wrong is None or not spec.check else ("success" if row.wrong == 0 else "failed")
+    return f"{size:<20d}  {row.time_us:<16.2f}  {row.algbw:<22.5f}  {check}"

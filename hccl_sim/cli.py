@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import warnings
 
@@ -14,7 +15,8 @@ import topologies
 from topologies.errors import HcclError
 
 from . import OPS, __version__
-from .bench import BenchSpec, footer, format_row, header, parse_size, run_bench, sizes, write_json
+from .bench import (BenchSpec, footer, format_row, hccl_test_header, hccl_test_row, hccl_test_sizes, header,
+                    parse_size, run_bench, sizes, write_json)
 from .faults import FaultPlan
 from .types import DTYPES
 
@@ -97,12 +99,26 @@ def build_parser():
     b.add_argument("-o", "--redop", default="sum", help="sum, prod, max or min (default sum)")
     b.add_argument("-r", "--root", type=int, default=0, help="root of broadcast/reduce (default 0)")
     b.add_argument("--algo", default=None, help="HCCL algorithm token (ring, H-D_R, ...) or an HCCL_ALGO string")
-    b.add_argument("--engine", default="local", help="local (threads, real data), ray (one actor per rank, real data) or timing "
+    b.add_argument("--engine", default="local", help="local (threads, real data), ray (one actor per rank, real data), mpi (MPI processes under mpiexec, real data) or timing "
                    "(payload-free) (default local)")
     b.add_argument("--policy", default="hccl", help="algorithm selection when --algo/HCCL_ALGO do not fix it: "
                    "hccl (HCCL's rules) or model (fastest by the timing model) (default hccl)")
-    b.add_argument("-n", "--iters", type=int, default=5, help="timed iterations per size (default 5)")
-    b.add_argument("-w", "--warmup_iters", type=int, default=1, help="untimed iterations per size (default 1)")
+    b.add_argument("-n", "--iters", type=int, default=None,
+                   help="timed iterations per size (default 5; 20 with --format hccl_test)")
+    b.add_argument("-w", "--warmup_iters", type=int, default=None,
+                   help="untimed iterations per size (default 1; 5 with --format hccl_test)")
+    b.add_argument("--format", default="nccl", help="output: nccl (nccl-tests' table, the default) or hccl_test "
+                   "(hccl_test's columns; sizes are bytes per NPU as hccl_test counts them)")
+    b.add_argument("-p", "--npus-per-node", dest="npus_per_node", type=int, default=None,
+                   help="hccl_test's NPUs per node: must be the topology's ranks per server")
+    b.add_argument("-z", "--zero-copy", dest="zero_copy", type=int, default=0,
+                   help="hccl_test's zero-copy switch: 0 (HCCL's staged mode, what is modelled); 1 is refused")
+    b.add_argument("--ranktable", default=None, metavar="FILE",
+                   help="HCCL rank table whose servers and devices the ranks take in order (instead of --topology)")
+    b.add_argument("--ranks-per-process", dest="ranks_per_process", type=int, default=1,
+                   help="engine mpi: emulated ranks (threads) per MPI process (default 1)")
+    b.add_argument("--data-plane", dest="data_plane", default=None,
+                   help="engine mpi: window (MPI-3 shared-memory windows, one node) or p2p (default p2p)")
     b.add_argument("-c", "--check", type=int, default=1, help="1 to verify results, 0 not to (default 1)")
     b.add_argument("--env", action="append", metavar="HCCL_X=VALUE", help="set an HCCL environment variable")
     b.add_argument("--json", default=None, help="also write the results as JSON to this file")
@@ -140,7 +156,18 @@ def build_parser():
 
 
 def cmd_bench(args) -> int:
-    topo = _topology(args)
+    hccl_test = _bench_format(args)
+    if args.engine != "mpi" and (args.ranks_per_process != 1 or args.data_plane is not None):
+        raise HcclError("E_PARA", "--ranks-per-process and --data-plane are settings of --engine mpi")
+    if args.engine == "mpi":
+        from .engines.mpi import world
+        if world().Get_rank() != 0:       # under mpiexec every process runs the sweep; rank 0 prints it
+            sys.stdout = open(os.devnull, "w")
+    topo = _bench_topology(args)
+    if args.npus_per_node is not None:
+        per = {len(topo.ranks_of_server(s)) for s in set(topo.server_of)}
+        if per != {args.npus_per_node}:
+            raise HcclError("E_PARA", f"-p {args.npus_per_node}: the topology has {sorted(per)} NPUs per server")
     if args.iters < 1 or args.warmup_iters < 0:
         raise HcclError("E_PARA", "-n must be >= 1 and -w >= 0")
     if args.stepbytes is not None and args.stepfactor is not None:
@@ -168,8 +195,9 @@ def cmd_bench(args) -> int:
         raise HcclError("E_PARA", f"-r {spec.root}: root must be a rank in [0, {topo.num_ranks})")
     if spec.policy not in ("hccl", "model"):
         raise HcclError("E_PARA", f"--policy {spec.policy!r}: expected hccl or model")
-    if spec.engine not in ("local", "ray", "timing"):
-        raise HcclError("E_PARA", f"--engine {spec.engine!r}: bench runs on local, ray or timing")
+    if spec.engine not in ("local", "ray", "mpi", "timing"):
+        raise HcclError("E_PARA", f"--engine {spec.engine!r}: bench runs on local, ray, mpi or timing")
+    spec.ranks_per_process, spec.data_plane = args.ranks_per_process, args.data_plane
     started = []
 
     def progress(row):
@@ -177,13 +205,59 @@ def cmd_bench(args) -> int:
             started.append(True)
             print(header(spec, topo), flush=True)
         print(format_row(row), flush=True)
+    if hccl_test:
+        spec.sizes = hccl_test_sizes(spec.op, spec.sizes, topo.num_ranks)
+
+        def progress(row):       # noqa: F811 - hccl_test's lines instead of nccl-tests' table
+            if not started:
+                started.append(True)
+                print(hccl_test_header(spec, topo.num_ranks), flush=True)
+            print(hccl_test_row(spec, row, topo.num_ranks), flush=True)
     rows = run_bench(spec, topo, progress=progress)
-    print(footer(rows))
+    if not hccl_test:
+        print(footer(rows))
     if args.json:
         write_json(args.json, spec, topo, rows)
     if args.trace:
         print(f"# trace written to {args.trace}")
     return 0 if all(not r.wrong for r in rows) else 1
+
+
+def _bench_format(args) -> bool:
+    """True for --format hccl_test (hccl_test's defaults filled in), False for nccl."""
+    if args.format not in ("nccl", "hccl_test"):
+        raise HcclError("E_PARA", f"--format {args.format!r}: expected nccl or hccl_test")
+    hccl_test = args.format == "hccl_test"
+    if args.zero_copy not in (0, 1):
+        raise HcclError("E_PARA", f"-z {args.zero_copy}: expected 0 or 1")
+    if args.zero_copy == 1:
+        raise HcclError("E_NOT_SUPPORT", "-z 1: HCCL's zero-copy mode is not modelled (ops are priced with their "
+                        "staging through the CCL buffer, -z 0)")
+    if args.iters is None:
+        args.iters = 20 if hccl_test else 5
+    if args.warmup_iters is None:
+        args.warmup_iters = 5 if hccl_test else 1
+    return hccl_test
+
+
+def _bench_topology(args):
+    """--ranktable FILE, or --topology with its parameters; under --engine mpi a hardware preset
+    without --servers gets as many servers as the job's ranks fill."""
+    if args.ranktable is not None:
+        if args.topology != DEFAULT_TOPOLOGY or args.servers is not None or args.ranks is not None:
+            raise HcclError("E_PARA", "--ranktable names the cluster: drop --topology/--servers/--ranks")
+        return topologies.load(args.ranktable)
+    if args.engine == "mpi" and args.servers is None and args.ranks is None:
+        from .engines.mpi import world
+        slots = world().Get_size() * args.ranks_per_process
+        lname = topologies.ALIASES.get(args.topology.lower(), args.topology.lower())
+        if lname in topologies.SYNTHETIC_PRESETS:
+            args.ranks = slots
+        elif lname in topologies.HARDWARE_PRESETS:
+            per = topologies.load(args.topology, servers=1).num_ranks
+            if slots % per == 0 and args.superpods is None:
+                args.servers = slots // per
+    return _topology(args)
 
 
 MAX_SCENARIOS = 1_000_000

@@ -3,6 +3,7 @@
 - `inprocess`: ranks are threads of one process; the receiver reads the sender's memory in place.
 - `socket`: ranks are processes anywhere; direct TCP connections between every pair that talks.
 - `ray_object`: ranks are Ray actors; payloads travel through Ray's object store between nodes.
+- `peer`: the half every transport between processes shares (PeerEndpoint).
 
 The default plane between ranks that share no memory (across Ray nodes, MPI-less processes) is
 `socket`: on this machine, for an 8-rank 64 MiB fp32 ring AllReduce run by the per-rank executor,

@@ -26,7 +26,8 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
 from topologies.errors import HcclError
 
-from .base import PeerEndpoint, RemoteMessage, peer_lost, remaining, take_timeout
+from .base import peer_lost, remaining, take_timeout
+from .peer import PeerEndpoint, RemoteMessage
 from ..executor import execute
 
 _FETCH_SLICE_S = 0.2     # a fetch re-checks abort and the deadline this often

@@ -35,7 +35,8 @@ import numpy as np
 
 from topologies.errors import HcclError
 
-from .base import POLL_S, PeerEndpoint, connect_timeout, peer_lost
+from .base import POLL_S, connect_timeout, peer_lost
+from .peer import PeerEndpoint, json_plain as _plain, json_tuples as _tuples
 
 _PREFIX = struct.Struct("!BIQ")          # kind, header bytes, payload bytes
 HELLO, DATA, ACK, BYE = 1, 2, 3, 4
@@ -45,17 +46,6 @@ _POOL_PER_SHAPE = 4      # consumed receive buffers kept per (shape, dtype) for 
 _SOCK_BUF = 4 << 20      # kernel socket buffers: fewer wake-ups per large payload
 INLINE_SEND_BYTES = 64 << 10   # payloads up to this leave from the posting thread (they fit the socket buffer)
 _REFUSED = "it refuses connections (its process is gone)"
-
-
-def _tuples(x):
-    """JSON turns tuples into lists; a tag is hashable, so every list in one was a tuple."""
-    return tuple(_tuples(v) for v in x) if isinstance(x, list) else x
-
-
-def _plain(o):
-    if isinstance(o, np.generic):
-        return o.item()
-    raise TypeError(f"{type(o).__name__} is not a JSON value")
 
 
 def _encode(kind, header, payload=None) -> list:

@@ -1,135 +1,50 @@
 """One rank's Group (the engine contract, engines/base.py) inside its Ray actor.
 
-Rendezvous: the rank's call (signature, entry clock, item size) goes through the control plane's
-allgather (shared memory on one host, the peer transport across hosts); every rank then plans
-the op itself, identically (planner + PlanCache), so there is no hub and no planning round trip.
-
-Execution, by the data plane the cluster chose:
-- on every plane, an op whose input is at most INLINE_BYTES is eager (MPI's eager protocol): the
-  input travelled with the call, and every rank computes its own result from all inputs by the
-  moves of the op's data program that decide it (programs.program_moves_for), so a small op costs
-  one allgather;
-- "shm" (every rank on one host), larger ops: ranks name their shared segments in an allgather,
-  every rank runs its 1/p share of the op's data program on all ranks' buffers in place (the
-  central data program), and a barrier closes the op;
-- "socket" / "object" (ranks that share no memory), larger ops: the per-rank executor runs this
-  rank's own schedule over the peer-to-peer transport (direct TCP, or Ray's object store); no rank
-  touches another's data or computes another's result.
+The engine-neutral part (rendezvous over the control plane's allgather, planning on every rank,
+eager small ops, the per-rank executor over the peer transport, sub-communicators) is
+engines/peer_group.py's PeerGroup. What is Ray's own:
+- the control plane: shared memory on one host (ShmControl), the peer transport across hosts;
+- the data plane "shm" (every rank on one host), larger ops: ranks name their shared segments in
+  an allgather, every rank runs its 1/p share of the op's data program on all ranks' buffers in
+  place (the central data program), and a barrier closes the op; "socket" / "object" (ranks
+  that share no memory) run the per-rank executor over direct TCP or Ray's object store;
+- the stall watch (every wait recorded for the driver's deadlock verdict) and a fault plan's
+  rank_crash (the dead rank's process exits; its peers find it gone).
 Point-to-point send/recv use the peer transport on every plane.
-
-A sub-communicator's group (split, shrink: `subgroup`) runs on plane "peer": its members' scoped
-view of the job's peer transport carries its control allgather and its data (per-rank executor).
 """
 from __future__ import annotations
 
 import math
 import os
-import re
 
 import numpy as np
 from hcomm.transports.scoped import ScopedTransport
-from topologies.errors import HcclError
 
 from .. import executors
-from .. import rendezvous as rdv
-from ..base import Call, RankBuffers
-from ...planner import Signature, op_loops
-from .control import ShmControl, TransportControl
-from .protocol import CallPayload
+from ..peer_group import PeerGroup
+from ...planner import op_loops
+from .control import ShmControl
 from .watch import WatchedTransport
 
-INLINE_BYTES = 64 << 10            # inputs up to this size travel in the control plane (eager ops)
 CRASH_EXIT_STATUS = 70             # the exit status of a rank process the fault plan kills (EX_SOFTWARE)
-_RETURNED = re.compile(r"rank (\d+) returned without calling it")   # hcomm.shm_control's wording
 
 
-class RayGroup:
+class RayGroup(PeerGroup):
     def __init__(self, rank, topo, config, plane, control, transport, watch, shared=None, lost_world=None):
-        self.rank, self.topo, self.config, self.size = rank, topo, config, topo.num_ranks
-        self.plane, self.control, self.watch, self.shared = plane, control, watch, shared
-        self._raw_transport = transport
-        self.transport = WatchedTransport(transport, watch)
-        self.scope = ""                    # this communicator's scope of the job's transport
+        super().__init__(rank, topo, config, control, WatchedTransport(transport, watch), raw_transport=transport)
+        self.plane, self.watch, self.shared = plane, watch, shared
         # the job's ranks a fault plan crashed in an op of this rank's communicators (shared with
         # its sub-communicators' groups): the driver takes those deaths for the plan's
         self.lost_world = set() if lost_world is None else lost_world
-        self._plans = rdv.PlanCache(topo, config)
-        self.fault_progress = self._plans.progress     # this rank's copy, advanced by its own plans
-        self._seq = 0                      # the control plane's own sequence (several per collective)
-        self.inline_bytes = min(INLINE_BYTES, control.max_payload)
-        self.eager_bytes = self.inline_bytes       # MPI's eager protocol on every plane
-        self._eager = None                 # every rank's eager input of the op being executed
-        self._sig_bytes = {}               # signature -> its encoding (a loop calls the same op again)
-        self._own = {}                     # (plan, shape, dtype, redop) -> (plan, its compiled OwnResult)
 
-    # ---- the control plane -----------------------------------------------------------------------
-    def _allgather(self, payload: bytes, what: str, op: str) -> list:
-        seq = self._seq
-        self._seq += 1
-        with self.watch.waiting(what):
-            return self.control.allgather(seq, payload, rdv.deadline(self.config), op)
+    def _waiting(self, what):
+        return self.watch.waiting(what)
 
-    # ---- the contract ------------------------------------------------------------------------------
-    def rendezvous(self, rank, call: Call):
-        sig = call.signature
-        op = rdv.opname(sig)
-        eager = None if call.eager is None else np.ascontiguousarray(call.eager).tobytes()
-        mine = self._sig_bytes.get(sig)
-        if mine is None:
-            if len(self._sig_bytes) > 256:
-                self._sig_bytes.clear()
-            mine = self._sig_bytes[sig] = CallPayload.signature_bytes(sig)
-        try:
-            raws = self._allgather(CallPayload(mine, call.clock, call.itemsize, eager, call.sent).encode(),
-                                   f"{op} (collective #{call.seq})", op)
-        except HcclError as exc:
-            gone = _RETURNED.search(exc.reason)
-            if gone is None:
-                raise
-            raise HcclError("E_PARA", rdv.returned_early_reason(sig, call.seq, int(gone.group(1))), rank=rank,
-                            op=op) from None
-        try:
-            agreed = CallPayload.agreed(raws, rank, len(mine))
-            if agreed is not None:
-                # the same call everywhere (the common case) is the same bytes: only clocks differ
-                clocks, sent, eagers = agreed
-                plan = self._plans.agreed(sig, call.itemsize, clocks, sent)
-            else:
-                payloads = [CallPayload.decode(r) for r in raws]
-                eagers = [c.eager for c in payloads]
-                plan = self._plans.plan([Call(call.seq, c.signature_object(Signature), c.clock, c.itemsize,
-                                              sent=c.sent) for c in payloads])
-        except HcclError as exc:
-            raise HcclError(exc.code, exc.reason, rank=rank, op=op, time_ns=exc.time_ns) from None
-        self._eager = eagers if eager is not None else None
-        return plan
-
-    def execute(self, rank, seq, plan, buffers: RankBuffers, redop) -> None:
-        coll = plan.collective
-        if not coll.carries_data:
-            return                          # a barrier: the rendezvous was it
-        op = coll.method
-        if self._eager is not None:          # every input came with the calls: only our own result
-            raws, self._eager = self._eager, None
-            self._own_result(rank, plan, buffers, raws, redop)
-        elif self.plane != "shm":
-            with self.watch.waiting(f"{op} (collective #{seq}) data"):
-                executors.per_rank(rank, plan, buffers, redop, self.transport, self.size)
+    def _execute_data(self, rank, seq, plan, buffers, redop, op):
+        if self.plane != "shm":
+            super()._execute_data(rank, seq, plan, buffers, redop, op)
         else:
             self._shared_shares(rank, seq, plan, buffers, redop, op)
-
-    def _own_result(self, rank, plan, buffers, raws, redop):
-        """This rank's output from every rank's (eager) input: the moves that decide it, compiled
-        once per plan (a loop of small ops repeats the same few)."""
-        x = buffers.input
-        base = getattr(plan, "plan", plan)          # a ShiftedPlan moves clocks, not data
-        key = (id(base), x.shape, x.dtype.str, redop)
-        got = self._own.get(key)
-        if got is None or got[0] is not base:
-            if len(self._own) >= 64:
-                self._own.clear()
-            got = self._own[key] = (base, executors.OwnResult(base, rank, self.size, x.shape, x.dtype, redop))
-        got[1].run(b"".join(raws), buffers.output)
 
     def _shared_shares(self, rank, seq, plan, buffers, redop, op):
         bufs, descs, copy_back = self._shared_buffers(rank, seq, plan, buffers, op)
@@ -191,26 +106,12 @@ class RayGroup:
             return np.empty(shape, dtype=dtype)
         return self.shared.result_array(shape, dtype)
 
-    def fail(self, rank, exc) -> None:
-        self.control.abort("E_REMOTE", f"rank {rank} failed: {rdv.describe_failure(exc)}")
-
     def abort(self, rank, reason) -> None:
         """comm.abort(): this communicator's waits fail here and at every peer (its scope of the
         job's transport; the shared control block is the world communicator's alone)."""
         if isinstance(self.control, ShmControl):
             self.control.abort("E_REMOTE", reason)
-        self.transport.abort_scope(self.scope, "E_REMOTE", reason)
+        super().abort(rank, reason)
 
-    def subgroup(self, rank, members, scope, topo, config):
-        """This rank's group of a sub-communicator: its members' view of the job's peer transport
-        (hcomm.transports.scoped), the control plane an allgather over it, data by the per-rank
-        executor (eager ops as here)."""
-        transport = ScopedTransport(self._raw_transport, members, scope)
-        sub_rank = tuple(members).index(rank)
-        group = RayGroup(sub_rank, topo, config, "peer", TransportControl(transport, sub_rank, len(members)),
-                         transport, self.watch, lost_world=self.lost_world)
-        group.scope = scope
-        return group
-
-    def exit(self, rank) -> None:
-        self.transport.mark_exited(rank)
+    def _subgroup(self, sub_rank, topo, config, control, transport):
+        return RayGroup(sub_rank, topo, config, "peer", control, transport, self.watch, lost_world=self.lost_world)

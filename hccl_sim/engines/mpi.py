@@ -1,0 +1,257 @@
+"""The MPI engine: ranks are MPI processes under mpirun/mpiexec (or `ranks_per_process` threads of
+each), every process running the same program (SPMD).
+
+Placement: emulated rank r lives on MPI process r // k, as thread r % k (k = ranks_per_process),
+so ranks of one server share a process or neighbouring ones; the topology (a preset, or a rank
+table whose servers and devices are taken in order) must have exactly (MPI world size) x k ranks,
+else an HcclError names both numbers.
+
+Each rank's Group is a PeerGroup (engines/peer_group.py): the world communicator's rendezvous is
+one MPI allgather per op (engines/mpi_control.py), every rank plans the op itself, small ops are
+eager (their inputs travel in that allgather), larger ones run the per-rank executor over the
+MPI transport (hcomm.transports.mpi: Isend/Irecv on numpy buffers) or, with `plane="window"`,
+the central data program on MPI-3 shared-memory windows among the ranks of one node
+(engines/mpi_window.py); split/shrink sub-communicators run over scoped views of the transport.
+
+`run_mpi` (hccl_sim.run(..., engine="mpi"), called by every process) returns every rank's result
+on every process; a rank that raises makes every rank fail with the same HcclError (the root
+cause: the earliest error that is not a consequence of another's), never a hang.
+`init` (hccl_sim.init) gives the process its Communicator(s) for a plain MPI program; the job
+closes when the program exits. A fault plan's rank_crash is refused: an MPI process that ends
+without MPI_Finalize takes the whole job down (MPICH's and Open MPI's default error handling).
+"""
+from __future__ import annotations
+
+import atexit
+import math
+import pickle
+import sys
+import threading
+import time
+import traceback
+
+import numpy as np
+
+from hcomm.transports.mpi import MpiHub, MpiTransport, require_thread_level
+from topologies.errors import HcclError
+
+from ..communicator import Communicator
+from ..device import Runtime
+from . import rendezvous as rdv
+from .mpi_control import MpiControl
+from .peer_group import PeerGroup
+
+PLANES = ("p2p", "window")
+
+
+def world():
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise HcclError("E_NOT_SUPPORT", f"engine mpi needs mpi4py (pip install mpich mpi4py): {exc}") from None
+    return MPI.COMM_WORLD
+
+
+def check_placement(topo, nprocs: int, k) -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise HcclError("E_PARA", f"ranks_per_process must be a positive int, got {k!r}")
+    if topo.num_ranks != nprocs * k:
+        raise HcclError("E_PARA", f"the topology has {topo.num_ranks} ranks but the MPI job has {nprocs} processes "
+                        f"x {k} ranks per process = {nprocs * k} (mpiexec -n {topo.num_ranks // k if topo.num_ranks % k == 0 else '?'}"
+                        f" for this topology)")
+    return k
+
+
+def default_plane() -> str:
+    """The MPI engine's data plane when none is named: point to point (the shared-window plane
+    is asked for by name)."""
+    return "p2p"
+
+
+RESULT_POOL_BYTES = 1 << 20
+"""Results at least this large come from a per-rank pool of arrays, reused once user code has
+dropped them: a fresh 64 MiB array costs 16,384 page faults on its first write, every op."""
+RESULT_POOL_SPARE = 4
+
+
+class MpiGroup(PeerGroup):
+    """One rank's world group on the MPI engine (plane "p2p" or "window")."""
+
+    def __init__(self, rank, topo, config, control, transport, job):
+        super().__init__(rank, topo, config, control, transport)
+        self.job, self.plane = job, job.plane
+        self._results = {}             # (shape, dtype) -> arrays handed out before
+
+    def abort(self, rank, reason) -> None:
+        """comm.abort() on the world communicator: its control rounds fail on every process (its
+        data waits by the scoped abort of PeerGroup); sub-communicators go on."""
+        self.job.hub.abort_control("E_REMOTE", reason)
+        super().abort(rank, reason)
+
+    def result_array(self, shape, dtype):
+        dtype = np.dtype(dtype)
+        if math.prod(shape) * dtype.itemsize < RESULT_POOL_BYTES:
+            return np.empty(shape, dtype=dtype)
+        pool = self._results.setdefault((tuple(shape), dtype.str), [])
+        for arr in pool:
+            if sys.getrefcount(arr) <= 3:      # the pool's list, the loop variable, getrefcount's argument
+                return arr
+        if len(pool) >= RESULT_POOL_SPARE:     # user code holds them all: forget the oldest
+            pool.pop(0)
+        pool.append(np.empty(shape, dtype=dtype))
+        return pool[-1]
+
+    def _execute_data(self, rank, seq, plan, buffers, redop, op):
+        if self.plane == "window" and self.job.window is not None:
+            self.job.window.execute(self, rank, seq, plan, buffers, redop, op)
+        else:
+            super()._execute_data(rank, seq, plan, buffers, redop, op)
+
+
+class MpiJob:
+    """One process's part of an MPI job: the hub, the control plane, its ranks' groups."""
+
+    def __init__(self, topo, config, ranks_per_process: int = 1, comm=None, plane: str = "p2p"):
+        comm = world() if comm is None else comm
+        if plane not in PLANES:
+            raise HcclError("E_PARA", f"plane {plane!r}: expected one of {', '.join(PLANES)} (engine mpi)")
+        faults = config.faults
+        if faults is not None and faults.crashes:
+            raise HcclError("E_NOT_SUPPORT", "engine mpi cannot emulate a fault plan's rank_crash: an MPI process "
+                            "that ends without MPI_Finalize takes the whole job down; use engine local or ray")
+        self.k = check_placement(topo, comm.Get_size(), ranks_per_process)
+        require_thread_level(self.k)
+        self.topo, self.config, self.plane = topo, config, plane
+        self.hub = MpiHub(comm, topo.num_ranks, self.k, config.wait_timeout_s)
+        self.control = MpiControl(self.hub, config)
+        self.window = None
+        if plane == "window":
+            from .mpi_window import WindowPlane
+            self.window = WindowPlane(self.hub, topo, config)
+        self.groups = {r: MpiGroup(r, topo, config, self.control.view(r), MpiTransport(self.hub, r), self)
+                       for r in self.hub.local_ranks()}
+        self.runtimes = {}
+        self._finished = set()
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def communicator(self, rank: int) -> Communicator:
+        runtime = self.runtimes[rank] = Runtime(rank, self.topo).init()
+        comm = Communicator(rank, self.groups[rank], runtime.set_device(self.topo.device_of[rank]))
+        comm.runtime = runtime
+        return comm
+
+    def finish(self, rank: int, exc: BaseException | None = None) -> None:
+        """Rank `rank` is done: returned (exc None) or raised `exc`; its peers are told."""
+        with self._lock:
+            if rank in self._finished:
+                return
+            self._finished.add(rank)
+        group = self.groups[rank]
+        if exc is None:
+            group.exit(rank)
+            self.control.finish(rank - self.control.base, None)
+        else:
+            try:
+                group.fail(rank, exc)
+            except HcclError:
+                pass            # the job is closing or already aborted: peers know
+            self.control.finish(rank - self.control.base, rdv.describe_failure(exc))
+
+    def close(self, blob: bytes = b"") -> list:
+        """Finish every rank still open, even out and end the job's MPI traffic; every
+        process's `blob`, in process order."""
+        for r in self.groups:
+            self.finish(r)
+        if self.window is not None:
+            self.window.close()
+        self.closed = True
+        return self.hub.close(rdv.deadline(self.config), blob)
+
+
+# ---- hccl_sim.run(engine="mpi") --------------------------------------------------------------------
+
+def _outcome(rank, exc) -> dict:
+    if isinstance(exc, HcclError):
+        return {"rank": rank, "ok": False, "code": exc.code, "reason": exc.reason, "op": exc.op, "at": time.time()}
+    return {"rank": rank, "ok": False, "code": "E_INTERNAL", "reason": f"{type(exc).__name__}: {exc}", "op": None,
+            "at": time.time(), "traceback": traceback.format_exc(limit=8)}
+
+
+def _secondary(o) -> bool:
+    """An error caused by another rank's failure (an abort, a peer that returned or failed)."""
+    r = o["reason"]
+    return o["code"] == "E_REMOTE" or r.startswith("aborted") or "returned without" in r
+
+
+def run_mpi(fn, topo, config, args=(), kwargs=None, ranks_per_process: int = 1, plane: str = "p2p"):
+    """Every process calls it: fn(comm, *args, **kwargs) on each of its ranks; every rank's result,
+    by rank, on every process (results are gathered as pickles: they are Python objects)."""
+    kwargs = kwargs or {}
+    job = MpiJob(topo, config, ranks_per_process, plane=plane)
+    local = list(job.groups)
+    outcomes = {}
+
+    def body(rank):
+        try:
+            comm = job.communicator(rank)
+            value = fn(comm, *args, **kwargs)
+            outcomes[rank] = {"rank": rank, "ok": True, "value": value}
+            job.finish(rank)
+        except BaseException as exc:   # noqa: BLE001 - reported to every process below
+            outcomes[rank] = _outcome(rank, exc)
+            outcomes[rank]["exc"] = exc
+            job.finish(rank, exc)
+
+    if len(local) == 1:
+        body(local[0])
+    else:
+        threads = [threading.Thread(target=body, args=(r,), name=f"hccl-rank-{r}", daemon=True) for r in local]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    mine = []
+    for r in local:
+        o = {k: v for k, v in outcomes[r].items() if k != "exc"}
+        try:
+            pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:   # noqa: BLE001 - an unpicklable result is that rank's error
+            o = _outcome(r, HcclError("E_PARA", f"fn's result cannot be sent to the other processes "
+                                      f"(pickle: {type(exc).__name__}: {exc})", rank=r))
+        mine.append(o)
+    blobs = job.close(pickle.dumps(mine, protocol=pickle.HIGHEST_PROTOCOL))
+    every = [o for b in blobs for o in pickle.loads(b)]
+    failed = [o for o in every if not o["ok"]]
+    if failed:
+        root = min(failed, key=lambda o: (_secondary(o), o["at"], o["rank"]))
+        err = HcclError(root["code"], root["reason"], rank=root["rank"], op=root["op"])
+        if root.get("traceback"):
+            err.remote_traceback = root["traceback"]
+        cause = outcomes.get(root["rank"], {}).get("exc")
+        raise err from cause
+    return [o["value"] for o in every]
+
+
+# ---- hccl_sim.init -----------------------------------------------------------------------------------
+
+_JOBS = []
+
+
+def init_mpi(topo, config, ranks_per_process: int = 1, plane: str = "p2p"):
+    """This process's Communicator (a list of its k Communicators with ranks_per_process=k, each to
+    be driven by a thread of its own); the job closes at interpreter exit (or finalize())."""
+    job = MpiJob(topo, config, ranks_per_process, plane=plane)
+    if not _JOBS:
+        atexit.register(finalize)
+    _JOBS.append(job)
+    comms = [job.communicator(r) for r in job.groups]
+    return comms[0] if len(comms) == 1 else comms
+
+
+def finalize() -> None:
+    """Close every job init() opened in this process (every process calls it, or exits)."""
+    while _JOBS:
+        job = _JOBS.pop(0)
+        if not job.closed:
+            job.close()

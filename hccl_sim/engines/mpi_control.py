@@ -1,0 +1,198 @@
+"""The MPI engine's control plane: the allgather of small payloads that every rendezvous of the
+world communicator is.
+
+The ranks of one process (ranks_per_process threads) first meet among themselves; the last to
+arrive runs one MPI allgather for the process (hcomm.transports.mpi's `ctl_allgather`: MPI's
+Iallgather of fixed-size slots, polled against the deadline) and hands every rank its share. So
+an eager small op costs one MPI_Iallgather whatever the number of ranks per process.
+
+A rank that returned or failed takes no more calls, but its process still has to answer its
+peers: from then on the process contributes a marker in its place to every allgather (and, once
+all its ranks are done, posts one such round unasked, which `MpiHub.close` evens out if nobody
+needed it). A peer meeting a marker fails at once with the wording every engine uses ("rank N
+returned without calling it", "rank N failed: ..."), instead of waiting for its deadline.
+"""
+from __future__ import annotations
+
+import struct
+import threading
+import time
+
+from topologies.errors import HcclError
+
+from hcomm.transports.mpi import SLOT_BYTES
+
+from .rendezvous import deadline as op_deadline
+
+CALL, LEFT, FAILED = 0, 1, 2
+_LEN = struct.Struct("<BI")
+
+
+def _pack(items) -> bytes:
+    return b"".join(_LEN.pack(kind, len(b)) + b for kind, b in items)
+
+
+def _unpack(blob: bytes, k: int) -> list:
+    out, at = [], 0
+    for _ in range(k):
+        kind, n = _LEN.unpack_from(blob, at)
+        at += _LEN.size
+        out.append((kind, blob[at:at + n]))
+        at += n
+    return out
+
+
+class _Round:
+    __slots__ = ("items", "result", "error", "readers")
+
+    def __init__(self, k):
+        self.items = [None] * k
+        self.result = self.error = None
+        self.readers = 0
+
+
+class MpiControl:
+    """One process's side of the world communicator's control plane (`view(rank)` per rank)."""
+
+    max_payload = 1 << 30
+
+    def __init__(self, hub, config):
+        self.hub, self.config, self.k = hub, config, hub.k
+        self.base = hub.proc * hub.k
+        self._cond = threading.Condition()
+        self._rounds = {}
+        self._done = {}                    # local index -> (LEFT | FAILED, marker bytes)
+        self._next = 0                     # the next round this process will run
+        self._aborted = None
+        hub.on_abort.append(self._on_abort)
+
+    def view(self, rank: int) -> "_RankControl":
+        return _RankControl(self, rank)
+
+    def _on_abort(self, code, reason):
+        with self._cond:
+            self._aborted = (code, reason)
+            self._cond.notify_all()
+
+    def allgather(self, local: int, seq: int, payload: bytes, deadline, op) -> list:
+        if self.k == 1:                  # a lone rank: no meeting of threads, one MPI round
+            return self._alone(seq, payload, deadline, op)
+        with self._cond:
+            rnd = self._rounds.setdefault(seq, _Round(self.k))
+            rnd.items[local] = (CALL, payload)
+            lead = self._fill(seq, rnd)
+            while not lead and rnd.result is None and rnd.error is None:
+                if self._aborted is not None:
+                    raise HcclError(self._aborted[0], f"aborted: {self._aborted[1]}", rank=self.base + local, op=op)
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise HcclError("E_TIMEOUT", f"ranks of this MPI process did not call collective round {seq} "
+                                    f"within {self.config.wait_timeout_s} s (HCCL_EXEC_TIMEOUT)",
+                                    rank=self.base + local, op=op)
+                self._cond.wait(0.05 if left is None else min(0.05, left))
+        if lead:
+            self._run(seq, rnd, deadline, op)
+        with self._cond:
+            rnd.readers += 1
+            if rnd.readers == sum(1 for kind, _ in rnd.items if kind == CALL):
+                self._rounds.pop(seq, None)
+        if rnd.error is not None:
+            raise HcclError(rnd.error.code, rnd.error.reason, rank=self.base + local, op=op)
+        return self._decide(rnd.result, seq, self.base + local, op)
+
+    def _alone(self, seq, payload, deadline, op) -> list:
+        if seq != self._next:
+            raise HcclError("E_INTERNAL", f"control round {seq} out of order (next {self._next})", rank=self.base, op=op)
+        self._next += 1
+        if self._aborted is not None:
+            raise HcclError(self._aborted[0], f"aborted: {self._aborted[1]}", rank=self.base, op=op)
+        try:
+            blobs = self.hub.ctl_allgather(_LEN.pack(CALL, len(payload)) + payload, deadline,
+                                           f"collective round {seq} ({op})")
+        except HcclError as exc:
+            raise HcclError(exc.code, exc.reason, rank=self.base, op=op) from None
+        items = []
+        for b in blobs:                  # one (kind, length) head and body per process
+            if b is None:
+                items.append((CALL, b""))
+                continue
+            kind, _ = _LEN.unpack_from(b)
+            items.append((kind, b[_LEN.size:]))
+        return self._decide(items, seq, self.base, op)
+
+    def _fill(self, seq, rnd) -> bool:
+        """Markers for the process's finished ranks; True when this caller completes the round
+        (the lock held), which it then runs for the process."""
+        for j, marker in self._done.items():
+            if rnd.items[j] is None:
+                rnd.items[j] = marker
+        if any(item is None for item in rnd.items) or seq != self._next:
+            return False
+        self._next += 1
+        return True
+
+    def _run(self, seq, rnd, deadline, op) -> None:
+        try:
+            blobs = self.hub.ctl_allgather(_pack(rnd.items), deadline, f"collective round {seq} ({op})")
+            # a cut blob (None): a process whose ranks are all done ended the round early; its
+            # markers decide the round, the cut calls are never read
+            result = [item for b in blobs for item in (_unpack(b, self.k) if b is not None
+                                                       else [(CALL, b"")] * self.k)]
+        except HcclError as exc:
+            result, rnd.error = None, exc
+        with self._cond:
+            rnd.result = result
+            self._cond.notify_all()
+
+    @staticmethod
+    def _decide(items, seq, rank, op) -> list:
+        for r, (kind, body) in enumerate(items):
+            if kind == LEFT:
+                raise HcclError("E_PARA", f"collective round {seq}: rank {r} returned without calling it",
+                                rank=rank, op=op)
+            if kind == FAILED:
+                raise HcclError("E_REMOTE", f"aborted: rank {r} failed: {body.decode(errors='replace')}",
+                                rank=rank, op=op)
+        return [body for _, body in items]
+
+    def finish(self, local: int, failure: str | None) -> None:
+        """Rank `local` of this process takes no more calls (it returned, or failed with `failure`).
+        Its pending peers' rounds complete with its marker; once every rank of the process is done
+        the process posts one marker round unasked (a peer may be waiting in it)."""
+        with self._cond:
+            marker = (LEFT, b"") if failure is None else (FAILED, failure.encode())
+            self._done[local] = marker
+            for seq, rnd in self._rounds.items():
+                if rnd.items[local] is None:
+                    rnd.items[local] = marker
+            ready = [(s, r) for s, r in self._rounds.items() if s == self._next and all(i is not None for i in r.items)]
+            last = len(self._done) == self.k and not self._rounds
+            if ready:
+                self._next += 1
+            elif last:
+                self._next += 1
+        for seq, rnd in ready:      # the round the other ranks of the process were waiting in
+            self._run(seq, rnd, op_deadline(self.config), "finish")
+        if last and not ready:
+            room = max(0, (SLOT_BYTES - 8) // self.k - _LEN.size)
+            self.hub.ctl_post(_pack([(kind, body[:room]) for kind, body in
+                                     (self._done[j] for j in range(self.k))]))
+
+
+class _RankControl:
+    """MpiControl as one rank's control plane (the interface PeerGroup calls)."""
+
+    def __init__(self, control: MpiControl, rank: int):
+        self._c, self.rank, self.local = control, rank, rank - control.base
+        self.max_payload = control.max_payload
+
+    def allgather(self, seq: int, payload: bytes, deadline, op=None) -> list:
+        return self._c.allgather(self.local, seq, payload, deadline, op)
+
+    def abort(self, code: str, reason: str) -> None:
+        """A rank failed: every wait of the job fails (this process's now, the others' on the
+        hub's ABORT frame)."""
+        self._c.hub.abort(code, reason)
+
+    def leave(self) -> None:
+        pass                        # MpiGroup.exit / fail call MpiControl.finish with the reason

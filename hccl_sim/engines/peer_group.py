@@ -1,0 +1,269 @@
+"""The engine-neutral half of a group whose ranks share no memory (engines/base.py): Ray actors
+and MPI processes both build their groups on it.
+
+Rendezvous: the rank's call (signature, entry clock, item size) goes through the engine's
+control plane, an allgather of small payloads (`control.allgather(seq, payload, deadline, op)`);
+every rank then plans the op itself, identically (planner + PlanCache), so there is no hub and no
+planning round trip.
+
+Execution: an op whose input is at most `eager_bytes` is eager (MPI's eager protocol): the input
+travelled with the call, and every rank computes its own result from all inputs by the moves of
+the op's data program that decide it (programs.program_moves_for), so a small op costs one
+allgather. Larger ops run on the engine's data plane: by default the per-rank executor over the
+peer transport (each rank runs its own schedule; no rank touches another's data); an engine with
+a shared-memory plane overrides `_execute_data`.
+
+A sub-communicator's group (split, shrink: `subgroup`) is its members' scoped view of the job's
+peer transport (hcomm.transports.scoped): its control plane a dissemination allgather over that
+view (TransportControl), its data the per-rank executor.
+"""
+from __future__ import annotations
+
+import contextlib
+import pickle
+import re
+import struct
+
+import numpy as np
+
+from hcomm.transports.scoped import ScopedTransport
+from topologies.errors import HcclError
+
+from . import executors
+from . import rendezvous as rdv
+from .base import Call, RankBuffers
+from ..planner import Signature
+
+INLINE_BYTES = 64 << 10            # inputs up to this size travel in the control plane (eager ops)
+RETURNED = re.compile(r"rank (\d+) returned without calling it")   # every control plane's wording
+
+
+class CallPayload:
+    """A rank's call in the control plane's fixed binary layout: item size, the pickled signature,
+    the entry clock, the rank's sends on the pairs its fault plan counts (Call.sent, int64s: none
+    without a corrupt entry) and, for an eager op, its input's raw bytes (MPI's eager protocol).
+    Everything before the clock is the same bytes on every rank that made the same call, so the
+    common case is one prefix compare per rank and nothing to decode."""
+    _HEAD = struct.Struct("<qIII")          # itemsize, signature bytes, eager bytes (or 2^32-1: none), sent counts
+    _CLOCK = struct.Struct("<q")
+    _NONE = 0xFFFFFFFF
+    __slots__ = ("signature", "clock", "itemsize", "eager", "sent")
+
+    def __init__(self, signature: bytes, clock: int, itemsize: int, eager, sent: tuple = ()):
+        self.signature, self.clock, self.itemsize, self.eager, self.sent = signature, clock, itemsize, eager, sent
+
+    @staticmethod
+    def signature_bytes(signature) -> bytes:
+        return pickle.dumps(tuple(signature), protocol=pickle.HIGHEST_PROTOCOL)
+
+    def encode(self) -> bytes:
+        eager = self.eager
+        head = self._HEAD.pack(self.itemsize, len(self.signature), self._NONE if eager is None else len(eager),
+                               len(self.sent))
+        sent = struct.pack(f"<{len(self.sent)}q", *self.sent)
+        return head + self.signature + self._CLOCK.pack(self.clock) + sent + (eager or b"")
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "CallPayload":
+        itemsize, ns, ne, nsent = cls._HEAD.unpack_from(raw)
+        at = cls._HEAD.size + ns
+        clock, = cls._CLOCK.unpack_from(raw, at)
+        sent = struct.unpack_from(f"<{nsent}q", raw, at + 8)
+        at += 8 + 8 * nsent
+        return cls(raw[cls._HEAD.size:cls._HEAD.size + ns], clock, itemsize,
+                   None if ne == cls._NONE else raw[at:at + ne], sent)
+
+    @classmethod
+    def agreed(cls, raws: list, rank: int, signature_len: int):
+        """(every rank's clock, every rank's sent counts, every rank's eager bytes) when every
+        payload in `raws` carries the same call as raws[rank] (item size, signature, eager size and
+        the number of sent counts equal as bytes), else None."""
+        at = cls._HEAD.size + signature_len
+        same = raws[rank][:at]
+        for r in raws:
+            if not r.startswith(same):
+                return None
+        nsent = cls._HEAD.unpack_from(same)[3]
+        unpack = cls._CLOCK.unpack_from
+        clocks = [unpack(r, at)[0] for r in raws]
+        at += 8
+        sent = [struct.unpack_from(f"<{nsent}q", r, at) for r in raws] if nsent else None
+        at += 8 * nsent
+        return clocks, sent, [r[at:] for r in raws]
+
+    def signature_object(self, signature_type):
+        return signature_type(*pickle.loads(self.signature))
+
+
+
+
+class TransportControl:
+    """A dissemination allgather (Bruck's) over a peer transport: in round k every rank sends
+    what it knows to rank r + 2^k and hears from r - 2^k, so after ceil(log2 p) rounds every rank
+    knows every payload. ceil(log2 p) frames on the critical path instead of a gather at rank 0
+    and a broadcast back (2(p-1) frames through one rank); tags of their own per round."""
+    max_payload = 1 << 30
+
+    def __init__(self, transport, rank: int, size: int):
+        self.transport, self.rank, self.size = transport, rank, size
+
+    def allgather(self, seq: int, payload: bytes, deadline, op=None) -> list:
+        tr, rank, p = self.transport, self.rank, self.size
+        if p == 1:
+            return [payload]
+        known = {rank: payload}
+        handles, blobs = [], []          # a posted view must outlive its delivery
+        step, round_ = 1, 0
+        while step < p:
+            tag = ("ctl", seq, round_)
+            blob = np.frombuffer(pickle.dumps(known, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+            blobs.append(blob)
+            handles.append(((rank + step) % p, tr.post_view(rank, (rank + step) % p, tag, blob)))
+            msg = tr.take((rank - step) % p, rank, tag, deadline, op)
+            known.update(pickle.loads(bytes(np.asarray(msg.data, dtype=np.uint8))))
+            msg.consumed()
+            step, round_ = step * 2, round_ + 1
+        for dst, h in handles:
+            try:
+                tr.wait_consumed(h, deadline, op)
+            except HcclError:
+                # every payload is here: a receiver lost since (a rank the fault plan crashes right
+                # after this rendezvous, its last acknowledgements unsent) changes nothing we know;
+                # `dst` in this control plane's numbering (a handle names the job transport's rank)
+                if tr.lost(dst) is None:
+                    raise
+        return [known[j] for j in range(p)]
+
+    def abort(self, code: str, reason: str) -> None:
+        self.transport.abort(code, reason)
+
+    def leave(self) -> None:
+        pass                    # closing the transport tells the peers (its goodbye)
+
+    def close(self) -> None:
+        pass                    # the transport is closed by its owner
+
+
+class PeerGroup:
+    """One rank's group: rendezvous over `control`, data over `transport` (see the module
+    docstring). `raw_transport` is the job's transport under any wrapper (a sub-communicator
+    scopes that one); subclasses add their data planes and fault hooks."""
+
+    plane = "peer"
+
+    def __init__(self, rank, topo, config, control, transport, raw_transport=None):
+        self.rank, self.topo, self.config, self.size = rank, topo, config, topo.num_ranks
+        self.control = control
+        self.transport = transport
+        self._raw_transport = transport if raw_transport is None else raw_transport
+        self.scope = ""                    # this communicator's scope of the job's transport
+        self._plans = rdv.PlanCache(topo, config)
+        self.fault_progress = self._plans.progress     # this rank's copy, advanced by its own plans
+        self._seq = 0                      # the control plane's own sequence (several per collective)
+        self.inline_bytes = min(INLINE_BYTES, control.max_payload)
+        self.eager_bytes = self.inline_bytes       # MPI's eager protocol on every plane
+        self._eager = None                 # every rank's eager input of the op being executed
+        self._sig_bytes = {}               # signature -> its encoding (a loop calls the same op again)
+        self._own = {}                     # (plan, shape, dtype, redop) -> (plan, its compiled OwnResult)
+
+    # ---- the control plane -----------------------------------------------------------------------
+    def _waiting(self, what: str):
+        """A context around every blocking wait (the Ray engine records it for its stall watch)."""
+        return contextlib.nullcontext()
+
+    def _allgather(self, payload: bytes, what: str, op: str) -> list:
+        seq = self._seq
+        self._seq += 1
+        with self._waiting(what):
+            return self.control.allgather(seq, payload, rdv.deadline(self.config), op)
+
+    # ---- the contract ------------------------------------------------------------------------------
+    def rendezvous(self, rank, call: Call):
+        sig = call.signature
+        op = rdv.opname(sig)
+        eager = None if call.eager is None else np.ascontiguousarray(call.eager).tobytes()
+        mine = self._sig_bytes.get(sig)
+        if mine is None:
+            if len(self._sig_bytes) > 256:
+                self._sig_bytes.clear()
+            mine = self._sig_bytes[sig] = CallPayload.signature_bytes(sig)
+        try:
+            raws = self._allgather(CallPayload(mine, call.clock, call.itemsize, eager, call.sent).encode(),
+                                   f"{op} (collective #{call.seq})", op)
+        except HcclError as exc:
+            gone = RETURNED.search(exc.reason)
+            if gone is None:
+                raise
+            raise HcclError("E_PARA", rdv.returned_early_reason(sig, call.seq, int(gone.group(1))), rank=rank,
+                            op=op) from None
+        try:
+            agreed = CallPayload.agreed(raws, rank, len(mine))
+            if agreed is not None:
+                # the same call everywhere (the common case) is the same bytes: only clocks differ
+                clocks, sent, eagers = agreed
+                plan = self._plans.agreed(sig, call.itemsize, clocks, sent)
+            else:
+                payloads = [CallPayload.decode(r) for r in raws]
+                eagers = [c.eager for c in payloads]
+                plan = self._plans.plan([Call(call.seq, c.signature_object(Signature), c.clock, c.itemsize,
+                                              sent=c.sent) for c in payloads])
+        except HcclError as exc:
+            raise HcclError(exc.code, exc.reason, rank=rank, op=op, time_ns=exc.time_ns) from None
+        self._eager = eagers if eager is not None else None
+        return plan
+
+    def execute(self, rank, seq, plan, buffers: RankBuffers, redop) -> None:
+        coll = plan.collective
+        if not coll.carries_data:
+            return                          # a barrier: the rendezvous was it
+        if self._eager is not None:          # every input came with the calls: only our own result
+            raws, self._eager = self._eager, None
+            self._own_result(rank, plan, buffers, raws, redop)
+        else:
+            self._execute_data(rank, seq, plan, buffers, redop, coll.method)
+
+    def _execute_data(self, rank, seq, plan, buffers, redop, op) -> None:
+        """A larger op's data: this rank's own schedule over the peer transport."""
+        with self._waiting(f"{op} (collective #{seq}) data"):
+            executors.per_rank(rank, plan, buffers, redop, self.transport, self.size)
+
+    def _own_result(self, rank, plan, buffers, raws, redop):
+        """This rank's output from every rank's (eager) input: the moves that decide it, compiled
+        once per plan (a loop of small ops repeats the same few)."""
+        x = buffers.input
+        base = getattr(plan, "plan", plan)          # a ShiftedPlan moves clocks, not data
+        key = (id(base), x.shape, x.dtype.str, redop)
+        got = self._own.get(key)
+        if got is None or got[0] is not base:
+            if len(self._own) >= 64:
+                self._own.clear()
+            got = self._own[key] = (base, executors.OwnResult(base, rank, self.size, x.shape, x.dtype, redop))
+        got[1].run(b"".join(raws), buffers.output)
+
+    def result_array(self, shape, dtype):
+        return np.empty(shape, dtype=np.dtype(dtype))
+
+    def fail(self, rank, exc) -> None:
+        self.control.abort("E_REMOTE", f"rank {rank} failed: {rdv.describe_failure(exc)}")
+
+    def abort(self, rank, reason) -> None:
+        """comm.abort(): this communicator's waits fail here and at every peer (its scope of the
+        job's transport)."""
+        self.transport.abort_scope(self.scope, "E_REMOTE", reason)
+
+    def subgroup(self, rank, members, scope, topo, config):
+        """This rank's group of a sub-communicator: its members' view of the job's peer transport
+        (hcomm.transports.scoped), the control plane an allgather over it, data by the per-rank
+        executor (eager ops as here)."""
+        transport = ScopedTransport(self._raw_transport, members, scope)
+        sub_rank = tuple(members).index(rank)
+        group = self._subgroup(sub_rank, topo, config, TransportControl(transport, sub_rank, len(members)),
+                               transport)
+        group.scope = scope
+        return group
+
+    def _subgroup(self, sub_rank, topo, config, control, transport) -> "PeerGroup":
+        return PeerGroup(sub_rank, topo, config, control, transport)
+
+    def exit(self, rank) -> None:
+        self.transport.mark_exited(rank)

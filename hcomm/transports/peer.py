@@ -1,0 +1,324 @@
+"""The half of a transport that ranks sharing no memory all need: `PeerEndpoint`.
+
+An inbox demultiplexed by (src, tag), send handles completed by the receiver's acknowledgement,
+peers lost or returned, abort notices per communicator scope: the socket, Ray object-store and
+MPI transports only say how a frame reaches a peer (and, for MPI, who drives progress while a
+rank waits: `_idle`).
+"""
+from __future__ import annotations
+
+import abc
+import itertools
+import threading
+import time
+from collections import deque
+from typing import Optional
+
+import numpy as np
+
+from topologies.errors import HcclError
+
+from .base import (ABORT_NOTICE, POLL_S, PROBE_AFTER_S, PROBE_EVERY_S, AbortState, Message, Registry, check_rank,
+                   consume_exited, consume_timeout, peer_lost, remaining, take_exited, take_timeout)
+
+_EMPTY_NOTICE = np.zeros(0, dtype=np.uint8)
+
+
+# ---- tags and meta as JSON, for the transports that frame them so (socket, MPI) ----------------------
+
+def json_tuples(x):
+    """JSON turns tuples into lists; a tag is hashable, so every list in one was a tuple."""
+    return tuple(json_tuples(v) for v in x) if isinstance(x, list) else x
+
+
+def json_plain(o):
+    """json.dumps' `default`: numpy scalars as Python ones."""
+    if isinstance(o, np.generic):
+        return o.item()
+    raise TypeError(f"{type(o).__name__} is not a JSON value")
+
+
+class SendHandle:
+    """A posted send of a transport between processes: completed by the receiver's acknowledgement."""
+    __slots__ = ("src", "dst", "tag", "id", "reply", "done", "keep")
+
+    def __init__(self, src, dst, tag, msg_id, keep=None):
+        self.src, self.dst, self.tag, self.id = src, dst, tag, msg_id
+        self.reply = None
+        self.done = False
+        self.keep = keep        # what must live until the ack (the slice, an object ref)
+
+
+class RemoteMessage(Message):
+    """A message that crossed a process boundary; `consumed` acknowledges it to the sender."""
+    __slots__ = ("_endpoint", "_id", "_acked")
+
+    def __init__(self, endpoint, src, tag, data, meta, msg_id):
+        super().__init__(src, endpoint.rank, tag, data, meta)
+        self._endpoint, self._id, self._acked = endpoint, msg_id, False
+
+    def consumed(self, reply=None) -> None:
+        if self._acked:
+            return
+        self._acked = True
+        data, self.data = self.data, None   # the receiver's copy (or object-store view) is free now
+        self._endpoint._send_ack(self.src, self._id, reply)
+        self._endpoint._release(data)
+
+
+class PeerEndpoint(abc.ABC):
+    """One rank's endpoint of a transport whose ranks share no memory.
+
+    Subclasses deliver frames: `_send_data(handle, view, meta)` gets the slice to `handle.dst`,
+    which calls `_deliver(src, tag, data, meta, msg_id)`; `_send_ack(src, msg_id, reply)` gets
+    the reply back, where `_acknowledged(msg_id, reply)` completes the handle. `_peer_down(peer,
+    reason)` records a peer that is lost (every wait on it fails), `_peer_returned(peer, data,
+    acks)` one that returned, once every message (`data`) or acknowledgement (`acks`) it sent has
+    arrived: a rank's goodbye may overtake its last acks on another connection or call; `_probe(peer)` (optional) is called while
+    a wait on `peer` lasts, to find out whether it still lives (for transports that learn of a
+    dead peer only by asking).
+
+    `watch_peer(peer)` makes every wait fail once `peer` is lost, not only waits on it: a rank
+    that knows its op cannot complete without `peer` (the fault plan crashes it) is told as soon
+    as it is gone, as HCCL's heartbeat tells every rank of a LOST one (reference/hccl.md §8.2),
+    whichever peer it happens to wait for; watched peers are probed during every long wait, and
+    `_watch(peer)` (optional) makes sure a death will be seen."""
+
+    def __init__(self, rank: int, size: int, timeout_s: float | None = None):
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+            raise HcclError("E_PARA", f"size must be a positive int, got {size!r}")
+        self.rank = check_rank(rank, size, "rank")
+        self.size = int(size)
+        self.timeout_s = timeout_s
+        self._abort = AbortState()
+        self._registry = Registry()
+        self._cond = threading.Condition(threading.Lock())   # guards everything below; notified on any change
+        self._inbox = {}             # (src, tag) -> deque of RemoteMessage
+        self._pending = {}           # msg id -> SendHandle
+        self._ids = itertools.count()
+        self._down = {}              # lost peer -> why
+        self._no_more_data = set()   # peers that returned, every message they sent arrived
+        self._no_more_acks = set()   # peers that returned, every acknowledgement they sent arrived
+        self._acks_from = [0] * self.size   # acknowledgements received from each peer
+        self._watched = set()        # peers whose loss fails every wait (watch_peer)
+        self._closed = False
+
+    # registered memory, deadlines, abort ----------------------------------------------------------
+    def _own(self, rank, op=None):
+        if rank != self.rank:
+            raise HcclError("E_PARA", f"this endpoint serves rank {self.rank}, not rank {rank!r}", rank=self.rank, op=op)
+
+    def register(self, rank, name, array):
+        self._own(rank)
+        self._registry.register(rank, name, array)
+
+    def deregister(self, rank, name):
+        self._registry.deregister(rank, name)
+
+    def region(self, rank, name):
+        return self._registry.region(rank, name)
+
+    def deadline(self):
+        return None if not self.timeout_s else time.monotonic() + self.timeout_s
+
+    @property
+    def aborted(self):
+        return self._abort.aborted
+
+    def abort(self, code: str, reason: str) -> None:
+        self._abort.set(code, reason)
+        with self._cond:
+            self._cond.notify_all()
+
+    def abort_scope(self, scope: str, code: str, reason: str) -> None:
+        """Fail every wait on `scope`'s tags, here and at every peer (one notice frame each, best
+        effort: a peer already gone needs none). Other scopes' traffic goes on."""
+        self._abort.set_scope(scope, code, reason)
+        with self._cond:
+            self._cond.notify_all()
+            peers = [q for q in range(self.size) if q != self.rank and q not in self._down
+                     and q not in self._no_more_acks]
+        for q in peers:
+            try:
+                self._send_data(SendHandle(self.rank, q, (ABORT_NOTICE, scope), -1), _EMPTY_NOTICE,
+                                (code, reason))
+            except (HcclError, OSError):
+                pass
+
+    def mark_exited(self, rank: int) -> None:
+        if rank == self.rank:
+            self._announce_exit()
+        else:
+            self._peer_returned(rank, data=True, acks=True)
+
+    def watch_peer(self, peer: int) -> None:
+        """Until unwatch_peer(peer): every wait fails with E_REMOTE naming `peer` once it is lost."""
+        peer = check_rank(peer, self.size, "peer", self.rank)
+        if peer == self.rank:
+            raise HcclError("E_PARA", "a rank cannot watch itself", rank=self.rank)
+        with self._cond:
+            self._watched.add(peer)
+            self._cond.notify_all()
+        self._watch(peer)
+
+    def unwatch_peer(self, peer: int) -> None:
+        with self._cond:
+            self._watched.discard(peer)
+
+    def lost(self, peer: int):
+        """Why `peer` is lost (its connection broke, its actor died), or None."""
+        with self._cond:
+            return self._down.get(peer)
+
+    def _check_watched(self, me, op) -> None:
+        """Lock held: a watched peer that is lost fails this wait."""
+        for peer in self._watched:
+            if peer in self._down:
+                raise peer_lost(peer, me, self._down[peer], op)
+
+    # data plane ---------------------------------------------------------------------------------------
+    def post(self, src, dst, tag, region, start, stop, meta=None):
+        return self.post_view(src, dst, tag, self.region(src, region)[start:stop], meta)
+
+    def post_view(self, src, dst, tag, view, meta=None):
+        self._own(src)
+        dst = check_rank(dst, self.size, "dst", self.rank)
+        if dst == self.rank:
+            raise HcclError("E_PARA", "a transport between processes cannot send to its own rank", rank=self.rank)
+        self._abort.check(self.rank, None)
+        handle = SendHandle(src, dst, tag, next(self._ids))
+        with self._cond:
+            self._pending[handle.id] = handle
+        try:
+            view = np.asarray(view)
+            # ascontiguousarray would turn a 0-d array into shape (1,): copy only what needs it
+            self._send_data(handle, view if view.flags.c_contiguous else np.ascontiguousarray(view), meta)
+        except BaseException:
+            with self._cond:
+                self._pending.pop(handle.id, None)
+            raise
+        return handle
+
+    def take(self, src, dst, tag, deadline=None, op=None) -> Message:
+        self._own(dst, op)
+        src = check_rank(src, self.size, "src", self.rank, op)
+        key = (src, tag)
+        probe_at = time.monotonic() + PROBE_AFTER_S
+        with self._cond:
+            while True:
+                queue = self._inbox.get(key)
+                if queue:
+                    msg = queue.popleft()
+                    if not queue:
+                        del self._inbox[key]
+                    return msg
+                self._abort.check(dst, op, tag)
+                if src in self._down:
+                    raise peer_lost(src, dst, self._down[src], op)
+                if self._watched:
+                    self._check_watched(dst, op)
+                if src in self._no_more_data:
+                    raise take_exited(src, dst, tag, op)
+                left = remaining(deadline)
+                if left is not None and left <= 0:
+                    raise take_timeout(src, dst, self.timeout_s, op)
+                probe_at = self._maybe_probe(src, probe_at)
+                self._idle(POLL_S if left is None else min(POLL_S, left))
+
+    def wait_consumed(self, handle: SendHandle, deadline=None, op=None):
+        probe_at = time.monotonic() + PROBE_AFTER_S
+        with self._cond:
+            while not handle.done:
+                self._abort.check(handle.src, op, handle.tag)
+                if handle.dst in self._down:
+                    raise peer_lost(handle.dst, handle.src, self._down[handle.dst], op)
+                if self._watched:
+                    self._check_watched(handle.src, op)
+                if handle.dst in self._no_more_acks:
+                    raise consume_exited(handle.src, handle.dst, handle.tag, op)
+                left = remaining(deadline)
+                if left is not None and left <= 0:
+                    raise consume_timeout(handle.src, handle.dst, self.timeout_s, op)
+                probe_at = self._maybe_probe(handle.dst, probe_at)
+                self._idle(POLL_S if left is None else min(POLL_S, left))
+        return handle.reply
+
+    def _maybe_probe(self, peer, probe_at):
+        """Ask the subclass, now and then during a long wait, whether `peer` (and every watched
+        peer) still lives (called with the lock held; the probe must not block)."""
+        now = time.monotonic()
+        if now < probe_at:
+            return probe_at
+        for who in {peer} | self._watched:
+            if who not in self._down:
+                reason = self._probe(who)
+                if reason is not None:
+                    self._down.setdefault(who, reason)
+        return now + PROBE_EVERY_S
+
+    # called by subclasses --------------------------------------------------------------------------------
+    def _deliver(self, src, tag, data, meta, msg_id) -> None:
+        msg = RemoteMessage(self, src, tag, data, meta, msg_id)
+        with self._cond:
+            self._enqueue(msg)
+
+    def _enqueue(self, msg) -> None:
+        """Queue an arrived message (lock held); an abort notice aborts its scope instead."""
+        tag = msg.tag
+        if type(tag) is tuple and len(tag) == 2 and tag[0] == ABORT_NOTICE:
+            code, reason = msg.meta
+            self._abort.set_scope(tag[1], code, reason)
+            self._cond.notify_all()
+            return
+        self._inbox.setdefault((msg.src, msg.tag), deque()).append(msg)
+        self._cond.notify_all()
+
+    def _acknowledged(self, msg_id, reply) -> None:
+        with self._cond:
+            handle = self._pending.pop(msg_id, None)
+            if handle is not None:
+                self._acks_from[handle.dst] += 1
+                handle.reply, handle.done, handle.keep = reply, True, None
+                self._cond.notify_all()
+
+    def _peer_down(self, peer, reason) -> None:
+        with self._cond:
+            self._down.setdefault(peer, reason)
+            self._cond.notify_all()
+
+    def _peer_returned(self, peer, data=False, acks=False) -> None:
+        with self._cond:
+            if data:
+                self._no_more_data.add(peer)
+            if acks:
+                self._no_more_acks.add(peer)
+            self._cond.notify_all()
+
+    # what subclasses provide --------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def _send_data(self, handle, view, meta) -> None:
+        """Get `view` to `handle.dst` (which calls _deliver there)."""
+
+    @abc.abstractmethod
+    def _send_ack(self, src, msg_id, reply) -> None:
+        """Get `reply` back to `src` (which calls _acknowledged there)."""
+
+    def _idle(self, timeout: float) -> None:
+        """Wait (lock held) up to `timeout` s for something to change. Transports whose frames
+        arrive on threads of their own just wait to be notified; one whose waiting ranks must
+        drive the progress themselves (MPI) overrides it."""
+        self._cond.wait(timeout)
+
+    def _release(self, data) -> None:
+        """A consumed message's array, which the endpoint may reuse for a later message."""
+
+    def _announce_exit(self) -> None:
+        """Tell the peers this rank sends and consumes nothing more (best effort)."""
+
+    def _watch(self, peer) -> None:
+        """Make sure the loss of watched `peer` will be seen (without blocking)."""
+
+    def _probe(self, peer) -> Optional[str]:
+        """Find out, without blocking and with the endpoint's lock held, whether `peer` is still
+        alive: None if it may be, else why it is not."""
+        return None

@@ -1,0 +1,123 @@
+"""The MPI engine under real `mpiexec -n 2/3/4` jobs (scripts in tests/mpi_scripts/): results
+against numpy, simulated times against the local engine, failures on every process without a
+hang, ranks per process > 1, rank tables, hccl_test's output, a retried fault. Each job has a
+timeout, and leaves no process and nothing in /dev/shm behind."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import hccl_sim
+
+pytest.importorskip("mpi4py")
+MPIEXEC = shutil.which("mpiexec")
+pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install mpich)")
+
+HERE = Path(__file__).resolve().parent
+SCRIPTS = HERE / "mpi_scripts"
+ROOT = HERE.parent
+
+
+def mpiexec(n, *argv, timeout=90, expect_rc=0):
+    """Run `mpiexec -n n python argv...` (a script of mpi_scripts, or -m hccl_sim); its stdout
+    lines and stderr. Processes' lines may interleave: tests that read every process's lines find
+    them with oks() / said()."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    before = set(os.listdir("/dev/shm"))
+    cmd = [MPIEXEC, "-n", str(n), sys.executable] + [str(a) for a in argv]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    assert out.returncode == expect_rc, (out.returncode, out.stdout[-2000:], out.stderr[-3000:])
+    left = [name for name in set(os.listdir("/dev/shm")) - before if name.startswith("mpich")]
+    assert not left, f"MPI shared memory left behind: {left}"
+    return out.stdout.splitlines(), out.stderr
+
+
+def oks(lines) -> list:
+    return sorted(int(m) for m in re.findall(r"OK (\d+)", "\n".join(lines)))
+
+
+def said(lines, what) -> list:
+    return sorted(int(m) for m in re.findall(rf"{what} (\d+)", "\n".join(lines)))
+
+
+def test_every_collective_on_three_processes_both_planes_equals_numpy_and_local_times():
+    lines, _ = mpiexec(3, SCRIPTS / "collectives.py", 1, "p2p,window")
+    assert oks(lines) == [0, 1, 2]
+
+
+def test_two_processes_of_three_ranks_each():
+    lines, _ = mpiexec(2, SCRIPTS / "collectives.py", 3, "p2p,window")
+    assert oks(lines) == [0, 1]
+
+
+def test_four_processes_point_to_point_plane():
+    lines, _ = mpiexec(4, SCRIPTS / "collectives.py", 1, "p2p")
+    assert oks(lines) == [0, 1, 2, 3]
+
+
+def test_mismatch_raising_rank_and_early_return_fail_every_process_fast():
+    lines, _ = mpiexec(3, SCRIPTS / "failures.py", 1)
+    for what in ("mismatched", "raising", "early", "aborting"):   # aborting: comm.abort() releases the others
+        assert said(lines, what) == [0, 1, 2], lines
+    assert said(lines, "crash") == [0, 1, 2], lines
+
+
+def test_failures_with_two_ranks_per_process():
+    lines, _ = mpiexec(2, SCRIPTS / "failures.py", 2)
+    for what in ("mismatched", "raising", "early", "aborting", "crash"):
+        assert said(lines, what) == [0, 1], lines
+
+
+def test_rank_table_maps_ranks_in_order_and_a_mismatch_names_both_sizes(tmp_path):
+    table = tmp_path / "rt16.json"
+    topo = hccl_sim.topology("atlas800t-a2", servers=2)
+    from topologies import ranktable
+    ranktable.save(topo, table)
+    lines, _ = mpiexec(4, SCRIPTS / "ranktable.py", table, 4, "ok")
+    seen = {int(r): (int(s), int(d)) for r, s, d in re.findall(r"RANK (\d+) server (\d+) device (\d+)", "\n".join(lines))}
+    assert seen == {r: (topo.server_of[r], topo.device_of[r]) for r in range(16)}
+    lines, _ = mpiexec(3, SCRIPTS / "ranktable.py", table, 1, "mismatch")
+    mism = re.findall(r"MISMATCH \d+ [^\n]*?(?=MISMATCH|\n|$)", "\n".join(lines))
+    assert len(mism) == 3 and all("16 ranks" in m and "3 processes" in m for m in mism), mism
+
+
+def test_bench_hccl_test_format_prints_once_with_hccl_test_columns():
+    lines, _ = mpiexec(2, "-m", "hccl_sim", "bench", "--engine", "mpi", "--format", "hccl_test", "--op", "allgather",
+                       "--topology", "fullmesh", "-b", "8K", "-e", "128K", "-f", "4", "-d", "int32", "-n", "2", "-w", "1",
+                       "-c", "1", "-p", "2", "-z", "0")
+    assert lines[0] == "the minbytes is 8192, maxbytes is 131072, iters is 2, warmup_iters is 1"
+    assert lines[1].split("|") == ["data_size(Bytes):   ", " avg_time(us):   ", " alg_bandwidth(GB/s):  ",
+                                   " check_result:"]
+    rows = [line.split() for line in lines[2:]]
+    assert [int(r[0]) for r in rows] == [8192, 32768, 131072] and all(r[3] == "success" for r in rows)
+    for r in rows:      # AllGather: alg_bandwidth is the whole output (2 x data_size) over the time
+        assert float(r[2]) == pytest.approx(2 * int(r[0]) / float(r[1]) / 1e3, rel=2e-3)
+
+
+def test_bench_nccl_table_on_mpi_and_refused_hccl_test_flags():
+    lines, _ = mpiexec(2, "-m", "hccl_sim", "bench", "--engine", "mpi", "--topology", "fullmesh", "-b", "1K",
+                       "-e", "4K", "-n", "1", "-w", "0")
+    assert sum(line.startswith("# Out of bounds values : 0 OK") for line in lines) == 1
+    # refusals need no job: one process (an MPI singleton)
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for argv, words in ((["--format", "hccl_test", "-z", "1"], "zero-copy"),
+                        (["--topology", "fullmesh", "-p", "8"], "-p 8: the topology has [1] NPUs per server")):
+        out = subprocess.run([sys.executable, "-m", "hccl_sim", "bench", "--engine", "mpi"] + argv,
+                             capture_output=True, text=True, timeout=60, env=env)
+        assert out.returncode == 2 and words in out.stderr and out.stderr.count("\n") == 1, out.stderr
+
+
+def test_link_flap_with_op_retry_equals_the_local_engine():
+    lines, _ = mpiexec(2, SCRIPTS / "fault_retry.py")
+    assert oks(lines) == [0, 1]
+
+
+def test_settings_of_engine_mpi_are_refused_elsewhere():
+    with pytest.raises(hccl_sim.HcclError, match="ranks_per_process"):
+        hccl_sim.run(lambda comm: None, topology=hccl_sim.topology("fullmesh", ranks=2), ranks_per_process=2)
+    with pytest.raises(hccl_sim.HcclError, match="Cluster"):
+        hccl_sim.Cluster(hccl_sim.topology("fullmesh", ranks=2), engine="mpi")
