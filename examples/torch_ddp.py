@@ -1,28 +1,28 @@
 """An ordinary PyTorch DDP training script on emulated Ascend NPUs.
 
-Each rank is a Ray actor of hccl-sim holding an emulated 910B; torch.distributed runs on the
-"hccl_sim" backend, so every gradient AllReduce really moves the bytes between the ranks and is
-priced on the modelled cluster. Apart from `hccl_sim.torch.init_process_group(comm)` and the
-report of simulated time, `train` is the DDP loop of torch's tutorial.
+    torchrun --nproc-per-node 8 examples/torch_ddp.py          # 8 processes, one 910B server
+    HCCL_SIM_TOPOLOGY=atlas800t-a2:servers=2 torchrun --nproc-per-node 16 examples/torch_ddp.py
+    python examples/torch_ddp.py                               # the same on hccl-sim's Ray engine
 
-    python examples/torch_ddp.py [--servers 1] [--steps 20]
+torch.distributed runs on the "hccl_sim" backend: every gradient AllReduce really moves the bytes
+between the ranks and is priced on the modelled cluster (`hccl_sim.torch.records()`). Apart from
+the backend's name, SyncBatchNorm's import and the report of simulated time, `train` is the DDP
+loop of torch's tutorial.
 """
 import argparse
+import os
 import time
 
-import hccl_sim
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import hccl_sim.torch
 
 
-def train(comm, steps, batch):
-    import torch
-    import torch.distributed as dist
-    import torch.nn as nn
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    import hccl_sim.torch
-
-    hccl_sim.torch.init_process_group(comm)          # instead of dist.init_process_group("hccl")
+def train(steps, batch):
     rank, world = dist.get_rank(), dist.get_world_size()
-
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.BatchNorm1d(256), nn.ReLU(), nn.Linear(256, 10))
     model = hccl_sim.torch.convert_sync_batchnorm(model)       # nn.SyncBatchNorm.convert_sync_batchnorm
@@ -43,25 +43,46 @@ def train(comm, steps, batch):
         loss = loss_fn(ddp_model(inputs[step, mine]), labels[step, mine])
         loss.backward()
         optimizer.step()
-        dist.all_reduce(loss_sum := loss.detach().clone())
+        loss_sum = loss.detach().clone()
+        dist.all_reduce(loss_sum)
         ops = hccl_sim.torch.records()[before:]
         log.append((step, float(loss_sum) / world, len(ops), sum(op.time for op in ops), time.perf_counter() - wall))
-    hccl_sim.torch.destroy_process_group()
     return log
+
+
+def report(logs, world, how):
+    print(f"# torch DDP on {world} emulated 910B ranks ({how}), backend hccl_sim")
+    print(f"# {'step':>4} {'loss':>8} {'collectives':>11} {'simulated comm (us)':>20} {'wall (ms)':>10}")
+    for step, loss, n, sim, _ in logs[0]:
+        print(f"  {step:>4} {loss:>8.4f} {n:>11} {sim * 1e6:>20.2f} {max(log[step][4] for log in logs) * 1e3:>10.1f}")
+
+
+def on_ray_rank(comm, steps, batch):
+    hccl_sim.torch.init_process_group(comm)
+    try:
+        return train(steps, batch)
+    finally:
+        hccl_sim.torch.destroy_process_group()
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--servers", type=int, default=1)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--servers", type=int, default=1, help="910B servers when not under torchrun (default 1)")
     args = ap.parse_args()
-    topo = hccl_sim.topology("atlas800t-a2", servers=args.servers)
-    logs = hccl_sim.run(train, topology=topo, engine="ray", args=(args.steps, args.batch))
-    print(f"# torch DDP on {topo.num_ranks} emulated 910B ranks (Ray actors), backend hccl_sim")
-    print(f"# {'step':>4} {'loss':>8} {'collectives':>11} {'simulated comm (us)':>20} {'wall (ms)':>10}")
-    for step, loss, n, sim, wall in logs[0]:
-        print(f"  {step:>4} {loss:>8.4f} {n:>11} {sim * 1e6:>20.2f} {max(log[step][4] for log in logs) * 1e3:>10.1f}")
+    if "RANK" in os.environ:                       # started by torchrun: one process per rank
+        dist.init_process_group(backend="hccl_sim")
+        log = train(args.steps, args.batch)
+        logs = [None] * dist.get_world_size()
+        dist.all_gather_object(logs, log)
+        if dist.get_rank() == 0:
+            report(logs, dist.get_world_size(), "torchrun processes")
+        hccl_sim.torch.destroy_process_group()
+    else:
+        topo = hccl_sim.topology("atlas800t-a2", servers=args.servers)
+        logs = hccl_sim.run(on_ray_rank, topology=topo, engine="ray", args=(args.steps, args.batch))
+        report(logs, topo.num_ranks, "Ray actors")
 
 
 if __name__ == "__main__":

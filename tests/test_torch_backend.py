@@ -205,3 +205,46 @@ def test_syncbn_under_ddp_equals_full_batch_batchnorm(ray_cluster):
     for got in res:
         for a, b in zip(got, want):
             assert np.allclose(a, b, atol=1e-5)
+
+
+# ---- a plain script under torchrun ------------------------------------------------------------------
+
+def _torchrun(nproc, script_args, env):
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    import socket
+    with socket.socket() as probe:            # a free port for torchrun's store
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", str(port),
+           os.path.join(here, "torch_scripts", "ddp_launched.py")] + script_args
+    full = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "OMP_NUM_THREADS": "1", "HCCL_EXEC_TIMEOUT": "60", **env}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=full)
+
+
+def test_torchrun_script_on_the_backend():
+    """torchrun --nproc-per-node 3: init_process_group(backend="hccl_sim") finds its peers through
+    torch's store; collectives, new_group and DDP as in one process on the whole batch."""
+    import json
+    steps = 3
+    done = _torchrun(3, [str(steps)], {"HCCL_SIM_TOPOLOGY": "atlas800t-a2"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(l for l in done.stdout.splitlines() if l.startswith("RESULT "))
+    ranks = json.loads(line[len("RESULT "):])
+    want = [q.flatten() for q in _reference(steps)]
+    for out in ranks:
+        assert out["allreduce"] == [0.0, 6.0, 12.0, 18.0]
+        assert out["sub"] == ([2.0] if out["rank"] in (0, 2) else [1.0])
+        for got, ref in zip(out["params"], want):
+            assert np.allclose(got, ref, atol=1e-5)
+        assert out["params"] == ranks[0]["params"] and out["ops"] > steps and out["sim"] > 0
+
+
+def test_torchrun_topology_that_does_not_fit_the_launch():
+    done = _torchrun(2, ["1"], {"HCCL_SIM_TOPOLOGY": "atlas800t-a2:servers=2"})
+    assert done.returncode != 0
+    assert "has 16 ranks but the launcher started 2 (WORLD_SIZE)" in done.stderr

@@ -1,7 +1,9 @@
 """torch.distributed over hccl-sim: importing this module registers the backend "hccl_sim".
 
 Inside `hccl_sim.run(fn, engine="ray")` (a process per rank), `hccl_sim.torch.init_process_group(comm)`
-makes that rank's communicator torch's default group; then ordinary torch.distributed code runs
+makes that rank's communicator torch's default group; a plain script started by `torchrun` (or
+mpirun) calls `dist.init_process_group(backend="hccl_sim")` and its ranks find each other through
+torch's store, on the topology HCCL_SIM_TOPOLOGY names (hccl_sim.torch.launch); then ordinary torch.distributed code runs
 on it: collectives, `DistributedDataParallel` with its comm hooks, `new_group` (a communicator of
 the members, priced on their places in the topology). Every collective's simulated time is in
 `hccl_sim.torch.records()`. `SyncBatchNorm` / `convert_sync_batchnorm`: torch's SyncBatchNorm for
@@ -35,6 +37,7 @@ class Options:
 
 class _World:
     comm = None                      # this process's rank's world communicator
+    transport = None                 # the transport it was connected with here (a launched script)
 
 
 def _create(dist_opts, pg_options):
@@ -44,8 +47,12 @@ def _create(dist_opts, pg_options):
         return ProcessGroupHcclSim(pg_options.comm)
     world = _World.comm
     if world is None:
-        raise HcclError("E_PARA", "the hccl_sim backend needs hccl_sim.torch.init_process_group(comm) first "
-                        "(inside hccl_sim.run(fn, engine=\"ray\"))")
+        # a plain script under torchrun / mpirun: dist.init_process_group(backend="hccl_sim")
+        from .launch import connect, topology_from_env
+        topo = topology_from_env(dist_opts.group_size)
+        world, _World.transport = connect(dist_opts.store, dist_opts.group_rank, dist_opts.group_size, topo)
+        _World.comm = world
+        return ProcessGroupHcclSim(world)
     members = sorted(int(r) for r in dist_opts.global_ranks_in_group)
     if members == list(range(world.size)):
         return ProcessGroupHcclSim(world)
@@ -93,4 +100,7 @@ def destroy_process_group():
     dist.destroy_process_group()
     for pg in groups:
         pg.shutdown()
-    _World.comm = None
+    if _World.transport is not None:        # a launched script's own endpoint: say goodbye to the peers
+        _World.comm._group.exit(_World.comm.rank)
+        _World.transport.close()
+    _World.comm = _World.transport = None

@@ -1,0 +1,84 @@
+"""A rank's Communicator for a plain torch script launched on its own (`torchrun`, `mpirun`):
+`dist.init_process_group(backend="hccl_sim")` with no hccl_sim.run around it.
+
+Rank and world size are the launcher's (torch hands them to the backend); the topology is
+HCCL_SIM_TOPOLOGY (a preset name, optionally `name:servers=N`, or an HCCL rank-table path;
+default one 910B server, as many of its NPUs as there are processes; a hardware preset without a
+server count is filled in order by the processes) and must have exactly world-size ranks. The ranks find each other
+through the store torch gives the backend: each rank's socket endpoint (hcomm.transports.socket)
+publishes its address under hccl_sim/<session>/<rank> and reads every peer's; rendezvous is the
+dissemination allgather over that transport (engines.peer_group.TransportControl), data the
+per-rank executor, every wait bounded by HCCL_EXEC_TIMEOUT / HCCL_CONNECT_TIMEOUT. Ranks on the
+same host talk over loopback TCP (no shared-memory plane on this path yet).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+from topologies.errors import HcclError
+
+DEFAULT_TOPOLOGY = "atlas800t-a2"
+ENV = "HCCL_SIM_TOPOLOGY"
+
+
+def topology_from_env(world_size: int):
+    """The topology HCCL_SIM_TOPOLOGY names, checked against the launcher's world size."""
+    import topologies
+    spec = os.environ.get(ENV, DEFAULT_TOPOLOGY)
+    name, _, rest = spec.partition(":")
+    params = {}
+    for item in filter(None, rest.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not value.isdigit():
+            raise HcclError("E_PARA", f"{ENV}={spec!r}: parameters are name=integer pairs after ':', e.g. "
+                            "atlas800t-a2:servers=2")
+        params[key] = int(value)
+    if os.path.exists(name) or name.endswith(".json"):
+        if params:
+            raise HcclError("E_PARA", f"{ENV}={spec!r}: a rank table takes no parameters")
+        topo = topologies.load(name)
+    elif name.lower() in topologies.SYNTHETIC_PRESETS:
+        topo = topologies.load(name, **({"ranks": world_size} | params))
+    elif not params and name.lower() in topologies.HARDWARE_PRESETS + tuple(topologies.ALIASES):
+        # no server count given: the launcher's processes fill servers of the preset in order
+        # (4 processes: one 4-NPU server; 16 on an 8-NPU preset: two servers)
+        full = int(topologies.presets.preset_data(topologies.presets.hardware_name(name))["npus_per_server"])
+        servers, part = divmod(world_size, full)
+        counts = [full] * servers + ([part] if part else [])
+        topo = topologies.hardware(name, devices_per_server=counts)
+    else:
+        topo = topologies.load(name, **params)
+    if topo.num_ranks != world_size:
+        raise HcclError("E_PARA", f"{ENV}={spec!r} has {topo.num_ranks} ranks but the launcher started "
+                        f"{world_size} (WORLD_SIZE): they must be equal")
+    return topo
+
+
+def connect(store, rank: int, size: int, topo, env=None, timeout_s: float | None = None):
+    """(this rank's Communicator, its transport to close at the end), its peers found through `store`."""
+    from ..communicator import Communicator
+    from ..device import Runtime
+    from ..engines.peer_group import PeerGroup, TransportControl
+    from ..env import Config
+    from hcomm.transports.socket import SocketTransport
+    config = Config.from_env(env)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", size)) == size
+    host = "127.0.0.1" if local else socket.gethostbyname(socket.gethostname())
+    transport = SocketTransport(rank, size, config.wait_timeout_s, connect_timeout_s=float(config.connect_timeout_s),
+                                host=host)
+    key = "hccl_sim/addr/"
+    store.set(f"{key}{rank}", json.dumps(list(transport.address)))
+    try:
+        peers = {r: tuple(json.loads(store.get(f"{key}{r}"))) for r in range(size)}
+    except RuntimeError as exc:          # torch's store raises RuntimeError on its own timeout
+        transport.close()
+        raise HcclError("E_TIMEOUT", f"rank {rank}: peers did not publish their addresses in the store: {exc}") \
+            from None
+    transport.start(peers, eager=False)
+    group = PeerGroup(rank, topo, config, TransportControl(transport, rank, size), transport)
+    runtime = Runtime(rank, topo).init()
+    comm = Communicator(rank, group, runtime.set_device(topo.device_of[rank]))
+    comm.runtime = runtime
+    return comm, transport
