@@ -10,6 +10,16 @@ import hccl_sim
 import topologies
 import torch    # a declared [test] dependency (hccl-sim[torch])
 
+P = 4
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_cluster):
+    """One set of 4 rank actors for the module (torch is imported once per actor; every test's
+    function initialises and destroys its process group)."""
+    with hccl_sim.Cluster(topologies.hardware("atlas800t-a2", devices_per_server=[P]), engine="ray") as c:
+        yield c
+
 
 def _collectives(comm):
     import torch
@@ -59,12 +69,12 @@ def _collectives(comm):
     return out
 
 
-def test_collectives_match_torch_semantics(ray_cluster):
-    p = 3
-    res = hccl_sim.run(_collectives, topology=topologies.hardware("atlas800t-a2", devices_per_server=[p]), engine="ray")
+def test_collectives_match_torch_semantics(cluster):
+    p = P
+    res = cluster.run(_collectives)
     for r, out in enumerate(res):
         assert out["allreduce"] == (np.arange(6) * sum(range(1, p + 1))).tolist()
-        assert out["max"] == [p - 1.0, 0.0] and out["avg"] == [2.0] * 3 and out["async"] == [p] * 4
+        assert out["max"] == [p - 1.0, 0.0] and out["avg"] == [sum(range(1, p + 1)) / p] * 3 and out["async"] == [p] * 4
         assert out["allgather"] == [[float(q)] * 2 for q in range(p)]
         assert out["allgather_tensor"] == [float(q) for q in range(p) for _ in range(2)]
         assert out["broadcast"] == [0.0, 1.0, 2.0, 3.0]
@@ -145,10 +155,9 @@ def _reference(steps):
 
 
 @pytest.mark.parametrize("hook,atol", [(None, 1e-5), ("allreduce", 1e-5), ("fp16", 2e-3)])
-def test_ddp_parameters_equal_full_batch_training(ray_cluster, hook, atol):
-    steps, p = 4, 4
-    topo = topologies.hardware("atlas800t-a2", devices_per_server=[p])
-    res = hccl_sim.run(_ddp, topology=topo, engine="ray", args=(steps, hook, 0.001))
+def test_ddp_parameters_equal_full_batch_training(cluster, hook, atol):
+    steps = 4
+    res = cluster.run(_ddp, args=(steps, hook, 0.001))
     want = _reference(steps)
     for params, n_ops, sim in res:
         assert n_ops > steps and sim > 0               # DDP's broadcast + several buckets per step
@@ -186,7 +195,7 @@ def _ddp_syncbn(comm, steps):
     return out
 
 
-def test_syncbn_under_ddp_equals_full_batch_batchnorm(ray_cluster):
+def test_syncbn_under_ddp_equals_full_batch_batchnorm(cluster):
     """A CPU model's BatchNorm1d converted to hccl_sim.torch.SyncBatchNorm, under DDP on 4 ranks of
     3 samples each: parameters and running statistics as one process with BatchNorm1d on all 12."""
     steps = 3
@@ -200,8 +209,7 @@ def test_syncbn_under_ddp_equals_full_batch_batchnorm(ray_cluster):
         opt.step()
     want = [q.detach().numpy() for q in model.parameters()] + [model[1].running_mean.numpy(),
                                                               model[1].running_var.numpy()]
-    res = hccl_sim.run(_ddp_syncbn, topology=topologies.hardware("atlas800t-a2", devices_per_server=[4]),
-                       engine="ray", args=(steps,))
+    res = cluster.run(_ddp_syncbn, args=(steps,))
     for got in res:
         for a, b in zip(got, want):
             assert np.allclose(a, b, atol=1e-5)
