@@ -114,6 +114,15 @@ def _ddp(comm, steps, hook, bucket_cap_mb):
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)
     elif hook == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    _train_shard(ddp, comm, steps)
+    params = [q.detach().numpy().copy() for q in model.parameters()]
+    recs = ht.records()
+    ht.destroy_process_group()
+    return params, len(recs), sum(rec.time for rec in recs)
+
+
+def _train_shard(ddp, comm, steps):
+    """SGD on this rank's equal share of each step's 12 samples (DDP averages the gradients)."""
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     x, y = _data(steps)
     n = x.shape[1] // comm.size
@@ -123,10 +132,6 @@ def _ddp(comm, steps, hook, bucket_cap_mb):
         opt.zero_grad()
         loss.backward()
         opt.step()
-    params = [q.detach().numpy().copy() for q in model.parameters()]
-    recs = ht.records()
-    ht.destroy_process_group()
-    return params, len(recs), sum(rec.time for rec in recs)
 
 
 def _model():
@@ -180,15 +185,7 @@ def _ddp_syncbn(comm, steps):
     model = ht.convert_sync_batchnorm(_bn_model())
     assert isinstance(model[1], ht.SyncBatchNorm)
     ddp = DDP(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-    x, y = _data(steps)
-    n = x.shape[1] // comm.size
-    for s in range(steps):
-        mine = slice(comm.rank * n, (comm.rank + 1) * n)
-        loss = ((ddp(x[s, mine]) - y[s, mine]) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    _train_shard(ddp, comm, steps)
     out = [q.detach().numpy().copy() for q in model.parameters()]
     out += [model[1].running_mean.numpy().copy(), model[1].running_var.numpy().copy()]
     ht.destroy_process_group()

@@ -12,28 +12,30 @@ torch model on an NPU trains (BatchNorm's statistics accumulate in float64).
 """
 from __future__ import annotations
 
+import abc
+
 import numpy as np
 
 DTYPE = np.float32
 ITEM = np.dtype(DTYPE).itemsize
 
 
-class Layer:
-    params: dict = {}
-
+class Layer(abc.ABC):
     def __init__(self, name: str):
         self.name = name
         self.params, self.grads = {}, {}
 
+    @abc.abstractmethod
     def forward(self, x, sync):
-        raise NotImplementedError
+        """This layer's output for input x (training mode); `sync` combines across ranks."""
 
+    @abc.abstractmethod
     def backward(self, dy, sync):
-        raise NotImplementedError
+        """The input's gradient from the output's; sets self.grads."""
 
+    @abc.abstractmethod
     def cost(self, n: int) -> tuple:
         """((forward FLOPs, bytes), (backward FLOPs, bytes)) for n rows."""
-        raise NotImplementedError
 
     def state(self) -> dict:
         """Everything a checkpoint must restore besides the parameters (running statistics)."""
