@@ -53,18 +53,19 @@ def test_two_servers_on_two_ray_nodes(ray_instance):
     """A server per Ray node (placement group per server, spread): the plane is chosen from Ray's
     node ids, traffic between the nodes is peer to peer (each rank runs its own schedule over direct
     sockets), and results and simulated times equal the local engine's."""
-    topo = hccl_sim.topology("atlas800t-a2", servers=2)
+    import topologies
+    topo = topologies.hardware("atlas800t-a2", devices_per_server=[4, 4])   # 4-NPU servers: half the actors
     with hccl_sim.Cluster(topo, engine="ray") as cluster:
         r = cluster._ray
         assert r.data_plane == "socket" and len(r.nodes) == 2
-        assert len(set(r.node_of[:8])) == 1 and len(set(r.node_of[8:])) == 1 and r.node_of[0] != r.node_of[8]
+        assert len(set(r.node_of[:4])) == 1 and len(set(r.node_of[4:])) == 1 and r.node_of[0] != r.node_of[4]
         for algo in ("ring", "NHR", "pipeline"):
-            results = cluster.run(all_collectives, args=(20_000, np.float32, "max", algo, 9))
-            check(results, 16, 20_000, np.float32, "max", 9)
+            results = cluster.run(all_collectives, args=(20_000, np.float32, "max", algo, 5))
+            check(results, 8, 20_000, np.float32, "max", 5)
         assert cluster.run(timeline, args=(5000,)) == hccl_sim.run(timeline, topology=topo, args=(5000,))
     with hccl_sim.Cluster(topo, engine="ray", data_plane="object") as cluster:   # Ray's object store between nodes
-        results = cluster.run(all_collectives, args=(3001, np.int32, "sum", "H-D_R", 11))
-        check(results, 16, 3001, np.int32, "sum", 11)
+        results = cluster.run(all_collectives, args=(3001, np.int32, "sum", "H-D_R", 6))
+        check(results, 8, 3001, np.int32, "sum", 6)
         assert cluster.run(timeline, args=(700,)) == hccl_sim.run(timeline, topology=topo, args=(700,))
     with pytest.raises(HcclError, match="needs every rank on one Ray node"):
         hccl_sim.Cluster(topo, engine="ray", data_plane="shm")
@@ -87,8 +88,9 @@ def test_a3_superpods_on_two_ray_nodes(ray_instance):
 def test_op_retry_under_a_link_flap_equals_the_local_engine(ray_instance):
     """A RoCE link flap past the retransmission budget, retried (HCCL_OP_RETRY_ENABLE L1): every
     rank's result bit-identical, retries and simulated times equal to the local engine's."""
-    topo = hccl_sim.topology("atlas800t-a2", servers=2)
-    plan = hccl_sim.FaultPlan().link_flap(1, 9, at=0.0, duration=0.01)
+    import topologies
+    topo = topologies.hardware("atlas800t-a2", devices_per_server=[4, 4])
+    plan = hccl_sim.FaultPlan().link_flap(1, 5, at=0.0, duration=0.01)
     env = {"HCCL_RDMA_TIMEOUT": "5", "HCCL_RDMA_RETRY_CNT": "1", "HCCL_OP_RETRY_ENABLE": "L1:1",
            "HCCL_OP_RETRY_PARAMS": "MaxCnt:1,HoldTime:20,IntervalTime:0"}
 

@@ -10,11 +10,12 @@ from hccl_sim import HcclError
 pytestmark = pytest.mark.timeout(300)
 DELTA = round(4.096e-6 * 2 ** 5 * 1e9)
 FAST = {"HCCL_RDMA_TIMEOUT": "5", "HCCL_RDMA_RETRY_CNT": "1"}
+# two 4-NPU servers (half the actors of two full servers): rank r's peer across is r + 4
 
 
 def _job(comm):
-    """A send 2 -> 10 while rank 10's NIC is down (both ends fail), a send 1 -> 9 (the pair's
-    transfer 0), two AllReduces (the pair's level-1 transfers after it), another send 1 -> 9."""
+    """A send 2 -> 6 while rank 6's NIC is down (both ends fail), a send 1 -> 5 (the pair's
+    transfer 0), two AllReduces (the pair's level-1 transfers after it), another send 1 -> 5."""
     out = []
 
     def p2p(src, dst, n):
@@ -28,13 +29,13 @@ def _job(comm):
             out.append(("p2p", comm.last_op.start, comm.last_op.end))
         except HcclError as e:
             out.append((e.code, str(e), comm.clock))
-    p2p(2, 10, 1000)
-    comm.barrier()                 # the late ranks 2 and 10 caught up: what follows starts alike in every run
-    p2p(1, 9, 5000)
+    p2p(2, 6, 1000)
+    comm.barrier()                 # the late ranks 2 and 6 caught up: what follows starts alike in every run
+    p2p(1, 5, 5000)
     for _ in range(2):
         y = comm.all_reduce((np.arange(40_000, dtype=np.int64) * (comm.rank + 1)) % 997)
         out.append((int(y.sum()), comm.last_op.start, comm.last_op.end, comm.last_op.retries))
-    p2p(1, 9, 5000)
+    p2p(1, 5, 5000)
     return out
 
 
@@ -42,23 +43,24 @@ def _pair_transfers(topo, sig, itemsize):
     from hccl_sim.env import Config
     from hccl_sim.planner import make_plan, op_transfers
     plan = make_plan(sig, topo, Config(), [0] * topo.num_ranks, itemsize)
-    return op_transfers(sig, plan.loops, plan.programs, topo.num_ranks, [(1, 9)])[(1, 9)]
+    return op_transfers(sig, plan.loops, plan.programs, topo.num_ranks, [(1, 5)])[(1, 5)]
 
 
 def test_ray_corrupt_and_p2p_faults_equal_the_local_engine(ray_cluster):
-    """Pair 1 -> 9: the barrier's transfers come first (b of them), then the send, each AllReduce's
+    """Pair 1 -> 5: the barrier's transfers come first (b of them), then the send, each AllReduce's
     two (level-1 ring), the last send; corrupting the send, the second op's first and the last
-    send costs each one interval. Rank 10's NIC is down for both of the send 2 -> 10's attempts,
+    send costs each one interval. Rank 6's NIC is down for both of the send 2 -> 6's attempts,
     and back before anything else."""
     from hccl_sim.planner import Signature
-    topo = hccl_sim.topology("atlas800t-a2", servers=2)
+    import topologies
+    topo = topologies.hardware("atlas800t-a2", devices_per_server=[4, 4])
     b = _pair_transfers(topo, Signature("barrier", (), "uint8", None, None, None), 1)
     assert _pair_transfers(topo, Signature("allreduce", (40_000,), "int64", "sum", None, None), 8) == 2
-    plan = (hccl_sim.FaultPlan().nic_down(10, at=0.0, duration=2 * DELTA / 1e9)
-            .corrupt(1, 9, nth=b).corrupt(1, 9, nth=b + 3).corrupt(1, 9, nth=b + 5))
+    plan = (hccl_sim.FaultPlan().nic_down(6, at=0.0, duration=2 * DELTA / 1e9)
+            .corrupt(1, 5, nth=b).corrupt(1, 5, nth=b + 3).corrupt(1, 5, nth=b + 5))
     local = hccl_sim.run(_job, topology=topo, faults=plan, env=FAST)
     clean = hccl_sim.run(_job, topology=topo, env=FAST)
-    assert local[2][0][0] == local[10][0][0] == "E_REMOTE" and "no op retry for send/recv" in local[10][0][1]
+    assert local[2][0][0] == local[6][0][0] == "E_REMOTE" and "no op retry for send/recv" in local[6][0][1]
     took = [[e[2] - e[1] for e in out if e[0] == "p2p" or isinstance(e[0], int) and len(e) == 4]
             for out in (local[1], clean[1])]
     assert [a - b for a, b in zip(*took)] == [DELTA, 0, DELTA, DELTA]

@@ -102,7 +102,7 @@ def _run_all(coll, topo, n, env=None, algo=None):
     return results
 
 
-@pytest.mark.parametrize("case", [(1, 2), (2, 1), (3, [2, 1, 3]), (2, [1, 2])], ids=str)
+@pytest.mark.parametrize("case", [(1, 2), (2, 1), (3, [2, 1, 3], 4), (2, [1, 2])], ids=str)   # 4-die servers: 24 ranks, not 96
 @pytest.mark.parametrize("coll", collectives.DATA_COLLECTIVES)
 def test_real_data_on_superpods(case, coll):
     """Integer data, bit-identical to numpy, sizes that split into halves and that do not, and
