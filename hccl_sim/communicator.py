@@ -323,8 +323,8 @@ class Communicator:
         HCCL would notice (faults.BoundFaults.lost_error), at the same simulated time on every engine.
 
         An engine whose ranks are processes (its group has `die` and `execute_lost`) makes it real:
-        the dead rank's process moves the data of the steps it runs before it dies and exits; the
-        others run the op until their data plane finds the dead peer. In-process ranks move no data:
+        the dead rank's process moves the data of the steps it runs before it dies and exits (Ray)
+        or stops the rank (MPI); the others run the op until their data plane finds the dead peer. In-process ranks move no data:
         the dead one raises RankCrashed (its result is None)."""
         crash = faults.crash_in(plan, seq, self.topology, self.config)
         if crash is None:

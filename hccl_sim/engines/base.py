@@ -36,7 +36,8 @@ its parent's or its siblings'.
 A fault plan's rank_crash is decided from the plan by every rank alike (faults.BoundFaults). An
 engine whose ranks are processes makes it real with two optional methods: `die(rank, seq, plan,
 buffers, redop, steps)` runs the dead rank's first `steps` steps of the op and ends its process
-(it does not return); `execute_lost(rank, seq, plan, buffers, redop, dead)` runs a surviving rank's
+(Ray: it does not return) or, where a process must live on (MPI), stops the rank taking part and
+returns (the rank then raises RankCrashed); `execute_lost(rank, seq, plan, buffers, redop, dead)` runs a surviving rank's
 part of the op until its data plane finds `dead` gone (it raises that HcclError) or the part is
 done. Without them (ranks in one process) the dead rank raises RankCrashed and nobody moves data.
 """

@@ -17,8 +17,17 @@ the central data program on MPI-3 shared-memory windows among the ranks of one n
 on every process; a rank that raises makes every rank fail with the same HcclError (the root
 cause: the earliest error that is not a consequence of another's), never a hang.
 `init` (hccl_sim.init) gives the process its Communicator(s) for a plain MPI program; the job
-closes when the program exits. A fault plan's rank_crash is refused: an MPI process that ends
-without MPI_Finalize takes the whole job down (MPICH's and Open MPI's default error handling).
+closes when the program exits.
+
+A fault plan's rank_crash (engines/base.py's `die` / `execute_lost`) stops the rank, not its
+process: an MPI process that ends without MPI_Finalize takes the whole job down (MPICH's and Open
+MPI's default error handling). The dead rank moves the data of the steps it runs before it dies,
+as on the Ray engine, then stops taking part: its endpoint goes (what reaches it is dropped,
+never acknowledged), every process is told it is lost (the transport's LOST frame, as a closed
+connection tells the peers on Ray's socket plane), and its slot in every later control round is a
+LOST marker. Survivors waiting for it fail at once and get the planned E_TIMEOUT at the simulated
+time every engine gives; they can comm.shrink() and go on. Its run() result is None on every
+process; under `init` its call raises RankCrashed (a BaseException) as on the local engine.
 """
 from __future__ import annotations
 
@@ -35,8 +44,12 @@ import numpy as np
 from hcomm.transports.mpi import MpiHub, MpiTransport, require_thread_level
 from topologies.errors import HcclError
 
+from hcomm.transports.scoped import ScopedTransport
+
 from ..communicator import Communicator
 from ..device import Runtime
+from ..faults import RankCrashed
+from . import executors
 from . import rendezvous as rdv
 from .mpi_control import MpiControl
 from .peer_group import PeerGroup
@@ -74,13 +87,62 @@ dropped them: a fresh 64 MiB array costs 16,384 page faults on its first write, 
 RESULT_POOL_SPARE = 4
 
 
-class MpiGroup(PeerGroup):
+class _Crashing:
+    """A fault plan's rank_crash on the MPI engine (engines/base.py's optional `die` and
+    `execute_lost`), for the world group and its sub-communicators' groups alike."""
+
+    def _world_rank(self, rank: int) -> int:
+        tr = self._raw_transport
+        return tr.members[rank] if isinstance(tr, ScopedTransport) else rank
+
+    def die(self, rank, seq, plan, buffers, redop, steps) -> None:
+        """This rank dies in this op: it moves the data of its first `steps` steps (its own
+        schedule over the transport, or its share of the data program up to its step `steps` on
+        the window plane), then stops taking part (MpiJob.crash); its process lives on."""
+        try:
+            if plan.collective.carries_data and self._eager is None:
+                if getattr(self, "plane", None) == "window" and self.job.window is not None:
+                    # the window's growth is collective: the dead rank's process takes part in it
+                    self.job.window.execute(self, rank, seq, plan, buffers, redop, plan.collective.method,
+                                            steps=steps)
+                elif steps:
+                    executors.per_rank(rank, plan, buffers, redop, self.transport, self.size, steps=steps)
+        except HcclError:
+            pass                # it dies anyway: what it was waiting for then does not matter
+        self.job.crash(self._world_rank(rank), f"rank {self._world_rank(rank)} crashed (fault plan)")
+
+    def execute_lost(self, rank, seq, plan, buffers, redop, dead) -> None:
+        """This rank's part of an op in which `dead` dies: as usual, until its data plane finds
+        `dead` lost; every wait fails once it is (watch_peer), whichever peer it waits for, and a
+        control round fails on its LOST marker (the window plane)."""
+        self.transport.watch_peer(dead)
+        try:
+            self.execute(rank, seq, plan, buffers, redop)
+        finally:
+            self.transport.unwatch_peer(dead)
+
+
+class MpiSubGroup(_Crashing, PeerGroup):
+    """A sub-communicator's group on the MPI engine: PeerGroup's, with the fault plan's crash."""
+
+    def __init__(self, rank, topo, config, control, transport, job):
+        super().__init__(rank, topo, config, control, transport)
+        self.job = job
+
+    def _subgroup(self, sub_rank, topo, config, control, transport):
+        return MpiSubGroup(sub_rank, topo, config, control, transport, self.job)
+
+
+class MpiGroup(_Crashing, PeerGroup):
     """One rank's world group on the MPI engine (plane "p2p" or "window")."""
 
     def __init__(self, rank, topo, config, control, transport, job):
         super().__init__(rank, topo, config, control, transport)
         self.job, self.plane = job, job.plane
         self._results = {}             # (shape, dtype) -> arrays handed out before
+
+    def _subgroup(self, sub_rank, topo, config, control, transport):
+        return MpiSubGroup(sub_rank, topo, config, control, transport, self.job)
 
     def abort(self, rank, reason) -> None:
         """comm.abort() on the world communicator: its control rounds fail on every process (its
@@ -115,10 +177,6 @@ class MpiJob:
         comm = world() if comm is None else comm
         if plane not in PLANES:
             raise HcclError("E_PARA", f"plane {plane!r}: expected one of {', '.join(PLANES)} (engine mpi)")
-        faults = config.faults
-        if faults is not None and faults.crashes:
-            raise HcclError("E_NOT_SUPPORT", "engine mpi cannot emulate a fault plan's rank_crash: an MPI process "
-                            "that ends without MPI_Finalize takes the whole job down; use engine local or ray")
         self.k = check_placement(topo, comm.Get_size(), ranks_per_process)
         require_thread_level(self.k)
         self.topo, self.config, self.plane = topo, config, plane
@@ -132,6 +190,7 @@ class MpiJob:
                        for r in self.hub.local_ranks()}
         self.runtimes = {}
         self._finished = set()
+        self.crashed = set()           # this process's ranks the fault plan crashed
         self._lock = threading.Lock()
         self.closed = False
 
@@ -157,6 +216,17 @@ class MpiJob:
             except HcclError:
                 pass            # the job is closing or already aborted: peers know
             self.control.finish(rank - self.control.base, rdv.describe_failure(exc))
+
+    def crash(self, rank: int, reason: str) -> None:
+        """Rank `rank` of this process dies (a fault plan's rank_crash) but its process goes on:
+        it takes no more calls, its endpoint goes, and every rank of the job takes it for lost."""
+        with self._lock:
+            if rank in self._finished:
+                return
+            self._finished.add(rank)
+            self.crashed.add(rank)
+        self.hub.lose(rank, reason)
+        self.control.finish(rank - self.control.base, None, lost=reason)
 
     def close(self, blob: bytes = b"") -> list:
         """Finish every rank still open, even out and end the job's MPI traffic; every
@@ -198,6 +268,9 @@ def run_mpi(fn, topo, config, args=(), kwargs=None, ranks_per_process: int = 1, 
             value = fn(comm, *args, **kwargs)
             outcomes[rank] = {"rank": rank, "ok": True, "value": value}
             job.finish(rank)
+        except RankCrashed as dead:    # the fault plan killed it: its result is None everywhere
+            outcomes[rank] = {"rank": rank, "ok": True, "value": None}
+            job.crash(rank, str(dead))
         except BaseException as exc:   # noqa: BLE001 - reported to every process below
             outcomes[rank] = _outcome(rank, exc)
             outcomes[rank]["exc"] = exc

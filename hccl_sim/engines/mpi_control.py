@@ -10,7 +10,8 @@ A rank that returned or failed takes no more calls, but its process still has to
 peers: from then on the process contributes a marker in its place to every allgather (and, once
 all its ranks are done, posts one such round unasked, which `MpiHub.close` evens out if nobody
 needed it). A peer meeting a marker fails at once with the wording every engine uses ("rank N
-returned without calling it", "rank N failed: ..."), instead of waiting for its deadline.
+returned without calling it", "rank N failed: ...", "lost rank N: ..." for a rank a fault plan
+crashed), instead of waiting for its deadline.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from hcomm.transports.mpi import SLOT_BYTES
 
 from .rendezvous import deadline as op_deadline
 
-CALL, LEFT, FAILED = 0, 1, 2
+CALL, LEFT, FAILED, LOST = 0, 1, 2, 3
 _LEN = struct.Struct("<BI")
 
 
@@ -153,14 +154,21 @@ class MpiControl:
             if kind == FAILED:
                 raise HcclError("E_REMOTE", f"aborted: rank {r} failed: {body.decode(errors='replace')}",
                                 rank=rank, op=op)
+            if kind == LOST:
+                raise HcclError("E_REMOTE", f"collective round {seq}: lost rank {r}: {body.decode(errors='replace')}",
+                                rank=rank, op=op)
         return [body for _, body in items]
 
-    def finish(self, local: int, failure: str | None) -> None:
-        """Rank `local` of this process takes no more calls (it returned, or failed with `failure`).
-        Its pending peers' rounds complete with its marker; once every rank of the process is done
-        the process posts one marker round unasked (a peer may be waiting in it)."""
+    def finish(self, local: int, failure: str | None, lost: str | None = None) -> None:
+        """Rank `local` of this process takes no more calls (it returned, failed with `failure`, or
+        the fault plan crashed it: `lost`, why). Its pending peers' rounds complete with its marker;
+        once every rank of the process is done the process posts one marker round unasked (a peer
+        may be waiting in it)."""
         with self._cond:
-            marker = (LEFT, b"") if failure is None else (FAILED, failure.encode())
+            if lost is not None:
+                marker = (LOST, lost.encode())
+            else:
+                marker = (LEFT, b"") if failure is None else (FAILED, failure.encode())
             self._done[local] = marker
             for seq, rnd in self._rounds.items():
                 if rnd.items[local] is None:

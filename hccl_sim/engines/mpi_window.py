@@ -51,15 +51,23 @@ class WindowPlane:
         return RankBuffers(w.array(proc, at, x.shape, x.dtype), w.array(proc, at + sizes[0], out.shape, out.dtype),
                            None if scratch is None else w.array(proc, at + sizes[0] + sizes[1], scratch, x.dtype))
 
-    def execute(self, group, rank, seq, plan, buffers, redop, op) -> None:
+    def execute(self, group, rank, seq, plan, buffers, redop, op, steps=None) -> None:
+        """`rank`'s part of the op; with `steps`, a rank the fault plan crashes in it: the window's
+        growth (collective), then only its share of the program before its step `steps` (none,
+        nor the inputs' round, with 0); the survivors' next round meets its LOST marker."""
         x, out = buffers.input, buffers.output
         scratch, sizes, per_rank = self._layout(plan, x, out)
         with self._lock:             # the first of the process's ranks to get here grows it for all
             self.windows.ensure(per_rank * self.k)
+        if steps == 0:
+            return
         every = [self._buffers(r, x, out, scratch, sizes, per_rank) for r in range(self.topo.num_ranks)]
         np.copyto(every[rank].input, x)
         group._allgather(b"", f"the other ranks' inputs of {op} (collective #{seq})", op)
-        executors.central_share(plan, every, redop, rank, self.topo.num_ranks)
+        executors.central_share(plan, every, redop, rank, self.topo.num_ranks,
+                                until=None if steps is None else (rank, steps))
+        if steps is not None:
+            return
         group._allgather(b"", f"the other ranks' shares of {op} (collective #{seq})", op)
         np.copyto(out, every[rank].output)
 

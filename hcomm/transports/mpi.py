@@ -22,7 +22,9 @@ answers within that), then yields the CPU between polls (MPI moves a collective 
 processes poll, so 8 processes on 2 cores need each other's turns), and past 5 ms sleeps, at most
 1 ms at a time. Every wait keeps its deadline
 (HCCL_EXEC_TIMEOUT) and ends at once on abort: `hub.abort` fails every local wait and tells every
-other process (an ABORT frame), whose hub fails theirs.
+other process (an ABORT frame), whose hub fails theirs. A rank the fault plan crashes (`hub.lose`)
+stops taking part while its process lives on: a LOST frame makes every endpoint of the job take
+it for lost, as a dead peer's closed connection does on the socket transport.
 
 The world communicator's control allgather (`ctl_allgather`) is MPI's own Iallgather of fixed-size
 slots on a second duplicate (longer payloads take extra slot rounds, which every process
@@ -46,7 +48,7 @@ from topologies.errors import HcclError
 from .peer import PeerEndpoint, json_plain as _plain, json_tuples as _tuples
 
 FRAME, PAYLOAD = 11, 12             # MPI tags on the hub's communicator
-DATA, ACK, BYE, ABORT, CTL_ABORT = 1, 2, 3, 4, 5
+DATA, ACK, BYE, ABORT, CTL_ABORT, LOST = 1, 2, 3, 4, 5, 6
 _HEAD = struct.Struct("<BiiqQI")    # kind, src rank, dst rank, message id, payload bytes, header bytes
 INLINE_BYTES = 16 << 10             # payloads up to this travel inside their frame (one message, one copy)
 SLOT_BYTES = 1024                   # one process's share of a control allgather round
@@ -166,6 +168,25 @@ class MpiHub:
                 if q != self.proc:
                     self.send(ABORT, -1, -q - 1, -1, {"code": code, "reason": reason})
 
+    def lose(self, rank: int, reason: str) -> None:
+        """Rank `rank` of this process stops taking part (a fault plan's rank_crash; its process
+        lives on, as MPI needs): its endpoint goes, so what reaches it is received and dropped,
+        never acknowledged, and every endpoint of the job, here and in every other process (a LOST
+        frame, behind everything the rank sent before), takes it for lost, as a dead peer's closed
+        connection tells the others on the socket transport."""
+        if rank not in self.local_ranks():
+            raise HcclError("E_INTERNAL", f"rank {rank} is not hosted by MPI process {self.proc}")
+        self.endpoints.pop(rank, None)
+        self._lost(rank, reason)
+        if not self.closed:
+            for q in range(self.nprocs):
+                if q != self.proc:
+                    self.send(LOST, rank, -q - 1, -1, {"reason": reason})
+
+    def _lost(self, rank: int, reason: str) -> None:
+        for ep in list(self.endpoints.values()):
+            ep._peer_down(rank, reason)
+
     # progress ---------------------------------------------------------------------------------------
     def progress(self) -> bool:
         """Receive what has arrived, complete what was sent, deliver in order; True if anything
@@ -213,6 +234,9 @@ class MpiHub:
     def _dispatch(self, kind, src, dst, msg_id, header, data) -> None:
         if kind in (ABORT, CTL_ABORT):
             (self.abort if kind == ABORT else self.abort_control)(header["code"], header["reason"], tell_peers=False)
+            return
+        if kind == LOST:
+            self._lost(src, header["reason"])
             return
         ep = self.endpoints.get(dst)
         if ep is None:

@@ -1,5 +1,8 @@
 """Under mpiexec: a mismatched call, a rank that raises and a rank that returns early are each an
-HcclError on every process, never a hang; a rank_crash is refused (argv: ranks per process)."""
+HcclError on every process, never a hang; a fault plan's rank_crash (on entry, mid-op, on both
+data planes, in an eager op) equals the local engine's run: the dead rank's result None on every
+process, the survivors' errors and clocks, their shrunk communicator's results and times; the
+survivors are woken by the dead rank's loss, not their deadline (argv: ranks per process)."""
 import sys
 import time
 
@@ -41,6 +44,61 @@ def aborting(comm):
     return "no error"
 
 
+def crash_ops(comm, count):
+    """Three AllReduces (int64, `count` elements: over the eager size, the data planes move them),
+    each error with its clock and how this rank's data plane found the dead one; then, if a rank
+    was lost, the survivors shrink and AllReduce on the new communicator."""
+    out, causes, shrunk = [], [], None
+    for _ in range(3):
+        try:
+            y = comm.all_reduce(np.arange(count, dtype=np.int64) * (comm.rank + 1))
+            out.append(("ok", int(y.sum()), comm.last_op.end))
+        except hccl_sim.HcclError as e:
+            out.append((e.code, str(e), comm.clock))
+            if e.__cause__ is not None:
+                causes.append(str(e.__cause__))
+    if comm.lost_ranks:
+        new = comm.shrink()
+        y = new.all_reduce(np.arange(count, dtype=np.int64) * (comm.rank + 1))
+        shrunk = (new.rank, new.world_ranks, int(y.sum()), new.last_op.end)
+    return out, causes, shrunk
+
+
+def escaping(comm):
+    for _ in range(2):
+        comm.all_reduce(np.ones(20_000, dtype=np.int64))
+
+
+def crashes(topo, env):
+    p = topo.num_ranks
+    for dead, at_step, plane, count in ((p - 1, None, "p2p", 20_000), (0, 1, "p2p", 20_000),
+                                        (1, 2, "window", 20_000), (1, None, "p2p", 8)):
+        plan = hccl_sim.FaultPlan().rank_crash(dead, at_op=1, at_step=at_step)
+        t0 = time.monotonic()
+        got = hccl_sim.run(crash_ops, topology=topo, engine="mpi", ranks_per_process=K, data_plane=plane, env=env,
+                           faults=plan, args=(count,))
+        took = time.monotonic() - t0
+        want = hccl_sim.run(crash_ops, topology=topo, env=env, faults=plan, args=(count,))
+        case = (dead, at_step, plane, count)
+        assert got[dead] is None and want[dead] is None, (case, got[dead])
+        assert [g and (g[0], g[2]) for g in got] == [w and (w[0], w[2]) for w in want], (case, got, want)
+        for r, g in enumerate(got):
+            if r != dead:
+                assert g[0][1][0] == "E_TIMEOUT" and f"Cluster Exception Location[rank {dead}]" in g[0][1][1], g
+                assert all(f"rank {dead}" in c for c in g[1]), (case, r, g[1])   # found by its loss
+        if count > 8:                # a data plane moved data: the survivors were woken by the loss
+            assert all(len(g[1]) == 1 for g in got if g), (case, [g and g[1] for g in got])
+        assert took < 20, f"{case} took {took:.1f} s"
+    try:
+        hccl_sim.run(escaping, topology=topo, engine="mpi", ranks_per_process=K, env=env,
+                     faults=hccl_sim.FaultPlan().rank_crash(p - 1, at_op=1))
+    except hccl_sim.HcclError as exc:
+        assert exc.code == "E_TIMEOUT" and f"Cluster Exception Location[rank {p - 1}]" in exc.reason, exc
+        assert exc.rank != p - 1, exc
+    else:
+        raise AssertionError("escaping: no error")
+
+
 def main():
     from mpi4py import MPI
     me = MPI.COMM_WORLD.Get_rank()
@@ -62,12 +120,9 @@ def main():
     got = hccl_sim.run(aborting, topology=topo, engine="mpi", ranks_per_process=K, env=env)
     assert got[0] is None and all(g[:2] == ("E_REMOTE", True) and g[2] < 2.0 for g in got[1:]), got
     print(f"aborting {me} released", flush=True)
-    crash = hccl_sim.FaultPlan().rank_crash(0, at_op=0)
-    try:
-        hccl_sim.run(mismatched, topology=topo, engine="mpi", ranks_per_process=K, faults=crash)
-    except hccl_sim.HcclError as exc:
-        assert exc.code == "E_NOT_SUPPORT" and "rank_crash" in exc.reason, exc
-        print(f"crash {me} refused", flush=True)
+    t0 = time.monotonic()
+    crashes(topo, env)
+    print(f"crash {me} equals local {time.monotonic() - t0:.2f}", flush=True)
 
 
 if __name__ == "__main__":
