@@ -33,6 +33,9 @@ OUT = Path(__file__).resolve().parent / "out"
 PRESETS = {"atlas800t-a2": "910B (Atlas 800T A2)", "atlas800-910a": "910A (Atlas 800)",
            "atlas900-a3": "A3 (Atlas 900 A3 SuperPoD, 1 superpod)"}
 COLORS = {"ring": "#4c72b0", "H-D_R": "#dd8452", "NHR": "#55a868", "NB": "#c44e52", "pipeline": "#8172b3"}
+# H-D_R, NHR and NB often coincide (NHR is H-D on a power of two): markers and dashes keep each visible
+STYLES = {"ring": ("o", "-", 4), "H-D_R": ("s", "-", 7), "NHR": ("^", "--", 5), "NB": ("x", ":", 6),
+          "pipeline": ("D", "-", 4)}
 
 
 def level1(label: str):
@@ -109,7 +112,9 @@ def plot(results, op, sizes, algos, presets, path):
                 pts = [(r["servers"], r["cells"][a][0]) for r in rows
                        if r["cells"][a][0] is not None and (r["servers"] == 1 or r["cells"][a][1] == a)]
                 if len(pts) > 1:
-                    ax.plot(*zip(*pts), marker="o", ms=3, color=COLORS.get(a), label=a)
+                    marker, line, size = STYLES.get(a, ("o", "-", 4))
+                    ax.plot(*zip(*pts), marker=marker, ls=line, ms=size, color=COLORS.get(a), label=a,
+                            mfc="none" if marker in "s^" else None)
             ax.plot([r["servers"] for r in rows], [r["hccl"][0] for r in rows], "k--", lw=1, label="HCCL's choice")
             ax.set_xscale("log", base=2)
             ax.set_xticks([r["servers"] for r in rows], [str(r["servers"]) for r in rows])
