@@ -32,4 +32,4 @@ def test_busbw_vs_servers_names_fallbacks_and_writes_table_and_plot(tmp_path):
     assert "(ran H-D_R)" in md and "(ran NHR)" in md and "not run by HCCL" in md
     est = hccl_sim.simulate("allreduce", 1 << 20, topology=hccl_sim.topology("atlas800t-a2", servers=2), algo="NB")
     assert results[("atlas800t-a2", 1 << 20)][1]["cells"]["NB"][0] == est.busbw
-    assert f"| 2 | 16 | " in md and f"{est.busbw:.2f}" in md
+    assert "| 2 | 16 | " in md and f"{est.busbw:.2f}" in md
