@@ -6,8 +6,8 @@ For each process count (default 2, 4, 8), one `mpiexec -n N` job measures, inter
 same data; and an 8-byte AllReduce issued back to back on the engine and on MPICH. A large op's
 time is the slowest rank's wall time from a barrier; busbw = bytes / time x 2(p-1)/p
 (nccl-tests'); figures are medians over every timed op of every round. Every result is checked
-against numpy. Writes experiments/out/mpi_engine_vs_mpich.md and prints the command that
-regenerates it.
+against numpy. Writes experiments/out/mpi_engine_vs_mpich.md and a plot beside it (.png: busbw
+and 8-byte latency against processes) and prints the command that regenerates them.
 
     python experiments/mpi_engine_vs_mpich.py                  # 2, 4, 8 processes
     python experiments/mpi_engine_vs_mpich.py --procs 8 --repeats 5
@@ -95,6 +95,38 @@ def worker(args):
         print(json.dumps(res))
 
 
+def plot(rows, args, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    procs = [p for p, _, _ in rows]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    width = 0.27
+    for i, (key, label) in enumerate((("window", "engine, shared-window plane"), ("p2p", "engine, point to point"),
+                                      ("mpich", "MPICH Allreduce"))):
+        ax.bar([j + (i - 1) * width for j in range(len(rows))], [busbw(args.bytes, p, m[key]) for p, m, _ in rows],
+               width, label=label)
+    ax.set_xticks(range(len(rows)), [str(p) for p in procs])
+    ax.set_xlabel("MPI processes")
+    ax.set_ylabel("busbw (GB/s, wall time)")
+    ax.set_title(f"{args.bytes >> 20} MiB float32 AllReduce", fontsize=9)
+    ax.legend(fontsize=7)
+    ax2.plot(procs, [m["lat_engine"] * 1e6 for _, m, _ in rows], "o-", label="engine")
+    ax2.plot(procs, [m["lat_mpich"] * 1e6 for _, m, _ in rows], "s--", label="MPICH")
+    ax2.set_xscale("log", base=2)
+    ax2.set_yscale("log")
+    ax2.set_xticks(procs, [str(p) for p in procs])
+    ax2.minorticks_off()
+    ax2.set_xlabel("MPI processes")
+    ax2.set_ylabel("8-byte AllReduce, back to back (us)")
+    ax2.set_title("small-op latency", fontsize=9)
+    ax2.grid(True, which="both", alpha=0.3)
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 # ---- the driver ----------------------------------------------------------------------------------------
 
 def run_job(p, args):
@@ -146,8 +178,10 @@ def main():
     lines += ["", f"Regenerate: `{command.strip()}`", ""]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines))
+    png = Path(args.out).with_suffix(".png")
+    plot(rows, args, png)
     print("\n".join(lines))
-    print(f"wrote {args.out}\nregenerate with: {command.strip()}")
+    print(f"wrote {args.out} and {png}\nregenerate with: {command.strip()}")
 
 
 if __name__ == "__main__":
