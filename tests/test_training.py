@@ -225,7 +225,7 @@ def test_train_command_prints_and_writes(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--engine", "timing"], "train runs on local or ray"),
+    (["--engine", "timing"], "train runs on local, ray or mpi"),
     (["--batch", "4"], "smaller than the 8 ranks"),
     (["--steps", "0"], "steps must be an integer >= 1"),
     (["--bucket-mb", "-1"], "--bucket-mb -1"),

@@ -43,11 +43,7 @@ def topology_from_env(world_size: int):
         topo = topologies.load(name, **({"ranks": world_size} | params))
     elif not params and name.lower() in topologies.HARDWARE_PRESETS + tuple(topologies.ALIASES):
         # no server count given: the launcher's processes fill servers of the preset in order
-        # (4 processes: one 4-NPU server; 16 on an 8-NPU preset: two servers)
-        full = int(topologies.presets.preset_data(topologies.presets.hardware_name(name))["npus_per_server"])
-        servers, part = divmod(world_size, full)
-        counts = [full] * servers + ([part] if part else [])
-        topo = topologies.hardware(name, devices_per_server=counts)
+        topo = topologies.presets.filled(name, world_size)
     else:
         topo = topologies.load(name, **params)
     if topo.num_ranks != world_size:
