@@ -1,7 +1,8 @@
 """The torch.distributed backend "hccl_sim" (hccl_sim.torch) on Ray ranks: its collectives against
 torch's reference results, sync and async Works, new_group, DistributedDataParallel's parameters
 equal to single-process training on the whole batch (with the allreduce and fp16 comm hooks),
-and every collective's simulated time reported."""
+and every collective's simulated time reported; plain scripts under torchrun and under mpiexec
+(the MPI engine, and hccl_sim.run(engine="mpi")); ranks as threads of one process refused."""
 import numpy as np
 import pytest
 
@@ -253,3 +254,39 @@ def test_torchrun_topology_that_does_not_fit_the_launch():
     done = _torchrun(2, ["1"], {"HCCL_SIM_TOPOLOGY": "atlas800t-a2:servers=2"})
     assert done.returncode != 0
     assert "has 16 ranks but the launcher started 2 (WORLD_SIZE)" in done.stderr
+
+
+# ---- under mpiexec, and ranks that are threads ---------------------------------------------------------
+
+def test_mpiexec_script_and_mpi_engine_runs():
+    """mpiexec -n 3, no torchrun variables: init_process_group(backend="hccl_sim") is MPI's rank
+    and size on the MPI engine (DDP, new_group, local-engine times), hccl_sim.torch works inside
+    hccl_sim.run(engine="mpi"), and two ranks per process are refused (tests/torch_scripts/torch_mpi.py)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
+               HCCL_EXEC_TIMEOUT="60")
+    before = set(os.listdir("/dev/shm"))
+    done = subprocess.run([shutil.which("mpiexec") or "mpiexec", "-n", "3", sys.executable,
+                           os.path.join(here, "torch_scripts", "torch_mpi.py")],
+                          capture_output=True, text=True, timeout=240, env=env, cwd=root)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    assert sorted(done.stdout.split()) == ["0", "1", "2", "OK", "OK", "OK"], done.stdout
+    assert not [n for n in set(os.listdir("/dev/shm")) - before if n.startswith("mpich")]
+
+
+def _torch_on_a_thread(comm):
+    import hccl_sim.torch as ht
+    ht.init_process_group(comm)
+
+
+def test_local_engine_ranks_are_refused_with_the_reason():
+    """Threads of one process cannot each have torch's (per-process) default group."""
+    with pytest.raises(hccl_sim.HcclError, match="one default process group per process") as info:
+        hccl_sim.run(_torch_on_a_thread, topology=hccl_sim.topology("fullmesh", ranks=2))
+    assert info.value.code == "E_NOT_SUPPORT" and "engine='ray'" in str(info.value)
