@@ -276,7 +276,8 @@ def test_mpiexec_script_and_mpi_engine_runs():
                            os.path.join(here, "torch_scripts", "torch_mpi.py")],
                           capture_output=True, text=True, timeout=240, env=env, cwd=root)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
-    assert sorted(done.stdout.split()) == ["0", "1", "2", "OK", "OK", "OK"], done.stdout
+    import re       # the processes' lines may interleave
+    assert sorted(int(r) for r in re.findall(r"OK (\d+)", done.stdout)) == [0, 1, 2], (done.stdout, done.stderr[-2000:])
     assert not [n for n in set(os.listdir("/dev/shm")) - before if n.startswith("mpich")]
 
 
