@@ -234,16 +234,22 @@ def _torchrun(nproc, script_args, env):
 
 def test_torchrun_script_on_the_backend():
     """torchrun --nproc-per-node 3: init_process_group(backend="hccl_sim") finds its peers through
-    torch's store; collectives, new_group and DDP as in one process on the whole batch."""
+    torch's store; one host: the shared-memory plane (nothing left in /dev/shm); collectives,
+    new_group and DDP as in one process on the whole batch."""
     import json
+    import os
+    from hcomm import shm
     steps = 3
+    before = set(os.listdir("/dev/shm"))
     done = _torchrun(3, [str(steps)], {"HCCL_SIM_TOPOLOGY": "atlas800t-a2"})
     assert done.returncode == 0, done.stderr[-3000:]
+    assert not [n for n in set(os.listdir("/dev/shm")) - before if n.startswith(shm.PREFIX)]
     line = next(l for l in done.stdout.splitlines() if l.startswith("RESULT "))
     ranks = json.loads(line[len("RESULT "):])
     want = [q.flatten() for q in _reference(steps)]
     for out in ranks:
         assert out["allreduce"] == [0.0, 6.0, 12.0, 18.0]
+        assert out["plane"] == "shm" and out["big"] == [6.0]      # one host: the shared-memory plane
         assert out["sub"] == ([2.0] if out["rank"] in (0, 2) else [1.0])
         for got, ref in zip(out["params"], want):
             assert np.allclose(got, ref, atol=1e-5)
@@ -291,3 +297,33 @@ def test_local_engine_ranks_are_refused_with_the_reason():
     with pytest.raises(hccl_sim.HcclError, match="one default process group per process") as info:
         hccl_sim.run(_torch_on_a_thread, topology=hccl_sim.topology("fullmesh", ranks=2))
     assert info.value.code == "E_NOT_SUPPORT" and "engine='ray'" in str(info.value)
+
+
+def _failing_collectives(comm):
+    import torch
+    import torch.distributed as dist
+    import hccl_sim.torch as ht
+    ht.init_process_group(comm)
+    seen = []
+    try:
+        for call in (lambda: dist.all_reduce(torch.ones(4, 2).t()),                   # not contiguous
+                     lambda: dist.all_reduce(torch.ones(4, 2).t(), async_op=True).wait(),
+                     lambda: dist.all_reduce(torch.ones(4, 2).t(), async_op=True).get_future().wait()):
+            try:
+                call()
+                seen.append(None)
+            except Exception as exc:   # noqa: BLE001 - what torch hands back is the test's subject
+                seen.append(str(exc))
+        t = torch.ones(3)
+        dist.all_reduce(t)                 # the group goes on after a failed op
+        return seen, t.tolist()
+    finally:
+        ht.destroy_process_group()
+
+
+def test_a_failed_collective_raises_from_wait_and_future():
+    """A lone rank (one per process) on the local engine: the HcclError of a failed collective
+    reaches a synchronous call, work.wait() and get_future().wait()."""
+    seen, after = hccl_sim.run(_failing_collectives, topology=hccl_sim.topology("fullmesh", ranks=1))[0]
+    assert len(seen) == 3 and all(s is not None and "contiguous" in s for s in seen), seen
+    assert after == [1.0, 1.0, 1.0]

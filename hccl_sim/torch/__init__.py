@@ -123,8 +123,11 @@ def destroy_process_group():
     for pg in groups:
         pg.shutdown()
     if _World.transport is not None:        # a launched script's own endpoint: say goodbye to the peers
-        _World.comm._group.exit(_World.comm.rank)
+        group = _World.comm._group
+        group.exit(_World.comm.rank)
         _World.transport.close()
+        if hasattr(group, "close"):          # the shared-memory plane's segments
+            group.close()
     if _World.job is not None:              # an mpirun script's MPI job: every process closes it here
         from ..engines.mpi import close_job
         close_job(_World.job)
