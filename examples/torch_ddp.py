@@ -1,6 +1,7 @@
 """An ordinary PyTorch DDP training script on emulated Ascend NPUs.
 
     torchrun --nproc-per-node 8 examples/torch_ddp.py          # 8 processes, one 910B server
+    mpiexec -n 8 python examples/torch_ddp.py                  # the same under MPI (the MPI engine)
     HCCL_SIM_TOPOLOGY=atlas800t-a2:servers=2 torchrun --nproc-per-node 16 examples/torch_ddp.py
     python examples/torch_ddp.py                               # the same on hccl-sim's Ray engine
 
@@ -71,13 +72,14 @@ def main():
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--servers", type=int, default=1, help="910B servers when not under torchrun (default 1)")
     args = ap.parse_args()
-    if "RANK" in os.environ:                       # started by torchrun: one process per rank
+    launcher = "torchrun" if "RANK" in os.environ else "mpirun" if hccl_sim.torch.mpi_launch.launched() else None
+    if launcher:                                   # one process per rank, rank and world size the launcher's
         dist.init_process_group(backend="hccl_sim")
         log = train(args.steps, args.batch)
         logs = [None] * dist.get_world_size()
         dist.all_gather_object(logs, log)
         if dist.get_rank() == 0:
-            report(logs, dist.get_world_size(), "torchrun processes")
+            report(logs, dist.get_world_size(), f"{launcher} processes")
         hccl_sim.torch.destroy_process_group()
     else:
         topo = hccl_sim.topology("atlas800t-a2", servers=args.servers)

@@ -27,6 +27,15 @@ def _untrack(shm):
         pass
 
 
+def unlink_segment(seg) -> None:
+    """Remove a segment's name. SharedMemory.unlink() would also unregister it from the resource
+    tracker, which no longer knows it (_untrack) and complains on stderr for every segment."""
+    try:
+        os.unlink(f"/dev/shm/{seg._name.lstrip('/')}")  # noqa: SLF001 - the POSIX name of the segment
+    except FileNotFoundError:
+        pass
+
+
 def segment_name(session: str, rank: int, kind: str, generation: int) -> str:
     """A rank's segment's name. It carries the owning process's pid: a rank whose process died and
     was replaced (a fault plan's crash on Ray) must not reuse its predecessor's names, which peers
@@ -67,10 +76,7 @@ class OwnedSegments:
             seg.close()
         except BufferError:
             pass          # a view is still alive; the name is gone anyway once unlinked
-        try:
-            seg.unlink()
-        except FileNotFoundError:
-            pass
+        unlink_segment(seg)
 
     def close(self):
         for seg in self._segs.values():
@@ -100,10 +106,7 @@ class PrivateSegment:
 
 
 def _unlink_later(seg):
-    try:
-        seg.unlink()
-    except FileNotFoundError:
-        pass
+    unlink_segment(seg)
     try:
         seg.close()
     except BufferError:

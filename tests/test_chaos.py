@@ -322,7 +322,7 @@ def test_ray_runner_keeps_the_pools_working_set_and_no_more():
     from hcomm.shm import PREFIX
     from hccl_sim.chaos.runners import RayRunner
     from hccl_sim.chaos.scenarios import MAX_CALLS
-    from hccl_sim.engines.ray.shm_plane import RESULT_POOL_SPARE
+    from hccl_sim.engines.shm_plane import RESULT_POOL_SPARE
     runner = RayRunner.__new__(RayRunner)
     runner.cluster = SimpleNamespace(_ray=SimpleNamespace(session="vm-1-ab"))
     allowed = RESULT_POOL_SPARE + MAX_CALLS

@@ -127,6 +127,26 @@ def test_bench_nccl_table_on_mpi_and_refused_hccl_test_flags():
         assert out.returncode == 2 and words in out.stderr and out.stderr.count("\n") == 1, out.stderr
 
 
+def test_train_under_mpiexec_prints_once_and_equals_the_local_engine(tmp_path):
+    """hccl-sim train --engine mpi on 3 processes (the 910B preset filled to 3 NPUs): rank 0 alone
+    prints; every step's loss and simulated times are the local engine's, to the nanosecond."""
+    from threadpoolctl import threadpool_limits
+    import topologies
+    from hccl_sim.training import TrainConfig, report, train_rank
+    js = tmp_path / "train.json"
+    lines, _ = mpiexec(3, "-m", "hccl_sim", "train", "--engine", "mpi", "--steps", "3", "--hidden", "32",
+                       "--batch", "60", "--json", js)
+    assert sum(line.startswith("# hccl-sim train") for line in lines) == 1, lines
+    assert "3 ranks (atlas800t-a2, 1 server, 910B), engine mpi" in lines[0]
+    assert sum("bit-identical on every rank" in line for line in lines) == 1
+    with threadpool_limits(limits=1, user_api="blas"):
+        local = hccl_sim.run(train_rank, topology=topologies.presets.filled("atlas800t-a2", 3),
+                             args=(TrainConfig(steps=3, hidden=32, batch=60),))
+    import json
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]   # noqa: E731
+    assert strip(json.loads(js.read_text())["steps"]) == strip(report.step_rows(local))
+
+
 def test_link_flap_with_op_retry_equals_the_local_engine():
     lines, _ = mpiexec(2, SCRIPTS / "fault_retry.py")
     assert oks(lines) == [0, 1]

@@ -372,7 +372,7 @@ def test_result_pool_stays_bounded_over_many_shapes(cluster8):
     """(Found by `hccl-sim chaos --engine ray`.) Ops of ever new shapes on the shared-memory plane:
     each rank keeps at most RESULT_POOL_SPARE free result segments, the least recently used
     unlinked, instead of one per shape for the cluster's life."""
-    from hccl_sim.engines.ray.shm_plane import RESULT_POOL_SPARE
+    from hccl_sim.engines.shm_plane import RESULT_POOL_SPARE
     stem = f"{shm.PREFIX}{cluster8._ray.session}_0_result_"
 
     def fn(comm, n):

@@ -1,7 +1,8 @@
 """The torch.distributed backend "hccl_sim" (hccl_sim.torch) on Ray ranks: its collectives against
 torch's reference results, sync and async Works, new_group, DistributedDataParallel's parameters
 equal to single-process training on the whole batch (with the allreduce and fp16 comm hooks),
-and every collective's simulated time reported."""
+and every collective's simulated time reported; plain scripts under torchrun and under mpiexec
+(the MPI engine, and hccl_sim.run(engine="mpi")); ranks as threads of one process refused."""
 import numpy as np
 import pytest
 
@@ -233,16 +234,22 @@ def _torchrun(nproc, script_args, env):
 
 def test_torchrun_script_on_the_backend():
     """torchrun --nproc-per-node 3: init_process_group(backend="hccl_sim") finds its peers through
-    torch's store; collectives, new_group and DDP as in one process on the whole batch."""
+    torch's store; one host: the shared-memory plane (nothing left in /dev/shm); collectives,
+    new_group and DDP as in one process on the whole batch."""
     import json
+    import os
+    from hcomm import shm
     steps = 3
+    before = set(os.listdir("/dev/shm"))
     done = _torchrun(3, [str(steps)], {"HCCL_SIM_TOPOLOGY": "atlas800t-a2"})
     assert done.returncode == 0, done.stderr[-3000:]
+    assert not [n for n in set(os.listdir("/dev/shm")) - before if n.startswith(shm.PREFIX)]
     line = next(l for l in done.stdout.splitlines() if l.startswith("RESULT "))
     ranks = json.loads(line[len("RESULT "):])
     want = [q.flatten() for q in _reference(steps)]
     for out in ranks:
         assert out["allreduce"] == [0.0, 6.0, 12.0, 18.0]
+        assert out["plane"] == "shm" and out["big"] == [6.0]      # one host: the shared-memory plane
         assert out["sub"] == ([2.0] if out["rank"] in (0, 2) else [1.0])
         for got, ref in zip(out["params"], want):
             assert np.allclose(got, ref, atol=1e-5)
@@ -253,3 +260,70 @@ def test_torchrun_topology_that_does_not_fit_the_launch():
     done = _torchrun(2, ["1"], {"HCCL_SIM_TOPOLOGY": "atlas800t-a2:servers=2"})
     assert done.returncode != 0
     assert "has 16 ranks but the launcher started 2 (WORLD_SIZE)" in done.stderr
+
+
+# ---- under mpiexec, and ranks that are threads ---------------------------------------------------------
+
+def test_mpiexec_script_and_mpi_engine_runs():
+    """mpiexec -n 3, no torchrun variables: init_process_group(backend="hccl_sim") is MPI's rank
+    and size on the MPI engine (DDP, new_group, local-engine times), hccl_sim.torch works inside
+    hccl_sim.run(engine="mpi"), and two ranks per process are refused (tests/torch_scripts/torch_mpi.py)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
+               HCCL_EXEC_TIMEOUT="60")
+    before = set(os.listdir("/dev/shm"))
+    done = subprocess.run([shutil.which("mpiexec") or "mpiexec", "-n", "3", sys.executable,
+                           os.path.join(here, "torch_scripts", "torch_mpi.py")],
+                          capture_output=True, text=True, timeout=240, env=env, cwd=root)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    import re       # the processes' lines may interleave
+    assert sorted(int(r) for r in re.findall(r"OK (\d+)", done.stdout)) == [0, 1, 2], (done.stdout, done.stderr[-2000:])
+    assert not [n for n in set(os.listdir("/dev/shm")) - before if n.startswith("mpich")]
+
+
+def _torch_on_a_thread(comm):
+    import hccl_sim.torch as ht
+    ht.init_process_group(comm)
+
+
+def test_local_engine_ranks_are_refused_with_the_reason():
+    """Threads of one process cannot each have torch's (per-process) default group."""
+    with pytest.raises(hccl_sim.HcclError, match="one default process group per process") as info:
+        hccl_sim.run(_torch_on_a_thread, topology=hccl_sim.topology("fullmesh", ranks=2))
+    assert info.value.code == "E_NOT_SUPPORT" and "engine='ray'" in str(info.value)
+
+
+def _failing_collectives(comm):
+    import torch
+    import torch.distributed as dist
+    import hccl_sim.torch as ht
+    ht.init_process_group(comm)
+    seen = []
+    try:
+        for call in (lambda: dist.all_reduce(torch.ones(4, 2).t()),                   # not contiguous
+                     lambda: dist.all_reduce(torch.ones(4, 2).t(), async_op=True).wait(),
+                     lambda: dist.all_reduce(torch.ones(4, 2).t(), async_op=True).get_future().wait()):
+            try:
+                call()
+                seen.append(None)
+            except Exception as exc:   # noqa: BLE001 - what torch hands back is the test's subject
+                seen.append(str(exc))
+        t = torch.ones(3)
+        dist.all_reduce(t)                 # the group goes on after a failed op
+        return seen, t.tolist()
+    finally:
+        ht.destroy_process_group()
+
+
+def test_a_failed_collective_raises_from_wait_and_future():
+    """A lone rank (one per process) on the local engine: the HcclError of a failed collective
+    reaches a synchronous call, work.wait() and get_future().wait()."""
+    seen, after = hccl_sim.run(_failing_collectives, topology=hccl_sim.topology("fullmesh", ranks=1))[0]
+    assert len(seen) == 3 and all(s is not None and "contiguous" in s for s in seen), seen
+    assert after == [1.0, 1.0, 1.0]

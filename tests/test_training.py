@@ -2,8 +2,8 @@
 parameters equal single-process full-batch training for 1..8 ranks and every AllReduce algorithm
 (parameters bit-identical across ranks); SyncBatchNorm's statistics are the whole batch's; a
 bucket's AllReduce starts before backward ends and hides communication under compute; a link flap
-mid-run is retried without changing the loss curve; a crash is survived by shrinking and
-restoring the last checkpoint (local and Ray); the `hccl-sim train` command and its files."""
+mid-run is retried without changing the loss curve and a crash is survived by shrinking and
+restoring the last checkpoint (both on local and Ray); the `hccl-sim train` command and its files."""
 import json
 
 import numpy as np
@@ -193,19 +193,30 @@ def test_crash_is_survived_by_shrink_and_checkpoint(reference):
     assert_equals_reference(got, ref)
 
 
-def test_training_on_ray_equals_local_and_survives_a_crash(ray_cluster, reference):
+def test_training_on_ray_equals_local_retries_a_flap_and_survives_a_crash(ray_cluster, reference):
+    """On one set of 8 Ray actors: fault-free training equals the full batch; an HCCS link flap in
+    step 1 is retried (L0 op retry) with the loss curve and parameters of the fault-free run; a
+    crash is shrunk away; flap and crash runs step for step as on the local engine."""
     cfg, ref = reference
     topo = hccl_sim.topology("atlas800t-a2", servers=1)
     plan = FaultPlan().rank_crash(5, at_op=14)
-    local = run(cfg, topo, faults=plan)
+    env = {"HCCL_RDMA_TIMEOUT": "5", "HCCL_RDMA_RETRY_CNT": "1", "HCCL_OP_RETRY_ENABLE": "L0:1",
+           "HCCL_OP_RETRY_PARAMS": "MaxCnt:3,HoldTime:1,IntervalTime:1"}
     with hccl_sim.Cluster(topo, engine="ray") as cluster:
         clean = cluster.run(train_rank, args=(cfg,))
+        flap = FaultPlan().link_flap(0, 1, at=report.step_rows(clean)[1]["start_ns"] / 1e9, duration=1e-3)
+        flapped = cluster.run(train_rank, args=(cfg,), faults=flap, env=env)
         crashed = cluster.run(train_rank, args=(cfg,), faults=plan)
+    local, local_flap = run(cfg, topo, faults=plan), run(cfg, topo, faults=flap, env=env)
     assert_equals_reference(clean, ref)
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]   # noqa: E731
+    rows, clean_rows = report.step_rows(flapped), report.step_rows(clean)
+    assert [r["retries"] for r in rows] == [0, 1, 0, 0] and rows[1]["step_ns"] > clean_rows[1]["step_ns"]
+    assert losses(flapped) == losses(clean) and [r.digest for r in flapped] == [r.digest for r in clean]
+    assert strip(rows) == strip(report.step_rows(local_flap))
     assert crashed[5] is None and report.events(crashed)[0]["lost_ranks"] == [5]
     assert_equals_reference(crashed, ref)
     assert [r.digest for r in crashed if r] == [r.digest for r in local if r]
-    strip = lambda rows: [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]   # noqa: E731
     assert strip(report.step_rows(crashed)) == strip(report.step_rows(local))
 
 
@@ -225,7 +236,7 @@ def test_train_command_prints_and_writes(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--engine", "timing"], "train runs on local or ray"),
+    (["--engine", "timing"], "train runs on local, ray or mpi"),
     (["--batch", "4"], "smaller than the 8 ranks"),
     (["--steps", "0"], "steps must be an integer >= 1"),
     (["--bucket-mb", "-1"], "--bucket-mb -1"),

@@ -10,7 +10,7 @@ import os
 from .errors import HCCL_RESULT, HcclError
 from .model import DeviceModel, Route, Topology, is_power_of_two, seconds_to_ns, transfer_ns
 from .presets import (ALIASES, HARDWARE_PRESETS, MAX_LATENCY, MAX_RANKS, MIN_BANDWIDTH, SYNTHETIC_PRESETS,
-                      hardware, hardware_name, synthetic)
+                      filled, hardware, hardware_name, synthetic)
 from . import ranktable
 
 __all__ = ["load", "Topology", "Route", "DeviceModel", "HcclError", "HCCL_RESULT", "ranktable",

@@ -230,6 +230,16 @@ def hardware(name: str, servers=None, devices_per_server: list | None = None,
                     server_ids=server_ids, device_ips=device_ips, params=params)
 
 
+def filled(name: str, ranks: int) -> Topology:
+    """`ranks` NPUs of a hardware preset, filling its servers in order (12 on an 8-NPU preset: a
+    full server and one of 4): what a launcher's processes make of a preset named without a server
+    count (hccl_sim.torch under torchrun or mpirun, `hccl-sim train` under mpiexec)."""
+    full = int(preset_data(hardware_name(name))["npus_per_server"])
+    ranks = integer(ranks, "ranks", 1, MAX_RANKS, where=f"topology {name}", limit=f"MAX_RANKS = {MAX_RANKS}")
+    servers, part = divmod(ranks, full)
+    return hardware(name, devices_per_server=[full] * servers + ([part] if part else []))
+
+
 _ROCE_VARIANTS = weakref.WeakKeyDictionary()
 
 

@@ -82,13 +82,13 @@ class RayRunner:
         self.cluster = Cluster(self.topo, engine="ray", address=self.address)
 
     def kept(self, names) -> set:
-        """The actors' working set between runs (hccl_sim.engines.ray.shm_plane): per rank its newest
+        """The actors' working set between runs (hccl_sim.engines.shm_plane): per rank its newest
         CCL input, output and scratch segment and RESULT_POOL_SPARE pooled results, plus the results
         of the last run's calls (held until it returned: the pool trims at its next allocation);
         anything beyond that (an old generation, a device allocation, a pool that keeps growing) is
         left behind."""
         from hcomm.shm import PREFIX
-        from ..engines.ray.shm_plane import RESULT_POOL_SPARE
+        from ..engines.shm_plane import RESULT_POOL_SPARE
         from .scenarios import MAX_CALLS
         stem = f"{PREFIX}{self.cluster._ray.session}_"
         by_rank = {}

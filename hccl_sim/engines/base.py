@@ -73,6 +73,8 @@ class Group(Protocol):
     config: object            # env.Config
     transport: object         # an hcomm Transport, for point to point
     eager_bytes: int          # inputs up to this size travel with the call (0: never)
+    ranks_per_process: int    # ranks of the job that are threads of this process (torch.distributed,
+                              # one default group per process, needs 1)
 
     def rendezvous(self, rank: int, call: Call):
         """Meet every rank for collective #call.seq; return the shared OpPlan."""

@@ -62,6 +62,7 @@ class LocalGroup:
         self.topo = topo
         self.config = config
         self.size = topo.num_ranks
+        self.ranks_per_process = self.size      # a sub-communicator's group: its parent's (set below)
         self.transport = InProcessTransport(self.size, config.wait_timeout_s)
         self._cond = threading.Condition()
         self._slots = {}                  # (phase, seq) -> _Slot
@@ -215,6 +216,7 @@ class LocalGroup:
             if child is None:
                 child = self._children[scope] = LocalGroup(topo, config, dataplane=self.dataplane)
                 child.members = members
+                child.ranks_per_process = self.ranks_per_process
                 for r in self._exited:
                     if r in members:
                         child.exit(members.index(r))

@@ -139,6 +139,7 @@ class MpiGroup(_Crashing, PeerGroup):
     def __init__(self, rank, topo, config, control, transport, job):
         super().__init__(rank, topo, config, control, transport)
         self.job, self.plane = job, job.plane
+        self.ranks_per_process = job.k
         self._results = {}             # (shape, dtype) -> arrays handed out before
 
     def _subgroup(self, sub_rank, topo, config, control, transport):
@@ -320,6 +321,15 @@ def init_mpi(topo, config, ranks_per_process: int = 1, plane: str = "p2p"):
     _JOBS.append(job)
     comms = [job.communicator(r) for r in job.groups]
     return comms[0] if len(comms) == 1 else comms
+
+
+def close_job(job) -> None:
+    """Close one job init() opened, before the interpreter exits (every process calls it for the
+    same job: hccl_sim.torch's destroy_process_group)."""
+    if job in _JOBS:
+        _JOBS.remove(job)
+    if not job.closed:
+        job.close()
 
 
 def finalize() -> None:

@@ -150,6 +150,7 @@ class PeerGroup:
     scopes that one); subclasses add their data planes and fault hooks."""
 
     plane = "peer"
+    ranks_per_process = 1                  # one rank per process (the MPI engine may host more)
 
     def __init__(self, rank, topo, config, control, transport, raw_transport=None):
         self.rank, self.topo, self.config, self.size = rank, topo, config, topo.num_ranks
@@ -260,6 +261,7 @@ class PeerGroup:
         group = self._subgroup(sub_rank, topo, config, TransportControl(transport, sub_rank, len(members)),
                                transport)
         group.scope = scope
+        group.ranks_per_process = self.ranks_per_process
         return group
 
     def _subgroup(self, sub_rank, topo, config, control, transport) -> "PeerGroup":

@@ -1,9 +1,11 @@
 """torch.distributed over hccl-sim: importing this module registers the backend "hccl_sim".
 
 Inside `hccl_sim.run(fn, engine="ray")` (a process per rank), `hccl_sim.torch.init_process_group(comm)`
-makes that rank's communicator torch's default group; a plain script started by `torchrun` (or
-mpirun) calls `dist.init_process_group(backend="hccl_sim")` and its ranks find each other through
-torch's store, on the topology HCCL_SIM_TOPOLOGY names (hccl_sim.torch.launch); then ordinary torch.distributed code runs
+makes that rank's communicator torch's default group; a plain script started by `torchrun` calls
+`dist.init_process_group(backend="hccl_sim")` and its ranks find each other through torch's store
+(hccl_sim.torch.launch), one started by `mpirun`/`mpiexec` the same call, its rank and world size
+MPI's and its collectives on the MPI engine (hccl_sim.torch.mpi_launch), on the topology
+HCCL_SIM_TOPOLOGY names; then ordinary torch.distributed code runs
 on it: collectives, `DistributedDataParallel` with its comm hooks, `new_group` (a communicator of
 the members, priced on their places in the topology). Every collective's simulated time is in
 `hccl_sim.torch.records()`. `SyncBatchNorm` / `convert_sync_batchnorm`: torch's SyncBatchNorm for
@@ -21,6 +23,7 @@ except ImportError as exc:                       # pragma: no cover - torch is t
 
 from topologies.errors import HcclError
 
+from . import mpi_launch
 from .process_group import BACKEND, ProcessGroupHcclSim
 from .sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 
@@ -37,7 +40,8 @@ class Options:
 
 class _World:
     comm = None                      # this process's rank's world communicator
-    transport = None                 # the transport it was connected with here (a launched script)
+    transport = None                 # the transport it was connected with here (a torchrun script)
+    job = None                       # the MPI engine's job it runs in (an mpirun script)
 
 
 def _create(dist_opts, pg_options):
@@ -50,7 +54,12 @@ def _create(dist_opts, pg_options):
         # a plain script under torchrun / mpirun: dist.init_process_group(backend="hccl_sim")
         from .launch import connect, topology_from_env
         topo = topology_from_env(dist_opts.group_size)
-        world, _World.transport = connect(dist_opts.store, dist_opts.group_rank, dist_opts.group_size, topo)
+        mpi = mpi_launch.launched()
+        if mpi is not None and mpi[1] == dist_opts.group_size:
+            world = mpi_launch.world_communicator(dist_opts.group_rank, dist_opts.group_size, topo)
+            _World.job = world._group.job
+        else:
+            world, _World.transport = connect(dist_opts.store, dist_opts.group_rank, dist_opts.group_size, topo)
         _World.comm = world
         return ProcessGroupHcclSim(world)
     members = sorted(int(r) for r in dist_opts.global_ranks_in_group)
@@ -61,11 +70,24 @@ def _create(dist_opts, pg_options):
 
 
 dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+mpi_launch.install()
 
 
 def init_process_group(comm, timeout=None):
-    """Make `comm` (this rank's Communicator) torch's default process group."""
+    """Make `comm` (this rank's Communicator) torch's default process group.
+
+    Refused where the ranks are threads of one process (engine local; engine mpi with
+    ranks_per_process > 1): torch.distributed keeps one default group per process (its group
+    registry is module state), so threads cannot each have theirs; torch's thread-isolated mode
+    for that is a testing internal that turns the registry thread-local for the whole process."""
     from datetime import timedelta
+    k = getattr(comm._group, "ranks_per_process", 1)
+    if k > 1:
+        raise HcclError("E_NOT_SUPPORT", f"hccl_sim.torch.init_process_group: this rank is one of {k} ranks run as "
+                        "threads of one process (engine local, or engine mpi with ranks_per_process > 1), and "
+                        "torch.distributed keeps one default process group per process, so they cannot each have "
+                        "one; run torch ranks one per process: hccl_sim.run(fn, engine='ray'), engine='mpi' under "
+                        "mpiexec (ranks_per_process=1), or a plain script under torchrun / mpirun", rank=comm.rank)
     if dist.is_initialized():
         raise HcclError("E_PARA", "torch.distributed is already initialised in this process "
                         "(dist.destroy_process_group() first)", rank=comm.rank)
@@ -101,6 +123,12 @@ def destroy_process_group():
     for pg in groups:
         pg.shutdown()
     if _World.transport is not None:        # a launched script's own endpoint: say goodbye to the peers
-        _World.comm._group.exit(_World.comm.rank)
+        group = _World.comm._group
+        group.exit(_World.comm.rank)
         _World.transport.close()
-    _World.comm = _World.transport = None
+        if hasattr(group, "close"):          # the shared-memory plane's segments
+            group.close()
+    if _World.job is not None:              # an mpirun script's MPI job: every process closes it here
+        from ..engines.mpi import close_job
+        close_job(_World.job)
+    _World.comm = _World.transport = _World.job = None

@@ -8,8 +8,11 @@ server count is filled in order by the processes) and must have exactly world-si
 through the store torch gives the backend: each rank's socket endpoint (hcomm.transports.socket)
 publishes its address under hccl_sim/<session>/<rank> and reads every peer's; rendezvous is the
 dissemination allgather over that transport (engines.peer_group.TransportControl), data the
-per-rank executor, every wait bounded by HCCL_EXEC_TIMEOUT / HCCL_CONNECT_TIMEOUT. Ranks on the
-same host talk over loopback TCP (no shared-memory plane on this path yet).
+per-rank executor, every wait bounded by HCCL_EXEC_TIMEOUT / HCCL_CONNECT_TIMEOUT. When every
+rank is on one host (LOCAL_WORLD_SIZE == WORLD_SIZE) the world communicator's larger ops run on the
+shared-memory plane instead (engines/shm_plane.py: each rank its share of the data program on
+every rank's segments, under a session rank 0 names in the store); control and point to point stay
+on loopback TCP, sub-communicators (new_group) on the per-rank executor.
 """
 from __future__ import annotations
 
@@ -18,6 +21,9 @@ import os
 import socket
 
 from topologies.errors import HcclError
+
+from ..engines.peer_group import PeerGroup
+from ..engines.shm_plane import SharedPlane
 
 DEFAULT_TOPOLOGY = "atlas800t-a2"
 ENV = "HCCL_SIM_TOPOLOGY"
@@ -43,11 +49,7 @@ def topology_from_env(world_size: int):
         topo = topologies.load(name, **({"ranks": world_size} | params))
     elif not params and name.lower() in topologies.HARDWARE_PRESETS + tuple(topologies.ALIASES):
         # no server count given: the launcher's processes fill servers of the preset in order
-        # (4 processes: one 4-NPU server; 16 on an 8-NPU preset: two servers)
-        full = int(topologies.presets.preset_data(topologies.presets.hardware_name(name))["npus_per_server"])
-        servers, part = divmod(world_size, full)
-        counts = [full] * servers + ([part] if part else [])
-        topo = topologies.hardware(name, devices_per_server=counts)
+        topo = topologies.presets.filled(name, world_size)
     else:
         topo = topologies.load(name, **params)
     if topo.num_ranks != world_size:
@@ -56,11 +58,33 @@ def topology_from_env(world_size: int):
     return topo
 
 
+class LaunchedGroup(SharedPlane, PeerGroup):
+    """A launched script's world group whose ranks share a host: the shared-memory data plane."""
+    plane = "shm"
+
+    def __init__(self, rank, topo, config, control, transport, shared):
+        super().__init__(rank, topo, config, control, transport)
+        self.shared = shared
+
+    def _execute_data(self, rank, seq, plan, buffers, redop, op):
+        self._shared_shares(rank, seq, plan, buffers, redop, op)
+
+    def result_array(self, shape, dtype):
+        return self._shared_result(shape, dtype)
+
+    def close(self):
+        """Unlink this rank's segments (its peers have left the last op: destroy_process_group,
+        or the interpreter's exit); once."""
+        if self.shared is not None:
+            self.shared.close()
+            self.shared = None
+
+
 def connect(store, rank: int, size: int, topo, env=None, timeout_s: float | None = None):
     """(this rank's Communicator, its transport to close at the end), its peers found through `store`."""
     from ..communicator import Communicator
     from ..device import Runtime
-    from ..engines.peer_group import PeerGroup, TransportControl
+    from ..engines.peer_group import TransportControl
     from ..env import Config
     from hcomm.transports.socket import SocketTransport
     config = Config.from_env(env)
@@ -77,7 +101,18 @@ def connect(store, rank: int, size: int, topo, env=None, timeout_s: float | None
         raise HcclError("E_TIMEOUT", f"rank {rank}: peers did not publish their addresses in the store: {exc}") \
             from None
     transport.start(peers, eager=False)
-    group = PeerGroup(rank, topo, config, TransportControl(transport, rank, size), transport)
+    control = TransportControl(transport, rank, size)
+    if local:
+        from hcomm import shm
+        from ..engines.shm_plane import SharedArea
+        if rank == 0:
+            store.set("hccl_sim/shm_session", shm.new_session())
+        group = LaunchedGroup(rank, topo, config, control, transport,
+                              SharedArea(store.get("hccl_sim/shm_session").decode(), rank))
+        import atexit
+        atexit.register(group.close)       # a script that raised never reaches destroy_process_group
+    else:
+        group = PeerGroup(rank, topo, config, control, transport)
     runtime = Runtime(rank, topo).init()
     comm = Communicator(rank, group, runtime.set_device(topo.device_of[rank]))
     comm.runtime = runtime

@@ -1,10 +1,9 @@
 """A torch.distributed ProcessGroup whose collectives run on an hccl_sim Communicator.
 
 Each collective is a closure queued on the group's one FIFO worker thread (so every rank issues
-its ops to hccl-sim in the order torch issued them, asynchronous or not) and returns a Work made
-from a torch Future (`_create_work_from_future`) that the worker completes with the output
-tensors, or fails with the HcclError. CPU tensors are viewed as numpy arrays (no copy) and the
-ops run in place where torch's contract is in place (allreduce, broadcast). Every collective's
+its ops to hccl-sim in the order torch issued them, asynchronous or not) and returns a Work over
+a torch Future (FutureWork) that the worker completes with the output tensors, or fails with the
+HcclError, which wait() raises. CPU tensors are viewed as numpy arrays (no copy) and the ops run in place where torch's contract is in place (allreduce, broadcast). Every collective's
 simulated time is kept (`records`, and `last_op`), as `comm.last_op` says it.
 """
 from __future__ import annotations
@@ -15,7 +14,6 @@ import threading
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
 from topologies.errors import HcclError
 
@@ -35,6 +33,26 @@ def as_numpy(t: torch.Tensor) -> np.ndarray:
         import ml_dtypes
         return t.detach().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return t.detach().numpy()
+
+
+class FutureWork(dist.Work):
+    """A Work over a torch Future the worker completes. torch's `_create_work_from_future` drops a
+    failed future's exception (its wait() returns True, its future's wait() returns), so a failed
+    collective would pass unnoticed: here wait() and get_future().wait() raise the HcclError."""
+
+    def __init__(self, fut):
+        super().__init__()
+        self._fut = fut
+
+    def wait(self, timeout=None):
+        self._fut.wait()               # raises what the collective raised
+        return True
+
+    def get_future(self):
+        return self._fut
+
+    def is_completed(self):
+        return self._fut.done()
 
 
 class _Worker:
@@ -59,7 +77,7 @@ class _Worker:
     def submit(self, fn):
         fut = torch.futures.Future()
         self._jobs.put((fn, fut))
-        return _create_work_from_future(fut)
+        return FutureWork(fut)
 
     def stop(self):
         self._jobs.put(None)

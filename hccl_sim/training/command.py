@@ -1,7 +1,9 @@
 """`hccl-sim train`: its options (in the bench's style) and the command.
 
 Runs training.trainer.train_rank on every rank of the chosen engine and prints the per-step
-table (training.report); `--json`, `--plot` and `--trace` write the rest.
+table (training.report); `--json`, `--plot` and `--trace` write the rest. Under `mpiexec -n N
+hccl-sim train --engine mpi` every process trains its rank and receives every rank's result; rank 0
+alone prints and writes the files, and a preset named without a size takes the job's N ranks.
 """
 from __future__ import annotations
 
@@ -10,13 +12,13 @@ import time
 
 from topologies.errors import HcclError
 
-TRAIN_ENGINES = ("local", "ray")
+TRAIN_ENGINES = ("local", "ray", "mpi")
 
 
 def add_parser(sub, add_topology_args):
     p = sub.add_parser("train", help="data-parallel training of an MLP on scikit-learn's digits through hccl-sim")
     add_topology_args(p)
-    p.add_argument("--engine", default="local", help=f"one of {', '.join(TRAIN_ENGINES)} (default local)")
+    p.add_argument("--engine", default="local", help=f"one of {', '.join(TRAIN_ENGINES)} (default local; mpi under mpiexec -n N)")
     p.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     p.add_argument("--batch", type=int, default=256, help="global batch, split among the ranks (default 256)")
     p.add_argument("--hidden", type=int, default=1024, help="width of the hidden layers (default 1024)")
@@ -42,10 +44,10 @@ def add_parser(sub, add_topology_args):
 
 
 def one_blas_thread(engine: str):
-    """On the local engine every rank is a thread of this process: each rank's matrix products
-    on a BLAS of its own threads would oversubscribe the cores (3x slower on 2 cores, 8 ranks).
-    Ray's actors already run with OMP_NUM_THREADS=1."""
-    if engine != "local":
+    """On the local engine every rank is a thread of this process, on the MPI engine a process of
+    this host: each rank's matrix products on a BLAS of its own threads would oversubscribe the
+    cores (3x slower on 2 cores, 8 ranks). Ray's actors already run with OMP_NUM_THREADS=1."""
+    if engine not in ("local", "mpi"):
         return contextlib.nullcontext()
     from threadpoolctl import threadpool_limits
     return threadpool_limits(limits=1, user_api="blas")
@@ -57,7 +59,8 @@ def run_command(args, topology, env) -> int:
     from . import report
     from .trainer import TrainConfig, train_rank
     if args.engine not in TRAIN_ENGINES:
-        raise HcclError("E_PARA", f"--engine {args.engine!r}: train runs on {' or '.join(TRAIN_ENGINES)}")
+        raise HcclError("E_PARA", f"--engine {args.engine!r}: train runs on {', '.join(TRAIN_ENGINES[:-1])} or "
+                        f"{TRAIN_ENGINES[-1]}")
     if args.bucket_mb < 0:
         raise HcclError("E_PARA", f"--bucket-mb {args.bucket_mb:g}: a cap in MiB > 0, or 0 for one bucket")
     trace_step = None
@@ -70,7 +73,13 @@ def run_command(args, topology, env) -> int:
     cfg = TrainConfig(steps=args.steps, batch=args.batch, hidden=args.hidden, depth=args.depth, lr=args.lr,
                       momentum=args.momentum, bucket_mb=args.bucket_mb or None, algo=args.algo, seed=args.seed,
                       checkpoint_every=args.checkpoint_every, trace_step=trace_step)
-    topo = topology(args)
+    quiet = False
+    if args.engine == "mpi":
+        from ..engines.mpi import world
+        quiet = world().Get_rank() != 0      # every process gets every result; rank 0 reports them
+        topo = _mpi_topology(args, topology, world().Get_size())
+    else:
+        topo = topology(args)
     if cfg.batch < topo.num_ranks:
         raise HcclError("E_PARA", f"--batch {cfg.batch} is smaller than the {topo.num_ranks} ranks")
     faults = None if args.faults is None else FaultPlan.load(args.faults)
@@ -79,6 +88,8 @@ def run_command(args, topology, env) -> int:
         results = hccl_sim.run(train_rank, topology=topo, engine=args.engine, args=(cfg,), env=env(args.env),
                                faults=faults)
     wall = time.perf_counter() - wall
+    if quiet:
+        return 0 if len({r.digest for r in results if r is not None}) == 1 else 1
     alive = [r for r in results if r is not None]
     from .layers import MLP
     nparams = MLP(64, cfg.hidden, 10, depth=cfg.depth).num_parameters()
@@ -97,3 +108,16 @@ def run_command(args, topology, env) -> int:
         report.write_trace(args.trace, results, trace_step)
         print(f"# trace of step {trace_step} written to {args.trace}")
     return 0 if len({r.digest for r in alive}) == 1 else 1
+
+
+def _mpi_topology(args, topology, nprocs: int):
+    """Under mpiexec a preset named without its size (no --servers/--ranks) takes the job's ranks:
+    a synthetic one that many, a hardware one its servers filled in order."""
+    import topologies
+    name = topologies.ALIASES.get(args.topology.lower(), args.topology.lower())
+    if args.servers is None and args.ranks is None and args.superpods is None:
+        if name in topologies.SYNTHETIC_PRESETS:
+            args.ranks = nprocs
+        elif name in topologies.HARDWARE_PRESETS:
+            return topologies.presets.filled(name, nprocs)
+    return topology(args)

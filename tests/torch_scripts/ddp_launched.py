@@ -1,5 +1,5 @@
 """Launched by torchrun from tests/test_torch_backend.py: a plain script on the hccl_sim backend
-(collectives, new_group, DDP); rank 0 prints one JSON line of what every rank saw."""
+(collectives, new_group, DDP; ranks of one host on the shared-memory plane); rank 0 prints one JSON line of what every rank saw."""
 import json
 import sys
 
@@ -15,6 +15,9 @@ dist.init_process_group(backend="hccl_sim")
 rank, world = dist.get_rank(), dist.get_world_size()
 t = torch.arange(4.0) * (rank + 1)
 dist.all_reduce(t)
+big = torch.full((1 << 16,), float(rank + 1))        # 256 KiB: past the eager size, on the data plane
+dist.all_reduce(big)
+plane = hccl_sim.torch._ours(dist.distributed_c10d._get_default_group()).comm._group.plane
 sub = dist.new_group([0, world - 1])
 s = torch.ones(1)
 if rank in (0, world - 1):
@@ -32,7 +35,8 @@ for k in range(steps):
     opt.zero_grad()
     loss.backward()
     opt.step()
-mine = {"rank": rank, "allreduce": t.tolist(), "sub": s.tolist(),
+mine = {"rank": rank, "allreduce": t.tolist(), "sub": s.tolist(), "plane": plane,
+        "big": sorted(set(big.tolist())),
         "params": [q.detach().flatten().tolist() for q in model.parameters()],
         "ops": len(hccl_sim.torch.records()), "sim": sum(r.time for r in hccl_sim.torch.records())}
 everyone = [None] * world

@@ -23,7 +23,7 @@ from ...device import Runtime
 from .control import ShmControl, TransportControl
 from .group import RayGroup
 from .protocol import Outcome, RankInfo, RankStatus
-from .shm_plane import SharedArea
+from ..shm_plane import SharedArea
 from .watch import RankWatch
 
 CONTROL_SLOT_BYTES = 68 << 10

@@ -4,9 +4,8 @@ The engine-neutral part (rendezvous over the control plane's allgather, planning
 eager small ops, the per-rank executor over the peer transport, sub-communicators) is
 engines/peer_group.py's PeerGroup. What is Ray's own:
 - the control plane: shared memory on one host (ShmControl), the peer transport across hosts;
-- the data plane "shm" (every rank on one host), larger ops: ranks name their shared segments in
-  an allgather, every rank runs its 1/p share of the op's data program on all ranks' buffers in
-  place (the central data program), and a barrier closes the op; "socket" / "object" (ranks
+- the data plane "shm" (every rank on one host), larger ops: engines/shm_plane.py's SharedPlane
+  (every rank runs its 1/p share of the central data program on all ranks' buffers in place); "socket" / "object" (ranks
   that share no memory) run the per-rank executor over direct TCP or Ray's object store;
 - the stall watch (every wait recorded for the driver's deadlock verdict) and a fault plan's
   rank_crash (the dead rank's process exits; its peers find it gone).
@@ -14,7 +13,6 @@ Point-to-point send/recv use the peer transport on every plane.
 """
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np
@@ -22,14 +20,14 @@ from hcomm.transports.scoped import ScopedTransport
 
 from .. import executors
 from ..peer_group import PeerGroup
-from ...planner import op_loops
+from ..shm_plane import SharedPlane
 from .control import ShmControl
 from .watch import WatchedTransport
 
 CRASH_EXIT_STATUS = 70             # the exit status of a rank process the fault plan kills (EX_SOFTWARE)
 
 
-class RayGroup(PeerGroup):
+class RayGroup(SharedPlane, PeerGroup):
     def __init__(self, rank, topo, config, plane, control, transport, watch, shared=None, lost_world=None):
         super().__init__(rank, topo, config, control, WatchedTransport(transport, watch), raw_transport=transport)
         self.plane, self.watch, self.shared = plane, watch, shared
@@ -45,25 +43,6 @@ class RayGroup(PeerGroup):
             super()._execute_data(rank, seq, plan, buffers, redop, op)
         else:
             self._shared_shares(rank, seq, plan, buffers, redop, op)
-
-    def _shared_shares(self, rank, seq, plan, buffers, redop, op):
-        bufs, descs, copy_back = self._shared_buffers(rank, seq, plan, buffers, op)
-        executors.central_share(plan, bufs, redop, rank, self.size)
-        self._allgather(b"", f"the other ranks' shares of {op} (collective #{seq})", op)
-        if copy_back is not None:
-            np.copyto(buffers.output, copy_back)
-        self.shared.forget_except(descs)
-
-    def _shared_buffers(self, rank, seq, plan, buffers, op):
-        """Every rank's buffers of the op, mapped here (ranks name their segments in an allgather);
-        the segment names; this rank's output view to copy back, or None."""
-        p = self.size
-        scratch_shape = plan.collective.scratch_shape(p, op_loops(plan.signature, p, buffers.input.itemsize,
-                                                                  self.config))
-        desc, copy_back = self.shared.describe(buffers, scratch_shape)
-        descs = [type(desc).decode(r) for r in
-                 self._allgather(desc.encode(), f"{op} (collective #{seq}) buffers", op)]
-        return [self.shared.attach(d) for d in descs], descs, copy_back
 
     # ---- a fault plan's rank_crash (engines/base.py) ----------------------------------------------
     def die(self, rank, seq, plan, buffers, redop, steps) -> None:
@@ -101,10 +80,9 @@ class RayGroup(PeerGroup):
             self.transport.unwatch_peer(dead)
 
     def result_array(self, shape, dtype):
-        dtype = np.dtype(dtype)
-        if self.plane != "shm" or math.prod(shape) * dtype.itemsize <= self.inline_bytes:
+        if self.plane != "shm":
             return np.empty(shape, dtype=dtype)
-        return self.shared.result_array(shape, dtype)
+        return self._shared_result(shape, dtype)
 
     def abort(self, rank, reason) -> None:
         """comm.abort(): this communicator's waits fail here and at every peer (its scope of the

@@ -9,17 +9,17 @@ control plane. Nothing positional: every message is a small frozen dataclass.
 - RankStatus    what a rank is waiting for, for the driver's stall watch.
 - CallPayload   a rank's side of a collective's rendezvous (signature, entry clock, item size,
                 an eager op's input), the bytes the control plane's allgather carries.
-- SharedBuffers a rank's buffers on the shared-memory data plane: segment names and shapes.
+- SharedBuffers a rank's buffers on the shared-memory data plane (engines/shm_plane.py).
 """
 from __future__ import annotations
 
-import pickle
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from topologies.errors import HcclError
 
 from ..peer_group import CallPayload  # noqa: F401 - the control plane's payload, engine-neutral
+from ..shm_plane import SharedBuffers  # noqa: F401 - the shared plane's buffer names, engine-neutral
 
 
 @dataclass(frozen=True)
@@ -71,18 +71,3 @@ class RankStatus:
     rank: int
     waiting: Optional[str]              # what it waits for, None when running
     progress: int                       # waits completed so far (changes whenever it moves)
-
-
-@dataclass(frozen=True)
-class SharedBuffers:
-    input: tuple                        # (segment name, shape)
-    output: tuple
-    scratch: Optional[tuple]
-    dtype: str
-
-    def encode(self) -> bytes:
-        return pickle.dumps((self.input, self.output, self.scratch, self.dtype), protocol=pickle.HIGHEST_PROTOCOL)
-
-    @staticmethod
-    def decode(raw: bytes) -> "SharedBuffers":
-        return SharedBuffers(*pickle.loads(raw))

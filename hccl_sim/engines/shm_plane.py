@@ -1,6 +1,10 @@
-"""The Ray engine's same-host data plane: every rank's buffers in shared memory, so that each rank
-can run its share of the op's data program on all ranks' buffers in place (no pickling, no copy
-through another process).
+"""The same-host data plane of ranks that are processes (Ray actors of one node, a torchrun job on
+one host): every rank's buffers in shared memory, so that each rank can run its share of the op's
+data program on all ranks' buffers in place (no pickling, no copy through another process).
+
+`SharedPlane` is the Group side (mixed into a PeerGroup): ranks name their segments in an
+allgather of the control plane, every rank runs its 1/p share of the central data program on all
+ranks' buffers, and an allgather closes the op (nobody reuses a segment a peer still reads).
 
 A rank's device arrays and pooled results already live in segments of their own and are shared
 as they are; a host input is copied into the rank's CCL input segment. Results come from a pool
@@ -10,14 +14,66 @@ least recently used beyond that unlinked.
 """
 from __future__ import annotations
 
+import math
+import pickle
 import sys
 import weakref
+from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
 from hcomm import shm
 
-from .protocol import SharedBuffers
+from . import executors
+from ..planner import op_loops
+
+
+@dataclass(frozen=True)
+class SharedBuffers:
+    input: tuple                        # (segment name, shape)
+    output: tuple
+    scratch: Optional[tuple]
+    dtype: str
+
+    def encode(self) -> bytes:
+        return pickle.dumps((self.input, self.output, self.scratch, self.dtype), protocol=pickle.HIGHEST_PROTOCOL)
+
+    @staticmethod
+    def decode(raw: bytes) -> "SharedBuffers":
+        return SharedBuffers(*pickle.loads(raw))
+
+
+class SharedPlane:
+    """The shared-memory data plane of a PeerGroup subclass that sets `self.shared` (a SharedArea)
+    and routes `_execute_data` to `_shared_shares` when its ranks share a host."""
+
+    def _shared_shares(self, rank, seq, plan, buffers, redop, op):
+        bufs, descs, copy_back = self._shared_buffers(rank, seq, plan, buffers, op)
+        executors.central_share(plan, bufs, redop, rank, self.size)
+        self._allgather(b"", f"the other ranks' shares of {op} (collective #{seq})", op)
+        if copy_back is not None:
+            np.copyto(buffers.output, copy_back)
+        self.shared.forget_except(descs)
+
+    def _shared_buffers(self, rank, seq, plan, buffers, op):
+        """Every rank's buffers of the op, mapped here (ranks name their segments in an allgather);
+        the segment names; this rank's output view to copy back, or None."""
+        p = self.size
+        scratch_shape = plan.collective.scratch_shape(p, op_loops(plan.signature, p, buffers.input.itemsize,
+                                                                  self.config))
+        desc, copy_back = self.shared.describe(buffers, scratch_shape)
+        descs = [type(desc).decode(r) for r in
+                 self._allgather(desc.encode(), f"{op} (collective #{seq}) buffers", op)]
+        return [self.shared.attach(d) for d in descs], descs, copy_back
+
+    def _shared_result(self, shape, dtype):
+        """A result array peers can write in place (a pooled segment), or a plain one for an op
+        small enough to travel eagerly."""
+        dtype = np.dtype(dtype)
+        if math.prod(shape) * dtype.itemsize <= self.inline_bytes:
+            return np.empty(shape, dtype=dtype)
+        return self.shared.result_array(shape, dtype)
 
 
 RESULT_POOL_SPARE = 8
@@ -96,7 +152,7 @@ class SharedArea:
         return SharedBuffers((in_name, x.shape), (out_name, out.shape), sc, x.dtype.str), copy_back
 
     def attach(self, desc: SharedBuffers):
-        from ..base import RankBuffers
+        from .base import RankBuffers
         a = self.attached
         return RankBuffers(a.array(desc.input[0], desc.input[1], desc.dtype),
                            a.array(desc.output[0], desc.output[1], desc.dtype),
