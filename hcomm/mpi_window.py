@@ -7,9 +7,9 @@ them, and hands out results that live there).
 A process allocates from its own regions without talking to anyone (`alloc`: a bump pointer per
 window, never freed one by one: callers keep what they allocate and reuse it). When nothing
 fits, the arena grows by a new window (`grow`, collective: every process calls it in the same
-place, each with its own size, 0 for none), sized at least twice this process's last one, so a
-loop of ops of one size grows once. Old windows stay mapped: arrays user code holds (results)
-point into them. `close` frees, collectively, every window no process still has a held array in
+place, each with its own size, 0 for none), at least as large as this process's regions so
+far (the arena doubles), so a loop of ops of one size grows once. Old windows stay mapped:
+arrays user code holds (results) point into them. `close` frees, collectively, every window no process still has a held array in
 (the others go with MPI_Finalize); MPI owns the memory, nothing is left in /dev/shm.
 
 `MPI_Win_allocate_shared` has no nonblocking form and so no deadline of its own: callers agree to
@@ -52,7 +52,6 @@ class NodeWindows:
                             f"job's {world} processes share this one (use data_plane 'p2p')")
         self.me = self.node.Get_rank()
         self.gens: list[_Gen] = []
-        self._last = 0                      # this process's region in its last window that has one
 
     @property
     def capacity(self) -> int:
@@ -71,9 +70,9 @@ class NodeWindows:
         return None
 
     def grow(self, nbytes: int) -> None:
-        """A new window, this process's region at least `nbytes` (at least twice its last one;
-        nothing for 0). Collective: every process of the node calls it at the same point."""
-        size = 0 if nbytes <= 0 else _aligned(max(int(nbytes), 2 * self._last))
+        """A new window, this process's region at least `nbytes` and at least what it has so far
+        (the arena doubles: ops of growing sizes grow it a few times); nothing for 0. Collective: every process of the node calls it at the same point."""
+        size = 0 if nbytes <= 0 else _aligned(max(int(nbytes), self.capacity))
         with self.lock:
             win = self.MPI.Win.Allocate_shared(size, 1, comm=self.node)
             bufs, sizes = [], []
@@ -82,8 +81,6 @@ class NodeWindows:
                 bufs.append(buf)
                 sizes.append(len(buf))
         self.gens.append(_Gen(win, bufs, sizes))
-        if size:
-            self._last = size
 
     def array(self, g: int, proc: int, offset: int, shape, dtype) -> np.ndarray:
         """Process `proc`'s region of window `g` at `offset` (bytes) as an array (one that owns

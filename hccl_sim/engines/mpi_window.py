@@ -65,7 +65,6 @@ class WindowPlane:
         self._lock = threading.Lock()
         self._staging = {}              # (local rank, kind) -> (window, offset, bytes)
         self._results = {}              # local rank -> [[window, offset, bytes, array]]
-        self._want = {}                 # local rank -> bytes of a pooled result that found no room
         self._grown = -1                # the last collective this process grew the arena for
 
     # ---- results ---------------------------------------------------------------------------------
@@ -94,8 +93,7 @@ class WindowPlane:
                 return None
             got = self.windows.alloc(nbytes)
             if got is None:
-                self._want[local] = _aligned(nbytes)
-                return None
+                return None                # no room: the op stages its output in a new pooled slot
             pool.append([got[0], got[1], _aligned(nbytes), self.windows.array(got[0], self.windows.me, got[1],
                                                                                shape, dtype)])
             return pool[-1][3]
@@ -114,9 +112,26 @@ class WindowPlane:
             self._staging[(local, kind)] = (place[0], place[1], _aligned(nbytes))
         return place
 
+    def _output_slot(self, local, out):
+        """Where a host output is staged: a free pooled result's slot (a new one while the pool
+        has room, so the next op's result is pooled), or None (no room)."""
+        pool = self._results.setdefault(local, [])
+        for entry in pool:
+            if _free(entry) and entry[2] >= out.nbytes:
+                return entry[:2]
+        if len(pool) >= RESULT_POOL_SPARE:                 # user code holds every one
+            return self._slot(local, "output", out.nbytes)
+        got = self.windows.alloc(out.nbytes)
+        if got is not None:
+            pool.append([got[0], got[1], _aligned(out.nbytes),
+                         self.windows.array(got[0], self.windows.me, got[1], out.shape, out.dtype)])
+        return got
+
     def _place(self, local, arrays):
         """(bytes short, every buffer's (window, process, offset), which were staged) for this
-        rank's (input, output, scratch bytes or None): arrays already in a window stay where they are."""
+        rank's (input, output, scratch bytes or None): arrays already in a window stay where they
+        are. Short of room for a staged output, it asks for two (a loop holding its last result
+        while the next one is made needs a second pooled slot: one growth, not two)."""
         short, places, staged = 0, [], []
         me = self.windows.me
         for kind, arr in zip(("input", "output", "scratch"), arrays):
@@ -130,15 +145,13 @@ class WindowPlane:
                 staged.append(False)
                 continue
             nbytes = arr if isinstance(arr, int) else arr.nbytes
-            slot = self._slot(local, kind, nbytes)
+            slot = self._output_slot(local, arr) if kind == "output" else self._slot(local, kind, nbytes)
             if slot is None:
-                short += _aligned(nbytes)
+                short += _aligned(nbytes) * (2 if kind == "output" and nbytes >= RESULT_POOL_BYTES else 1)
                 places.append(_NOWHERE)
             else:
                 places.append((slot[0], me, slot[1]))
             staged.append(kind != "scratch")
-        if short and staged[1]:           # room for a pooled result next time, in the same growth
-            short += self._want.pop(local, 0)
         return short, places, staged
 
     def execute(self, group, rank, seq, plan, buffers, redop, op) -> None:
