@@ -70,8 +70,8 @@ class WindowPlane:
     # ---- results ---------------------------------------------------------------------------------
     def result_array(self, rank: int, shape, dtype):
         """A pooled result in this process's window region, or None (the caller makes a host
-        array; the op then stages its output and copies it out, and the arena grows at the next
-        op for a pooled one)."""
+        array; the op stages its output in a new pooled slot, growing the arena if need be, and
+        copies it out: the next op's result is then pooled)."""
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes < RESULT_POOL_BYTES:
@@ -115,12 +115,18 @@ class WindowPlane:
     def _output_slot(self, local, out):
         """Where a host output is staged: a free pooled result's slot (a new one while the pool
         has room, so the next op's result is pooled), or None (no room)."""
-        pool = self._results.setdefault(local, [])
-        for entry in pool:
-            if _free(entry) and entry[2] >= out.nbytes:
-                return entry[:2]
-        if len(pool) >= RESULT_POOL_SPARE:                 # user code holds every one
+        if out.nbytes < RESULT_POOL_BYTES:
             return self._slot(local, "output", out.nbytes)
+        pool = self._results.setdefault(local, [])
+        free = [entry for entry in pool if _free(entry)]
+        for entry in free:
+            if entry[2] >= out.nbytes:
+                return entry[:2]
+        if len(pool) >= RESULT_POOL_SPARE:
+            if not free:                                   # user code holds every one
+                return self._slot(local, "output", out.nbytes)
+            pool.remove(min(free, key=lambda e: e[2]))     # too small for the sizes now in use
+        del free
         got = self.windows.alloc(out.nbytes)
         if got is not None:
             pool.append([got[0], got[1], _aligned(out.nbytes),
