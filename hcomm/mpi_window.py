@@ -9,8 +9,9 @@ window, never freed one by one: callers keep what they allocate and reuse it). W
 fits, the arena grows by a new window (`grow`, collective: every process calls it in the same
 place, each with its own size, 0 for none), at least as large as this process's regions so
 far (the arena doubles), so a loop of ops of one size grows once. Old windows stay mapped:
-arrays user code holds (results) point into them. `close` frees, collectively, every window no process still has a held array in
-(the others go with MPI_Finalize); MPI owns the memory, nothing is left in /dev/shm.
+arrays user code holds (results) point into them. `close` frees, collectively, every window
+no process still holds an array in (the others go with MPI_Finalize); MPI owns the memory,
+nothing is left in /dev/shm.
 
 `MPI_Win_allocate_shared` has no nonblocking form and so no deadline of its own: callers agree to
 grow in a control round that has one (every process has then reached the call), and the call
@@ -71,7 +72,8 @@ class NodeWindows:
 
     def grow(self, nbytes: int) -> None:
         """A new window, this process's region at least `nbytes` and at least what it has so far
-        (the arena doubles: ops of growing sizes grow it a few times); nothing for 0. Collective: every process of the node calls it at the same point."""
+        (the arena doubles: ops of growing sizes grow it a few times); nothing for 0.
+        Collective: every process of the node calls it at the same point."""
         size = 0 if nbytes <= 0 else _aligned(max(int(nbytes), self.capacity))
         with self.lock:
             win = self.MPI.Win.Allocate_shared(size, 1, comm=self.node)
