@@ -3,30 +3,56 @@ windows (hcomm.mpi_window), so that each rank runs its 1/p share of the op's dat
 ranks' buffers in place (the central data program, dataplane.move_share), as the Ray engine's
 shm plane does: no message per schedule step, no copy through a socket or MPI's eager buffers.
 
-Per op larger than the eager size: the window grows if the op needs more (collective, the same
-decision on every process, from the plan); each rank copies its input into its region; a control
-round (every input is in place); every rank runs its share; a control round (every share is
-done); each rank copies its output out. Three control rounds per op, the rendezvous included;
-the rounds carry the deadline (HCCL_EXEC_TIMEOUT) and abort as every control round does.
+Results live in the windows too (a pool per rank, `result_array`, as the Ray plane's result
+segments): peers write a rank's output where user code then reads it, so nothing is copied out;
+an input that already lies in a window (an earlier result, fed back) is read where it is, a host
+input is copied into the rank's staging area. A pooled result is reused only once user code has
+dropped it (and every view of it).
+
+Per op larger than the eager size: each rank places its input, output and scratch (its own
+region, no talking) and copies its input in; a control round carries every rank's places (so
+every rank can map every other's buffers) and whether it ran out of room; if any did, every
+process grows the arena by one window, agreed in that round (so MPI_Win_allocate_shared, which
+has no deadline of its own, is entered by every process together), and a second round carries
+the new places; every rank runs its share; a control round (every share is done); a staged
+output is copied out. Three control rounds per op, the rendezvous included; the rounds carry the
+deadline (HCCL_EXEC_TIMEOUT) and abort as every control round does.
 """
 from __future__ import annotations
 
 import math
+import struct
+import sys
 import threading
 
 import numpy as np
 
 from hcomm.mpi_window import NodeWindows
+from topologies.errors import HcclError
 
 from . import executors
 from .base import RankBuffers
 from ..planner import op_loops
 
-_ALIGN = 64
+RESULT_POOL_BYTES = 1 << 20
+"""Results at least this large live in the windows (smaller ones are staged and copied out:
+their copy costs less than the pages a pooled slot pins)."""
+RESULT_POOL_SPARE = 4
+"""Pooled window results per rank; past that (user code holds them all) results are host arrays."""
+
+_PLACE = struct.Struct("<q" + "iiq" * 3)       # bytes short; (window, process, offset) of input, output, scratch
+_NOWHERE = (-1, -1, -1)
+_ALIGN = 4096
 
 
 def _aligned(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
+    return -(-int(n) // _ALIGN) * _ALIGN
+
+
+def _free(entry) -> bool:
+    """A pooled result user code no longer holds: only the pool's entry and getrefcount's argument
+    refer to it (a view of it refers to it too, as its base)."""
+    return sys.getrefcount(entry[3]) <= 2
 
 
 class WindowPlane:
@@ -34,42 +60,166 @@ class WindowPlane:
 
     def __init__(self, hub, topo, config):
         self.hub, self.topo, self.config, self.k = hub, topo, config, hub.k
+        self.base = hub.proc * hub.k
         self.windows = NodeWindows(hub.comm, hub.lock)
         self._lock = threading.Lock()
+        self._staging = {}              # (local rank, kind) -> (window, offset, bytes)
+        self._results = {}              # local rank -> [[window, offset, bytes, array]]
+        self._grown = -1                # the last collective this process grew the arena for
 
-    def _layout(self, plan, x, out):
-        p = self.topo.num_ranks
-        scratch = plan.collective.scratch_shape(p, op_loops(plan.signature, p, x.itemsize, self.config))
-        sizes = (_aligned(x.nbytes), _aligned(out.nbytes),
-                 _aligned(0 if scratch is None else math.prod(scratch) * x.itemsize))
-        return scratch, sizes, sum(sizes)
+    # ---- results ---------------------------------------------------------------------------------
+    def result_array(self, rank: int, shape, dtype):
+        """A pooled result in this process's window region, or None (the caller makes a host
+        array; the op stages its output in a new pooled slot, growing the arena if need be, and
+        copies it out: the next op's result is then pooled)."""
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes < RESULT_POOL_BYTES:
+            return None
+        local, shape = rank - self.base, tuple(shape)
+        with self._lock:
+            pool = self._results.setdefault(local, [])
+            fit = None
+            for entry in pool:
+                if _free(entry):
+                    if entry[3].shape == shape and entry[3].dtype == dtype:
+                        return entry[3]
+                    if fit is None and entry[2] >= nbytes:
+                        fit = entry
+            if fit is not None:
+                fit[3] = self.windows.array(fit[0], self.windows.me, fit[1], shape, dtype)
+                return fit[3]
+            if len(pool) >= RESULT_POOL_SPARE:
+                return None
+            got = self.windows.alloc(nbytes)
+            if got is None:
+                return None                # no room: the op stages its output in a new pooled slot
+            pool.append([got[0], got[1], _aligned(nbytes), self.windows.array(got[0], self.windows.me, got[1],
+                                                                               shape, dtype)])
+            return pool[-1][3]
 
-    def _buffers(self, rank, x, out, scratch, sizes, per_rank) -> RankBuffers:
-        proc, local = divmod(rank, self.k)
-        at = local * per_rank
-        w = self.windows
-        return RankBuffers(w.array(proc, at, x.shape, x.dtype), w.array(proc, at + sizes[0], out.shape, out.dtype),
-                           None if scratch is None else w.array(proc, at + sizes[0] + sizes[1], scratch, x.dtype))
+    def held_windows(self) -> set:
+        return {e[0] for pool in self._results.values() for e in pool if not _free(e)}
+
+    # ---- one op ------------------------------------------------------------------------------------
+    def _slot(self, local, kind, nbytes):
+        """This rank's staging place for `kind` (reused while big enough), or None (no room)."""
+        got = self._staging.get((local, kind))
+        if got is not None and got[2] >= nbytes:
+            return got[:2]
+        place = self.windows.alloc(nbytes)
+        if place is not None:
+            self._staging[(local, kind)] = (place[0], place[1], _aligned(nbytes))
+        return place
+
+    def _output_slot(self, local, out):
+        """Where a host output is staged: a free pooled result's slot (a new one while the pool
+        has room, so the next op's result is pooled), or None (no room)."""
+        if out.nbytes < RESULT_POOL_BYTES:
+            return self._slot(local, "output", out.nbytes)
+        pool = self._results.setdefault(local, [])
+        free = [entry for entry in pool if _free(entry)]
+        for entry in free:
+            if entry[2] >= out.nbytes:
+                return entry[:2]
+        if len(pool) >= RESULT_POOL_SPARE:
+            if not free:                                   # user code holds every one
+                return self._slot(local, "output", out.nbytes)
+            pool.remove(min(free, key=lambda e: e[2]))     # too small for the sizes now in use
+        del free
+        got = self.windows.alloc(out.nbytes)
+        if got is not None:
+            pool.append([got[0], got[1], _aligned(out.nbytes),
+                         self.windows.array(got[0], self.windows.me, got[1], out.shape, out.dtype)])
+        return got
+
+    def _place(self, local, arrays):
+        """(bytes short, every buffer's (window, process, offset), which were staged) for this
+        rank's (input, output, scratch bytes or None): arrays already in a window stay where they
+        are. Short of room for a staged output, it asks for two (a loop holding its last result
+        while the next one is made needs a second pooled slot: one growth, not two)."""
+        short, places, staged = 0, [], []
+        me = self.windows.me
+        for kind, arr in zip(("input", "output", "scratch"), arrays):
+            if arr is None:
+                places.append(_NOWHERE)
+                staged.append(False)
+                continue
+            at = None if isinstance(arr, int) else self.windows.locate(arr)
+            if at is not None:
+                places.append(at)
+                staged.append(False)
+                continue
+            nbytes = arr if isinstance(arr, int) else arr.nbytes
+            slot = self._output_slot(local, arr) if kind == "output" else self._slot(local, kind, nbytes)
+            if slot is None:
+                short += _aligned(nbytes) * (2 if kind == "output" and nbytes >= RESULT_POOL_BYTES else 1)
+                places.append(_NOWHERE)
+            else:
+                places.append((slot[0], me, slot[1]))
+            staged.append(kind != "scratch")
+        return short, places, staged
 
     def execute(self, group, rank, seq, plan, buffers, redop, op, steps=None) -> None:
-        """`rank`'s part of the op; with `steps`, a rank the fault plan crashes in it: the window's
-        growth (collective), then only its share of the program before its step `steps` (none,
-        nor the inputs' round, with 0); the survivors' next round meets its LOST marker."""
-        x, out = buffers.input, buffers.output
-        scratch, sizes, per_rank = self._layout(plan, x, out)
-        with self._lock:             # the first of the process's ranks to get here grows it for all
-            self.windows.ensure(per_rank * self.k)
+        """`rank`'s part of the op; with `steps`, a rank the fault plan crashes in it: with 0 it
+        takes no part at all (the survivors' places round meets its LOST marker, before anyone
+        could agree to grow the windows); otherwise it places its buffers and grows with the
+        others (MPI_Win_allocate_shared needs every process), runs only its share of the program
+        before its step `steps`, and the survivors' shares round meets its LOST marker."""
         if steps == 0:
             return
-        every = [self._buffers(r, x, out, scratch, sizes, per_rank) for r in range(self.topo.num_ranks)]
-        np.copyto(every[rank].input, x)
-        group._allgather(b"", f"the other ranks' inputs of {op} (collective #{seq})", op)
-        executors.central_share(plan, every, redop, rank, self.topo.num_ranks,
-                                until=None if steps is None else (rank, steps))
+        x, out = buffers.input, buffers.output
+        p, local = self.topo.num_ranks, rank - self.base
+        scratch = plan.collective.scratch_shape(p, op_loops(plan.signature, p, x.itemsize, self.config))
+        arrays = (x, out, None if scratch is None else math.prod(scratch) * x.itemsize)
+        with self._lock:
+            short, places, staged = self._place(local, arrays)
+        if staged[0] and places[0] != _NOWHERE:
+            np.copyto(self._view(places[0], x.shape, x.dtype), x)
+        raws = group._allgather(_PLACE.pack(short, *places[0], *places[1], *places[2]),
+                                f"the other ranks' inputs of {op} (collective #{seq})", op)
+        every = [_PLACE.unpack(r) for r in raws]
+        if any(e[0] for e in every):
+            with self._lock:           # the first of the process's ranks to get here grows it for all
+                if self._grown != seq:
+                    self._grown = seq
+                    self.windows.grow(sum(every[r][0] for r in range(self.base, self.base + self.k)))
+                if short:
+                    short, places, staged = self._place(local, arrays)
+            if staged[0] and places[0] != _NOWHERE and every[rank][1:4] == _NOWHERE:
+                np.copyto(self._view(places[0], x.shape, x.dtype), x)
+            raws = group._allgather(_PLACE.pack(short, *places[0], *places[1], *places[2]),
+                                    f"the other ranks' inputs of {op} (collective #{seq}, after growing the "
+                                    f"shared windows)", op)
+            every = [_PLACE.unpack(r) for r in raws]
+            if any(e[0] for e in every):     # every rank sees the same rounds: all fail alike
+                raise HcclError("E_MEMORY", f"{op} (collective #{seq}): the shared windows grew but rank "
+                                f"{next(r for r, e in enumerate(every) if e[0])} still found no room", rank=rank, op=op)
+        views = [RankBuffers(self._view(e[1:4], x.shape, x.dtype), self._view(e[4:7], out.shape, out.dtype),
+                             None if scratch is None else self._view(e[7:10], scratch, x.dtype)) for e in every]
+        executors.central_share(plan, views, redop, rank, p, until=None if steps is None else (rank, steps))
         if steps is not None:
             return
         group._allgather(b"", f"the other ranks' shares of {op} (collective #{seq})", op)
-        np.copyto(out, every[rank].output)
+        if staged[1]:
+            np.copyto(out, views[rank].output)
 
-    def close(self) -> None:
-        self.windows.close()
+    def _view(self, place, shape, dtype):
+        g, q, off = place
+        return self.windows.array(g, q, off, shape, dtype)
+
+    def close(self, deadline=None) -> None:
+        """Free the windows (collective); windows user code still holds results in stay mapped."""
+        held = self.held_windows()
+        self._results.clear()
+        self._staging.clear()
+        node, MPI, hub = self.windows.node, self.windows.MPI, self.hub
+
+        def agree(flags):
+            every = np.empty_like(flags)
+            with hub.lock:
+                req = node.Iallreduce([flags, MPI.UINT8_T], [every, MPI.UINT8_T], op=MPI.MAX)
+            hub._wait_closing(req, deadline, "the shared windows' closing exchange")
+            return every
+
+        self.windows.close(held, agree)

@@ -295,11 +295,10 @@ class MpiHub:
 
     def _ctl_round(self, chunk: bytes, deadline, what) -> bytes:
         """One Iallgather of SLOT_BYTES per process; every process's slot, concatenated."""
-        send, recv = self._slots
-        send[:len(chunk)] = np.frombuffer(chunk, dtype=np.uint8)
-        send[len(chunk):] = 0
+        send, recv, args = self._slots
+        send[:len(chunk)] = chunk        # the rest of the slot is never read (lengths go first)
         with self.lock:
-            req = self.ctl.Iallgather([send, self.MPI.BYTE], [recv, self.MPI.BYTE])
+            req = self.ctl.Iallgather(*args)
             self._ctl_posted += 1
         try:
             self._wait(req, deadline, what)
@@ -308,10 +307,12 @@ class MpiHub:
                 self._ctl_pending.append((req, send, recv))
                 self._slots = self._new_slots()
             raise
-        return recv.tobytes()
+        return bytes(recv)
 
     def _new_slots(self):
-        return np.zeros(SLOT_BYTES, dtype=np.uint8), np.empty(SLOT_BYTES * self.nprocs, dtype=np.uint8)
+        """(send slot, every process's slots, the Iallgather's buffer arguments, built once)."""
+        send, recv = bytearray(SLOT_BYTES), bytearray(SLOT_BYTES * self.nprocs)
+        return send, recv, ([send, self.MPI.BYTE], [recv, self.MPI.BYTE])
 
     def ctl_allgather(self, blob: bytes, deadline, what: str = "the control allgather") -> list:
         """Every process's `blob`, in process order (fixed-size rounds of MPI_Iallgather). A
