@@ -252,11 +252,11 @@ class SocketTransport(PeerEndpoint):
             raise peer_lost(peer, self.rank, f"connection refused after connecting: {exc}", "connect") from None
         link.threads = [threading.Thread(target=self._sender, args=(link,), daemon=True, name=f"hcomm-sock{self.rank}-to{peer}"),
                         threading.Thread(target=self._reader, args=(link,), daemon=True, name=f"hcomm-sock{self.rank}-ack{peer}")]
+        for t in link.threads:      # started before the link is published: close() joins a published link's
+            t.start()               # threads, and joining one not yet started raises
         with self._links_cond:
             self._outgoing[peer] = link
             self._links_cond.notify_all()
-        for t in link.threads:
-            t.start()
         return link
 
     def _watch(self, peer) -> None:
