@@ -148,8 +148,8 @@ def _data(steps):
     return torch.randn(steps, 12, 8, generator=g), torch.randn(steps, 12, 4, generator=g)
 
 
-def _reference(steps):
-    model = _model()
+def _full_batch(model, steps):
+    """`model` trained in one process on the whole batch of every step (the reference DDP must equal)."""
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     x, y = _data(steps)
     for s in range(steps):
@@ -157,7 +157,11 @@ def _reference(steps):
         opt.zero_grad()
         loss.backward()
         opt.step()
-    return [q.detach().numpy() for q in model.parameters()]
+    return model
+
+
+def _reference(steps):
+    return [q.detach().numpy() for q in _full_batch(_model(), steps).parameters()]
 
 
 @pytest.mark.parametrize("hook,atol", [(None, 1e-5), ("allreduce", 1e-5), ("fp16", 2e-3)])
@@ -197,14 +201,7 @@ def test_syncbn_under_ddp_equals_full_batch_batchnorm(cluster):
     """A CPU model's BatchNorm1d converted to hccl_sim.torch.SyncBatchNorm, under DDP on 4 ranks of
     3 samples each: parameters and running statistics as one process with BatchNorm1d on all 12."""
     steps = 3
-    model = _bn_model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    x, y = _data(steps)
-    for s in range(steps):
-        loss = ((model(x[s]) - y[s]) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    model = _full_batch(_bn_model(), steps)
     want = [q.detach().numpy() for q in model.parameters()] + [model[1].running_mean.numpy(),
                                                               model[1].running_var.numpy()]
     res = cluster.run(_ddp_syncbn, args=(steps,))

@@ -41,7 +41,8 @@ import traceback
 
 import numpy as np
 
-from hcomm.transports.mpi import MpiHub, MpiTransport, require_thread_level
+from hcomm.mpi_hub import MpiHub, require_thread_level
+from hcomm.transports.mpi import MpiTransport
 from topologies.errors import HcclError
 
 from hcomm.transports.scoped import ScopedTransport

@@ -1,0 +1,418 @@
+"""The MPI process hub under hcomm.transports.mpi: ranks are MPI processes (or threads of them),
+payloads move with mpi4py's buffer calls (upper-case Isend/Irecv on numpy buffers; nothing is
+pickled). This module holds what a process does for all its ranks (frames, progress, abort, the
+control allgather, closing); the per-rank endpoint is hcomm.transports.mpi.MpiTransport.
+
+One `MpiHub` per process and job owns a duplicate of the job's communicator (so nothing else the
+program sends can match ours), and serves the `MpiTransport` endpoints of the ranks the process
+hosts (rank r lives on process r // ranks_per_process). Every MPI call of the process goes
+through the hub's lock, one at a time: MPI_THREAD_SERIALIZED is all a process of several rank
+threads needs (`require_thread_level`), and a lone rank needs nothing more than a plain MPI.
+
+A message is a frame (tag FRAME: kind, source and destination rank, message id, payload size,
+a JSON header with tag, dtype, shape, meta) and, for payloads over INLINE_BYTES, the payload
+itself as a second message (tag PAYLOAD) sent straight from the slice's memory and received
+straight into a numpy array of its shape. Both leave under the lock, so a process's payloads
+reach a peer process in the order of their frames, and an Irecv posted on each frame matches its
+own payload (MPI's non-overtaking rule). Frames from one process are delivered in the order they
+were sent (a small message never overtakes a large one still arriving).
+
+Nobody runs a progress thread: a rank that waits (PeerEndpoint's `_idle`) drives the hub, which
+receives what has arrived for any of the process's ranks, completes sends and hands the messages
+to their endpoints; while nothing moves it polls flat out for 50 us (a peer on another core
+answers within that), then yields the CPU between polls (MPI moves a collective only while its
+processes poll, so 8 processes on 2 cores need each other's turns), and past 5 ms sleeps, at most
+1 ms at a time. Every wait keeps its deadline
+(HCCL_EXEC_TIMEOUT) and ends at once on abort: `hub.abort` fails every local wait and tells every
+other process (an ABORT frame), whose hub fails theirs. A rank the fault plan crashes (`hub.lose`)
+stops taking part while its process lives on: a LOST frame makes every endpoint of the job take
+it for lost, as a dead peer's closed connection does on the socket transport.
+
+The world communicator's control allgather (`ctl_allgather`) is MPI's own Iallgather of fixed-size
+slots on a second duplicate (longer payloads take extra slot rounds, which every process
+computes from the first round alike), polled against its deadline. A process that gave up on
+one (aborted) or called fewer than its peers (returned early) evens the count at `close`: the
+processes exchange how many they posted and how many frames each sent every other, post the
+missing rounds, and receive until every frame sent to them is in, so no request is left pending.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import threading
+import time
+
+import numpy as np
+
+from topologies.errors import HcclError
+
+from .transports.peer import json_plain as _plain, json_tuples as _tuples
+
+FRAME, PAYLOAD = 11, 12             # MPI tags on the hub's communicator
+DATA, ACK, BYE, ABORT, CTL_ABORT, LOST = 1, 2, 3, 4, 5, 6
+_HEAD = struct.Struct("<BiiqQI")    # kind, src rank, dst rank, message id, payload bytes, header bytes
+INLINE_BYTES = 16 << 10             # payloads up to this travel inside their frame (one message, one copy)
+SLOT_BYTES = 1024                   # one process's share of a control allgather round
+_I64 = struct.Struct("<q")
+_BUSY_S = 5e-5                      # a wait polls flat out this long (a peer on another core answers in us;
+                                    # longer spins starve the processes it waits for when cores are few),
+_SPIN_S = 5e-3                      # then yields the CPU between polls until this long, then sleeps
+_MAX_SLEEP_S = 1e-3
+_TESTS_PER_PROGRESS = 32            # a control round's Test()s between two looks at the hub's frames
+_POOL_PER_SHAPE = 4
+
+
+def _mpi():
+    from mpi4py import MPI
+    return MPI
+
+
+def require_thread_level(ranks_per_process: int) -> None:
+    """E_NOT_SUPPORT unless MPI was initialised with the thread support `ranks_per_process`
+    threads need (THREAD_SERIALIZED: the hub serialises every MPI call of the process)."""
+    MPI = _mpi()
+    if ranks_per_process > 1 and MPI.Query_thread() < MPI.THREAD_SERIALIZED:
+        names = {MPI.THREAD_SINGLE: "THREAD_SINGLE", MPI.THREAD_FUNNELED: "THREAD_FUNNELED"}
+        raise HcclError("E_NOT_SUPPORT", f"ranks_per_process={ranks_per_process} runs ranks as threads that call MPI, "
+                        f"which needs MPI_THREAD_SERIALIZED or more; this MPI was initialised with "
+                        f"{names.get(MPI.Query_thread(), MPI.Query_thread())} (mpi4py.rc.thread_level)")
+
+
+def _pause(idle_s: float, most_s: float) -> None:
+    """Between two polls of a wait that has seen nothing for `idle_s`: yield the CPU (MPI moves a
+    collective only while its processes poll: a sleeping process stalls every round it is in, and
+    8 processes on 2 cores need each other's turns), then sleep, longer as the wait goes on."""
+    if idle_s < _BUSY_S:
+        return
+    if idle_s < _SPIN_S:
+        os.sched_yield()
+    else:
+        time.sleep(min(most_s, _MAX_SLEEP_S, idle_s / 10))
+
+
+def _bytes_of(arr: np.ndarray) -> np.ndarray:
+    return arr.reshape(-1).view(np.uint8)
+
+
+class MpiHub:
+    """One process's MPI traffic for one job: the endpoints of its ranks, its pending requests."""
+
+    def __init__(self, comm, size: int, ranks_per_process: int, timeout_s=None):
+        MPI = self.MPI = _mpi()
+        self.k = int(ranks_per_process)
+        self.nprocs, self.proc = comm.Get_size(), comm.Get_rank()
+        if size != self.nprocs * self.k:
+            raise HcclError("E_PARA", f"{size} ranks do not fit {self.nprocs} MPI processes x {self.k} ranks per process")
+        self.size, self.timeout_s = size, timeout_s
+        self.comm, self.ctl = comm.Dup(), comm.Dup()
+        self.lock = threading.Lock()
+        self.endpoints = {}
+        self._sends = []                       # (request, what must live until it completes)
+        self._incoming = [[] for _ in range(self.nprocs)]   # per source process: [request|None, deliver args]
+        self.sent_to = [0] * self.nprocs       # frames sent to each process
+        self.received_from = [0] * self.nprocs
+        self._ctl_posted, self._ctl_pending = 0, []
+        self._slots = self._new_slots()      # a control round's buffers, reused until a round is abandoned
+        self._pool = {}
+        self._idle_since = time.monotonic()     # when the last poll of a waiting rank moved something
+        self.aborted = self.ctl_aborted = None
+        self.on_abort = []                     # callbacks(code, reason): the control plane's waiters
+        self.closed = False
+
+    def local_ranks(self):
+        return range(self.proc * self.k, (self.proc + 1) * self.k)
+
+    # sending ----------------------------------------------------------------------------------------
+    def send(self, kind, src, dst, msg_id, header, payload=None) -> None:
+        try:
+            head = json.dumps(header, default=_plain, separators=(",", ":")).encode()
+        except (TypeError, ValueError) as exc:
+            raise HcclError("E_PARA", f"the MPI transport sends tags and meta as JSON: {exc}", rank=src) from None
+        n = 0 if payload is None else payload.nbytes
+        inline = n <= INLINE_BYTES
+        frame = np.empty(_HEAD.size + len(head) + (n if inline else 0), dtype=np.uint8)
+        _HEAD.pack_into(frame, 0, kind, src, dst, msg_id, n, len(head))
+        frame[_HEAD.size:_HEAD.size + len(head)] = np.frombuffer(head, dtype=np.uint8)
+        if inline and n:
+            frame[_HEAD.size + len(head):] = _bytes_of(payload)
+        proc, B = (dst // self.k if dst >= 0 else -dst - 1), self.MPI.BYTE
+        with self.lock:
+            if self.closed:
+                raise HcclError("E_IN_STATUS", "the MPI transport of this job is closed", rank=src)
+            self._sends.append((self.comm.Isend([frame, B], proc, FRAME), frame))
+            if not inline:
+                self._sends.append((self.comm.Isend([_bytes_of(payload), B], proc, PAYLOAD), payload))
+            self.sent_to[proc] += 1
+
+    def abort_control(self, code: str, reason: str, tell_peers: bool = True) -> None:
+        """Fail every control round, here and (with `tell_peers`) in every other process: the
+        world communicator's comm.abort(); its data waits are the endpoints' scoped abort."""
+        if self.ctl_aborted is None:
+            self.ctl_aborted = (code, reason)
+        for cb in list(self.on_abort):
+            cb(code, reason)
+        if tell_peers and not self.closed:
+            for q in range(self.nprocs):
+                if q != self.proc:
+                    self.send(CTL_ABORT, -1, -q - 1, -1, {"code": code, "reason": reason})
+
+    def abort(self, code: str, reason: str, tell_peers: bool = True) -> None:
+        """Fail every wait of this process's ranks; with `tell_peers`, every other process's too."""
+        if self.aborted is None:
+            self.aborted = (code, reason)
+        for ep in list(self.endpoints.values()):
+            ep.abort(code, reason)
+        for cb in list(self.on_abort):
+            cb(code, reason)
+        if tell_peers and not self.closed:
+            for q in range(self.nprocs):
+                if q != self.proc:
+                    self.send(ABORT, -1, -q - 1, -1, {"code": code, "reason": reason})
+
+    def lose(self, rank: int, reason: str) -> None:
+        """Rank `rank` of this process stops taking part (a fault plan's rank_crash; its process
+        lives on, as MPI needs): its endpoint goes, so what reaches it is received and dropped,
+        never acknowledged, and every endpoint of the job, here and in every other process (a LOST
+        frame, behind everything the rank sent before), takes it for lost, as a dead peer's closed
+        connection tells the others on the socket transport."""
+        if rank not in self.local_ranks():
+            raise HcclError("E_INTERNAL", f"rank {rank} is not hosted by MPI process {self.proc}")
+        self.endpoints.pop(rank, None)
+        self._lost(rank, reason)
+        if not self.closed:
+            for q in range(self.nprocs):
+                if q != self.proc:
+                    self.send(LOST, rank, -q - 1, -1, {"reason": reason})
+
+    def _lost(self, rank: int, reason: str) -> None:
+        for ep in list(self.endpoints.values()):
+            ep._peer_down(rank, reason)
+
+    # progress ---------------------------------------------------------------------------------------
+    def progress(self) -> bool:
+        """Receive what has arrived, complete what was sent, deliver in order; True if anything
+        moved. Never blocks: a thread finding another at it returns False."""
+        if not self.lock.acquire(blocking=False):
+            return False
+        try:
+            moved, delivered = self._receive(), []
+            for q, queue in enumerate(self._incoming):
+                while queue and (queue[0][0] is None or queue[0][0].Test()):
+                    delivered.append(queue.pop(0)[1])
+            if self._sends:
+                before = len(self._sends)
+                self._sends = [s for s in self._sends if not s[0].Test()]
+                moved = moved or len(self._sends) < before
+        finally:
+            self.lock.release()
+        for args in delivered:      # outside the lock: endpoints take their own locks
+            self._dispatch(*args)
+        return moved or bool(delivered)
+
+    def _receive(self) -> bool:
+        MPI, got = self.MPI, False
+        status = MPI.Status()
+        while True:
+            msg = self.comm.Improbe(MPI.ANY_SOURCE, FRAME, status)
+            if msg is None:
+                return got
+            got = True
+            q = status.Get_source()
+            frame = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
+            msg.Recv([frame, MPI.BYTE])
+            self.received_from[q] += 1
+            kind, src, dst, msg_id, n, hlen = _HEAD.unpack_from(frame)
+            header = json.loads(frame[_HEAD.size:_HEAD.size + hlen].tobytes())
+            request, data = None, None
+            if kind == DATA:
+                data = self._buffer(tuple(header["shape"]), header["dtype"])
+                if n <= INLINE_BYTES:
+                    _bytes_of(data)[:] = frame[_HEAD.size + hlen:]
+                else:
+                    request = self.comm.Irecv([_bytes_of(data), MPI.BYTE], q, PAYLOAD)
+            self._incoming[q].append([request, (kind, src, dst, msg_id, header, data)])
+
+    def _dispatch(self, kind, src, dst, msg_id, header, data) -> None:
+        if kind in (ABORT, CTL_ABORT):
+            (self.abort if kind == ABORT else self.abort_control)(header["code"], header["reason"], tell_peers=False)
+            return
+        if kind == LOST:
+            self._lost(src, header["reason"])
+            return
+        ep = self.endpoints.get(dst)
+        if ep is None:
+            return                   # a rank of this process whose endpoint is closed: nothing waits
+        if kind == DATA:
+            ep._deliver(src, _tuples(header["tag"]), data, header.get("meta"), msg_id)
+        elif kind == ACK:
+            ep._acknowledged(msg_id, header.get("reply"))
+        elif kind == BYE:
+            ep._peer_returned(src, data=True, acks=True)
+
+    def idle(self, timeout: float) -> None:
+        """One poll of a waiting rank: progress, else yield or sleep (longer as nothing moves)."""
+        now = time.monotonic()
+        if self.progress():
+            self._idle_since = now
+            return
+        _pause(now - self._idle_since, timeout)
+
+    # receive buffers, reused: a fresh array for every message costs page faults on every byte ------
+    def _buffer(self, shape, dtype):
+        free = self._pool.get((shape, dtype))
+        if free:
+            return free.pop()
+        return np.empty(shape, dtype=np.dtype(dtype))
+
+    def release(self, data) -> None:
+        if data is None or data.base is not None or data.nbytes <= INLINE_BYTES:
+            return
+        with self.lock:
+            free = self._pool.setdefault((data.shape, data.dtype.str), [])
+            if len(free) < _POOL_PER_SHAPE:
+                free.append(data)
+
+    # the control allgather ------------------------------------------------------------------------
+    def _wait(self, request, deadline, what: str):
+        """Poll `request` until done, the deadline or an abort; every few polls (and every poll
+        once the wait is long) drive the hub's progress too, so abort frames are heard."""
+        start = now = time.monotonic()
+        test, lock, polls = request.Test, self.lock, 0
+        while True:
+            with lock:
+                if test():
+                    return
+            got = self.aborted or self.ctl_aborted
+            if got is not None:
+                raise HcclError(got[0], f"aborted: {got[1]}")
+            polls += 1
+            now = time.monotonic()
+            if polls % _TESTS_PER_PROGRESS == 0 or now - start > _BUSY_S:
+                if deadline is not None and now >= deadline:
+                    raise HcclError("E_TIMEOUT", f"{what} did not complete within {self.timeout_s or 0:g} s "
+                                    "(HCCL_EXEC_TIMEOUT)")
+                self.progress()
+                _pause(now - start, _MAX_SLEEP_S)
+
+    def _ctl_round(self, chunk: bytes, deadline, what) -> bytes:
+        """One Iallgather of SLOT_BYTES per process; every process's slot, concatenated."""
+        send, recv, args = self._slots
+        send[:len(chunk)] = chunk        # the rest of the slot is never read (lengths go first)
+        with self.lock:
+            req = self.ctl.Iallgather(*args)
+            self._ctl_posted += 1
+        try:
+            self._wait(req, deadline, what)
+        except HcclError:
+            with self.lock:     # abandoned: close() completes it (its buffers must live until then)
+                self._ctl_pending.append((req, send, recv))
+                self._slots = self._new_slots()
+            raise
+        return bytes(recv)
+
+    def _new_slots(self):
+        """(send slot, every process's slots, the Iallgather's buffer arguments, built once)."""
+        send, recv = bytearray(SLOT_BYTES), bytearray(SLOT_BYTES * self.nprocs)
+        return send, recv, ([send, self.MPI.BYTE], [recv, self.MPI.BYTE])
+
+    def ctl_allgather(self, blob: bytes, deadline, what: str = "the control allgather") -> list:
+        """Every process's `blob`, in process order (fixed-size rounds of MPI_Iallgather). A
+        process that posted a `ctl_post` round in the same place (it has no ranks left to call)
+        ends the exchange after the first round: its blob is whole, longer ones are cut (None)."""
+        first, S = SLOT_BYTES - 8, SLOT_BYTES
+        raw = self._ctl_round(_I64.pack(len(blob)) + blob[:first], deadline, what)
+        starts = range(0, S * self.nprocs, S)
+        sizes = [_I64.unpack_from(raw, at)[0] for at in starts]
+        if min(sizes) < 0:           # a final process: nobody posts more rounds (it will not)
+            return [raw[at + 8:at + 8 - n - 1] if n < 0 else (raw[at + 8:at + 8 + n] if n <= first else None)
+                    for at, n in zip(starts, sizes)]
+        top = max(sizes)
+        if top <= first:             # the common case: one round
+            return [raw[at + 8:at + 8 + n] for at, n in zip(starts, sizes)]
+        parts = [[raw[at + 8:at + 8 + min(n, first)]] for at, n in zip(starts, sizes)]
+        for i in range(-(-(top - first) // S)):   # every process computes the same count from round one
+            at = first + i * S
+            raw = self._ctl_round(blob[at:at + S], deadline, what)
+            for q, n in enumerate(sizes):
+                if n > at:
+                    parts[q].append(raw[q * S:q * S + min(S, n - at)])
+        return [b"".join(p) for p in parts]
+
+    def ctl_post(self, blob: bytes) -> None:
+        """Post this process's last round without waiting for it: `blob` (at most SLOT_BYTES - 8
+        bytes) tells whoever meets it that this process's ranks are done; close() completes it."""
+        if len(blob) > SLOT_BYTES - 8:
+            raise HcclError("E_INTERNAL", f"a final control round holds {SLOT_BYTES - 8} bytes, not {len(blob)}")
+        send = np.zeros(SLOT_BYTES, dtype=np.uint8)
+        send[:8 + len(blob)] = np.frombuffer(struct.pack("<q", -len(blob) - 1) + blob, dtype=np.uint8)
+        recv = np.empty(SLOT_BYTES * self.nprocs, dtype=np.uint8)
+        with self.lock:
+            self._ctl_pending.append((self.ctl.Iallgather([send, self.MPI.BYTE], [recv, self.MPI.BYTE]), send, recv))
+            self._ctl_posted += 1
+
+    # the end of the job -------------------------------------------------------------------------------
+    def close(self, deadline, blob: bytes = b"") -> list:
+        """Even out the control rounds, receive every frame sent to this process, complete every
+        request, gather every process's `blob` (in process order, returned), free the
+        communicators. E_TIMEOUT past `deadline` (the job is then broken)."""
+        if self.closed:
+            raise HcclError("E_IN_STATUS", "the MPI transport of this job is already closed")
+        MPI = self.MPI
+        mine = np.array([self._ctl_posted] + self.sent_to, dtype=np.int64)
+        every = np.empty(mine.size * self.nprocs, dtype=np.int64)
+        with self.lock:
+            req = self.comm.Iallgather([mine, MPI.INT64_T], [every, MPI.INT64_T])
+        self._wait_closing(req, deadline, "the job's closing exchange")
+        every = every.reshape(self.nprocs, -1)
+        while self._ctl_posted < every[:, 0].max():     # rounds the others posted and this process did not
+            with self.lock:
+                send, recv = np.zeros(SLOT_BYTES, np.uint8), np.empty(SLOT_BYTES * self.nprocs, np.uint8)
+                self._ctl_pending.append((self.ctl.Iallgather([send, MPI.BYTE], [recv, MPI.BYTE]), send, recv))
+                self._ctl_posted += 1
+        expect = list(every[:, 1 + self.proc])
+        while True:
+            self.progress()
+            with self.lock:
+                self._ctl_pending = [c for c in self._ctl_pending if not c[0].Test()]
+                done = (not self._ctl_pending and not self._sends and self.received_from == expect
+                        and not any(self._incoming))
+            if done:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                raise HcclError("E_TIMEOUT", f"process {self.proc}: the job's last messages did not arrive within "
+                                f"{self.timeout_s or 0:g} s (received {self.received_from}, expected {expect})")
+            time.sleep(1e-4)
+        self.closed = True
+        self.endpoints.clear()
+        blobs = self._gather_closing(blob, deadline)
+        self.comm.Free()
+        self.ctl.Free()
+        return blobs
+
+    def _gather_closing(self, blob: bytes, deadline) -> list:
+        MPI = self.MPI
+        n = np.array([len(blob)], dtype=np.int64)
+        sizes = np.empty(self.nprocs, dtype=np.int64)
+        with self.lock:
+            req = self.comm.Iallgather([n, MPI.INT64_T], [sizes, MPI.INT64_T])
+        self._wait_closing(req, deadline, "the job's closing exchange")
+        mine = np.frombuffer(blob, dtype=np.uint8) if blob else np.zeros(0, dtype=np.uint8)
+        every = np.empty(int(sizes.sum()), dtype=np.uint8)
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        with self.lock:
+            req = self.comm.Iallgatherv([mine, MPI.BYTE], [every, (sizes.tolist(), offsets.tolist()), MPI.BYTE])
+        self._wait_closing(req, deadline, "the job's closing exchange")
+        return [every[o:o + k].tobytes() for o, k in zip(offsets, sizes)]
+
+    def _wait_closing(self, req, deadline, what):
+        """_wait without the abort check: a job closes whether or not it was aborted."""
+        while True:
+            with self.lock:
+                if req.Test():
+                    return
+            self.progress()
+            if deadline is not None and time.monotonic() >= deadline:
+                raise HcclError("E_TIMEOUT", f"process {self.proc}: {what} did not complete within "
+                                f"{self.timeout_s or 0:g} s: a process of the job is stuck or gone")
+            time.sleep(1e-4)
