@@ -28,6 +28,7 @@ from .device import Device, DeviceArray, Stream, Work
 from .types import dtype_name, parse_reduce_op
 
 COLLECTIVE_TAG = "coll"
+_new = tuple.__new__         # a NamedTuple from a tuple of its fields, without keyword handling
 MAX_TAG = 2**31 - 1          # point-to-point tags: non-negative 32-bit ints, as MPI_TAG_UB allows at least
 
 
@@ -173,8 +174,9 @@ class Communicator:
             if checked is not None:
                 coll, redop, root, out_shape, sig = checked
                 out = self._empty(out_shape, data.dtype)
-                return self._collective(sig, data, out, redop, self._stream(stream, coll.method),
-                                        coll.result(out, self.rank, root))
+                if stream is not None:
+                    self._stream(stream, coll.method)
+                return self._collective(sig, data, out, redop, stream, coll.result(out, self.rank, root))
         else:
             key = None
         coll = colls.of(name)
@@ -351,46 +353,51 @@ class Communicator:
         """Run a collective; with `stream`, it enters at the stream's time and returns a Work.
 
         The engine contract (engines/base.py): a rendezvous that yields the plan, then the
-        execution that moves this rank's data."""
+        execution that moves this rank's data. A loop of small ops runs this path thousands of
+        times a second, so it builds its tuples directly (tuple.__new__ skips NamedTuple's
+        keyword handling, half the cost) and reads nothing twice."""
         seq = self._seq
-        self._seq += 1
-        itemsize = x.dtype.itemsize if x is not None else 1
+        self._seq = seq + 1
         dev = self.device
-        queue = stream if stream is not None else dev.default_stream
+        queue = dev.default_stream if stream is None else stream
         opname = colls.of(sig.name).method
         if queue.device is not dev:
             raise HcclError("E_PARA", "stream belongs to another device", rank=self.rank, op=opname)
-        self._check_usable(opname)
+        if self._aborted:
+            self._check_usable(opname)
         if self._lost is not None:
             raise HcclError("E_TIMEOUT", f"rank {self._lost[0]} of this communicator was lost at "
                             f"{self._lost[1] / 1e9:.6f} s ({self._lost[2]}): no collective can complete on it",
                             rank=self.rank, op=opname)
-        entry = max(queue.tail, dev.clock)
+        entry = queue.tail if queue.tail > dev.clock else dev.clock
         faults = self.config.faults
         if faults is not None:
             entry += faults.straggle_ns(self.rank, seq)     # a straggler enters late
-        eager = x if x is not None and x.nbytes <= self._group.eager_bytes else None
-        progress = getattr(self._group, "fault_progress", None)
+        group = self._group
+        if x is None:
+            itemsize, eager = 1, None
+        else:
+            itemsize = x.dtype.itemsize
+            eager = x if x.nbytes <= group.eager_bytes else None
+        progress = getattr(group, "fault_progress", None) if faults is not None else None
         sent = progress.sent_by(self.rank, self._p2p_sent) if progress is not None and progress.pairs else ()
         try:
-            plan = self._group.rendezvous(self.rank, Call(seq, sig, entry, itemsize, eager, sent))
+            plan = group.rendezvous(self.rank, _new(Call, (seq, sig, entry, itemsize, eager, sent)))
         except HcclError as exc:
             if exc.time_ns is not None:     # a failure the plan priced (an error CQE): this rank's
                 dev.clock = max(dev.clock, entry, exc.time_ns)  # clock moves on to when it was found
             raise
-        buffers = RankBuffers(x, out, None)
+        buffers = _new(RankBuffers, (x, out, None))
         if faults is not None and faults.crashes:
             self._meet_crash(faults, plan, seq, opname, buffers, redop)
-        self._group.execute(self.rank, seq, plan, buffers, redop)
-        end = plan.exits[self.rank]
+        group.execute(self.rank, seq, plan, buffers, redop)
+        end = plan.exit_of(self.rank)
         queue.tail = end
         queue.tasks.append((opname, entry, end))
-        count = 0 if x is None else x.size
-        self.last_op = OpRecord(opname, plan.algo, plan.nbytes, count, sig.dtype, entry, end, plan.retries,
-                                plan.notes)
+        self.last_op = _new(OpRecord, (opname, plan.algo, plan.nbytes, 0 if x is None else x.size, sig.dtype, entry,
+                                       end, plan.retries, plan.notes))
         if stream is not None:
             return Work(result, stream, end, self.last_op)
-        dev.clock = max(dev.clock, end)
+        if end > dev.clock:
+            dev.clock = end
         return result
-
-

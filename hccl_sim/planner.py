@@ -103,6 +103,10 @@ class OpPlan:
     def collective(self) -> colls.Collective:
         return colls.of(self.signature.name)
 
+    def exit_of(self, rank: int) -> int:
+        """Rank `rank`'s exit clock, ns."""
+        return self.exits[rank]
+
     def loop_programs(self):
         """((start, stop), program) of every loop, in order: what the data engines execute. A loop
         the double ring halves is its two halves' programs (columns apart, so in any order)."""

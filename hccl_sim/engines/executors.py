@@ -7,8 +7,6 @@
 """
 from __future__ import annotations
 
-import operator
-
 import numpy as np
 
 from hcomm.executor import execute as execute_schedule
@@ -75,9 +73,10 @@ class OwnResult:
                 views = [(xs[j, a:b], outs[j, a:b], None) for j in range(p)]
                 ops += _bound(moves, views, ufunc)
             if dtype.name in self.SCALAR_DTYPES and redop in (None, ReduceOp.SUM, ReduceOp.PROD):
-                self.scalar = _scalar_program(loops, p, xs.shape[1], rank, self.SCALAR_ELEMENTS_PER_MOVE)
-                self.zeros = [dtype.type(0)] * (p * xs.shape[1])
-                self.combine = operator.mul if redop is ReduceOp.PROD else operator.add
+                program = _scalar_program(loops, p, xs.shape[1], rank, self.SCALAR_ELEMENTS_PER_MOVE)
+                if program is not None:
+                    self.scalar = _scalar_function(*program, p * xs.shape[1], dtype.type(0),
+                                                   "*" if redop is ReduceOp.PROD else "+")
         else:
             out_shape = coll.output_shape(tuple(shape), p)
             outs = [np.zeros(out_shape, dtype=dtype) for _ in range(p)]
@@ -106,16 +105,12 @@ class OwnResult:
         out.reshape(-1)[:] = self.result.reshape(-1)
 
     def _run_scalar(self, inputs, out) -> None:
-        if isinstance(inputs, np.ndarray):
-            cells = list(inputs.reshape(-1))
+        cells = list(inputs.reshape(-1) if isinstance(inputs, np.ndarray)
+                     else np.frombuffer(inputs, dtype=self.inputs.dtype))
+        if out.ndim == 1:
+            out[:] = self.scalar(cells)
         else:
-            cells = list(np.frombuffer(inputs, dtype=self.inputs.dtype))
-        cells += self.zeros                 # every rank's output, as the ufunc path's zeroed rows
-        combine = self.combine
-        prog, lo, hi = self.scalar
-        for d, s, o in prog:
-            cells[d] = cells[s] if o < 0 else combine(cells[s], cells[o])
-        out.reshape(-1)[:] = cells[lo:hi]
+            out.reshape(-1)[:] = self.scalar(cells)
 
 
 def _scalar_program(loops, p: int, n: int, rank: int, per_move: int):
@@ -134,6 +129,29 @@ def _scalar_program(loops, p: int, n: int, rank: int, per_move: int):
             if len(ops) > per_move * seen + 16:
                 return None
     return ops, (p + rank) * n, (p + rank + 1) * n
+
+
+def _scalar_function(ops, lo: int, hi: int, inputs: int, zero, sign: str):
+    """The element operations of _scalar_program as one compiled function of every rank's input
+    cells, returning `rank`'s output cells: straight-line code, a local per operation, so a tiny
+    op pays for its additions and nothing else (no list of cells, no loop). The operations and
+    their operands' order are the program's, each the dtype's own IEEE-rounded numpy-scalar
+    operation: bit-identical to the ufunc path. Output cells no move writes stay `zero`."""
+    expr = {}                           # cell -> the expression holding its value now
+    lines = []
+    for d, src, other in ops:
+        a = expr.get(src, f"c[{src}]" if src < inputs else "zero")
+        if other < 0:
+            expr[d] = a                 # a copy: the same value under another cell
+            continue
+        b = expr.get(other, f"c[{other}]" if other < inputs else "zero")
+        lines.append(f"    v{len(lines)} = {a} {sign} {b}")
+        expr[d] = f"v{len(lines) - 1}"
+    result = ", ".join(expr.get(cell, f"c[{cell}]" if cell < inputs else "zero") for cell in range(lo, hi))
+    source = "def own(c):\n" + "\n".join(lines + [f"    return ({result},)"]) + "\n"
+    scope = {"zero": zero}
+    exec(compile(source, "<own result>", "exec"), scope)    # noqa: S102 - code generated from the plan
+    return scope["own"]
 
 
 def _bound(moves, buffers, ufunc) -> list:

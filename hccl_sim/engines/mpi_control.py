@@ -44,12 +44,13 @@ def _unpack(blob: bytes, k: int) -> list:
 
 
 class _Round:
-    __slots__ = ("items", "result", "error", "readers")
+    __slots__ = ("items", "result", "error", "readers", "running")
 
     def __init__(self, k):
         self.items = [None] * k
         self.result = self.error = None
         self.readers = 0
+        self.running = False           # a rank of the process runs it in MPI (its outcome is everyone's)
 
 
 class MpiControl:
@@ -70,10 +71,19 @@ class MpiControl:
     def view(self, rank: int) -> "_RankControl":
         return _RankControl(self, rank)
 
-    def _on_abort(self, code, reason):
+    def _on_abort(self, code, reason, rounds=None):
         with self._cond:
-            self._aborted = (code, reason)
+            if self._aborted is None or rounds is None or (self._aborted[2] is not None and rounds < self._aborted[2]):
+                self._aborted = (code, reason, rounds)
             self._cond.notify_all()
+
+    def _stopped(self):
+        """The abort that fails a round not yet posted, or None: a local one, or one from a process
+        that had posted no more control rounds than this one has (it will not post the next)."""
+        got = self._aborted
+        if got is not None and (got[2] is None or self.hub._ctl_posted >= got[2]):
+            return got
+        return None
 
     def allgather(self, local: int, seq: int, payload: bytes, deadline, op) -> list:
         if self.k == 1:                  # a lone rank: no meeting of threads, one MPI round
@@ -83,8 +93,9 @@ class MpiControl:
             rnd.items[local] = (CALL, payload)
             lead = self._fill(seq, rnd)
             while not lead and rnd.result is None and rnd.error is None:
-                if self._aborted is not None:
-                    raise HcclError(self._aborted[0], f"aborted: {self._aborted[1]}", rank=self.base + local, op=op)
+                got = None if rnd.running else self._stopped()   # a running round ends by the hub's rule
+                if got is not None:
+                    raise HcclError(got[0], f"aborted: {got[1]}", rank=self.base + local, op=op)
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise HcclError("E_TIMEOUT", f"ranks of this MPI process did not call collective round {seq} "
@@ -104,22 +115,24 @@ class MpiControl:
     def _alone(self, seq, payload, deadline, op) -> list:
         if seq != self._next:
             raise HcclError("E_INTERNAL", f"control round {seq} out of order (next {self._next})", rank=self.base, op=op)
-        self._next += 1
-        if self._aborted is not None:
-            raise HcclError(self._aborted[0], f"aborted: {self._aborted[1]}", rank=self.base, op=op)
+        self._next = seq + 1
+        got = self._stopped() if self._aborted is not None else None
+        if got is not None:
+            raise HcclError(got[0], f"aborted: {got[1]}", rank=self.base, op=op)
         try:
             blobs = self.hub.ctl_allgather(_LEN.pack(CALL, len(payload)) + payload, deadline,
-                                           f"collective round {seq} ({op})")
+                                           lambda: f"collective round {seq} ({op})")
         except HcclError as exc:
             raise HcclError(exc.code, exc.reason, rank=self.base, op=op) from None
-        items = []
+        bodies, at = [], _LEN.size
         for b in blobs:                  # one (kind, length) head and body per process
             if b is None:
-                items.append((CALL, b""))
-                continue
-            kind, _ = _LEN.unpack_from(b)
-            items.append((kind, b[_LEN.size:]))
-        return self._decide(items, seq, self.base, op)
+                bodies.append(b"")
+            elif b[0] == CALL:
+                bodies.append(b[at:])
+            else:
+                return self._decide([(CALL, b"") if b is None else (b[0], b[at:]) for b in blobs], seq, self.base, op)
+        return bodies
 
     def _fill(self, seq, rnd) -> bool:
         """Markers for the process's finished ranks; True when this caller completes the round
@@ -130,11 +143,12 @@ class MpiControl:
         if any(item is None for item in rnd.items) or seq != self._next:
             return False
         self._next += 1
+        rnd.running = True
         return True
 
     def _run(self, seq, rnd, deadline, op) -> None:
         try:
-            blobs = self.hub.ctl_allgather(_pack(rnd.items), deadline, f"collective round {seq} ({op})")
+            blobs = self.hub.ctl_allgather(_pack(rnd.items), deadline, lambda: f"collective round {seq} ({op})")
             # a cut blob (None): a process whose ranks are all done ended the round early; its
             # markers decide the round, the cut calls are never read
             result = [item for b in blobs for item in (_unpack(b, self.k) if b is not None
@@ -177,6 +191,7 @@ class MpiControl:
             last = len(self._done) == self.k and not self._rounds
             if ready:
                 self._next += 1
+                ready[0][1].running = True
             elif last:
                 self._next += 1
         for seq, rnd in ready:      # the round the other ranks of the process were waiting in

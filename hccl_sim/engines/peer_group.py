@@ -34,6 +34,8 @@ from . import rendezvous as rdv
 from .base import Call, RankBuffers
 from ..planner import Signature
 
+_NO_WATCH = contextlib.nullcontext()      # stateless: one serves every wait
+_CLOCK = struct.Struct("<q")
 INLINE_BYTES = 64 << 10            # inputs up to this size travel in the control plane (eager ops)
 RETURNED = re.compile(r"rank (\d+) returned without calling it")   # every control plane's wording
 
@@ -57,11 +59,9 @@ class CallPayload:
         return pickle.dumps(tuple(signature), protocol=pickle.HIGHEST_PROTOCOL)
 
     def encode(self) -> bytes:
-        eager = self.eager
-        head = self._HEAD.pack(self.itemsize, len(self.signature), self._NONE if eager is None else len(eager),
-                               len(self.sent))
+        head, _ = self.head(self.signature, self.itemsize, self.eager, self.sent)
         sent = struct.pack(f"<{len(self.sent)}q", *self.sent)
-        return head + self.signature + self._CLOCK.pack(self.clock) + sent + (eager or b"")
+        return head + self._CLOCK.pack(self.clock) + sent + (self.eager or b"")
 
     @classmethod
     def decode(cls, raw: bytes) -> "CallPayload":
@@ -74,16 +74,21 @@ class CallPayload:
                    None if ne == cls._NONE else raw[at:at + ne], sent)
 
     @classmethod
-    def agreed(cls, raws: list, rank: int, signature_len: int):
+    def head(cls, signature: bytes, itemsize: int, eager, sent) -> tuple:
+        """(the bytes before the clock of every payload of this call, its number of sent counts):
+        a loop repeating a call encodes it once."""
+        return (cls._HEAD.pack(itemsize, len(signature), cls._NONE if eager is None else len(eager), len(sent))
+                + signature, len(sent))
+
+    @classmethod
+    def agreed(cls, raws: list, head: bytes, nsent: int):
         """(every rank's clock, every rank's sent counts, every rank's eager bytes) when every
-        payload in `raws` carries the same call as raws[rank] (item size, signature, eager size and
-        the number of sent counts equal as bytes), else None."""
-        at = cls._HEAD.size + signature_len
-        same = raws[rank][:at]
+        payload in `raws` starts with this rank's `head` (item size, signature, eager size and the
+        number of sent counts equal as bytes: the same call), else None."""
         for r in raws:
-            if not r.startswith(same):
+            if not r.startswith(head):
                 return None
-        nsent = cls._HEAD.unpack_from(same)[3]
+        at = len(head)
         unpack = cls._CLOCK.unpack_from
         clocks = [unpack(r, at)[0] for r in raws]
         at += 8
@@ -164,13 +169,13 @@ class PeerGroup:
         self.inline_bytes = min(INLINE_BYTES, control.max_payload)
         self.eager_bytes = self.inline_bytes       # MPI's eager protocol on every plane
         self._eager = None                 # every rank's eager input of the op being executed
-        self._sig_bytes = {}               # signature -> its encoding (a loop calls the same op again)
+        self._heads = {}                   # (signature, item size, eager bytes, sent counts) -> CallPayload.head
         self._own = {}                     # (plan, shape, dtype, redop) -> (plan, its compiled OwnResult)
 
     # ---- the control plane -----------------------------------------------------------------------
     def _waiting(self, what: str):
         """A context around every blocking wait (the Ray engine records it for its stall watch)."""
-        return contextlib.nullcontext()
+        return _NO_WATCH
 
     def _allgather(self, payload: bytes, what: str, op: str) -> list:
         seq = self._seq
@@ -182,15 +187,21 @@ class PeerGroup:
     def rendezvous(self, rank, call: Call):
         sig = call.signature
         op = rdv.opname(sig)
-        eager = None if call.eager is None else np.ascontiguousarray(call.eager).tobytes()
-        mine = self._sig_bytes.get(sig)
-        if mine is None:
-            if len(self._sig_bytes) > 256:
-                self._sig_bytes.clear()
-            mine = self._sig_bytes[sig] = CallPayload.signature_bytes(sig)
+        eager = None if call.eager is None else call.eager.tobytes()     # C order, whatever the strides
+        sent = call.sent
+        key = (sig, call.itemsize, -1 if eager is None else len(eager), len(sent))
+        head = self._heads.get(key)
+        if head is None:
+            if len(self._heads) > 256:
+                self._heads.clear()
+            head = self._heads[key] = CallPayload.head(CallPayload.signature_bytes(sig), call.itemsize, eager, sent)
+        payload = head[0] + _CLOCK.pack(call.clock)
+        if sent:
+            payload += struct.pack(f"<{len(sent)}q", *sent)
+        if eager is not None:
+            payload += eager
         try:
-            raws = self._allgather(CallPayload(mine, call.clock, call.itemsize, eager, call.sent).encode(),
-                                   f"{op} (collective #{call.seq})", op)
+            raws = self._allgather(payload, f"{op} (collective #{call.seq})", op)
         except HcclError as exc:
             gone = RETURNED.search(exc.reason)
             if gone is None:
@@ -198,7 +209,7 @@ class PeerGroup:
             raise HcclError("E_PARA", rdv.returned_early_reason(sig, call.seq, int(gone.group(1))), rank=rank,
                             op=op) from None
         try:
-            agreed = CallPayload.agreed(raws, rank, len(mine))
+            agreed = CallPayload.agreed(raws, head[0], head[1])
             if agreed is not None:
                 # the same call everywhere (the common case) is the same bytes: only clocks differ
                 clocks, sent, eagers = agreed

@@ -103,7 +103,8 @@ class PlanCache:
                     self._plans.clear()
                 plan = self._plans[key] = make_plan(sig, self.topo, self.config, list(key[2]), itemsize, faults_now=now)
             plan = ShiftedPlan(plan, base) if base else plan
-        self.progress.after(plan)
+        if faults is not None:          # without a fault plan there is no progress to advance
+            self.progress.after(plan)
         return plan
 
 
@@ -126,6 +127,9 @@ class ShiftedPlan:
     @property
     def exits(self):
         return [self.base + t for t in self.plan.exits]
+
+    def exit_of(self, rank: int) -> int:
+        return self.base + self.plan.exits[rank]
 
     @property
     def algo(self) -> str:
