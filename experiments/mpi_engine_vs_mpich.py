@@ -5,8 +5,8 @@ For each process count (default 2, 4, 8), one `mpiexec -n N` job measures, inter
 (`data_plane="window"`) on device arrays (comm.device.empty + an h2d memcpy, once, untimed: the
 buffers hccl_test times HcclAllReduce on; they live in the window, so the op copies nothing in)
 and on host arrays (copied into the window each op), on its point-to-point plane (`"p2p"`, host
-arrays), and MPICH's `Allreduce` on the same data in host memory (its native case); and an 8-byte AllReduce issued back to back on the engine and on MPICH. A large op's
-time is the slowest rank's wall time from a barrier; busbw = bytes / time x 2(p-1)/p
+arrays), and MPICH's `Allreduce` on the same data in host memory (its native case); and an
+8-byte AllReduce issued back to back on the engine and on MPICH. A large op's time is the slowest rank's wall time from a barrier; busbw = bytes / time x 2(p-1)/p
 (nccl-tests'); figures are medians over every timed op of every round. Every result is checked
 against numpy. Writes experiments/out/mpi_engine_vs_mpich.md and a plot beside it (.png: busbw
 and 8-byte latency against processes) and prints the command that regenerates them.
@@ -189,7 +189,8 @@ def main():
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p, m, ok in rows:
         wd, w, q, mp = (busbw(args.bytes, p, m[k]) for k in ("window_dev", "window", "p2p", "mpich"))
-        lines.append(f"| {p} | {wd:.2f} | {w:.2f} | {q:.2f} | {mp:.2f} | {wd / mp:.2f}x | {w / mp:.2f}x | {q / mp:.2f}x | "
+        lines.append(f"| {p} | {wd:.2f} | {w:.2f} | {q:.2f} | {mp:.2f} | {wd / mp:.2f}x | {w / mp:.2f}x | "
+                     f"{q / mp:.2f}x | "
                      f"{m['lat_engine'] * 1e6:.0f} | {m['lat_mpich'] * 1e6:.0f} | "
                      f"{m['lat_engine'] / m['lat_mpich']:.2f}x | {ok} |")
     lines += ["", f"Regenerate: `{command.strip()}`", ""]

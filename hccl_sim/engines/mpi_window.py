@@ -16,12 +16,12 @@ input is copied into the rank's staging area. A pooled result is reused only onc
 dropped it (and every view of it).
 
 Per op larger than the eager size: each rank places its input, output and scratch (its own
-region, no talking) and copies its input in; a control round carries every rank's places (so
-every rank can map every other's buffers) and whether it ran out of room; if any did, every
-process grows the arena by one window, agreed in that round (so MPI_Win_allocate_shared, which
-has no deadline of its own, is entered by every process together), and a second round carries
-the new places; every rank runs its share; a control round (every share is done); a staged
-output is copied out. Three control rounds per op, the rendezvous included; the rounds carry the
+region, no talking; buffers already in a window stay where they are) and copies a host input in;
+a control round carries every rank's places (so every rank can map every other's buffers) and
+whether it ran out of room; if any did, every process grows the arena by one window, agreed in
+that round (so MPI_Win_allocate_shared, which has no deadline of its own, is entered by every
+process together), and a second round carries the new places; every rank runs its share; a
+control round (every share is done); a staged output is copied out. Three control rounds per op, the rendezvous included; the rounds carry the
 deadline (HCCL_EXEC_TIMEOUT) and abort as every control round does.
 """
 from __future__ import annotations
