@@ -84,7 +84,14 @@ class NodeWindows:
         if self.hbm is not None:
             raise HcclError("E_INTERNAL", "the HBM window is reserved once per job")
         if self.node.Get_size() > 1:
-            self.hbm = self._window(_aligned(nbytes))
+            try:
+                self.hbm = self._window(_aligned(nbytes))
+            except self.MPI.Exception as exc:
+                total = self.node.Get_size() * _aligned(nbytes)
+                raise HcclError("E_MEMORY", f"cannot map the shared HBM window: {total / 2**40:.2f} TiB of address "
+                                f"space in every process ({self.node.Get_size()} processes x {nbytes / 2**30:.0f} GiB "
+                                f"of HBM each; MPI: {str(exc).splitlines()[-1].strip()}); use data_plane 'p2p' or fewer "
+                                f"ranks per node") from None
             return
         # Alone on the node, MPICH backs a shared window with private memory, which the kernel's
         # overcommit check refuses past RAM + swap (64 GiB: "Out of memory"); nobody else maps
@@ -93,6 +100,9 @@ class NodeWindows:
         try:
             os.ftruncate(fd, _aligned(nbytes))
             buf = mmap.mmap(fd, _aligned(nbytes))
+        except OSError as exc:
+            raise HcclError("E_MEMORY", f"cannot map the HBM window: {nbytes / 2**30:.0f} GiB of address space "
+                            f"({exc}); use data_plane 'p2p' or fewer ranks per process") from None
         finally:
             os.close(fd)
         self.hbm = _Gen(None, [buf], [len(buf)])

@@ -198,7 +198,11 @@ class MpiJob:
         self.window = None
         if plane == "window":
             from .mpi_window import WindowPlane
-            self.window = WindowPlane(self.hub, topo, config)
+            try:
+                self.window = WindowPlane(self.hub, topo, config)
+            except HcclError:          # every process fails alike (the windows are collective): end the job's MPI
+                self.hub.close(rdv.deadline(config))
+                raise
         self.groups = {r: MpiGroup(r, topo, config, self.control.view(r), MpiTransport(self.hub, r), self)
                        for r in self.hub.local_ranks()}
         self.runtimes = {}

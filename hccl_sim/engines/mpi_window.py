@@ -70,7 +70,11 @@ class WindowPlane:
         self.base = hub.proc * hub.k
         self.windows = NodeWindows(hub.comm, hub.lock)
         self.hbm_bytes = topo.device_model.hbm_bytes
-        self.windows.reserve_hbm(self.k * self.hbm_bytes)      # every process constructs the job together
+        try:
+            self.windows.reserve_hbm(self.k * self.hbm_bytes)  # every process constructs the job together
+        except HcclError:
+            self.windows.close()
+            raise
         self._hbm_top = [0] * self.k    # per local rank: the HBM bytes below it were written before
         self._hbm_arrays = []           # weakrefs to the device arrays' storage handed out
         self._hbm_closed = False
