@@ -2,9 +2,11 @@
 
 For each process count (default 2, 4, 8), one `mpiexec -n N` job measures, interleaved in
 `--repeats` rounds: a 64 MiB float32 SUM AllReduce on the MPI engine's shared-window plane
-(`data_plane="window"`), on its point-to-point plane (`"p2p"`), and MPICH's `Allreduce` on the
-same data; and an 8-byte AllReduce issued back to back on the engine and on MPICH. A large op's
-time is the slowest rank's wall time from a barrier; busbw = bytes / time x 2(p-1)/p
+(`data_plane="window"`) on device arrays (comm.device.empty + an h2d memcpy, once, untimed: the
+buffers hccl_test times HcclAllReduce on; they live in the window, so the op copies nothing in)
+and on host arrays (copied into the window each op), on its point-to-point plane (`"p2p"`, host
+arrays), and MPICH's `Allreduce` on the same data in host memory (its native case); and an
+8-byte AllReduce issued back to back on the engine and on MPICH. A large op's time is the slowest rank's wall time from a barrier; busbw = bytes / time x 2(p-1)/p
 (nccl-tests'); figures are medians over every timed op of every round. Every result is checked
 against numpy. Writes experiments/out/mpi_engine_vs_mpich.md and a plot beside it (.png: busbw
 and 8-byte latency against processes) and prints the command that regenerates them.
@@ -28,22 +30,35 @@ HERE = Path(__file__).resolve().parent
 OUT = HERE / "out"
 
 
+SERIES = (("window_dev", "engine, shared-window plane, device arrays"),
+          ("window", "engine, shared-window plane, host arrays"),
+          ("p2p", "engine, point to point"), ("mpich", "MPICH Allreduce"))
+
+
 def busbw(nbytes, p, seconds):
     return nbytes / seconds / 1e9 * 2 * (p - 1) / p
 
 
 # ---- the worker: one mpiexec job ---------------------------------------------------------------------
 
-def _engine_large(comm, count, iters):
+def _engine_large(comm, count, iters, device=False):
     from hccl_sim.verifiable import expected, rank_input
     x = rank_input(comm.rank, count, "float32")
+    d = None
+    if device:                                 # the input in HBM, as hccl_test's aclrtMalloc + memcpy h2d
+        d = comm.device.empty((count,), np.float32)
+        comm.device.memcpy(d, x, "h2d")
+        x = d
     walls, y = [], None
     for _ in range(iters + 1):                 # the first op grows the window: not timed
         comm.barrier()
         t0 = time.perf_counter()
         y = comm.all_reduce(x)
         walls.append(time.perf_counter() - t0)
-    return walls[1:], bool(np.array_equal(y, expected("allreduce", comm.rank, comm.size, count, "float32")))
+    ok = bool(np.array_equal(y, expected("allreduce", comm.rank, comm.size, count, "float32")))
+    if d is not None:
+        comm.device.free(d)
+    return walls[1:], ok
 
 
 def _engine_small(comm, iters):
@@ -68,11 +83,12 @@ def worker(args):
     count = args.bytes // 4
     x = rank_input(me, count, "float32")
     y = np.empty_like(x)
-    res = {"window": [], "p2p": [], "mpich": [], "lat_engine": [], "lat_mpich": [], "correct": True}
+    res = {"window_dev": [], "window": [], "p2p": [], "mpich": [], "lat_engine": [], "lat_mpich": [], "correct": True}
     for _ in range(args.repeats):
-        for plane in ("window", "p2p"):
-            got = hccl_sim.run(_engine_large, topology=topo, engine="mpi", data_plane=plane, args=(count, args.iters))
-            res[plane] += [max(w) for w in zip(*(g[0] for g in got))]
+        for key, plane, device in (("window_dev", "window", True), ("window", "window", False), ("p2p", "p2p", False)):
+            got = hccl_sim.run(_engine_large, topology=topo, engine="mpi", data_plane=plane,
+                               args=(count, args.iters, device))
+            res[key] += [max(w) for w in zip(*(g[0] for g in got))]
             res["correct"] &= all(g[1] for g in got)
         for _ in range(args.iters):
             world.Barrier()
@@ -101,10 +117,9 @@ def plot(rows, args, path):
     import matplotlib.pyplot as plt
     procs = [p for p, _, _ in rows]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    width = 0.27
-    for i, (key, label) in enumerate((("window", "engine, shared-window plane"), ("p2p", "engine, point to point"),
-                                      ("mpich", "MPICH Allreduce"))):
-        ax.bar([j + (i - 1) * width for j in range(len(rows))], [busbw(args.bytes, p, m[key]) for p, m, _ in rows],
+    width = 0.2
+    for i, (key, label) in enumerate(SERIES):
+        ax.bar([j + (i - 1.5) * width for j in range(len(rows))], [busbw(args.bytes, p, m[key]) for p, m, _ in rows],
                width, label=label)
     ax.set_xticks(range(len(rows)), [str(p) for p in procs])
     ax.set_xlabel("MPI processes")
@@ -157,9 +172,10 @@ def main():
     rows = []
     for p in args.procs:
         r = run_job(p, args)
-        med = {k: statistics.median(r[k]) for k in ("window", "p2p", "mpich", "lat_engine", "lat_mpich")}
+        med = {k: statistics.median(r[k]) for k in ("window_dev", "window", "p2p", "mpich", "lat_engine", "lat_mpich")}
         rows.append((p, med, r["correct"]))
-        print(f"{p} procs: window {busbw(args.bytes, p, med['window']):.2f} GB/s, p2p "
+        print(f"{p} procs: window (device arrays) {busbw(args.bytes, p, med['window_dev']):.2f} GB/s, window (host) "
+              f"{busbw(args.bytes, p, med['window']):.2f}, p2p "
               f"{busbw(args.bytes, p, med['p2p']):.2f}, MPICH {busbw(args.bytes, p, med['mpich']):.2f}; 8 B "
               f"{med['lat_engine'] * 1e6:.0f} us vs MPICH {med['lat_mpich'] * 1e6:.0f} us; correct {r['correct']}",
               flush=True)
@@ -167,12 +183,14 @@ def main():
         shlex.quote(a) for a in sys.argv[1:] if a != "--worker")
     lines = [f"# MPI engine vs mpi4py + MPICH Allreduce ({args.bytes >> 20} MiB float32, medians of "
              f"{args.repeats} x {args.iters} ops; 8 B: {args.repeats} x {args.small_iters} back to back)", "",
-             "| procs | window busbw (GB/s) | p2p busbw (GB/s) | MPICH busbw (GB/s) | window / MPICH | p2p / MPICH "
+             "| procs | window, device arrays (GB/s) | window, host arrays (GB/s) | p2p (GB/s) | MPICH (GB/s) "
+             "| window dev / MPICH | window host / MPICH | p2p / MPICH "
              "| 8 B engine (us) | 8 B MPICH (us) | latency ratio | correct |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p, m, ok in rows:
-        w, q, mp = (busbw(args.bytes, p, m[k]) for k in ("window", "p2p", "mpich"))
-        lines.append(f"| {p} | {w:.2f} | {q:.2f} | {mp:.2f} | {w / mp:.2f}x | {q / mp:.2f}x | "
+        wd, w, q, mp = (busbw(args.bytes, p, m[k]) for k in ("window_dev", "window", "p2p", "mpich"))
+        lines.append(f"| {p} | {wd:.2f} | {w:.2f} | {q:.2f} | {mp:.2f} | {wd / mp:.2f}x | {w / mp:.2f}x | "
+                     f"{q / mp:.2f}x | "
                      f"{m['lat_engine'] * 1e6:.0f} | {m['lat_mpich'] * 1e6:.0f} | "
                      f"{m['lat_engine'] / m['lat_mpich']:.2f}x | {ok} |")
     lines += ["", f"Regenerate: `{command.strip()}`", ""]

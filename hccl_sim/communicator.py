@@ -193,9 +193,13 @@ class Communicator:
         root = self._root(root, coll.method) if coll.rooted else None
         out_shape = coll.output_shape(x.shape, self.size)
         target, inplace = (None, False) if out is None else self._out(out, out_shape, x.dtype, x, coll.method)
-        res = self._empty(out_shape, x.dtype)
         sig = Signature(name, x.shape, dtype_name(x.dtype), None if redop is None else redop.value, root, algo,
                         inplace)
+        if target is not None and not inplace and coll.result(target, self.rank, root) is not None \
+                and getattr(self._group, "writes_in_place", None) is not None and self._group.writes_in_place(target):
+            # peers can write `out` where it is (a device array in shared memory): no copy out
+            return self._collective(sig, x, target, redop, stream, coll.result(target, self.rank, root))
+        res = self._empty(out_shape, x.dtype)
         if key is not None:
             if len(self._checked) >= 256:
                 self._checked.clear()

@@ -41,7 +41,7 @@ class DeviceArray:
             raise HcclError("E_PTR", f"use of freed device memory at 0x{self.ptr:x} ({self.tag})",
                             rank=self.device.rank)
         if self._data is None:
-            self._data = self.device.storage(self.shape, self.dtype)
+            self._data = self.device.storage(self.ptr, self.shape, self.dtype)
         return self._data
 
     def __repr__(self):
@@ -168,9 +168,11 @@ class Device:
         self._arrays = {}
         self._open = True
         self.default_stream = self.stream()
-        # Where device memory's bytes live: host memory here; engines whose ranks share memory
-        # across processes (Ray) put them in shared memory so peers can read them in place.
-        self.storage = lambda shape, dtype: np.zeros(shape, dtype=dtype)
+        # Where device memory's bytes live: storage(ptr, shape, dtype), zero-filled like np.zeros.
+        # Host memory here; engines whose ranks share memory across processes put them in shared
+        # memory so peers read them in place: a segment per array (Ray), or the array's own HBM
+        # address `ptr` in the rank's region of an MPI shared window (the MPI window plane).
+        self.storage = lambda ptr, shape, dtype: np.zeros(shape, dtype=dtype)
 
     def __repr__(self):
         return (f"<Device NPU {self.device_id} of server {self.server} ({self.type}), rank {self.rank}, "

@@ -13,17 +13,30 @@ arrays user code holds (results) point into them. `close` frees, collectively, e
 no process still holds an array in (the others go with MPI_Finalize); MPI owns the memory,
 nothing is left in /dev/shm.
 
+Apart from the arena, one more window holds the ranks' simulated HBM (`reserve_hbm`, collective,
+once at job start): a region per process as large as its ranks' HBM capacities together (64 GiB
+x ranks per process on the presets). `MPI_Win_allocate_shared` maps it without committing a page
+(tmpfs pages come into being when first written), so the reservation is only address space; a
+device array's bytes then lie at their own HBM address in it, where peers read them in place.
+`alloc` never hands out its bytes; `locate` finds arrays in it as in the arena (window `HBM`).
+A process alone on its node maps a memfd instead (MPICH would back its window with private
+memory, which the kernel refuses to reserve past RAM + swap).
+
 `MPI_Win_allocate_shared` has no nonblocking form and so no deadline of its own: callers agree to
 grow in a control round that has one (every process has then reached the call), and the call
 itself is a local mmap plus MPICH's short internal barrier among processes that are all in it.
 """
 from __future__ import annotations
 
+import mmap
+import os
+
 import numpy as np
 
 from topologies.errors import HcclError
 
 _ALIGN = 4096          # a page: each array starts on its own page (no false sharing between processes)
+HBM = -2               # the window index of the HBM window in places (-1 is nowhere)
 
 
 def _aligned(n: int) -> int:
@@ -53,6 +66,49 @@ class NodeWindows:
                             f"job's {world} processes share this one (use data_plane 'p2p')")
         self.me = self.node.Get_rank()
         self.gens: list[_Gen] = []
+        self.hbm: _Gen | None = None
+
+    def _window(self, size: int) -> _Gen:
+        with self.lock:
+            win = self.MPI.Win.Allocate_shared(size, 1, comm=self.node)
+            bufs, sizes = [], []
+            for q in range(self.node.Get_size()):
+                buf, _ = win.Shared_query(q)
+                bufs.append(buf)
+                sizes.append(len(buf))
+        return _Gen(win, bufs, sizes)
+
+    def reserve_hbm(self, nbytes: int) -> None:
+        """The HBM window, this process's region `nbytes` (address space: no page is committed
+        until written). Collective: every process of the node calls it at the same point."""
+        if self.hbm is not None:
+            raise HcclError("E_INTERNAL", "the HBM window is reserved once per job")
+        if self.node.Get_size() > 1:
+            try:
+                self.hbm = self._window(_aligned(nbytes))
+            except self.MPI.Exception as exc:
+                total = self.node.Get_size() * _aligned(nbytes)
+                raise HcclError("E_MEMORY", f"cannot map the shared HBM window: {total / 2**40:.2f} TiB of address "
+                                f"space in every process ({self.node.Get_size()} processes x {nbytes / 2**30:.0f} GiB "
+                                f"of HBM each; MPI: {str(exc).splitlines()[-1].strip()}); use data_plane 'p2p' or fewer "
+                                f"ranks per node") from None
+            return
+        # Alone on the node, MPICH backs a shared window with private memory, which the kernel's
+        # overcommit check refuses past RAM + swap (64 GiB: "Out of memory"); nobody else maps
+        # it, so a memfd (sparse shmem, in no file system) gives the same lazily committed bytes.
+        fd = os.memfd_create("hccl-sim-hbm", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, _aligned(nbytes))
+            buf = mmap.mmap(fd, _aligned(nbytes))
+        except OSError as exc:
+            raise HcclError("E_MEMORY", f"cannot map the HBM window: {nbytes / 2**30:.0f} GiB of address space "
+                            f"({exc}); use data_plane 'p2p' or fewer ranks per process") from None
+        finally:
+            os.close(fd)
+        self.hbm = _Gen(None, [buf], [len(buf)])
+
+    def _gen(self, g: int) -> _Gen:
+        return self.hbm if g == HBM else self.gens[g]
 
     @property
     def capacity(self) -> int:
@@ -75,26 +131,22 @@ class NodeWindows:
         (the arena doubles: ops of growing sizes grow it a few times); nothing for 0.
         Collective: every process of the node calls it at the same point."""
         size = 0 if nbytes <= 0 else _aligned(max(int(nbytes), self.capacity))
-        with self.lock:
-            win = self.MPI.Win.Allocate_shared(size, 1, comm=self.node)
-            bufs, sizes = [], []
-            for q in range(self.node.Get_size()):
-                buf, _ = win.Shared_query(q)
-                bufs.append(buf)
-                sizes.append(len(buf))
-        self.gens.append(_Gen(win, bufs, sizes))
+        self.gens.append(self._window(size))
 
     def array(self, g: int, proc: int, offset: int, shape, dtype) -> np.ndarray:
-        """Process `proc`'s region of window `g` at `offset` (bytes) as an array (one that owns
-        its view: a view of it keeps it referenced, which the result pool counts on)."""
-        return np.ndarray(shape, dtype=dtype, buffer=self.gens[g].bufs[proc], offset=offset)
+        """Process `proc`'s region of window `g` (`HBM`: the HBM window) at `offset` (bytes) as an
+        array (one that owns its view: a view of it keeps it referenced, which the result pool
+        and the HBM window's closing count on)."""
+        return np.ndarray(shape, dtype=dtype, buffer=self._gen(g).bufs[proc], offset=offset)
 
     def locate(self, arr: np.ndarray):
-        """(window, process, offset) of a C-contiguous array lying wholly in one region, else None."""
+        """(window, process, offset) of a C-contiguous array lying wholly in one region (of the
+        arena or the HBM window), else None."""
         if not arr.flags.c_contiguous:
             return None
         at, n = arr.ctypes.data, arr.nbytes
-        for g, gen in enumerate(self.gens):
+        gens = list(enumerate(self.gens)) + ([(HBM, self.hbm)] if self.hbm is not None else [])
+        for g, gen in gens:
             for q, (base, size) in enumerate(zip(gen.bases, gen.sizes)):
                 if base <= at and at + n <= base + size and size:
                     return g, q, at - base
@@ -102,17 +154,25 @@ class NodeWindows:
 
     def close(self, held_windows=(), agree=None) -> None:
         """Free the windows (collective). `held_windows`: windows this process still has arrays
-        handed to user code in; `agree(flags)`: the element-wise max of every process's flags (a
-        uint8 per window; a deadline-bounded exchange); a window held anywhere is left to
-        MPI_Finalize (freeing it would unmap memory user code can still read)."""
-        keep = np.zeros(len(self.gens), dtype=np.uint8)
-        keep[list(held_windows)] = 1
+        handed to user code in (`HBM` for the HBM window); `agree(flags)`: the element-wise max
+        of every process's flags (a uint8 per window; a deadline-bounded exchange); a window held
+        anywhere is left to MPI_Finalize (freeing it would unmap memory user code can still read)."""
+        gens = self.gens + ([self.hbm] if self.hbm is not None else [])
+        keep = np.zeros(len(gens), dtype=np.uint8)
+        keep[[len(self.gens) if g == HBM else g for g in held_windows]] = 1
         if agree is not None and len(keep):
             keep = agree(keep)
         with self.lock:
-            for gen, held in zip(self.gens, keep):
-                gen.bufs = []
-                if not held:
+            for gen, held in zip(gens, keep):
+                bufs, gen.bufs = gen.bufs, []
+                if held:
+                    continue
+                if gen.win is not None:
                     gen.win.Free()
-            self.gens = []
+                else:                     # the memfd HBM: unmapped now, or by the last array that maps it
+                    try:
+                        bufs[0].close()
+                    except BufferError:
+                        pass
+            self.gens, self.hbm = [], None
             self.node.Free()

@@ -169,6 +169,13 @@ class MpiGroup(_Crashing, PeerGroup):
         pool.append(np.empty(shape, dtype=dtype))
         return pool[-1]
 
+    def writes_in_place(self, out) -> bool:
+        """Whether an op may write its result straight into the user's `out=`: on the window plane,
+        an array in the shared windows (a device array's data, a pooled result) of an op larger
+        than the eager size (peers write it in place; smaller ones are computed here anyway)."""
+        return self.job.window is not None and out.nbytes > self.eager_bytes \
+            and self.job.window.windows.locate(out) is not None
+
     def _execute_data(self, rank, seq, plan, buffers, redop, op):
         if self.plane == "window" and self.job.window is not None:
             self.job.window.execute(self, rank, seq, plan, buffers, redop, op)
@@ -191,7 +198,11 @@ class MpiJob:
         self.window = None
         if plane == "window":
             from .mpi_window import WindowPlane
-            self.window = WindowPlane(self.hub, topo, config)
+            try:
+                self.window = WindowPlane(self.hub, topo, config)
+            except HcclError:          # every process fails alike (the windows are collective): end the job's MPI
+                self.hub.close(rdv.deadline(config))
+                raise
         self.groups = {r: MpiGroup(r, topo, config, self.control.view(r), MpiTransport(self.hub, r), self)
                        for r in self.hub.local_ranks()}
         self.runtimes = {}
@@ -202,7 +213,10 @@ class MpiJob:
 
     def communicator(self, rank: int) -> Communicator:
         runtime = self.runtimes[rank] = Runtime(rank, self.topo).init()
-        comm = Communicator(rank, self.groups[rank], runtime.set_device(self.topo.device_of[rank]))
+        device = runtime.set_device(self.topo.device_of[rank])
+        if self.window is not None:        # device arrays in the HBM window: collectives on them copy nothing in
+            device.storage = self.window.device_storage(rank)
+        comm = Communicator(rank, self.groups[rank], device)
         comm.runtime = runtime
         return comm
 
@@ -240,7 +254,7 @@ class MpiJob:
         for r in self.groups:
             self.finish(r)
         if self.window is not None:
-            self.window.close(rdv.deadline(self.config))
+            self.window.close(rdv.deadline(self.config), list(self.runtimes.values()))
         self.closed = True
         return self.hub.close(rdv.deadline(self.config), blob)
 

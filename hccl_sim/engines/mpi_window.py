@@ -3,6 +3,12 @@ windows (hcomm.mpi_window), so that each rank runs its 1/p share of the op's dat
 ranks' buffers in place (the central data program, dataplane.move_share), as the Ray engine's
 shm plane does: no message per schedule step, no copy through a socket or MPI's eager buffers.
 
+A rank's device arrays live in the windows as well: its simulated HBM is its region of the HBM
+window (hcomm.mpi_window's `reserve_hbm`, k x the device's HBM capacity per process, reserved at
+job start and committed only where written), a device array's bytes at its own HBM address there
+(`device_storage`, the rank's Device.storage). An op on device arrays so copies nothing in, and
+`out=` a device array is written in place, as on the Ray engine's shm plane.
+
 Results live in the windows too (a pool per rank, `result_array`, as the Ray plane's result
 segments): peers write a rank's output where user code then reads it, so nothing is copied out;
 an input that already lies in a window (an earlier result, fed back) is read where it is, a host
@@ -10,12 +16,12 @@ input is copied into the rank's staging area. A pooled result is reused only onc
 dropped it (and every view of it).
 
 Per op larger than the eager size: each rank places its input, output and scratch (its own
-region, no talking) and copies its input in; a control round carries every rank's places (so
-every rank can map every other's buffers) and whether it ran out of room; if any did, every
-process grows the arena by one window, agreed in that round (so MPI_Win_allocate_shared, which
-has no deadline of its own, is entered by every process together), and a second round carries
-the new places; every rank runs its share; a control round (every share is done); a staged
-output is copied out. Three control rounds per op, the rendezvous included; the rounds carry the
+region, no talking; buffers already in a window stay where they are) and copies a host input in;
+a control round carries every rank's places (so every rank can map every other's buffers) and
+whether it ran out of room; if any did, every process grows the arena by one window, agreed in
+that round (so MPI_Win_allocate_shared, which has no deadline of its own, is entered by every
+process together), and a second round carries the new places; every rank runs its share; a
+control round (every share is done); a staged output is copied out. Three control rounds per op, the rendezvous included; the rounds carry the
 deadline (HCCL_EXEC_TIMEOUT) and abort as every control round does.
 """
 from __future__ import annotations
@@ -24,10 +30,11 @@ import math
 import struct
 import sys
 import threading
+import weakref
 
 import numpy as np
 
-from hcomm.mpi_window import NodeWindows
+from hcomm.mpi_window import HBM, NodeWindows
 from topologies.errors import HcclError
 
 from . import executors
@@ -62,10 +69,85 @@ class WindowPlane:
         self.hub, self.topo, self.config, self.k = hub, topo, config, hub.k
         self.base = hub.proc * hub.k
         self.windows = NodeWindows(hub.comm, hub.lock)
+        self.hbm_bytes = topo.device_model.hbm_bytes
+        try:
+            self.windows.reserve_hbm(self.k * self.hbm_bytes)  # every process constructs the job together
+        except HcclError:
+            self.windows.close()
+            raise
+        self._hbm_top = [0] * self.k    # per local rank: the HBM bytes below it were written before
+        self._hbm_arrays = []           # weakrefs to the device arrays' storage handed out
+        self._hbm_closed = False
         self._lock = threading.Lock()
         self._staging = {}              # (local rank, kind) -> (window, offset, bytes)
         self._results = {}              # local rank -> [[window, offset, bytes, array]]
         self._grown = -1                # the last collective this process grew the arena for
+
+    # ---- device memory -------------------------------------------------------------------------
+    def device_storage(self, rank: int):
+        """Device.storage for `rank`: a device array at HBM address `ptr` is the rank's HBM region
+        at `ptr`, zero-filled. Fresh pages are zero already (and are not touched: the reservation
+        stays uncommitted); only bytes some earlier array may have written (below the rank's
+        high-water mark) are zeroed. Once the job is closed, device arrays are host memory."""
+        local = rank - self.base
+        start = local * self.hbm_bytes
+
+        def storage(ptr, shape, dtype):
+            dtype = np.dtype(dtype)
+            if self._hbm_closed:
+                return np.zeros(shape, dtype=dtype)
+            nbytes = math.prod(shape) * dtype.itemsize
+            arr = self.windows.array(HBM, self.windows.me, start + ptr, shape, dtype)
+            top = self._hbm_top[local]
+            if ptr < top and nbytes:
+                arr.reshape(-1).view(np.uint8)[:min(nbytes, top - ptr)] = 0
+            self._hbm_top[local] = max(top, ptr + nbytes)
+            with self._lock:
+                if len(self._hbm_arrays) >= 64:       # drop the dead ones now and then
+                    self._hbm_arrays = [r for r in self._hbm_arrays if r() is not None]
+                self._hbm_arrays.append(weakref.ref(arr))
+            return arr
+        return storage
+
+    def _hbm_held(self, runtimes) -> bool:
+        """Whether user code may still reach a device array's bytes in the HBM window: a storage
+        array (or a view of it) referred to by more than its DeviceArray; a live DeviceArray with
+        data referred to by more than its device; or such a device reachable by more than its own
+        bookkeeping (a communicator, a runtime, a stream, an event user code holds). Counts are
+        sys.getrefcount's, less the references this function makes itself."""
+        live = [a for a in (r() for r in self._hbm_arrays) if a is not None]
+        if not live:
+            return False
+        ids = {id(a) for a in live}
+        owners = {}                      # id(storage) -> its live DeviceArray
+        for rt in runtimes:
+            dev = rt.device
+            if dev is None:
+                continue
+            for da in dev._arrays.values():
+                if da._data is not None and id(da._data) in ids:
+                    owners[id(da._data)] = da
+        for a in live:                   # refs: `live`, the loop variable, the argument, its DeviceArray
+            if sys.getrefcount(a) > 3 + (id(a) in owners):
+                return True
+        if not owners:
+            return False
+        for da in owners.values():       # refs: the device's dict, `owners`, the loop variable, the argument
+            if sys.getrefcount(da) > 4:
+                return True
+        for rt in runtimes:              # refs: the job's dict of runtimes, `runtimes`, the loop variable, the argument
+            dev = rt.device
+            if sys.getrefcount(rt) > 4:
+                return True
+            if dev is None or not any(da.device is dev for da in owners.values()):
+                continue
+            for st in dev._streams:   # refs: the device's list (and default_stream), the loop variable, the argument
+                if sys.getrefcount(st) > 3 + (st is dev.default_stream):
+                    return True
+            # refs: the runtime, its streams, its arrays, the local variable, the argument
+            if sys.getrefcount(dev) > 3 + len(dev._streams) + len(dev._arrays):
+                return True
+        return False
 
     # ---- results ---------------------------------------------------------------------------------
     def result_array(self, rank: int, shape, dtype):
@@ -208,9 +290,15 @@ class WindowPlane:
         g, q, off = place
         return self.windows.array(g, q, off, shape, dtype)
 
-    def close(self, deadline=None) -> None:
-        """Free the windows (collective); windows user code still holds results in stay mapped."""
+    def close(self, deadline=None, runtimes=()) -> None:
+        """Free the windows (collective); windows user code still holds results in, or device
+        arrays' data (on any process: `runtimes`, this process's ranks' runtimes), stay mapped
+        until MPI_Finalize. Device arrays made after this are host memory."""
         held = self.held_windows()
+        if self._hbm_held(runtimes):
+            held.add(HBM)
+        self._hbm_closed = True
+        self._hbm_arrays = []
         self._results.clear()
         self._staging.clear()
         node, MPI, hub = self.windows.node, self.windows.MPI, self.hub

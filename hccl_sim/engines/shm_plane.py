@@ -94,8 +94,9 @@ class SharedArea:
         self._shared[id(arr)] = (name, weakref.ref(arr))
         return arr
 
-    def device_storage(self, shape, dtype):
-        """Storage for the rank's device arrays: a segment each, so collectives on them are zero-copy."""
+    def device_storage(self, ptr, shape, dtype):
+        """Storage for the rank's device arrays (Device.storage; `ptr`, the HBM address, is not
+        needed): a segment each, so collectives on them are zero-copy."""
         name, arr = shm.PrivateSegment.array(self.session, self.rank, "hbm", shape, dtype)
         return self.share(name, arr)
 

@@ -1,5 +1,7 @@
 """Under mpiexec: every collective of the MPI engine against numpy on integer data, and its
-simulated times against the local engine's, to the nanosecond (argv: ranks per process, planes)."""
+simulated times against the local engine's, to the nanosecond (argv: ranks per process, planes);
+on the window plane on device arrays too (they live in the HBM window: read in place, out=
+written in place, zeros once freed and allocated again, each rank's HBM a region of its own)."""
 import sys
 
 import numpy as np
@@ -11,9 +13,13 @@ PLANES = sys.argv[2].split(",")
 SIZES = (12, 24_000)                  # eager (in the control allgather) and over the eager size
 
 
-def fn(comm, n):
+def fn(comm, n, device=False):
     p, r = comm.size, comm.rank
     x = (np.arange(n, dtype=np.int64) * (r + 3)) % 1009
+    if device:                        # the same input in HBM (written directly: no simulated copy time)
+        d = comm.device.empty(x.shape, x.dtype)
+        d.data[:] = x
+        x = d
     every = np.stack([(np.arange(n, dtype=np.int64) * (j + 3)) % 1009 for j in range(p)])
     checks, times = [], []
 
@@ -30,7 +36,7 @@ def fn(comm, n):
     note("alltoall", comm.all_to_all(x), every.reshape(p, p, -1)[:, r].reshape(-1))
     comm.barrier()
     if r == 0:
-        comm.send(x[:5], dst=p - 1, tag=4)
+        comm.send(x.data[:5] if device else x[:5], dst=p - 1, tag=4)
     if r == p - 1:
         checks.append(("recv", bool(np.array_equal(comm.recv(0, tag=4), every[0, :5]))))
     sub = comm.split(r % 2)                       # ranks of one parity, over the transport's scoped views
@@ -38,7 +44,49 @@ def fn(comm, n):
     got = sub.all_reduce(x)
     checks.append(("split-allreduce", bool(np.array_equal(got, every[members].sum(0)))))
     times.append(("split", sub.last_op.algo, sub.last_op.start, sub.last_op.end))
+    if device:
+        comm.device.free(x)
     return checks, times
+
+
+def device_ops(comm, n):
+    """out= a device array (in place on the window plane), an in-place op (out= the input), and a
+    freed device array allocated again: it reads zeros, as np.zeros."""
+    p, r = comm.size, comm.rank
+    x = (np.arange(n, dtype=np.int64) * (r + 3)) % 1009
+    total = sum((np.arange(n, dtype=np.int64) * (j + 3)) % 1009 for j in range(p))
+    d, o = comm.device.empty(n, np.int64), comm.device.empty(n, np.int64)
+    d.data[:] = x
+    comm.all_reduce(d, out=o)
+    checks = [bool(np.array_equal(o.data, total))]
+    comm.all_reduce(d, out=d)                 # HCCL's sendBuf == recvBuf
+    checks.append(bool(np.array_equal(d.data, total)))
+    comm.all_gather(d, out=comm.device.empty(n * p, np.int64).data)
+    checks.append(bool(np.array_equal(comm.all_reduce(o), p * total)))
+    ptr = d.ptr
+    comm.device.free(d)
+    again = comm.device.empty(n, np.int64)
+    checks.append((again.ptr == ptr, bool(not again.data.any())))
+    comm.device.free(again)
+    comm.device.free(o)
+    return checks, comm.last_op.end
+
+
+def hbm_regions(comm):
+    """Device arrays at both ends of each rank's HBM (the middle only allocated, never written):
+    intact after every rank of the process wrote its own, and their spans (addresses here)."""
+    dev = comm.device
+    first = dev.empty(1000, np.int64)
+    middle = dev.malloc(dev.allocator.largest_free - 8192)
+    last = dev.empty(1000, np.int64)
+    first.data[:] = comm.rank
+    last.data[:] = comm.rank
+    comm.barrier()
+    ok = bool((first.data == comm.rank).all() and (last.data == comm.rank).all())
+    span = (first.data.ctypes.data, last.data.ctypes.data + last.nbytes, last.ptr + last.nbytes > dev.hbm_bytes - 8192)
+    for a in (first, middle, last):
+        dev.free(a)
+    return ok, span
 
 
 def held(comm):
@@ -67,9 +115,23 @@ def main():
             bad = [(rank, name) for rank, (checks, _) in enumerate(got) for name, ok in checks if not ok]
             assert not bad, f"{plane} n={n}: wrong results {bad}"
             assert [t for _, t in got] == [t for _, t in want], f"{plane} n={n}: simulated times differ from local"
+            if plane == "window":     # device arrays: read where they are, priced as host arrays
+                got = hccl_sim.run(fn, topology=topo, engine="mpi", args=(n, True), ranks_per_process=K,
+                                   data_plane=plane)
+                assert got == want, f"device arrays n={n}: {got} != {want}"
     for plane in PLANES:      # on "window" the pooled results live in the shared windows, which grow
         got = hccl_sim.run(held, topology=topo, engine="mpi", ranks_per_process=K, data_plane=plane)
         assert got == hccl_sim.run(held, topology=topo) and all(g[0] for g in got), (plane, got)
+    if "window" in PLANES:
+        n = 24_000 - 24_000 % (p * p)
+        got = hccl_sim.run(device_ops, topology=topo, engine="mpi", args=(n,), ranks_per_process=K, data_plane="window")
+        assert got == hccl_sim.run(device_ops, topology=topo, args=(n,)), got
+        assert all(c is True or c == (True, True) for checks, _ in got for c in checks), got
+        me = MPI.COMM_WORLD.Get_rank()
+        got = hccl_sim.run(hbm_regions, topology=topo, engine="mpi", ranks_per_process=K, data_plane="window")
+        spans = sorted(span for ok, span in got[me * K:(me + 1) * K])
+        assert all(ok for ok, _ in got) and all(s[2] for s in spans), got
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), f"HBM regions of local ranks overlap: {spans}"
     print(f"OK {MPI.COMM_WORLD.Get_rank()}", flush=True)
 
 
