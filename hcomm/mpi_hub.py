@@ -59,6 +59,7 @@ _BUSY_S = 5e-5                      # a wait polls flat out this long (a peer on
                                     # longer spins starve the processes it waits for when cores are few),
 _SPIN_S = 5e-3                      # then yields the CPU between polls until this long, then sleeps
 _MAX_SLEEP_S = 1e-3
+_POLL_S = 5e-7                      # about one poll of a wait (a Test under the hub's lock), measured
 _TESTS_PER_PROGRESS = 32            # a control round's Test()s between two looks at the hub's frames
 _POOL_PER_SHAPE = 4
 
@@ -141,6 +142,8 @@ class MpiHub:
         self.size, self.timeout_s = size, timeout_s
         self.comm, self.ctl = comm.Dup(), comm.Dup()
         self.busy_s = 0.0 if _oversubscribed(comm) else _BUSY_S   # how long a wait spins before it yields
+        self._spin_polls = int(self.busy_s / _POLL_S)
+        self._sizes = struct.Struct("<" + f"q{SLOT_BYTES - 8}x" * self.nprocs)   # a round's slot lengths
         self.lock = threading.Lock()
         self.endpoints = {}
         self._sends = []                       # (request, what must live until it completes)
@@ -322,37 +325,49 @@ class MpiHub:
 
     # the control allgather ------------------------------------------------------------------------
     def _wait(self, request, deadline, what: str, index=None):
-        """Poll `request` until done, the deadline or an abort. Between polls: spin for `busy_s`,
-        then yield the CPU, past _SPIN_S sleep; every _TESTS_PER_PROGRESS polls (every poll once
-        sleeping) check the deadline and drive the hub's progress, so abort frames are heard (a
-        progress call on every poll costs more than the Test it waits on)."""
+        """Poll `request` until done, the deadline or an abort. Between polls: spin `busy_s`
+        (none on an oversubscribed node), then yield the CPU, past _SPIN_S sleep; every
+        _TESTS_PER_PROGRESS polls check for an abort and the deadline and drive the hub's progress,
+        so abort frames are heard (a progress call on every poll costs more than the Test it waits
+        on; a tight loop is what lets 8 processes on 2 cores keep up with MPICH's own waits).
+        `index`: the control round waited on (an abort spares the rounds its process posted:
+        abort_stops)."""
         test, lock = request.Test, self.lock
-        with lock:
-            if test():
-                return
-        start = time.monotonic()
-        busy, polls = self.busy_s, 0
+        spin = self._spin_polls
+        sched_yield = os.sched_yield
+        polls, start = 0, None
         while True:
-            if self.aborted is not None or self.ctl_aborted is not None:
-                got = self.abort_stops(index) if index is not None else (self.aborted or self.ctl_aborted)
-                if got is not None:
-                    raise HcclError(got[0], f"aborted: {got[1]}")
-            polls += 1
-            idle = time.monotonic() - start
-            if polls % _TESTS_PER_PROGRESS == 0 or idle >= _SPIN_S:
-                if deadline is not None and start + idle >= deadline:
-                    raise HcclError("E_TIMEOUT", f"{_label(what)} did not complete within {self.timeout_s or 0:g} s "
-                                    "(HCCL_EXEC_TIMEOUT)")
-                self.progress()
-            _pause(idle, _MAX_SLEEP_S, busy)
             with lock:
                 if test():
                     return
+            polls += 1
+            if polls % _TESTS_PER_PROGRESS == 0:
+                if self.aborted is not None or self.ctl_aborted is not None:
+                    got = self.abort_stops(index) if index is not None else (self.aborted or self.ctl_aborted)
+                    if got is not None:
+                        raise HcclError(got[0], f"aborted: {got[1]}")
+                now = time.monotonic()
+                if start is None:
+                    start = now
+                if deadline is not None and now >= deadline:
+                    raise HcclError("E_TIMEOUT", f"{_label(what)} did not complete within {self.timeout_s or 0:g} s "
+                                    "(HCCL_EXEC_TIMEOUT)")
+                self.progress()
+                if now - start >= _SPIN_S:
+                    time.sleep(min(_MAX_SLEEP_S, (now - start) / 10))
+                    polls = _TESTS_PER_PROGRESS - 1     # sleeping: the next poll looks again
+            elif polls > spin:
+                sched_yield()
 
-    def _ctl_round(self, chunk: bytes, deadline, what) -> bytes:
-        """One Iallgather of SLOT_BYTES per process; every process's slot, concatenated."""
+    def _ctl_round(self, blob: bytes, deadline, what, length=None) -> bytes:
+        """One Iallgather of SLOT_BYTES per process; every process's slot, concatenated. With
+        `length`, the slot starts with it (int64) and `blob` follows (a first round)."""
         send, recv, args = self._slots
-        send[:len(chunk)] = chunk        # the rest of the slot is never read (lengths go first)
+        if length is None:
+            send[:len(blob)] = blob      # the rest of the slot is never read (lengths go first)
+        else:
+            _I64.pack_into(send, 0, length)
+            send[8:8 + len(blob)] = blob
         with self.lock:
             req = self.ctl.Iallgather(*args)
             index = self._ctl_posted
@@ -377,16 +392,16 @@ class MpiHub:
         ends the exchange after the first round: its blob is whole, longer ones are cut (None).
         `what`: the round's description for errors (or a function making it)."""
         first, S = SLOT_BYTES - 8, SLOT_BYTES
-        raw = self._ctl_round(_I64.pack(len(blob)) + blob[:first], deadline, what)
-        starts = range(0, S * self.nprocs, S)
-        sizes = [_I64.unpack_from(raw, at)[0] for at in starts]
-        top = max(sizes)
-        if top <= first and min(sizes) >= 0:     # the common case: one round
-            return [raw[at + 8:at + 8 + n] for at, n in zip(starts, sizes)]
+        raw = self._ctl_round(blob[:first] if len(blob) > first else blob, deadline, what, len(blob))
+        sizes = self._sizes.unpack_from(raw)         # every slot's int64 length, in one call
+        starts = range(8, S * self.nprocs, S)
+        if max(sizes) <= first and min(sizes) >= 0:  # the common case: one round
+            return [raw[at:at + n] for at, n in zip(starts, sizes)]
         if min(sizes) < 0:           # a final process: nobody posts more rounds (it will not)
-            return [raw[at + 8:at + 8 - n - 1] if n < 0 else (raw[at + 8:at + 8 + n] if n <= first else None)
+            return [raw[at:at - n - 1] if n < 0 else (raw[at:at + n] if n <= first else None)
                     for at, n in zip(starts, sizes)]
-        parts = [[raw[at + 8:at + 8 + min(n, first)]] for at, n in zip(starts, sizes)]
+        top = max(sizes)
+        parts = [[raw[at:at + min(n, first)]] for at, n in zip(starts, sizes)]
         for i in range(-(-(top - first) // S)):   # every process computes the same count from round one
             at = first + i * S
             raw = self._ctl_round(blob[at:at + S], deadline, what)
