@@ -68,6 +68,8 @@ class Communicator:
         self._aborted = False
         self._lost = None                    # (rank, ns, label) of a rank this communicator lost
         self._checked = {}                   # a call's arguments -> their checked form (see _call)
+        # results smaller than this are plain host arrays, made here (engines/base.py)
+        self._plain_bytes = getattr(group, "plain_result_bytes", 0)
         self._p2p_sent, self._p2p_received = {}, {}   # sends to each peer, receives from each peer, so far
         self.last_op: OpRecord | None = None
         self.device = device if device is not None else Device(rank, group.topo)
@@ -172,8 +174,8 @@ class Communicator:
             except TypeError:               # an unhashable argument: the checks below name it
                 key = checked = None
             if checked is not None:
-                coll, redop, root, out_shape, sig = checked
-                out = self._empty(out_shape, data.dtype)
+                coll, redop, root, out_shape, sig, nbytes = checked
+                out = np.empty(out_shape, data.dtype) if nbytes < self._plain_bytes else self._empty(out_shape, data.dtype)
                 if stream is not None:
                     self._stream(stream, coll.method)
                 return self._collective(sig, data, out, redop, stream, coll.result(out, self.rank, root))
@@ -203,7 +205,7 @@ class Communicator:
         if key is not None:
             if len(self._checked) >= 256:
                 self._checked.clear()
-            self._checked[key] = (coll, redop, root, out_shape, sig)
+            self._checked[key] = (coll, redop, root, out_shape, sig, math.prod(out_shape) * x.dtype.itemsize)
         if target is None:
             return self._collective(sig, x, res, redop, stream, coll.result(res, self.rank, root))
         done = self._collective(sig, x, res, redop, stream, coll.result(target, self.rank, root))

@@ -83,7 +83,9 @@ class Group(Protocol):
         """Move this rank's part of the op's data; returns when this rank's output is complete."""
 
     def result_array(self, shape: tuple, dtype) -> np.ndarray:
-        """An array for a collective's result."""
+        """An array for a collective's result. A group may say `plain_result_bytes = n`: results
+        of fewer than n bytes are plain np.empty arrays, which the Communicator then makes itself
+        (a loop of small ops skips the call)."""
 
     def fail(self, rank: int, exc: BaseException) -> None:
         """`rank` raised: release every waiting rank with an error naming it."""

@@ -53,6 +53,7 @@ from ..faults import RankCrashed
 from . import executors
 from . import rendezvous as rdv
 from .mpi_control import MpiControl
+from .mpi_window import RESULT_POOL_BYTES as WINDOW_RESULT_BYTES
 from .peer_group import PeerGroup
 
 PLANES = ("p2p", "window")
@@ -136,6 +137,8 @@ class MpiSubGroup(_Crashing, PeerGroup):
 
 class MpiGroup(_Crashing, PeerGroup):
     """One rank's world group on the MPI engine (plane "p2p" or "window")."""
+
+    plain_result_bytes = min(RESULT_POOL_BYTES, WINDOW_RESULT_BYTES)    # below both pools: np.empty
 
     def __init__(self, rank, topo, config, control, transport, job):
         super().__init__(rank, topo, config, control, transport)

@@ -156,6 +156,7 @@ class PeerGroup:
 
     plane = "peer"
     ranks_per_process = 1                  # one rank per process (the MPI engine may host more)
+    plain_result_bytes = 0                 # engines/base.py: subclasses that make plain results say so
 
     def __init__(self, rank, topo, config, control, transport, raw_transport=None):
         self.rank, self.topo, self.config, self.size = rank, topo, config, topo.num_ranks
@@ -169,7 +170,7 @@ class PeerGroup:
         self.inline_bytes = min(INLINE_BYTES, control.max_payload)
         self.eager_bytes = self.inline_bytes       # MPI's eager protocol on every plane
         self._eager = None                 # every rank's eager input of the op being executed
-        self._heads = {}                   # (signature, item size, eager bytes, sent counts) -> CallPayload.head
+        self._heads = {}                   # id(signature) -> CallPayload.head + (signature, its shape key)
         self._own = {}                     # (plan, shape, dtype, redop) -> (plan, its compiled OwnResult)
 
     # ---- the control plane -----------------------------------------------------------------------
@@ -189,12 +190,15 @@ class PeerGroup:
         op = rdv.opname(sig)
         eager = None if call.eager is None else call.eager.tobytes()     # C order, whatever the strides
         sent = call.sent
-        key = (sig, call.itemsize, -1 if eager is None else len(eager), len(sent))
-        head = self._heads.get(key)
-        if head is None:
+        # by the signature object's identity (a loop's Communicator hands the same one again; the
+        # entry holds it, so its id is not reused), checked, then by what else shapes the head
+        shape = (call.itemsize, -1 if eager is None else len(eager), len(sent))
+        head = self._heads.get(id(sig))
+        if head is None or head[2] is not sig or head[3] != shape:
             if len(self._heads) > 256:
                 self._heads.clear()
-            head = self._heads[key] = CallPayload.head(CallPayload.signature_bytes(sig), call.itemsize, eager, sent)
+            head = self._heads[id(sig)] = CallPayload.head(CallPayload.signature_bytes(sig), call.itemsize, eager,
+                                                           sent) + (sig, shape)
         payload = head[0] + _CLOCK.pack(call.clock)
         if sent:
             payload += struct.pack(f"<{len(sent)}q", *sent)
@@ -213,7 +217,7 @@ class PeerGroup:
             if agreed is not None:
                 # the same call everywhere (the common case) is the same bytes: only clocks differ
                 clocks, sent, eagers = agreed
-                plan = self._plans.agreed(sig, call.itemsize, clocks, sent)
+                plan = self._plans.agreed(sig, call.itemsize, clocks, sent, key=head[0])
             else:
                 payloads = [CallPayload.decode(r) for r in raws]
                 eagers = [c.eager for c in payloads]
@@ -244,7 +248,7 @@ class PeerGroup:
         once per plan (a loop of small ops repeats the same few)."""
         x = buffers.input
         base = getattr(plan, "plan", plan)          # a ShiftedPlan moves clocks, not data
-        key = (id(base), x.shape, x.dtype.str, redop)
+        key = (id(base), x.shape, x.dtype, redop)
         got = self._own.get(key)
         if got is None or got[0] is not base:
             if len(self._own) >= 64:

@@ -85,9 +85,10 @@ class PlanCache:
             return plan_calls(calls, self.topo, self.config)     # raises the mismatch error
         return self.agreed(first.signature, first.itemsize, [c.clock for c in calls], [c.sent for c in calls])
 
-    def agreed(self, sig, itemsize: int, clocks: list, sent=None):
+    def agreed(self, sig, itemsize: int, clocks: list, sent=None, key=None):
         """The plan when every rank made the same call (`sig`), entered at `clocks`, having sent
-        `sent` (every rank's Call.sent)."""
+        `sent` (every rank's Call.sent). `key`: a hashable standing for (sig, itemsize) alone, if
+        the caller has one (bytes cache their hash; a signature tuple is hashed anew each time)."""
         faults = self.config.faults
         now = self.progress.before(sent)
         if (faults is not None and faults.link_state) or now.corrupt:
@@ -96,12 +97,13 @@ class PlanCache:
             plan = make_plan(sig, self.topo, self.config, list(clocks), itemsize, faults_now=now)
         else:
             base = min(clocks)
-            key = (sig, itemsize, tuple([c - base for c in clocks]), now.backup)
+            rel = tuple([c - base for c in clocks])
+            key = ((sig, itemsize) if key is None else key, rel, now.backup)
             plan = self._plans.get(key)
             if plan is None:
                 if len(self._plans) >= self.limit:
                     self._plans.clear()
-                plan = self._plans[key] = make_plan(sig, self.topo, self.config, list(key[2]), itemsize, faults_now=now)
+                plan = self._plans[key] = make_plan(sig, self.topo, self.config, list(rel), itemsize, faults_now=now)
             plan = ShiftedPlan(plan, base) if base else plan
         if faults is not None:          # without a fault plan there is no progress to advance
             self.progress.after(plan)
