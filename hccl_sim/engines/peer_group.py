@@ -229,13 +229,13 @@ class PeerGroup:
         return plan
 
     def execute(self, rank, seq, plan, buffers: RankBuffers, redop) -> None:
-        coll = plan.collective
-        if not coll.carries_data:
-            return                          # a barrier: the rendezvous was it
-        if self._eager is not None:          # every input came with the calls: only our own result
-            raws, self._eager = self._eager, None
+        raws = self._eager
+        if raws is not None:                 # every input came with the calls: only our own result
+            self._eager = None
             self._own_result(rank, plan, buffers, raws, redop)
-        else:
+            return
+        coll = plan.collective
+        if coll.carries_data:                # (a barrier: the rendezvous was it)
             self._execute_data(rank, seq, plan, buffers, redop, coll.method)
 
     def _execute_data(self, rank, seq, plan, buffers, redop, op) -> None:
