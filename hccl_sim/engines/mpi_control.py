@@ -2,7 +2,7 @@
 world communicator is.
 
 The ranks of one process (ranks_per_process threads) first meet among themselves; the last to
-arrive runs one MPI allgather for the process (hcomm.mpi_hub's `ctl_allgather`: MPI's
+arrive runs one MPI allgather for the process (the hub's `ctl_allgather`, hcomm.mpi_rounds: MPI's
 Iallgather of fixed-size slots, polled against the deadline) and hands every rank its share. So
 an eager small op costs one MPI_Iallgather whatever the number of ranks per process.
 
@@ -21,7 +21,7 @@ import time
 
 from topologies.errors import HcclError
 
-from hcomm.mpi_hub import SLOT_BYTES
+from hcomm.mpi_rounds import SLOT_BYTES
 
 from .rendezvous import deadline as op_deadline
 
