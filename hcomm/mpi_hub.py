@@ -23,8 +23,8 @@ to their endpoints; while nothing moves it polls flat out for 50 us (a peer on a
 answers within that; not at all on a node running more of the job's processes than it has
 cores), then yields the CPU between polls (MPI moves a collective only while its processes poll,
 so 8 processes on 2 cores need each other's turns), and past 5 ms sleeps, at most 1 ms at a time.
-Every wait keeps its deadline (HCCL_EXEC_TIMEOUT) and ends at once on abort: `hub.abort` fails every local wait and tells every
-other process (an ABORT frame), whose hub fails theirs. A rank the fault plan crashes (`hub.lose`)
+Every wait keeps its deadline (HCCL_EXEC_TIMEOUT) and ends at once on abort: `hub.abort` fails
+every local wait and tells every other process (an ABORT frame), whose hub fails theirs. A rank the fault plan crashes (`hub.lose`)
 stops taking part while its process lives on: a LOST frame makes every endpoint of the job take
 it for lost, as a dead peer's closed connection does on the socket transport.
 
