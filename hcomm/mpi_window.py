@@ -14,8 +14,8 @@ no process still holds an array in (the others go with MPI_Finalize); MPI owns t
 nothing is left in /dev/shm.
 
 Apart from the arena, one more window holds the ranks' simulated HBM (`reserve_hbm`, collective,
-once at job start): a region per process as large as its ranks' HBM capacities together (64 GiB
-x ranks per process on the presets). `MPI_Win_allocate_shared` maps it without committing a page
+once at job start): a region per process as large as its ranks' HBM regions together (the
+caller sizes them: hccl_sim.engines.mpi_window.hbm_share). `MPI_Win_allocate_shared` maps it without committing a page
 (tmpfs pages come into being when first written), so the reservation is only address space; a
 device array's bytes then lie at their own HBM address in it, where peers read them in place.
 `alloc` never hands out its bytes; `locate` finds arrays in it as in the arena (window `HBM`).

@@ -4,10 +4,12 @@ ranks' buffers in place (the central data program, dataplane.move_share), as the
 shm plane does: no message per schedule step, no copy through a socket or MPI's eager buffers.
 
 A rank's device arrays live in the windows as well: its simulated HBM is its region of the HBM
-window (hcomm.mpi_window's `reserve_hbm`, k x the device's HBM capacity per process, reserved at
-job start and committed only where written), a device array's bytes at its own HBM address there
-(`device_storage`, the rank's Device.storage). An op on device arrays so copies nothing in, and
-`out=` a device array is written in place, as on the Ray engine's shm plane.
+window (hcomm.mpi_window's `reserve_hbm`, reserved at job start and committed only where
+written: per rank its HBM capacity, capped by `hbm_share` at a share of the node's free shared
+memory, which Open MPI checks), a device array's bytes at its own HBM address there
+(`device_storage`, the rank's Device.storage; past the region, host memory). An op on device
+arrays so copies nothing in, and `out=` a device array is written in place, as on the Ray
+engine's shm plane.
 
 Results live in the windows too (a pool per rank, `result_array`, as the Ray plane's result
 segments): peers write a rank's output where user code then reads it, so nothing is copied out;
@@ -27,6 +29,7 @@ deadline (HCCL_EXEC_TIMEOUT) and abort as every control round does.
 from __future__ import annotations
 
 import math
+import os
 import struct
 import sys
 import threading
@@ -62,6 +65,20 @@ def _free(entry) -> bool:
     return sys.getrefcount(entry[3]) <= 2
 
 
+def hbm_share(hbm_bytes: int, k: int, node_procs: int) -> int:
+    """Bytes of each rank's HBM region in the HBM window: its whole HBM, capped at an equal share
+    of half the node's free shared memory (/dev/shm). The reservation is only address space, but
+    Open MPI refuses a shared window larger than that file system can back (measured: 4 processes
+    x 4 GiB map at once, x 8 GiB abort the job on a 24 GiB /dev/shm; MPICH does not check). A
+    device array past its rank's region lives in host memory and is staged per op, as a host array."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return hbm_bytes
+    share = st.f_bavail * st.f_frsize // (2 * max(1, node_procs) * k)
+    return max(_ALIGN, min(hbm_bytes, share // _ALIGN * _ALIGN))
+
+
 class WindowPlane:
     """One process's windows; `execute` is called by each of its ranks for each larger op."""
 
@@ -69,9 +86,10 @@ class WindowPlane:
         self.hub, self.topo, self.config, self.k = hub, topo, config, hub.k
         self.base = hub.proc * hub.k
         self.windows = NodeWindows(hub.comm, hub.lock)
-        self.hbm_bytes = topo.device_model.hbm_bytes
+        # every rank's HBM, capped (hbm_share); every process constructs the job together
+        self.hbm_bytes = hbm_share(topo.device_model.hbm_bytes, self.k, self.windows.node.Get_size())
         try:
-            self.windows.reserve_hbm(self.k * self.hbm_bytes)  # every process constructs the job together
+            self.windows.reserve_hbm(self.k * self.hbm_bytes)
         except HcclError:
             self.windows.close()
             raise
@@ -94,9 +112,9 @@ class WindowPlane:
 
         def storage(ptr, shape, dtype):
             dtype = np.dtype(dtype)
-            if self._hbm_closed:
-                return np.zeros(shape, dtype=dtype)
             nbytes = math.prod(shape) * dtype.itemsize
+            if self._hbm_closed or ptr + nbytes > self.hbm_bytes:   # past the window: host memory
+                return np.zeros(shape, dtype=dtype)
             arr = self.windows.array(HBM, self.windows.me, start + ptr, shape, dtype)
             top = self._hbm_top[local]
             if ptr < top and nbytes:

@@ -73,18 +73,25 @@ def device_ops(comm, n):
 
 
 def hbm_regions(comm):
-    """Device arrays at both ends of each rank's HBM (the middle only allocated, never written):
-    intact after every rank of the process wrote its own, and their spans (addresses here)."""
+    """Device arrays at both ends of each rank's HBM region in the window (the middle only
+    allocated, never written) and one just past it (host memory: the region is capped by
+    engines/mpi_window.hbm_share): each intact after every rank of the process wrote its own,
+    the first two in the window, the last not; the region's span (addresses here)."""
     dev = comm.device
-    first = dev.empty(1000, np.int64)
-    middle = dev.malloc(dev.allocator.largest_free - 8192)
+    plane = comm._group.job.window
+    region = plane.hbm_bytes
+    first = dev.empty(1000, np.int64)                  # after the communicator's CCL buffer
+    middle = dev.malloc(region - 8192 - (first.ptr + 8192))
     last = dev.empty(1000, np.int64)
-    first.data[:] = comm.rank
-    last.data[:] = comm.rank
+    beyond = dev.empty(1000, np.int64)
+    for a in (first, last, beyond):
+        a.data[:] = comm.rank
     comm.barrier()
-    ok = bool((first.data == comm.rank).all() and (last.data == comm.rank).all())
-    span = (first.data.ctypes.data, last.data.ctypes.data + last.nbytes, last.ptr + last.nbytes > dev.hbm_bytes - 8192)
-    for a in (first, middle, last):
+    ok = all(bool((a.data == comm.rank).all()) for a in (first, last, beyond))
+    placed = (plane.windows.locate(first.data) is not None and plane.windows.locate(last.data) is not None
+              and plane.windows.locate(beyond.data) is None and region - 8192 <= last.ptr < region - last.nbytes)
+    span = (first.data.ctypes.data, last.data.ctypes.data + last.nbytes, placed)
+    for a in (first, middle, last, beyond):
         dev.free(a)
     return ok, span
 
