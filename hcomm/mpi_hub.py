@@ -132,14 +132,12 @@ class MpiHub(ControlRounds):
         """Fail every control round, here and (with `tell_peers`) in every other process: the
         world communicator's comm.abort(); its data waits are the endpoints' scoped abort.
         `rounds`: an abort heard from a process that had posted that many control rounds (the
-        rounds it posted can still complete, and do: see _abort_stops); None: a local abort."""
+        rounds it posted can still complete, and do: see abort_stops); None: a local abort."""
         self.ctl_aborted = _tightened(self.ctl_aborted, code, reason, rounds)
         for cb in list(self.on_abort):
             cb(code, reason, rounds)
-        if tell_peers and not self.closed:
-            for q in range(self.nprocs):
-                if q != self.proc:
-                    self.send(CTL_ABORT, -1, -q - 1, -1, {"code": code, "reason": reason, "rounds": self._ctl_posted})
+        if tell_peers:
+            self._tell_peers(CTL_ABORT, -1, {"code": code, "reason": reason, "rounds": self._ctl_posted})
 
     def abort(self, code: str, reason: str, tell_peers: bool = True, rounds=None) -> None:
         """Fail every wait of this process's ranks; with `tell_peers`, every other process's too
@@ -149,10 +147,8 @@ class MpiHub(ControlRounds):
             ep.abort(code, reason)
         for cb in list(self.on_abort):
             cb(code, reason, rounds)
-        if tell_peers and not self.closed:
-            for q in range(self.nprocs):
-                if q != self.proc:
-                    self.send(ABORT, -1, -q - 1, -1, {"code": code, "reason": reason, "rounds": self._ctl_posted})
+        if tell_peers:
+            self._tell_peers(ABORT, -1, {"code": code, "reason": reason, "rounds": self._ctl_posted})
 
     def lose(self, rank: int, reason: str) -> None:
         """Rank `rank` of this process stops taking part (a fault plan's rank_crash; its process
@@ -164,10 +160,14 @@ class MpiHub(ControlRounds):
             raise HcclError("E_INTERNAL", f"rank {rank} is not hosted by MPI process {self.proc}")
         self.endpoints.pop(rank, None)
         self._lost(rank, reason)
+        self._tell_peers(LOST, rank, {"reason": reason})
+
+    def _tell_peers(self, kind, src: int, header: dict) -> None:
+        """A frame of `kind` from `src` to every other process of the job (none once closed)."""
         if not self.closed:
             for q in range(self.nprocs):
                 if q != self.proc:
-                    self.send(LOST, rank, -q - 1, -1, {"reason": reason})
+                    self.send(kind, src, -q - 1, -1, header)
 
     def _lost(self, rank: int, reason: str) -> None:
         for ep in list(self.endpoints.values()):
