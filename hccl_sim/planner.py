@@ -107,6 +107,12 @@ class OpPlan:
         """Rank `rank`'s exit clock, ns."""
         return self.exits[rank]
 
+    @functools.cached_property
+    def data(self):
+        """The op's DataProgram (hcomm.exec): what every byte mover runs, lowered once."""
+        from .lowering import lower
+        return lower(self)
+
     def loop_programs(self):
         """((start, stop), program) of every loop, in order: what the data engines execute. A loop
         the double ring halves is its two halves' programs (columns apart, so in any order)."""

@@ -24,7 +24,7 @@ from ..communicator import Communicator
 from ..fault_state import FaultProgress
 from ..faults import RankCrashed
 from ..device import Runtime
-from . import executors
+from hcomm.exec import run_rank, run_share, with_scratch
 from . import rendezvous as rdv
 
 _POLL_S = 0.05
@@ -82,7 +82,7 @@ class LocalGroup:
 
     def execute(self, rank, seq, plan, buffers, redop):
         if self.dataplane == "threads":
-            executors.per_rank(rank, plan, buffers, redop, self.transport, self.size)
+            run_rank(plan.data, rank, buffers, self.transport)
             return
         self._meet(rank, "data", seq, plan.signature, buffers, lambda slot: self._move_all(slot, plan, redop))
 
@@ -138,20 +138,17 @@ class LocalGroup:
         slot.plan = rdv.plan_calls(slot.items, self.topo, self.config, self.fault_progress)
 
     def _move_all(self, slot, plan, redop):
-        p = self.size
-        coll = plan.collective
-        if not coll.carries_data:
+        data = plan.data
+        if not data.carries_data:
             return
-        buffers = [executors.with_scratch(plan, b, p) for b in slot.items]
-        x0 = buffers[0].input
-        nbytes = coll.op_bytes(x0.size, p, x0.itemsize) * p
+        buffers = [with_scratch(data, b) for b in slot.items]
+        nbytes = plan.nbytes * self.size
         parts = min(self._workers, max(1, nbytes // _PARALLEL_MIN_BYTES))
         if parts == 1:
-            executors.central_share(plan, buffers, redop)
+            run_share(data, buffers)
             return
-        futures = [self._pool().submit(executors.central_share, plan, buffers, redop, part, parts)
-                   for part in range(1, parts)]
-        executors.central_share(plan, buffers, redop, 0, parts)
+        futures = [self._pool().submit(run_share, data, buffers, part, parts) for part in range(1, parts)]
+        run_share(data, buffers, 0, parts)
         for f in futures:
             f.result()
 

@@ -50,7 +50,7 @@ from hcomm.transports.scoped import ScopedTransport
 from ..communicator import Communicator
 from ..device import Runtime
 from ..faults import RankCrashed
-from . import executors
+from hcomm.exec import run_rank
 from . import rendezvous as rdv
 from .mpi_control import MpiControl
 from .mpi_window import RESULT_POOL_BYTES as WINDOW_RESULT_BYTES
@@ -108,7 +108,7 @@ class _Crashing:
                     self.job.window.execute(self, rank, seq, plan, buffers, redop, plan.collective.method,
                                             steps=steps)
                 elif steps:
-                    executors.per_rank(rank, plan, buffers, redop, self.transport, self.size, steps=steps)
+                    run_rank(plan.data, rank, buffers, self.transport, steps=steps)
         except HcclError:
             pass                # it dies anyway: what it was waiting for then does not matter
         self.job.crash(self._world_rank(rank), f"rank {self._world_rank(rank)} crashed (fault plan)")

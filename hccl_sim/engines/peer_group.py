@@ -8,7 +8,7 @@ planning round trip.
 
 Execution: an op whose input is at most `eager_bytes` is eager (MPI's eager protocol): the input
 travelled with the call, and every rank computes its own result from all inputs by the moves of
-the op's data program that decide it (programs.program_moves_for), so a small op costs one
+the op's data program that decide it (hcomm.exec.own_result), so a small op costs one
 allgather. Larger ops run on the engine's data plane: by default the per-rank executor over the
 peer transport (each rank runs its own schedule; no rank touches another's data); an engine with
 a shared-memory plane overrides `_execute_data`.
@@ -29,7 +29,8 @@ import numpy as np
 from hcomm.transports.scoped import ScopedTransport
 from topologies.errors import HcclError
 
-from . import executors
+from hcomm.exec import OwnResult, run_rank
+
 from . import rendezvous as rdv
 from .base import Call, RankBuffers
 from ..planner import Signature
@@ -241,19 +242,19 @@ class PeerGroup:
     def _execute_data(self, rank, seq, plan, buffers, redop, op) -> None:
         """A larger op's data: this rank's own schedule over the peer transport."""
         with self._waiting(f"{op} (collective #{seq}) data"):
-            executors.per_rank(rank, plan, buffers, redop, self.transport, self.size)
+            run_rank(plan.data, rank, buffers, self.transport)
 
     def _own_result(self, rank, plan, buffers, raws, redop):
         """This rank's output from every rank's (eager) input: the moves that decide it, compiled
         once per plan (a loop of small ops repeats the same few)."""
-        x = buffers.input
-        base = getattr(plan, "plan", plan)          # a ShiftedPlan moves clocks, not data
-        key = (id(base), x.shape, x.dtype, redop)
+        x, out = buffers.input, buffers.output
+        data = plan.data                    # a ShiftedPlan's is its plan's: it moves clocks, not data
+        key = (id(data), x.shape, x.dtype)
         got = self._own.get(key)
-        if got is None or got[0] is not base:
+        if got is None or got[0] is not data:
             if len(self._own) >= 64:
                 self._own.clear()
-            got = self._own[key] = (base, executors.OwnResult(base, rank, self.size, x.shape, x.dtype, redop))
+            got = self._own[key] = (data, OwnResult(data, rank, x.shape, out.shape, x.dtype))
         got[1].run(b"".join(raws), buffers.output)
 
     def result_array(self, shape, dtype):

@@ -143,3 +143,7 @@ class ShiftedPlan:
 
     def loop_programs(self):
         return self.plan.loop_programs()
+
+    @property
+    def data(self):
+        return self.plan.data

@@ -18,7 +18,7 @@ import os
 import numpy as np
 from hcomm.transports.scoped import ScopedTransport
 
-from .. import executors
+from hcomm.exec import run_rank, run_share
 from ..peer_group import PeerGroup
 from ..shm_plane import SharedPlane
 from .control import ShmControl
@@ -55,10 +55,10 @@ class RayGroup(SharedPlane, PeerGroup):
             if steps and plan.collective.carries_data and self._eager is None:
                 op = plan.collective.method
                 if self.plane != "shm":
-                    executors.per_rank(rank, plan, buffers, redop, self.transport, self.size, steps=steps)
+                    run_rank(plan.data, rank, buffers, self.transport, steps=steps)
                 else:
                     bufs, _, _ = self._shared_buffers(rank, seq, plan, buffers, op)
-                    executors.central_share(plan, bufs, redop, rank, self.size, until=(rank, steps))
+                    run_share(plan.data, bufs, rank, self.size, until=(rank, steps))
         except BaseException:   # noqa: BLE001 - it dies anyway: what it was doing then does not matter
             pass
         os._exit(CRASH_EXIT_STATUS)
