@@ -1,9 +1,12 @@
-"""Run one rank's schedule on real buffers over a transport (the data plane of real engines).
+"""Run one rank's schedule on real buffers over a transport (the per-rank executor).
 
-Per step: post every Send (a view of this rank's registered memory), run the step's local copies
-(copies run at the start of their step in every engine: hcomm.program.data_moves), take every
-Recv in order and copy or reduce straight from the sender's memory, acknowledge it, then wait
-until this rank's own sends have been consumed before the next step may write anything.
+Per step:
+1. post every Send (a view of this rank's registered memory);
+2. run the step's local copies (copies run at the start of their step, as in the serial data
+   program: hcomm.program.data_moves);
+3. take every Recv in order and copy or reduce straight from the sender's memory, then
+   acknowledge it;
+4. wait until this rank's own sends have been consumed: only then may the next step write.
 """
 from __future__ import annotations
 
