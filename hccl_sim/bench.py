@@ -1,9 +1,18 @@
 """The bench job (modelled on hccl_test / nccl-tests): a size sweep of one collective.
 
-Each row runs the op on real, verifiable data (local engine) or replays it without payload
-(timing engine), and reports the simulated time per op (mean over ranks, as nccl-tests' default
-`-a 1`), algbw and busbw with nccl-tests' factors (GB = 1e9 B), #wrong elements, and the wall time
-one op took to emulate (median over iterations of the slowest rank).
+Each row (one size) runs the op in one of two ways:
+- on real data (engines local, ray, mpi): every rank's input is verifiable (hccl_sim.verifiable),
+  each timed iteration starts from aligned clocks (a barrier before it), and each rank counts its
+  wrong elements against the expected result it computes alone;
+- without payload (engine timing): hccl_sim.simulate prices the op; #wrong is N/A.
+
+A row reports the simulated time per op (mean over ranks and iterations, as nccl-tests' default
+`-a 1`), algbw and busbw with nccl-tests' factors (GB = 1e9 B), #wrong, the wall time one op took
+to emulate (median over iterations of the slowest rank) and the algorithm that ran. Under a fault
+plan it adds the op retries over the timed iterations and the time lost per op against the
+fault-free twin. Output: nccl-tests' table, or hccl_test's columns (`--format hccl_test`), and
+optionally JSON and a Chrome trace of one op per size. A sweep that would not finish or would not
+fit in memory is refused before anything runs.
 """
 from __future__ import annotations
 
@@ -324,7 +333,7 @@ HCCL_TEST_PER_NPU_BLOCKS = ("allgather", "reducescatter")
 receive count) while nccl-tests' size is the whole p-block buffer: sizes differ by p. For the
 others both count one NPU's buffer. With that, hccl_test's alg_bandwidth (AllReduce, Broadcast,
 Reduce: size / t; AllGather: whole output / t; ReduceScatter: whole input / t; AlltoAll: whole
-send buffer / t; reference/hccl.md section 6) is nccl-tests' algbw exactly."""
+send buffer / t; docs/references.md §11.2) is nccl-tests' algbw exactly."""
 
 
 def hccl_test_sizes(op: str, data_sizes: list, p: int) -> list:

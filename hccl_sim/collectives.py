@@ -147,7 +147,7 @@ class Collective:
         """(in, out): bytes each rank copies between its user buffers and the CCL buffer before and
         after one loop's schedule (op-base mode, presets that stage).
 
-        What HCCL copies is what its msprof traces of 8 x 910B show (reference/hccl.md §6: the
+        What HCCL copies is what its msprof traces of 8 x 910B show (docs/references.md §4.7: the
         ascend.cl traces, HCCL_BUFFSIZE=2048): peers read the user's data in place wherever the
         schedule allows, so most collectives copy one block, not the whole buffer. Copies the
         traces place between phases (AllReduce's, Reduce's) are charged after the schedule: on

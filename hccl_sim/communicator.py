@@ -1,10 +1,18 @@
 """The Communicator: what a rank's code calls (all_reduce, all_gather, ..., send, recv, barrier).
 
-A collective call (1) checks its arguments locally, (2) meets the other ranks at a rendezvous
-that compares every rank's call and entry clock (a mismatch is an HcclError on every rank, never
-a hang) and yields the shared plan (algorithm, loops, schedules, simulated exit clocks), then
-(3) moves the data by executing this rank's schedule over the group's zero-copy transport.
-Engines differ only in the group object they hand the communicator (rendezvous + transport).
+A collective call goes through three steps:
+1. it checks its arguments locally;
+2. it meets the other ranks at the group's rendezvous, which compares every rank's call and
+   entry clock (a mismatch is an HcclError on every rank, never a hang) and yields the shared
+   plan (algorithm, loops, programs, simulated exit clocks);
+3. the group's `execute` moves the data, by one of the engine contract's two executors: the
+   central data program (a share of the op's serial data program over every rank's buffers, for
+   ranks that share memory) or the per-rank executor (this rank's own schedule over an hcomm
+   Transport, for ranks that share none). Small ops on engines with an eager size carry their
+   input with the call and need no exchange in step 3.
+The communicator moves no bytes itself: engines differ only in the group they hand it (the engine
+contract, engines/base.py). Point-to-point send/recv use the group's transport directly, priced by
+the same cost model as collectives.
 """
 from __future__ import annotations
 
