@@ -26,6 +26,7 @@ from ..faults import RankCrashed
 from ..device import Runtime
 from hcomm.exec import run_rank, run_share, with_scratch
 from . import rendezvous as rdv
+from .base import Group
 
 _POLL_S = 0.05
 _SWITCH_INTERVAL_S = 50e-6
@@ -43,7 +44,7 @@ class _Slot:
         self.plan = self.error = None
 
 
-class LocalGroup:
+class LocalGroup(Group):
     """The engine contract (engines/base.py) for the threads of one local run.
 
     The rendezvous carries no data: the last rank to arrive plans the op once for all. Execution
@@ -53,6 +54,7 @@ class LocalGroup:
     step. With dataplane="threads" each rank runs its own schedule over the in-process transport
     instead (the per-rank executor)."""
 
+    engine = "local"
     eager_bytes = 0                 # ranks share memory: nothing needs to travel with the call
 
     def __init__(self, topo, config, dataplane: str = "central"):
@@ -151,9 +153,6 @@ class LocalGroup:
         run_share(data, buffers, 0, parts)
         for f in futures:
             f.result()
-
-    def result_array(self, shape, dtype):
-        return np.empty(shape, dtype=dtype)
 
     def _pool(self):
         if self._executor is None:

@@ -126,6 +126,7 @@ class _Crashing:
 
 class MpiSubGroup(_Crashing, PeerGroup):
     """A sub-communicator's group on the MPI engine: PeerGroup's, with the fault plan's crash."""
+    engine = "mpi"
 
     def __init__(self, rank, topo, config, control, transport, job):
         super().__init__(rank, topo, config, control, transport)
@@ -137,6 +138,7 @@ class MpiSubGroup(_Crashing, PeerGroup):
 
 class MpiGroup(_Crashing, PeerGroup):
     """One rank's world group on the MPI engine (plane "p2p" or "window")."""
+    engine = "mpi"
 
     plain_result_bytes = min(RESULT_POOL_BYTES, WINDOW_RESULT_BYTES)    # below both pools: np.empty
 

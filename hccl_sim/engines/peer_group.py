@@ -32,7 +32,7 @@ from topologies.errors import HcclError
 from hcomm.exec import OwnResult, run_rank
 
 from . import rendezvous as rdv
-from .base import Call, RankBuffers
+from .base import Call, Group, RankBuffers
 from ..planner import Signature
 
 _NO_WATCH = contextlib.nullcontext()      # stateless: one serves every wait
@@ -150,14 +150,13 @@ class TransportControl:
         pass                    # the transport is closed by its owner
 
 
-class PeerGroup:
+class PeerGroup(Group):
     """One rank's group: rendezvous over `control`, data over `transport` (see the module
     docstring). `raw_transport` is the job's transport under any wrapper (a sub-communicator
     scopes that one); subclasses add their data planes and fault hooks."""
 
+    engine = "peer"                        # subclasses name theirs
     plane = "peer"
-    ranks_per_process = 1                  # one rank per process (the MPI engine may host more)
-    plain_result_bytes = 0                 # engines/base.py: subclasses that make plain results say so
 
     def __init__(self, rank, topo, config, control, transport, raw_transport=None):
         self.rank, self.topo, self.config, self.size = rank, topo, config, topo.num_ranks
@@ -256,9 +255,6 @@ class PeerGroup:
                 self._own.clear()
             got = self._own[key] = (data, OwnResult(data, rank, x.shape, out.shape, x.dtype))
         got[1].run(b"".join(raws), buffers.output)
-
-    def result_array(self, shape, dtype):
-        return np.empty(shape, dtype=np.dtype(dtype))
 
     def fail(self, rank, exc) -> None:
         self.control.abort("E_REMOTE", f"rank {rank} failed: {rdv.describe_failure(exc)}")

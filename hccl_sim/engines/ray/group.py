@@ -28,6 +28,8 @@ CRASH_EXIT_STATUS = 70             # the exit status of a rank process the fault
 
 
 class RayGroup(SharedPlane, PeerGroup):
+    engine = "ray"
+
     def __init__(self, rank, topo, config, plane, control, transport, watch, shared=None, lost_world=None):
         super().__init__(rank, topo, config, control, WatchedTransport(transport, watch), raw_transport=transport)
         self.plane, self.watch, self.shared = plane, watch, shared
