@@ -11,8 +11,9 @@
   central share of a whole op's serial data program, the per-rank executor that runs one rank's
   steps over any transport, the small-op result path).
 - Memory and control: shared-memory segments (`shm`), MPI-3 shared-memory windows
-  (`mpi_window`), the same-host shared-memory control plane (`shm_control`), and the MPI process
-  hub with its control allgather (`mpi_hub`, `mpi_rounds`).
+  (`mpi_window`), and the control planes, the allgather every rendezvous is (`control`: shared
+  memory, MPI, over a peer transport); the MPI transport is a folder (`transports/mpi`: endpoint,
+  hub, rounds).
 
 Nothing here knows what an AllReduce is, or which engine placed the ranks.
 """

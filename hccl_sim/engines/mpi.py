@@ -7,7 +7,7 @@ table whose servers and devices are taken in order) must have exactly (MPI world
 else an HcclError names both numbers.
 
 Each rank's Group is a PeerGroup (engines/peer_group.py): the world communicator's rendezvous is
-one MPI allgather per op (engines/mpi_control.py), every rank plans the op itself, small ops are
+one MPI allgather per op (hcomm.control.mpi), every rank plans the op itself, small ops are
 eager (their inputs travel in that allgather), larger ones run the per-rank executor over the
 MPI transport (hcomm.transports.mpi: Isend/Irecv on numpy buffers) or, with `plane="window"`,
 the central data program on MPI-3 shared-memory windows among the ranks of one node
@@ -41,8 +41,8 @@ import traceback
 
 import numpy as np
 
-from hcomm.mpi_hub import MpiHub, require_thread_level
-from hcomm.transports.mpi import MpiTransport
+from hcomm.control.mpi import MpiControl
+from hcomm.transports.mpi import MpiHub, MpiTransport, require_thread_level
 from topologies.errors import HcclError
 
 from hcomm.transports.scoped import ScopedTransport
@@ -52,7 +52,6 @@ from ..device import Runtime
 from ..faults import RankCrashed
 from hcomm.exec import run_rank
 from . import rendezvous as rdv
-from .mpi_control import MpiControl
 from .mpi_window import RESULT_POOL_BYTES as WINDOW_RESULT_BYTES
 from .peer_group import PeerGroup
 
@@ -199,7 +198,7 @@ class MpiJob:
         require_thread_level(self.k)
         self.topo, self.config, self.plane = topo, config, plane
         self.hub = MpiHub(comm, topo.num_ranks, self.k, config.wait_timeout_s)
-        self.control = MpiControl(self.hub, config)
+        self.control = MpiControl(self.hub, config.wait_timeout_s)
         self.window = None
         if plane == "window":
             from .mpi_window import WindowPlane

@@ -7,7 +7,7 @@ default one 910B server, as many of its NPUs as there are processes; a hardware 
 server count is filled in order by the processes) and must have exactly world-size ranks. The ranks find each other
 through the store torch gives the backend: each rank's socket endpoint (hcomm.transports.socket)
 publishes its address under hccl_sim/<session>/<rank> and reads every peer's; rendezvous is the
-dissemination allgather over that transport (engines.peer_group.TransportControl), data the
+dissemination allgather over that transport (hcomm.control.transport), data the
 per-rank executor, every wait bounded by HCCL_EXEC_TIMEOUT / HCCL_CONNECT_TIMEOUT. When every
 rank is on one host (LOCAL_WORLD_SIZE == WORLD_SIZE) the world communicator's larger ops run on the
 shared-memory plane instead (engines/shm_plane.py: each rank its share of the data program on
@@ -85,7 +85,7 @@ def connect(store, rank: int, size: int, topo, env=None, timeout_s: float | None
     """(this rank's Communicator, its transport to close at the end), its peers found through `store`."""
     from ..communicator import Communicator
     from ..device import Runtime
-    from ..engines.peer_group import TransportControl
+    from hcomm.control.transport import TransportControl
     from ..env import Config
     from hcomm.transports.socket import SocketTransport
     config = Config.from_env(env)

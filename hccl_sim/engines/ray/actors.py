@@ -20,7 +20,8 @@ from topologies.errors import HcclError
 
 from ...communicator import Communicator
 from ...device import Runtime
-from .control import ShmControl, TransportControl
+from hcomm.control.shm import ShmControl
+from hcomm.control.transport import TransportControl
 from .group import RayGroup
 from .protocol import Outcome, RankInfo, RankStatus
 from ..shm_plane import SharedArea
@@ -63,7 +64,7 @@ class RankActorBase(RayMailbox):
 
     # ---- the control block (same host) -----------------------------------------------------------
     def create_control(self, size: int) -> None:
-        from hcomm.shm_control import ControlBlock
+        from hcomm.control.shm import ControlBlock
         self._block_owner = ControlBlock.create(self.session, size, CONTROL_SLOT_BYTES)
 
     def reset_control(self) -> None:
@@ -71,7 +72,7 @@ class RankActorBase(RayMailbox):
 
     def adopt_control(self) -> None:
         """Take the control block over from this rank's crashed predecessor, which created it."""
-        from hcomm.shm_control import ControlBlock
+        from hcomm.control.shm import ControlBlock
         self._block_owner = ControlBlock.adopt(self.session)
 
     # ---- one run ---------------------------------------------------------------------------------
@@ -143,7 +144,7 @@ class RankActorBase(RayMailbox):
         an actor replacing a crashed one before the next run: until then the block names the dead
         process for this rank, and a peer arriving first would take it for a death in that run."""
         if self._control is None:
-            from hcomm.shm_control import ControlBlock
+            from hcomm.control.shm import ControlBlock
             self._control = ShmControl(ControlBlock.attach(self.session, self.rank))
 
     def _finish(self, transport):

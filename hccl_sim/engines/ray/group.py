@@ -21,7 +21,7 @@ from hcomm.transports.scoped import ScopedTransport
 from hcomm.exec import run_rank, run_share
 from ..peer_group import PeerGroup
 from ..shm_plane import SharedPlane
-from .control import ShmControl
+from hcomm.control.shm import ShmControl
 from .watch import WatchedTransport
 
 CRASH_EXIT_STATUS = 70             # the exit status of a rank process the fault plan kills (EX_SOFTWARE)
