@@ -20,13 +20,12 @@ from hcomm.transports.inprocess import InProcessTransport
 from topologies.errors import HcclError
 
 
-from ..communicator import Communicator
 from ..fault_state import FaultProgress
 from ..faults import RankCrashed
-from ..device import Runtime
 from hcomm.exec import run_rank, run_share, with_scratch
 from . import rendezvous as rdv
 from .base import Group
+from .bootstrap import communicator, start_runtime
 
 _POLL_S = 0.05
 _SWITCH_INTERVAL_S = 50e-6
@@ -237,10 +236,9 @@ def run_local(fn, topo, config, args=(), kwargs=None, dataplane="central"):
     leaks = [None] * p
 
     def body(rank):
-        runtime = Runtime(rank, topo).init()
+        runtime = start_runtime(rank, topo)
         try:
-            comm = Communicator(rank, group, runtime.set_device(topo.device_of[rank]))
-            comm.runtime = runtime
+            comm = communicator(rank, group, runtime)
             results[rank] = fn(comm, *args, **kwargs)
         except RankCrashed:
             results[rank] = None       # the fault plan killed it: the survivors' results are returned

@@ -47,12 +47,12 @@ from topologies.errors import HcclError
 
 from hcomm.transports.scoped import ScopedTransport
 
-from ..communicator import Communicator
-from ..device import Runtime
+from ..communicator import Communicator  # noqa: F401 - the type MpiJob.communicator returns
 from ..faults import RankCrashed
 from hcomm.exec import run_rank
 from . import rendezvous as rdv
 from .mpi_window import RESULT_POOL_BYTES as WINDOW_RESULT_BYTES
+from .bootstrap import communicator, start_runtime
 from .peer_group import PeerGroup
 
 PLANES = ("p2p", "window")
@@ -216,13 +216,10 @@ class MpiJob:
         self.closed = False
 
     def communicator(self, rank: int) -> Communicator:
-        runtime = self.runtimes[rank] = Runtime(rank, self.topo).init()
-        device = runtime.set_device(self.topo.device_of[rank])
-        if self.window is not None:        # device arrays in the HBM window: collectives on them copy nothing in
-            device.storage = self.window.device_storage(rank)
-        comm = Communicator(rank, self.groups[rank], device)
-        comm.runtime = runtime
-        return comm
+        # device arrays in the HBM window (window plane): collectives on them copy nothing in
+        storage = None if self.window is None else self.window.device_storage(rank)
+        runtime = self.runtimes[rank] = start_runtime(rank, self.topo, storage)
+        return communicator(rank, self.groups[rank], runtime)
 
     def finish(self, rank: int, exc: BaseException | None = None) -> None:
         """Rank `rank` is done: returned (exc None) or raised `exc`; its peers are told."""

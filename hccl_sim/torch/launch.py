@@ -83,8 +83,7 @@ class LaunchedGroup(SharedPlane, PeerGroup):
 
 def connect(store, rank: int, size: int, topo, env=None, timeout_s: float | None = None):
     """(this rank's Communicator, its transport to close at the end), its peers found through `store`."""
-    from ..communicator import Communicator
-    from ..device import Runtime
+    from ..engines.bootstrap import communicator, start_runtime
     from hcomm.control.transport import TransportControl
     from ..env import Config
     from hcomm.transports.socket import SocketTransport
@@ -114,7 +113,4 @@ def connect(store, rank: int, size: int, topo, env=None, timeout_s: float | None
         atexit.register(group.close)       # a script that raised never reaches destroy_process_group
     else:
         group = PeerGroup(rank, topo, config, control, transport)
-    runtime = Runtime(rank, topo).init()
-    comm = Communicator(rank, group, runtime.set_device(topo.device_of[rank]))
-    comm.runtime = runtime
-    return comm, transport
+    return communicator(rank, group, start_runtime(rank, topo)), transport

@@ -18,10 +18,9 @@ from hcomm.transports.ray_object import RayMailbox
 
 from topologies.errors import HcclError
 
-from ...communicator import Communicator
-from ...device import Runtime
 from hcomm.control.shm import ShmControl
 from hcomm.control.transport import TransportControl
+from ..bootstrap import communicator, start_runtime
 from .group import RayGroup
 from .protocol import Outcome, RankInfo, RankStatus
 from ..shm_plane import SharedArea
@@ -45,13 +44,12 @@ class RankActorBase(RayMailbox):
         # the peer transports hand every message between threads (sender, reader, rank): with
         # CPython's default 5 ms GIL switch interval each hand-off can wait that long
         sys.setswitchinterval(min(sys.getswitchinterval(), _SWITCH_INTERVAL_S))
-        self.runtime = Runtime(rank, topo).init()
-        self.device = self.runtime.set_device(topo.device_of[rank])
         # a predecessor that crashed (a fault plan's rank_crash) left its segments on this host:
         # this actor replaces it in the same placement bundle, so it is the one that can remove them
         shm.cleanup_rank(session, rank)
         self.shared = SharedArea(session, rank)
-        self.device.storage = self.shared.device_storage
+        self.runtime = start_runtime(rank, topo, self.shared.device_storage)
+        self.device = self.runtime.device
         self.hcomm_transport = None        # this run's endpoint (RayMailbox delivers into it)
         self.watch = RankWatch()
         self._block_owner = None           # the control block, in the actor that creates it
@@ -108,8 +106,7 @@ class RankActorBase(RayMailbox):
             config = self.config if spec.config is None else spec.config
             group = RayGroup(self.rank, self.topo, config, spec.plane, control, transport, self.watch,
                              self.shared)
-            comm = Communicator(self.rank, group, self.device)
-            comm.runtime = self.runtime
+            comm = communicator(self.rank, group, self.runtime)
             try:
                 value = fn(comm, *args, **(kwargs or {}))
             finally:
