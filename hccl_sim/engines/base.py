@@ -75,6 +75,8 @@ class Group(Protocol):
     eager_bytes: int          # inputs up to this size travel with the call (0: never)
     ranks_per_process: int    # ranks of the job that are threads of this process (torch.distributed,
                               # one default group per process, needs 1)
+    data_plane: str           # the plane execute() moves bytes on, by the engine's name for it
+                              # (comm.data_plane; README, "Engines", lists every engine's)
 
     def rendezvous(self, rank: int, call: Call):
         """Meet every rank for collective #call.seq; return the shared OpPlan."""

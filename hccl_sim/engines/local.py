@@ -27,6 +27,8 @@ from ..device import Runtime
 from . import executors
 from . import rendezvous as rdv
 
+PLANES = ("central", "threads")     # data planes (README, "Engines"): the central data program, or per-rank executors
+
 _POLL_S = 0.05
 _SWITCH_INTERVAL_S = 50e-6
 _PARALLEL_MIN_BYTES = 4 << 20   # below this an op's data moves on one thread
@@ -50,15 +52,15 @@ class LocalGroup:
     is the central data program: ranks register their buffers, and the last to arrive moves
     every rank's data (reading each sender's arrays in place, on a worker pool for large ops)
     before releasing the others: one hand-off per rank per phase instead of several per schedule
-    step. With dataplane="threads" each rank runs its own schedule over the in-process transport
-    instead (the per-rank executor)."""
+    step (data plane "central"). With data_plane="threads" each rank runs its own schedule over the
+    in-process transport instead (the per-rank executor)."""
 
     eager_bytes = 0                 # ranks share memory: nothing needs to travel with the call
 
-    def __init__(self, topo, config, dataplane: str = "central"):
-        if dataplane not in ("central", "threads"):
-            raise ValueError(f"dataplane must be central or threads, got {dataplane!r}")
-        self.dataplane = dataplane
+    def __init__(self, topo, config, data_plane: str = "central"):
+        if data_plane not in PLANES:
+            raise ValueError(f"data_plane must be central or threads, got {data_plane!r}")
+        self.data_plane = data_plane
         self.topo = topo
         self.config = config
         self.size = topo.num_ranks
@@ -81,7 +83,7 @@ class LocalGroup:
         return slot.plan
 
     def execute(self, rank, seq, plan, buffers, redop):
-        if self.dataplane == "threads":
+        if self.data_plane == "threads":
             executors.per_rank(rank, plan, buffers, redop, self.transport, self.size)
             return
         self._meet(rank, "data", seq, plan.signature, buffers, lambda slot: self._move_all(slot, plan, redop))
@@ -214,7 +216,7 @@ class LocalGroup:
         with self._cond:
             child = self._children.get(scope)
             if child is None:
-                child = self._children[scope] = LocalGroup(topo, config, dataplane=self.dataplane)
+                child = self._children[scope] = LocalGroup(topo, config, data_plane=self.data_plane)
                 child.members = members
                 child.ranks_per_process = self.ranks_per_process
                 for r in self._exited:
@@ -231,10 +233,10 @@ class LocalGroup:
         return self._failure
 
 
-def run_local(fn, topo, config, args=(), kwargs=None, dataplane="central"):
+def run_local(fn, topo, config, args=(), kwargs=None, data_plane="central"):
     """Run fn(comm, *args, **kwargs) on every rank of `topo` as threads; results by rank."""
     kwargs = kwargs or {}
-    group = LocalGroup(topo, config, dataplane=dataplane)
+    group = LocalGroup(topo, config, data_plane=data_plane)
     p = group.size
     results = [None] * p
 

@@ -154,7 +154,7 @@ class PeerGroup:
     docstring). `raw_transport` is the job's transport under any wrapper (a sub-communicator
     scopes that one); subclasses add their data planes and fault hooks."""
 
-    plane = "peer"
+    data_plane = "peer"
     ranks_per_process = 1                  # one rank per process (the MPI engine may host more)
     plain_result_bytes = 0                 # engines/base.py: subclasses that make plain results say so
 
