@@ -94,7 +94,8 @@ def run(fn, topology=None, engine: str = "local", args=(), kwargs=None, env: dic
     the rank (the original exception is its __cause__). `faults`: a FaultPlan the run meets.
     engine="mpi": every MPI process calls run (under mpiexec); each hosts `ranks_per_process`
     ranks (threads) and gets every rank's result; `data_plane` "window" (MPI-3 shared-memory
-    windows, every process on one node; the default there) or "p2p" (Isend/Irecv).
+    windows, every process on one node; the default there) or "p2p" (Isend/Irecv; the default
+    when the processes span nodes). Every engine's planes: README, "Engines".
     """
     topo = _topology(topology)
     config = with_faults(topo, Config.from_env(env, policy), faults)
@@ -103,9 +104,9 @@ def run(fn, topology=None, engine: str = "local", args=(), kwargs=None, env: dic
         raise HcclError("E_PARA", f"ranks_per_process and data_plane are settings of engine mpi (run), not of "
                         f"engine {engine!r} (Cluster takes data_plane for ray)")
     if engine == "mpi":
-        from .engines.mpi import default_plane, run_mpi
+        from .engines.mpi import run_mpi
         return run_mpi(fn, topo, config, args=args, kwargs=kwargs, ranks_per_process=ranks_per_process,
-                       plane=default_plane() if data_plane is None else data_plane)
+                       data_plane=data_plane)
     if _engine(engine) == "ray":
         with Cluster(topo, engine="ray", env=env, policy=policy, address=address, faults=faults) as cluster:
             return cluster.run(fn, args=args, kwargs=kwargs)
@@ -119,9 +120,10 @@ def init(topology=None, ranks_per_process: int = 1, env: dict | None = None, pol
     ranks_per_process=k > 1, a list of its k Communicators, ranks p*k .. p*k+k-1, each to be
     driven by a thread of its own). `topology` as for run (a Topology, a preset name with its
     parameters such as servers=2, or a rank-table path whose servers and devices MPI ranks take
-    in order); "fullmesh"/"ring" without ranks= get one rank per emulated slot of the job. The
-    job ends when the program exits (or at hccl_sim.finalize())."""
-    from .engines.mpi import default_plane, init_mpi, world
+    in order); "fullmesh"/"ring" without ranks= get one rank per emulated slot of the job.
+    `data_plane` as for run ("window" when every process is on one node, else "p2p"). The job
+    ends when the program exits (or at hccl_sim.finalize())."""
+    from .engines.mpi import init_mpi, world
     if isinstance(topology, str) and topology in ("fullmesh", "ring") and "ranks" not in params:
         params["ranks"] = world().Get_size() * ranks_per_process
     if params and not isinstance(topology, str):
@@ -129,7 +131,7 @@ def init(topology=None, ranks_per_process: int = 1, env: dict | None = None, pol
                         "not of a Topology or None")
     topo = topologies.load(topology, **params) if params else _topology(topology)
     config = with_faults(topo, Config.from_env(env, policy), faults)
-    return init_mpi(topo, config, ranks_per_process, plane=default_plane() if data_plane is None else data_plane)
+    return init_mpi(topo, config, ranks_per_process, data_plane=data_plane)
 
 
 def finalize() -> None:
@@ -145,7 +147,8 @@ class Cluster:
     else starting a local Ray) that keeps its device, runtime and shared memory across runs.
     `data_plane` is "shm" (every rank on one Ray node, the default there: shared-memory control
     and data), "socket" (the default when ranks span nodes: control and data peer to peer over
-    TCP, each rank running its own schedule) or "object" (the same over Ray's object store)."""
+    TCP, each rank running its own schedule) or "object" (the same over Ray's object store); the
+    chosen one is each rank's `comm.data_plane`. Every engine's planes: README, "Engines"."""
 
     def __init__(self, topology=None, engine: str = "local", env: dict | None = None, policy: str | None = None,
                  address: str | None = None, data_plane: str | None = None, faults=None):
@@ -180,6 +183,11 @@ class Cluster:
             return self._ray.run(fn, args=args, kwargs=kwargs, config=config)
         from .engines.local import run_local
         return run_local(fn, self.topology, config, args=args, kwargs=kwargs)
+
+    @property
+    def data_plane(self) -> str:
+        """The data plane the cluster's runs use: ray's chosen (or forced) one, "central" on local."""
+        return self._ray.data_plane if self._ray is not None else "central"
 
     def close(self):
         self._open = False

@@ -110,7 +110,8 @@ class BenchSpec:
     policy: str = "hccl"
     faults: object = None          # a hccl_sim.FaultPlan the sweep runs under
     ranks_per_process: int = 1     # engine mpi: ranks (threads) per MPI process
-    data_plane: str | None = None  # engine mpi: "window" or "p2p" (None: the engine's default)
+    data_plane: str | None = None  # a real engine's plane (README, "Engines"; the CLI's --data-plane: mpi's);
+                                   # None: the engine's default. Once the sweep runs, the plane it runs on
 
 
 def run_bench(spec: BenchSpec, topo, progress=None) -> list:
@@ -248,18 +249,24 @@ def _sweep(comm, spec, emit=None):
 
 
 def _run_sweep(spec, topo, config, emit):
+    """The sweep on a real engine; `spec.data_plane` becomes the plane it runs on (the header's)."""
     if spec.engine == "local":
         from .engines.local import run_local
-        run_local(_sweep, topo, config, args=(spec, emit))
+        spec.data_plane = spec.data_plane or "central"     # run_local's default
+        run_local(_sweep, topo, config, args=(spec, emit), data_plane=spec.data_plane)
         return
     if spec.engine == "mpi":
         # every process runs the sweep; rank 0 (thread 0 of process 0) emits each row as it completes
-        from .engines.mpi import default_plane, run_mpi
+        from .engines.mpi import default_plane, run_mpi, world
+        if spec.data_plane is None:              # collective: every process runs the sweep
+            spec.data_plane = default_plane(world())
         run_mpi(_sweep, topo, config, args=(spec, emit), ranks_per_process=spec.ranks_per_process,
-                plane=spec.data_plane or default_plane())
+                data_plane=spec.data_plane)
         return
     from . import Cluster
-    with Cluster(topo, engine="ray", env=spec.env, policy=spec.policy, faults=spec.faults) as cluster:
+    with Cluster(topo, engine="ray", env=spec.env, policy=spec.policy, faults=spec.faults,
+                 data_plane=spec.data_plane) as cluster:
+        spec.data_plane = cluster.data_plane     # chosen from where the actors landed
         for row in cluster.run(_sweep, args=(spec,))[0]:
             emit(*row)
 
@@ -270,7 +277,8 @@ def header(spec: BenchSpec, topo) -> str:
     p = topo.num_ranks
     faulty = spec.faults is not None
     lines = [f"# hccl-sim bench: {spec.op} on {topo.name} ({topo.num_servers} server{'s' if topo.num_servers > 1 else ''}, "
-             f"{p} ranks, {topo.device}), engine {spec.engine}",
+             f"{p} ranks, {topo.device}), engine {spec.engine}"
+             + (f", data plane {spec.data_plane}" if spec.data_plane and spec.engine in REAL_ENGINES else ""),
              f"# minBytes {min(spec.sizes)} maxBytes {max(spec.sizes)} sizes: {len(spec.sizes)} warmup iters: "
              f"{spec.warmup} iters: {spec.iters} validation: {int(spec.check and spec.engine in REAL_ENGINES)} "
              f"policy: {spec.policy}",
@@ -311,7 +319,8 @@ def to_json(spec: BenchSpec, topo, rows: list) -> dict:
     wrong = sum(r.wrong or 0 for r in rows)
     return {
         "op": spec.op, "topology": topo.name, "ranks": topo.num_ranks, "servers": topo.num_servers,
-        "engine": spec.engine, "dtype": spec.dtype, "iters": spec.iters, "warmup": spec.warmup,
+        "engine": spec.engine, **({"data_plane": spec.data_plane} if spec.engine in REAL_ENGINES else {}),
+        "dtype": spec.dtype, "iters": spec.iters, "warmup": spec.warmup,
         "rows": [{"size": r.size, "count": r.count, "type": r.dtype, "redop": r.redop, "root": r.root,
                   "time": r.time_us, "alg_bw": r.algbw, "bus_bw": r.busbw, "nwrong": r.wrong,
                   "wall_time": r.wall_us, "algo": r.algo,

@@ -118,7 +118,8 @@ def build_parser():
     b.add_argument("--ranks-per-process", dest="ranks_per_process", type=int, default=1,
                    help="engine mpi: emulated ranks (threads) per MPI process (default 1)")
     b.add_argument("--data-plane", dest="data_plane", default=None,
-                   help="engine mpi: window (MPI-3 shared-memory windows, one node) or p2p (default p2p)")
+                   help="engine mpi: window (MPI-3 shared-memory windows; the default when every process is on "
+                   "one node) or p2p (Isend/Irecv; the default across nodes)")
     b.add_argument("-c", "--check", type=int, default=1, help="1 to verify results, 0 not to (default 1)")
     b.add_argument("--env", action="append", metavar="HCCL_X=VALUE", help="set an HCCL environment variable")
     b.add_argument("--json", default=None, help="also write the results as JSON to this file")

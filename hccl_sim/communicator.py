@@ -85,6 +85,14 @@ class Communicator:
         self.ccl_buffer = self.device.malloc(2 * self.config.buffsize_bytes, tag="ccl-buffer")
 
     @property
+    def data_plane(self) -> str | None:
+        """The data plane this communicator's larger ops run on, by its engine's name for it (README,
+        "Engines"): central or threads on local; shm, socket or object on ray; window or p2p on mpi
+        (a sub-communicator: p2p); shm or peer for a torchrun script; peer for a sub-communicator
+        on ray or torchrun (the per-rank executor over the job's transport)."""
+        return getattr(self._group, "data_plane", None)
+
+    @property
     def clock(self) -> int:
         """This rank's simulated host clock, ns."""
         return self.device.clock

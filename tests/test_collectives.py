@@ -98,8 +98,8 @@ def test_larger_than_communicator_buffer(p, algo):
     assert len(big.loops) == 3
 
 
-@pytest.mark.parametrize("dataplane", ["central", "threads"])
-def test_data_planes_agree(dataplane):
+@pytest.mark.parametrize("data_plane", ["central", "threads"])
+def test_data_planes_agree(data_plane):
     """The threaded data plane executes each rank's schedule over the zero-copy transport (the
     per-rank executor every engine whose ranks share no memory uses): every algorithm, flat and
     on HCCL's hierarchy, including schedules whose steps copy and reduce into one slice."""
@@ -107,13 +107,13 @@ def test_data_planes_agree(dataplane):
         topo = hccl_sim.topology("fullmesh", ranks=p)
         for algo in (None, "ring", "H-D_R", "NHR", "NB", "fullmesh"):
             results = run_local(all_collectives, topo, Config(), args=(3 * p + 2, np.int64, "max", algo, p // 2),
-                                dataplane=dataplane)
+                                data_plane=data_plane)
             check(results, p, 3 * p + 2, np.int64, "max", p // 2)
     for name, kw in (("atlas800t-a2", {}), ("atlas800t-a2", {"servers": 2}), ("atlas800-910a", {"servers": 2})):
         topo = hccl_sim.topology(name, **kw)
         for count in (5, 67):
             results = run_local(all_collectives, topo, Config(), args=(count, np.int32, "min", None, 3),
-                                dataplane=dataplane)
+                                data_plane=data_plane)
             check(results, topo.num_ranks, count, np.int32, "min", 3)
 
 

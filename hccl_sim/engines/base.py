@@ -86,6 +86,8 @@ class Group:
     eager_bytes: int = 0            # inputs up to this size travel with the call (0: never)
     ranks_per_process: int = 1      # ranks of the job that are threads of this process (torch.distributed,
                                     # one default group per process, needs 1)
+    data_plane: str = "?"           # the plane execute() moves bytes on, by the engine's name for it
+                                    # (comm.data_plane; README, "Engines", lists every engine's)
     plain_result_bytes: int = 0     # results of fewer bytes are plain np.empty arrays, which the
                                     # Communicator then makes itself (a loop of small ops skips the call)
     fault_progress = None           # fault_state.FaultProgress under a fault plan that counts transfers

@@ -27,6 +27,8 @@ from . import rendezvous as rdv
 from .base import Group
 from .bootstrap import communicator, start_runtime
 
+PLANES = ("central", "threads")     # data planes (README, "Engines"): the central data program, or per-rank executors
+
 _POLL_S = 0.05
 _SWITCH_INTERVAL_S = 50e-6
 _PARALLEL_MIN_BYTES = 4 << 20   # below this an op's data moves on one thread
@@ -50,16 +52,16 @@ class LocalGroup(Group):
     is the central data program: ranks register their buffers, and the last to arrive moves
     every rank's data (reading each sender's arrays in place, on a worker pool for large ops)
     before releasing the others: one hand-off per rank per phase instead of several per schedule
-    step. With dataplane="threads" each rank runs its own schedule over the in-process transport
-    instead (the per-rank executor)."""
+    step (data plane "central"). With data_plane="threads" each rank runs its own schedule over the
+    in-process transport instead (the per-rank executor)."""
 
     engine = "local"
     eager_bytes = 0                 # ranks share memory: nothing needs to travel with the call
 
-    def __init__(self, topo, config, dataplane: str = "central"):
-        if dataplane not in ("central", "threads"):
-            raise ValueError(f"dataplane must be central or threads, got {dataplane!r}")
-        self.dataplane = dataplane
+    def __init__(self, topo, config, data_plane: str = "central"):
+        if data_plane not in PLANES:
+            raise ValueError(f"data_plane must be central or threads, got {data_plane!r}")
+        self.data_plane = data_plane
         self.topo = topo
         self.config = config
         self.size = topo.num_ranks
@@ -82,7 +84,7 @@ class LocalGroup(Group):
         return slot.plan
 
     def execute(self, rank, seq, plan, buffers, redop):
-        if self.dataplane == "threads":
+        if self.data_plane == "threads":
             run_rank(plan.data, rank, buffers, self.transport)
             return
         self._meet(rank, "data", seq, plan.signature, buffers, lambda slot: self._move_all(slot, plan, redop))
@@ -155,7 +157,7 @@ class LocalGroup(Group):
 
     def _pool(self):
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=self._workers - 1, thread_name_prefix="hccl-dataplane")
+            self._executor = ThreadPoolExecutor(max_workers=self._workers - 1, thread_name_prefix="hccl-data-plane")
         return self._executor
 
     def close(self):
@@ -209,7 +211,7 @@ class LocalGroup(Group):
         with self._cond:
             child = self._children.get(scope)
             if child is None:
-                child = self._children[scope] = LocalGroup(topo, config, dataplane=self.dataplane)
+                child = self._children[scope] = LocalGroup(topo, config, data_plane=self.data_plane)
                 child.members = members
                 child.ranks_per_process = self.ranks_per_process
                 for r in self._exited:
@@ -226,10 +228,10 @@ class LocalGroup(Group):
         return self._failure
 
 
-def run_local(fn, topo, config, args=(), kwargs=None, dataplane="central"):
+def run_local(fn, topo, config, args=(), kwargs=None, data_plane="central"):
     """Run fn(comm, *args, **kwargs) on every rank of `topo` as threads; results by rank."""
     kwargs = kwargs or {}
-    group = LocalGroup(topo, config, dataplane=dataplane)
+    group = LocalGroup(topo, config, data_plane=data_plane)
     p = group.size
     results = [None] * p
 

@@ -1,6 +1,6 @@
 """The MPI engine's "window" data plane: every rank's buffers of an op in MPI-3 shared-memory
 windows (hcomm.mpi_window), so that each rank runs its 1/p share of the op's data program on all
-ranks' buffers in place (the central data program, dataplane.move_share), as the Ray engine's
+ranks' buffers in place (the central data program, hcomm.exec.run_share), as the Ray engine's
 shm plane does: no message per schedule step, no copy through a socket or MPI's eager buffers.
 
 A rank's device arrays live in the windows as well: its simulated HBM is its region of the HBM

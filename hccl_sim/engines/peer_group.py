@@ -110,7 +110,7 @@ class PeerGroup(Group):
     scopes that one); subclasses add their data planes and fault hooks."""
 
     engine = "peer"                        # subclasses name theirs
-    plane = "peer"
+    data_plane = "peer"
 
     def __init__(self, rank, topo, config, control, transport, raw_transport=None):
         self.rank, self.topo, self.config, self.size = rank, topo, config, topo.num_ranks

@@ -61,7 +61,7 @@ def topology_from_env(world_size: int):
 class LaunchedGroup(SharedPlane, PeerGroup):
     """A launched script's world group whose ranks share a host: the shared-memory data plane."""
     engine = "torchrun"
-    plane = "shm"
+    data_plane = "shm"
 
     def __init__(self, rank, topo, config, control, transport, shared):
         super().__init__(rank, topo, config, control, transport)

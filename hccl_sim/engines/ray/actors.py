@@ -74,7 +74,7 @@ class RankActorBase(RayMailbox):
         self._block_owner = ControlBlock.adopt(self.session)
 
     # ---- one run ---------------------------------------------------------------------------------
-    def prepare(self, plane: str, epoch: int = 0, config=None):
+    def prepare(self, data_plane: str, epoch: int = 0, config=None):
         """This run's peer transport endpoint (`epoch`: the run's number, the same on every rank;
         its waits bounded by `config`, default the actor's); returns its address (socket plane) or None."""
         config = self.config if config is None else config
@@ -82,12 +82,12 @@ class RankActorBase(RayMailbox):
         if self.hcomm_transport is not None:      # left by a run that never finished here
             self.hcomm_transport.close()
             self.hcomm_transport = None
-        if plane == "object":
+        if data_plane == "object":
             from hcomm.transports.ray_object import RayObjectTransport
             self.hcomm_transport = RayObjectTransport(self.rank, size, config.wait_timeout_s, epoch)
             return None
         from hcomm.transports.socket import SocketTransport
-        host = _node()[1] if plane == "socket" else "127.0.0.1"    # peers on other hosts must reach it
+        host = _node()[1] if data_plane == "socket" else "127.0.0.1"    # peers on other hosts must reach it
         self.hcomm_transport = SocketTransport(self.rank, size, config.wait_timeout_s,
                                                connect_timeout_s=float(config.connect_timeout_s), host=host)
         return self.hcomm_transport.address
@@ -98,13 +98,13 @@ class RankActorBase(RayMailbox):
         self.device.reset_timeline()
         self.watch = RankWatch()
         try:
-            if spec.plane == "object":
+            if spec.data_plane == "object":
                 transport.start(actors)
             else:
                 transport.start(spec.peers, eager=False)
             control = self._open_control(spec, transport)
             config = self.config if spec.config is None else spec.config
-            group = RayGroup(self.rank, self.topo, config, spec.plane, control, transport, self.watch,
+            group = RayGroup(self.rank, self.topo, config, spec.data_plane, control, transport, self.watch,
                              self.shared)
             comm = communicator(self.rank, group, self.runtime)
             try:
@@ -131,7 +131,7 @@ class RankActorBase(RayMailbox):
     def _open_control(self, spec, transport):
         """The shared control block on the shm plane (attached once, kept across runs), else the
         peer transport (ranks on several hosts, or the cross-host planes forced on one)."""
-        if spec.plane == "shm":
+        if spec.data_plane == "shm":
             self.attach_control()
             return self._control
         return TransportControl(transport, self.rank, self.topo.num_ranks)
