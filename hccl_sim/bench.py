@@ -27,6 +27,7 @@ import numpy as np
 from topologies.errors import HcclError
 from topologies.validate import integer, is_integer
 
+from .engines import registry
 from . import MAX_ALLTOALL_RANKS, MAX_LOCAL_RANKS, busbw_factor, canonical_op, collectives, op_count, simulate
 from . import trace as chrome
 from .env import Config
@@ -34,7 +35,7 @@ from .faults import with_faults
 from .types import dtype_name, nccl_name, numpy_dtype
 from .verifiable import expected, rank_input
 
-REAL_ENGINES = ("local", "ray", "mpi")
+REAL_ENGINES = tuple(n for n in registry.offering("bench") if registry.ENGINES[n].real_data)
 ROOTED = tuple(n for n in collectives.DATA_COLLECTIVES if collectives.of(n).rooted)
 REDUCING = tuple(n for n in collectives.DATA_COLLECTIVES if collectives.of(n).reducing)
 
@@ -153,15 +154,13 @@ def run_bench(spec: BenchSpec, topo, progress=None) -> list:
                                  redop=spec.redop, root=spec.root, env=spec.env, trace=True, policy=spec.policy,
                                  faults=spec.faults)
             trace_sections.append((f"{spec.op} {count * itemsize} B ({plan.algo})", plan.events or []))
-        if spec.engine == "timing":
+        if not _engine(spec).real_data:
             t0 = time.perf_counter()
             est = simulate(spec.op, count * itemsize, topology=topo, algo=spec.algo, dtype=spec.dtype,
                            redop=spec.redop, root=spec.root, env=spec.env, policy=spec.policy, faults=spec.faults)
             total_ns = sum(round(t * 1e9) for t in est.times)
             emit(size, count, total_ns / p / 1e9, None, time.perf_counter() - t0, est.algo, est.retries)
-        elif spec.engine not in REAL_ENGINES:
-            raise HcclError("E_PARA", f"unknown engine {spec.engine!r}; bench supports local, ray, mpi and timing")
-    if spec.engine in REAL_ENGINES:
+    if _engine(spec).real_data:
         _run_sweep(spec, topo, config, emit)
     if spec.trace:
         chrome.write(spec.trace, trace_sections)
@@ -176,15 +175,16 @@ def check_spec(spec: BenchSpec, p: int) -> None:
         raise HcclError("E_PARA", f"a sweep has 1 to {MAX_SIZES} sizes (hccl_sim.bench.MAX_SIZES), got {len(spec.sizes)}")
     for size in spec.sizes:
         integer(size, "size", 0, where="bench")
-    _check_local_size_of(p, spec.engine)
-    if spec.engine == "timing" and canonical_op(spec.op) == "alltoall" and p > MAX_ALLTOALL_RANKS:
+    engine = _engine(spec)
+    _check_local_size_of(p, engine)
+    if not engine.real_data and canonical_op(spec.op) == "alltoall" and p > MAX_ALLTOALL_RANKS:
         raise HcclError("E_PARA", f"bench alltoall on engine timing: {p} ranks are over the limit of "
                         f"{MAX_ALLTOALL_RANKS} (hccl_sim.MAX_ALLTOALL_RANKS)")
     limit = collectives.get(spec.op).max_ranks_with_data
-    if spec.engine in REAL_ENGINES and limit is not None and p > limit:
+    if engine.real_data and limit is not None and p > limit:
         raise HcclError("E_PARA", f"bench {spec.op} on engine {spec.engine}: {p} ranks are over the limit of "
                         f"{limit} for real data (collectives max_ranks_with_data); use --engine timing")
-    if spec.engine in REAL_ENGINES:
+    if engine.real_data:
         need = 3 * p * max(spec.sizes)
         have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         if need > HOST_MEMORY_FRACTION * have:
@@ -193,8 +193,12 @@ def check_spec(spec: BenchSpec, p: int) -> None:
                             f"{have / 2**30:.1f} GiB (hccl_sim.bench.HOST_MEMORY_FRACTION); use --engine timing")
 
 
-def _check_local_size_of(p: int, engine: str) -> None:
-    if engine == "local" and p > MAX_LOCAL_RANKS:
+def _engine(spec):
+    return registry.get(spec.engine, "bench", "--engine")
+
+
+def _check_local_size_of(p: int, engine) -> None:
+    if engine.in_process and p > MAX_LOCAL_RANKS:
         raise HcclError("E_PARA", f"bench on engine local: {p} ranks are over the limit of {MAX_LOCAL_RANKS} "
                         "(hccl_sim.MAX_LOCAL_RANKS, one thread per rank); use --engine timing")
 
@@ -250,18 +254,18 @@ def _sweep(comm, spec, emit=None):
 
 def _run_sweep(spec, topo, config, emit):
     """The sweep on a real engine; `spec.data_plane` becomes the plane it runs on (the header's)."""
-    if spec.engine == "local":
-        from .engines.local import run_local
-        spec.data_plane = spec.data_plane or "central"     # run_local's default
-        run_local(_sweep, topo, config, args=(spec, emit), data_plane=spec.data_plane)
+    engine = _engine(spec)
+    if engine.in_process:          # ranks emit their rows as they complete
+        spec.data_plane = spec.data_plane or engine.data_planes[0]
+        engine.launch(_sweep, topo, config, (spec, emit), None, data_plane=spec.data_plane)
         return
-    if spec.engine == "mpi":
+    if engine.spmd:
         # every process runs the sweep; rank 0 (thread 0 of process 0) emits each row as it completes
-        from .engines.mpi import default_plane, run_mpi, world
+        from .engines.mpi import default_plane, world
         if spec.data_plane is None:              # collective: every process runs the sweep
             spec.data_plane = default_plane(world())
-        run_mpi(_sweep, topo, config, args=(spec, emit), ranks_per_process=spec.ranks_per_process,
-                data_plane=spec.data_plane)
+        engine.launch(_sweep, topo, config, (spec, emit), None, data_plane=spec.data_plane,
+                      ranks_per_process=None if spec.ranks_per_process == 1 else spec.ranks_per_process)
         return
     from . import Cluster
     with Cluster(topo, engine="ray", env=spec.env, policy=spec.policy, faults=spec.faults,
