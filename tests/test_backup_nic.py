@@ -8,9 +8,9 @@ import pytest
 import hccl_sim
 from hccl_sim import FaultPlan, HcclError, collectives
 from hccl_sim.algorithms.common import side_by_side
-from hccl_sim.env import Config
-from hccl_sim.planner import Signature, choose
-from hccl_sim.programs import build_parts
+from hccl_sim.config.env import Config
+from hccl_sim.plan.planner import Signature, choose
+from hccl_sim.plan.loop_programs import build_parts
 from hcomm.vtiming import program_times
 from topologies.presets import with_backup_nics
 

@@ -16,8 +16,8 @@ import pytest
 import hccl_sim
 import topologies
 from hccl_sim import HcclError
-from hccl_sim.cli import main
-from hccl_sim.env import Config
+from hccl_sim.tools.cli import main
+from hccl_sim.config.env import Config
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -170,7 +170,7 @@ CLI = [
     (["bench", "-e", "9" * 5000], "is not a byte count"),
     (["bench", "-n", "1000000000"], "MAX_ITERS"),
     (["bench", "-c", "2"], "-c 2: expected 1"),
-    (["bench", "-e", "1T"], "hccl_sim.bench.HOST_MEMORY_FRACTION"),
+    (["bench", "-e", "1T"], "hccl_sim.tools.bench.HOST_MEMORY_FRACTION"),
     (["bench", "--servers", "200"], "MAX_LOCAL_RANKS"),
     (["bench", "--servers", "1000000000"], "over the limit of 131072"),
     (["bench", "--topology", "fullmesh", "--ranks", "2000000"], "topologies.MAX_RANKS"),

@@ -19,7 +19,7 @@ from hccl_sim.chaos import report
 from hccl_sim.chaos.check import Result, Verdict, reference_digests
 from hccl_sim.chaos.runners import LocalRunner
 from hccl_sim.chaos.scenarios import rdma_budget, twin_spans
-from hccl_sim.cli import main
+from hccl_sim.tools.cli import main
 
 FAST = {"HCCL_RDMA_TIMEOUT": "5", "HCCL_RDMA_RETRY_CNT": "1", "HCCL_EXEC_TIMEOUT": "10"}
 INTERVAL_NS = round(4.096e-6 * 2 ** 5 * 1e9)     # one retransmission at HCCL_RDMA_TIMEOUT=5
@@ -53,7 +53,7 @@ def test_campaign_of_100_scenarios_on_the_local_engine(a2):
                                         if r.outcome in report.FAILURES]
     assert outcomes == {"recovered", "clean error"}
     drawn = {e["kind"] for sc, _ in results for e in sc.plan.entries}
-    assert drawn == set(space.kinds) == set(hccl_sim.faults.MODELLED)      # a newly modelled kind needs a maker
+    assert drawn == set(space.kinds) == set(hccl_sim.faults.plan.MODELLED)      # a newly modelled kind needs a maker
     assert any(r.verdict.retries for _, r in results)           # some ops recovered by op retry
     assert {sc.call.op for sc, _ in results} == set(hccl_sim.OPS)
     for sc, r in results:

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from hccl_sim.cli import main
+from hccl_sim.tools.cli import main
 
 FACTORS = {"allreduce": lambda p: 2 * (p - 1) / p, "allgather": lambda p: (p - 1) / p,
            "reducescatter": lambda p: (p - 1) / p, "alltoall": lambda p: (p - 1) / p,

@@ -10,7 +10,7 @@ import pytest
 import hccl_sim
 from hccl_sim import HcclError
 from hccl_sim.engines.local import run_local
-from hccl_sim.env import Config
+from hccl_sim.config.env import Config
 
 UFUNC = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.float16, np.float32, np.float64, ml_dtypes.bfloat16]
@@ -202,7 +202,8 @@ def test_own_result_slices_equal_the_whole_program(name, kw):
     ops) from the backward slice of the op's moves: the same result as running every move, bit for
     bit also on floats (same operations, same order), both on numpy scalars (tiny moves) and by
     ufunc calls (longer ones)."""
-    from hccl_sim import collectives, planner
+    from hccl_sim import collectives
+    from hccl_sim.plan import planner
     from hcomm.exec import OwnResult, own_result, run_share, with_scratch
     from hccl_sim.engines.base import RankBuffers
     topo = hccl_sim.topology(name, **kw)

@@ -8,7 +8,7 @@ import pytest
 
 import hccl_sim
 from hccl_sim import HcclError
-from hccl_sim.device import ALIGNMENT, Allocator, Device, Runtime
+from hccl_sim.npu.device import ALIGNMENT, Allocator, Device, Runtime
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import pytest
 import hccl_sim
 from hccl_sim import HcclError
 from hccl_sim.engines.local import run_local
-from hccl_sim.env import Config
+from hccl_sim.config.env import Config
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -279,9 +279,10 @@ def test_what_a_crashing_rank_does_before_it_dies():
     import threading
     from hcomm.exec import run_rank, run_share, with_scratch
     from hccl_sim.engines.base import RankBuffers
-    from hccl_sim.env import Config
-    from hccl_sim.faults import with_faults
-    from hccl_sim.planner import Signature, make_plan, step_starts
+    from hccl_sim.config.env import Config
+    from hccl_sim.faults.plan import with_faults
+    from hccl_sim.plan.planner import Signature, make_plan
+    from hccl_sim.plan.replay import step_starts
     from hcomm.transports import InProcessTransport
     topo = hccl_sim.topology("fullmesh", ranks=4)
     sig = Signature("allreduce", (64,), "int64", "sum", None, "ring")

@@ -9,9 +9,9 @@ import hccl_sim
 from hccl_sim import FaultPlan, HcclError
 from hccl_sim.engines import rendezvous as rdv
 from hccl_sim.engines.base import Call
-from hccl_sim.env import Config
-from hccl_sim.faults import with_faults
-from hccl_sim.planner import Signature
+from hccl_sim.config.env import Config
+from hccl_sim.faults.plan import with_faults
+from hccl_sim.plan.planner import Signature
 
 DELTA = round(4.096e-6 * 2 ** 5 * 1e9)          # HCCL_RDMA_TIMEOUT=5: one retransmission interval, ns
 FAST = {"HCCL_RDMA_TIMEOUT": "5", "HCCL_RDMA_RETRY_CNT": "1"}

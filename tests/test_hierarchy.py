@@ -6,8 +6,8 @@ import pytest
 
 import hccl_sim
 import topologies
-from hccl_sim.env import Config
-from hccl_sim.planner import Signature, choose
+from hccl_sim.config.env import Config
+from hccl_sim.plan.planner import Signature, choose
 from hccl_sim.selection.hccl import pipeline_contexts
 
 from test_collectives import all_collectives, check

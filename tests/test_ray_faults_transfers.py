@@ -40,8 +40,8 @@ def _job(comm):
 
 
 def _pair_transfers(topo, sig, itemsize):
-    from hccl_sim.env import Config
-    from hccl_sim.planner import make_plan, op_transfers
+    from hccl_sim.config.env import Config
+    from hccl_sim.plan.planner import make_plan, op_transfers
     plan = make_plan(sig, topo, Config(), [0] * topo.num_ranks, itemsize)
     return op_transfers(sig, plan.loops, plan.programs, topo.num_ranks, [(1, 5)])[(1, 5)]
 
@@ -51,7 +51,7 @@ def test_ray_corrupt_and_p2p_faults_equal_the_local_engine(ray_cluster):
     two (level-1 ring), the last send; corrupting the send, the second op's first and the last
     send costs each one interval. Rank 6's NIC is down for both of the send 2 -> 6's attempts,
     and back before anything else."""
-    from hccl_sim.planner import Signature
+    from hccl_sim.plan.planner import Signature
     import topologies
     topo = topologies.hardware("atlas800t-a2", devices_per_server=[4, 4])
     b = _pair_transfers(topo, Signature("barrier", (), "uint8", None, None, None), 1)

@@ -7,11 +7,11 @@ import pytest
 import hccl_sim
 from hccl_sim import algorithms
 from hccl_sim.algorithms import nhr
-from hccl_sim.env import Config
+from hccl_sim.config.env import Config
 from hccl_sim import collectives
 from hccl_sim.algorithms import registry
-from hccl_sim.planner import Signature, choose
-from hccl_sim.programs import build_program
+from hccl_sim.plan.planner import Signature, choose
+from hccl_sim.plan.loop_programs import build_program
 from hccl_sim.selection import Choice
 from hcomm import program as prog
 from hcomm.timing import replay

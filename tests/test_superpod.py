@@ -9,9 +9,10 @@ import pytest
 import hccl_sim
 from hccl_sim import HcclError, collectives
 from hccl_sim.algorithms import double_ring, grouped_mesh, superpod
-from hccl_sim.env import Config
-from hccl_sim.planner import Signature, choose, effective_cost
-from hccl_sim.programs import build_parts, pods_of
+from hccl_sim.config.env import Config
+from hccl_sim.plan.costs import effective_cost
+from hccl_sim.plan.planner import Signature, choose
+from hccl_sim.plan.loop_programs import build_parts, pods_of
 from hccl_sim.selection import Choice
 from hcomm.vtiming import program_times
 from test_schedules import L, des_times, verify

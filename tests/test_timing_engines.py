@@ -9,7 +9,7 @@ import pytest
 import hccl_sim
 from hccl_sim import HcclError
 from hccl_sim.engines.local import run_local
-from hccl_sim.env import Config
+from hccl_sim.config.env import Config
 from hcomm.transports.inprocess import InProcessTransport
 
 OPS = {"allreduce": lambda c, x, a: c.all_reduce(x, algo=a),
@@ -123,8 +123,8 @@ def test_buffer_loops_priced_in_closed_form_equal_loop_by_loop():
     import numpy as np
     from hcomm.cost import CostModel
     from hcomm.vtiming import program_times
-    from hccl_sim import planner
-    from hccl_sim.env import Config
+    from hccl_sim.plan import planner
+    from hccl_sim.config.env import Config
     topo = hccl_sim.topology("atlas800t-a2", servers=2)
     config = Config.from_env({"HCCL_BUFFSIZE": "1"})
     for name, count in (("allreduce", (37 << 18) + 5), ("allgather", (9 << 16) + 3), ("broadcast", 3 << 20)):

@@ -13,7 +13,7 @@ from threadpoolctl import threadpool_limits
 import hccl_sim
 import topologies
 from hccl_sim import FaultPlan, HcclError
-from hccl_sim.cli import main
+from hccl_sim.tools.cli import main
 from hccl_sim.training import TrainConfig, train_rank, train_reference
 from hccl_sim.training import buckets as bk
 from hccl_sim.training import report

@@ -30,9 +30,9 @@ import numpy as np
 from topologies.errors import HcclError
 
 from .. import collectives
-from ..env import Config
-from ..faults import HEARTBEAT_LOST_S, _describe as entry_label
-from ..types import parse_reduce_op
+from ..config.env import Config
+from ..faults.plan import HEARTBEAT_LOST_S, _describe as entry_label
+from ..config.types import parse_reduce_op
 from .scenarios import Call, Scenario
 
 OUTCOMES = ("recovered", "clean error", "skipped", "WRONG", "HANG", "LEAK")

@@ -24,7 +24,6 @@ import pickle
 import re
 import struct
 
-import numpy as np
 
 from hcomm.transports.scoped import ScopedTransport
 from topologies.errors import HcclError
@@ -34,7 +33,7 @@ from hcomm.exec import OwnResult, run_rank
 
 from . import rendezvous as rdv
 from .base import Call, Group, RankBuffers
-from ..planner import Signature
+from ..plan.planner import Signature
 
 _NO_WATCH = contextlib.nullcontext()      # stateless: one serves every wait
 _CLOCK = struct.Struct("<q")
