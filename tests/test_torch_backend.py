@@ -11,6 +11,8 @@ import hccl_sim
 import topologies
 import torch    # a declared [test] dependency (hccl-sim[torch])
 
+pytestmark = pytest.mark.torch
+
 P = 4
 
 
