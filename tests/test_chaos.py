@@ -44,6 +44,7 @@ def run(topo, sc):
     return run_scenario(sc, LocalRunner(topo))
 
 
+@pytest.mark.campaign
 def test_campaign_of_100_scenarios_on_the_local_engine(a2):
     """Every scenario is recovered or a clean error, every fault kind and collective turns up, and
     each fault's time lands inside the call it aims at (the twin's real clocks are the planned spans)."""
@@ -67,7 +68,8 @@ def test_campaign_of_100_scenarios_on_the_local_engine(a2):
     assert summary["rest_over_cqe_budget"]["min"] >= 1.0     # every failed try ran its retransmissions out
 
 
-def test_same_seed_same_scenarios_and_outcomes(a2):
+@pytest.mark.campaign
+def test_seed_fixes_scenarios_and_campaign_outcomes_a_new_seed_changes_them_scenario_n_replays_alone(a2):
     first = [sc.to_dict() for sc in generate(5, 40, a2)]
     assert first == [sc.to_dict() for sc in generate(5, 40, a2)]
     assert first != [sc.to_dict() for sc in generate(6, 40, a2)]
@@ -82,6 +84,7 @@ def test_same_seed_same_scenarios_and_outcomes(a2):
 
 # ---- each outcome, reached and detected ------------------------------------------------------------
 
+@pytest.mark.local
 def test_a_flap_inside_one_retransmission_interval_is_absorbed(a2):
     """A flap of the RoCE link 0-4 over the whole op, shorter than one retransmission interval:
     every transfer over it gets through on its first retransmission; no op retry, time lost."""
@@ -90,6 +93,7 @@ def test_a_flap_inside_one_retransmission_interval_is_absorbed(a2):
     assert got.outcome == "recovered" and got.verdict.retries == 0 and got.verdict.lost_s > 0
 
 
+@pytest.mark.local
 def test_op_retry_recovers_bit_identical_and_loses_at_least_hold_time(a2):
     env = {**FAST, "HCCL_OP_RETRY_ENABLE": "L0:0,L1:1", "HCCL_OP_RETRY_PARAMS": "MaxCnt:3,HoldTime:5,IntervalTime:2"}
     plan = FaultPlan().link_flap(0, 4, at=0.0, duration=8e-3)
@@ -101,12 +105,14 @@ def test_op_retry_recovers_bit_identical_and_loses_at_least_hold_time(a2):
     assert [rec.retries for rec in got.faulty[3]] == [2, 0]
 
 
+@pytest.mark.local
 def test_a_straggler_costs_exactly_its_delay(a2):
     plan = FaultPlan().straggler(5, delay=1e-3)
     got = run(a2, hand_made(a2, allreduce(), FAST, plan))
     assert got.outcome == "recovered" and got.verdict.lost_s == pytest.approx(1e-3, abs=1e-9)
 
 
+@pytest.mark.local
 def test_clean_errors_link_down_in_place_and_lost_rank(a2):
     down = run(a2, hand_made(a2, allreduce(), FAST, FaultPlan().link_down(1, 6)))
     assert down.outcome == "clean error" and "E_REMOTE" in down.verdict.detail
@@ -123,6 +129,7 @@ def _records(topo, sc):
     return runner.run(sc.call, sc.env, None), runner.run(sc.call, sc.env, sc.plan)
 
 
+@pytest.mark.local
 def test_classify_tells_wrong_from_right(a2):
     sc = hand_made(a2, allreduce(calls=2), FAST, FaultPlan().straggler(3, delay=2e-4))
     twin, faulty = _records(a2, sc)
@@ -144,6 +151,7 @@ def test_classify_tells_wrong_from_right(a2):
     assert "ranks disagree on retries" in classify(sc, twin, slower, reference).detail
 
 
+@pytest.mark.local
 def test_classify_checks_each_error_against_its_fault(a2):
     sc = hand_made(a2, allreduce(), FAST, FaultPlan().link_down(1, 6))
     twin, faulty = _records(a2, sc)
@@ -201,6 +209,7 @@ class _Refusing(LocalRunner):
         return super().run(call, env, plan)
 
 
+@pytest.mark.local
 def test_hang_leak_and_skipped_are_detected(a2):
     sc = hand_made(a2, allreduce(count=10), {**FAST, "HCCL_EXEC_TIMEOUT": "1"}, FaultPlan().straggler(0, delay=1e-5))
     blocking = _Blocking(a2)
@@ -222,6 +231,7 @@ def test_hang_leak_and_skipped_are_detected(a2):
     assert run_scenario(sc, LocalRunner(a2)).outcome == "recovered"
 
 
+@pytest.mark.local
 def test_cluster_run_takes_a_plan_and_environment_per_run(a2):
     """What chaos uses to keep one set of Ray actors: Cluster.run(faults=, env=)."""
     def fn(comm):
@@ -237,6 +247,7 @@ def test_cluster_run_takes_a_plan_and_environment_per_run(a2):
 
 # ---- the command ----------------------------------------------------------------------------------
 
+@pytest.mark.campaign
 def test_cli_table_json_and_replay(tmp_path, capsys):
     path = tmp_path / "chaos.json"
     args = ["chaos", "-n", "4", "--seed", "2", "--topology", "atlas800t-a2", "--servers", "2"]
@@ -256,6 +267,7 @@ def test_cli_table_json_and_replay(tmp_path, capsys):
     assert f"outcome: {third['outcome']}" in replay and "rank 15 call 0:" in replay
 
 
+@pytest.mark.campaign
 def test_progress_bar_on_a_terminal():
     """On a terminal the bar is drawn to stderr, the table still goes to stdout."""
     import fcntl
@@ -288,6 +300,7 @@ def test_progress_bar_on_a_terminal():
     assert b"| 0/2 [" in drawn and b"scenario/s]" in drawn
 
 
+@pytest.mark.unit
 def test_cli_exit_status_1_on_a_failure(monkeypatch, capsys):
     def wrong(sc, runner, deadline_s=60.0):
         return Result(sc.index, Verdict("WRONG", "made up for the test"), 0.0)
@@ -297,6 +310,7 @@ def test_cli_exit_status_1_on_a_failure(monkeypatch, capsys):
     assert "WRONG: made up for the test" in out and "FAILED: 2 WRONG/HANG/LEAK" in out
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("argv,message", [
     (["-n", "0"], "-n 0: the number of scenarios must be in"),
     (["--replay", "-1"], "--replay -1: a scenario number is >= 0"),
@@ -313,6 +327,7 @@ def test_cli_bad_arguments_exit_2(argv, message, capsys):
     assert message in err and err.count("\n") == 1
 
 
+@pytest.mark.unit
 def test_ray_runner_keeps_the_pools_working_set_and_no_more():
     """Between runs a Ray rank may hold its newest CCL input/output/scratch and up to
     RESULT_POOL_SPARE + MAX_CALLS result segments: a rank holding fewer keeps them all (a

@@ -5,6 +5,8 @@ from hccl_sim import HcclError
 from hccl_sim.config.hccl_algo import parse_hccl_algo
 from hccl_sim.config.env import Config
 
+pytestmark = pytest.mark.unit
+
 ACCEPTED = [
     ("level0:NA;level1:ring", "allreduce", {"level0": "NA", "level1": "ring"}),
     ("level0:NA;level1:H-D_R", "allgather", {"level0": "NA", "level1": "H-D_R"}),
