@@ -30,7 +30,7 @@ from topologies.errors import HcclError
 
 from .actors import rank_actor_class
 from .protocol import RunSpec
-from .watch import STALL_S
+from hcomm.transports.watched import STALL_S
 
 PLANES = ("shm", "socket", "object")
 _TICK_S = 0.5                       # how often a running job is polled
