@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import hccl_sim
+from conftest import mapped_outside
 
 import mpi4py  # noqa: F401,E402 - declared dependencies (mpi4py, the mpich wheel's mpiexec): never skipped
 MPIEXEC = shutil.which("mpiexec") or "mpiexec"    # missing, the launches fail and say so
@@ -31,23 +32,10 @@ def mpiexec(n, *argv, timeout=90, expect_rc=0):
     cmd = [MPIEXEC, "-n", str(n), sys.executable] + [str(a) for a in argv]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     assert out.returncode == expect_rc, (out.returncode, out.stdout[-2000:], out.stderr[-3000:])
-    left = [name for name in set(os.listdir("/dev/shm")) - before if name.startswith("mpich") and not _mapped(name)]
+    left = [name for name in set(os.listdir("/dev/shm")) - before if name.startswith("mpich") and not mapped_outside(name)]
     assert not left, f"MPI shared memory left behind: {left}"
     return out.stdout.splitlines(), out.stderr
 
-
-def _mapped(name) -> bool:
-    """Whether a live process maps /dev/shm/`name`: another MPI job's (the job's own processes have
-    exited), which a machine shared with other work may be running; a left-behind one is unmapped."""
-    path = f"/dev/shm/{name}"
-    for pid in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                if path in f.read():
-                    return True
-        except OSError:
-            continue
-    return False
 
 
 def oks(lines) -> list:
