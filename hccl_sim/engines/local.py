@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from hcomm.transports.inprocess import InProcessTransport
-from topologies.errors import HcclError
+from topologies.errors import Cause, HcclError
 
 
 from ..communicator import Communicator
@@ -67,7 +68,8 @@ class LocalGroup:
         self._cond = threading.Condition()
         self._slots = {}                  # (phase, seq) -> _Slot
         self._exited = set()
-        self._failure = None       # (rank, exception) of the first failure
+        self._failure = None       # (rank, exception) of the first failure (what waiting peers are told)
+        self._failures = []        # (rank, exception, time.time()) of every failure (the job's error: root_cause)
         self._aborted = None       # why, once a rank called comm.abort()
         self._workers = max(1, os.cpu_count() or 1)
         self._executor = None
@@ -92,7 +94,8 @@ class LocalGroup:
         key = (phase, seq)
         with self._cond:
             if self._aborted is not None:
-                raise HcclError("E_REMOTE", f"aborted: {self._aborted}", rank=rank, op=rdv.opname(sig))
+                raise HcclError("E_REMOTE", f"aborted: {self._aborted}", rank=rank, op=rdv.opname(sig),
+                                cause=Cause.ABORTED)
             slot = self._slots.get(key)
             if slot is None:
                 slot = self._slots[key] = _Slot(self.size)
@@ -118,8 +121,7 @@ class LocalGroup:
             if slot.taken == self.size:
                 del self._slots[key]
         if slot.error is not None:
-            raise HcclError(slot.error.code, slot.error.reason, rank=rank, op=rdv.opname(sig),
-                            time_ns=slot.error.time_ns)
+            raise slot.error.replace(rank=rank, op=rdv.opname(sig))
         return slot
 
     def _wait_slot(self, rank, seq, slot, sig, limit, watch):
@@ -172,18 +174,20 @@ class LocalGroup:
 
     def _check_waiting(self, rank, seq, slot, sig):
         if self._aborted is not None:
-            raise HcclError("E_REMOTE", f"aborted: {self._aborted}", rank=rank, op=rdv.opname(sig))
+            raise HcclError("E_REMOTE", f"aborted: {self._aborted}", rank=rank, op=rdv.opname(sig),
+                            cause=Cause.ABORTED)
         if self._failure is not None:
             fr, exc = self._failure
             raise rdv.peer_failed_error(rank, sig, seq, fr, rdv.describe_failure(exc))
         gone = [r for r in self._exited if slot.items[r] is None]
         if gone:
-            raise HcclError("E_PARA", rdv.returned_early_reason(sig, seq, gone[0]), rank=rank, op=rdv.opname(sig))
+            raise rdv.returned_early_error(rank, sig, seq, gone[0])
 
     def fail(self, rank, exc):
         with self._cond:
             if self._failure is None:
                 self._failure = (rank, exc)
+            self._failures.append((rank, exc, time.time()))
             self._cond.notify_all()
             children = list(self._children.values())
         self.transport.abort("E_REMOTE", f"rank {rank} failed: {rdv.describe_failure(exc)}")
@@ -228,7 +232,8 @@ class LocalGroup:
 
     @property
     def failure(self):
-        return self._failure
+        """(rank, exception) of the job's error (rdv.root_cause of every failure), or None."""
+        return rdv.root_cause(self._failures)[:2] if self._failures else None
 
 
 def run_local(fn, topo, config, args=(), kwargs=None, dataplane="central"):

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import pickle
-import re
 import struct
 
 import numpy as np
 
 from hcomm.transports.scoped import ScopedTransport
-from topologies.errors import HcclError
+from topologies.errors import Cause, HcclError
 
 from . import executors
 from . import rendezvous as rdv
@@ -37,7 +36,6 @@ from ..planner import Signature
 _NO_WATCH = contextlib.nullcontext()      # stateless: one serves every wait
 _CLOCK = struct.Struct("<q")
 INLINE_BYTES = 64 << 10            # inputs up to this size travel in the control plane (eager ops)
-RETURNED = re.compile(r"rank (\d+) returned without calling it")   # every control plane's wording
 
 
 class CallPayload:
@@ -207,11 +205,10 @@ class PeerGroup:
         try:
             raws = self._allgather(payload, f"{op} (collective #{call.seq})", op)
         except HcclError as exc:
-            gone = RETURNED.search(exc.reason)
-            if gone is None:
+            # a control plane's "rank N returned without calling it": said as every engine says it
+            if exc.cause != Cause.PEER_RETURNED or exc.detail.get("missed") != "call" or exc.peer is None:
                 raise
-            raise HcclError("E_PARA", rdv.returned_early_reason(sig, call.seq, int(gone.group(1))), rank=rank,
-                            op=op) from None
+            raise rdv.returned_early_error(rank, sig, call.seq, exc.peer) from None
         try:
             agreed = CallPayload.agreed(raws, head[0], head[1])
             if agreed is not None:
@@ -224,7 +221,7 @@ class PeerGroup:
                 plan = self._plans.plan([Call(call.seq, c.signature_object(Signature), c.clock, c.itemsize,
                                               sent=c.sent) for c in payloads])
         except HcclError as exc:
-            raise HcclError(exc.code, exc.reason, rank=rank, op=op, time_ns=exc.time_ns) from None
+            raise exc.replace(rank=rank, op=op) from None
         self._eager = eagers if eager is not None else None
         return plan
 
