@@ -253,3 +253,36 @@ def test_transport_and_control_plane_waits_say_who():
         with pytest.raises(HcclError) as e:
             MpiControl._decide([(0, b""), (kind, b"why")], 4, 0, "all_reduce")
         assert e.value.cause == cause and e.value.peers == (1,)
+
+
+# ---- the same rule and fields across processes ----------------------------------------------------------
+
+def own_bug_after_a_peer_returned(comm):
+    """Rank 1 returns at once, so rank 0's AllReduce fails first (PEER_RETURNED, a consequence);
+    rank 2's own exception, a second later, is the job's error."""
+    import time
+    if comm.rank == 1:
+        return None
+    if comm.rank == 2:
+        time.sleep(1.0)
+        raise ZeroDivisionError("rank 2's own bug")
+    comm.all_reduce(np.ones(4))
+
+
+def link_down_job(comm):
+    comm.all_reduce(np.arange(1 << 14, dtype=np.int64))
+
+
+def test_ray_engine_picks_the_same_root_cause_and_keeps_the_fields(ray_cluster):
+    """Ray used to pick the earlier "returned without" (an E_PARA); every engine now picks rank 2's
+    own error. An error CQE's fields cross the actors to the driver."""
+    with hccl_sim.Cluster(hccl_sim.topology("fullmesh", ranks=3), engine="ray") as cluster:
+        with pytest.raises(HcclError) as info:
+            cluster.run(own_bug_after_a_peer_returned)
+        assert info.value.rank == 2 and "ZeroDivisionError: rank 2's own bug" in str(info.value)
+        with pytest.raises(HcclError) as info:
+            cluster.run(link_down_job, faults=FaultPlan().link_down(0, 1), env=FAST)
+        err = info.value
+        assert err.code == "E_REMOTE" and err.cause == Cause.LINK_FAILED and err.level == "L0"
+        assert err.fault == "fault plan entry 0 (link_down 0-1)" and err.link in ((0, 1), (1, 0))
+        assert err.time_ns is not None
