@@ -77,7 +77,7 @@ class HcclError(RuntimeError):
         self.op = op
         self.time_ns = time_ns      # the simulated clock at which the failure was detected, if known
         self.cause = cause
-        self.peers = (int(peers),) if isinstance(peers, int) else tuple(int(p) for p in peers)
+        self.peers = (int(peers),) if hasattr(peers, "__index__") else tuple(int(p) for p in peers)
         self.link = None if link is None else (int(link[0]), int(link[1]))
         self.level = level
         self.fault = fault

@@ -1,9 +1,10 @@
 """Under mpiexec: a mismatched call, a rank that raises and a rank that returns early are each an
 HcclError on every process, never a hang, with its fields (cause, peers); of a peer's early return
-and a later rank's own exception, the exception is the job's error (the root cause); a fault plan's rank_crash (on entry, mid-op, on both
-data planes, in an eager op) equals the local engine's run: the dead rank's result None on every
-process, the survivors' errors and clocks, their shrunk communicator's results and times; the
-survivors are woken by the dead rank's loss, not their deadline (argv: ranks per process)."""
+and a later rank's own exception, the exception is the job's error (the root cause); a fault
+plan's rank_crash (on entry, mid-op, on both data planes, in an eager op) equals the local
+engine's run: the dead rank's result None on every process, the survivors' errors and clocks,
+their shrunk communicator's results and times; the survivors are woken by the dead rank's loss,
+not their deadline (argv: ranks per process)."""
 import sys
 import time
 
