@@ -227,7 +227,7 @@ class LocalGroup:
         if child.members != members:
             raise HcclError("E_PARA", f"ranks disagree on the members of a new communicator: rank "
                             f"{child.members[0]}'s view is {list(child.members)[:16]}, this rank's is "
-                            f"{list(members)[:16]}", rank=rank)
+                            f"{list(members)[:16]}", rank=rank, cause=Cause.MISMATCH)
         return child
 
     @property
