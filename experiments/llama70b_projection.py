@@ -16,7 +16,7 @@ Per-card bytes on the wire are a ring AllReduce's 2(p-1)/p of what the card all-
 Step compute (stated assumptions, change them on the command line): 6 x parameters FLOPs per
 token (forward + backward), 4 Mi tokens per step (LLaMA 2's global batch), MFU 40 % of the
 preset's peak (910B 320 TFLOPS FP16: a third-party figure, unverified; A3 376 TFLOPS BF16 per die:
-half the vendor's 910C figure; reference/hccl.md §7). The communication share is exposed
+half the vendor's 910C figure; docs/references.md §3.2, §3.3). The communication share is exposed
 communication / (compute + exposed communication) with 0 %, 50 % and 90 % of the AllReduce
 hidden under backward.
 
@@ -123,7 +123,7 @@ def table(rows, lat, args) -> str:
               f"floor of hccl_test (22 us for a small AllReduce on 8 NPUs); its staging copies are "
               f"{lat[0][2]:.1f} us of that, so dropping them (zero-copy) gives about {lat[0][1] - lat[0][2]:.1f} us, not "
               "10-15 us: the claim needs the op's other fixed costs cut too, which no measurement in "
-              "reference/hccl.md §6 shows (zero-copy is an A3, AI_CPU-mode trial feature, §1.2).",
+              "docs/references.md §4 shows (zero-copy is an A3, AI_CPU-mode trial feature, §6.7).",
               "", f"Regenerate: `python experiments/llama70b_projection.py --tokens {args.tokens} --mfu {args.mfu}`"]
     return "\n".join(lines)
 

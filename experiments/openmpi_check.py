@@ -11,13 +11,15 @@ wheels dlopen the MPI library at import and load the build of mpi4py.MPI for its
 
 Checks, each one mpirun job of the MPI test layer's own scripts (tests/mpi_scripts/): which MPI the
 job loaded; every collective against numpy on integer data with simulated times equal to the local
-engine's, on 2 (3 ranks per process), 3 and 4 processes, both data planes; a mismatched call, a
+engine's, on 2 (3 ranks per process), 3 and 4 processes, both data planes; the plane the engine
+picks with none named (window: every process on this node) and p2p forced; a mismatched call, a
 raising rank, an early return, comm.abort() and rank_crash (against the local engine) on 3 processes
 and on 2 x 2; a rank table's mapping and its mismatch error; a link flap retried by op retry;
 `hccl-sim bench --engine mpi --format hccl_test` (hccl_test's header and columns, check_result) and
-the nccl-tests table. Every job has a timeout and must leave no Open MPI segment in /dev/shm, no
-session directory in /tmp and no process of the prefix behind. Writes experiments/out/openmpi_check.md
-and prints the table and the command that regenerates it.
+the nccl-tests table; the jobs that name no plane run on the default one, the window plane. Every
+job has a timeout and must leave no Open MPI segment in /dev/shm, no session directory in /tmp and
+no process of the prefix behind. Writes experiments/out/openmpi_check.md and prints the table and
+the command that regenerates it.
 
     python experiments/openmpi_check.py
     python experiments/openmpi_check.py --prefix /opt/openmpi --version 5.0.11
@@ -218,6 +220,8 @@ def checks(tmp: Path):
          [SCRIPTS / "collectives.py", 3, "p2p,window"], every(2)),
         ("every collective, 3 processes, p2p + window", 3, [SCRIPTS / "collectives.py", 1, "p2p,window"], every(3)),
         ("every collective, 4 processes, p2p + window", 4, [SCRIPTS / "collectives.py", 1, "p2p,window"], every(4)),
+        ("default plane window (one node), p2p forced, 2 processes x 2 ranks", 2, [SCRIPTS / "planes.py", 2],
+         every(2)),
         ("failures and rank_crash, 3 processes", 3, [SCRIPTS / "failures.py", 1], failures(3)),
         ("failures and rank_crash, 2 processes x 2 ranks", 2, [SCRIPTS / "failures.py", 2], failures(2)),
         ("rank table: 16 ranks on 4 processes x 4", 4, [SCRIPTS / "ranktable.py", table, 4, "ok"], mapping),

@@ -1,4 +1,4 @@
-"""Latency of the shared-memory control plane (hcomm.shm_control) against mpi4py + MPICH, same run.
+"""Latency of the shared-memory control plane (hcomm.control.shm) against mpi4py + MPICH, same run.
 
 Each op, on p spawned processes: a barrier, then an 8-byte float32 AllReduce done as an allgather of
 the 8 bytes plus a local sum (what the Ray engine will do for tiny ops). Per op the slowest rank's
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from local_vs_mpich import mpich_walls  # noqa: E402
 
 from hcomm import shm  # noqa: E402
-from hcomm import shm_control  # noqa: E402
+from hcomm.control import shm as shm_control  # noqa: E402
 
 
 def rank_main(session, rank, iters, warmup, spins, yield_s, results):

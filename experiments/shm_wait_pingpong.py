@@ -12,7 +12,7 @@ import statistics
 import time
 
 from hcomm import shm
-from hcomm.shm_control import _FUTEX_WAIT, _FUTEX_WAKE, _L, _SYS_FUTEX, _Mapping, _syscall
+from hcomm.control.shm import _FUTEX_WAIT, _FUTEX_WAKE, _L, _SYS_FUTEX, _Mapping, _syscall
 
 
 def _futex_side(name, me, iters, rounds):

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from hccl_sim.algorithms import flat_program
-from hcomm.executor import execute
+from hcomm.exec import run_schedule as execute
 from hcomm.program import rank_steps
 from hcomm.transports import InProcessTransport
 from hcomm.transports.socket import SocketTransport

@@ -29,13 +29,14 @@ from .fault_state import FaultProgress
 from .faults import FaultPlan, with_faults
 from .planner import Signature, make_plan
 from .types import ReduceOp, dtype_name, numpy_dtype, parse_reduce_op
+from .engines import registry as _registry
 
 __all__ = ["topology", "run", "init", "finalize", "simulate", "Cluster", "FaultPlan", "Communicator", "ReduceOp", "HcclError", "HCCL_RESULT",
            "Topology", "Estimate", "OpRecord", "ENGINES", "busbw_factor", "MAX_LOCAL_RANKS",
            "MAX_ALLTOALL_RANKS", "Cause"]
 __version__ = "0.1.0"
 
-ENGINES = ("local", "ray", "mpi", "timing")
+ENGINES = tuple(name for name, e in _registry.ENGINES.items() if {"run", "simulate"} & set(e.offers))
 OPS = collectives.DATA_COLLECTIVES
 
 
@@ -74,15 +75,11 @@ def _check_call(fn, args, kwargs, topo, engine):
 
 
 def _check_local_size(topo, engine):
-    if engine == "local" and topo.num_ranks > MAX_LOCAL_RANKS:
+    if engine.in_process and topo.num_ranks > MAX_LOCAL_RANKS:
         raise HcclError("E_PARA", f"engine local: {topo.num_ranks} ranks are over the limit of {MAX_LOCAL_RANKS} "
                         "(hccl_sim.MAX_LOCAL_RANKS, one thread per rank); use hccl_sim.simulate for larger clusters")
 
 
-def _engine(engine):
-    if engine in ("local", "ray", "mpi"):
-        return engine
-    raise HcclError("E_PARA", f"unknown engine {engine!r}; expected one of local, ray, mpi (run) or timing (simulate)")
 
 
 def run(fn, topology=None, engine: str = "local", args=(), kwargs=None, env: dict | None = None,
@@ -94,23 +91,15 @@ def run(fn, topology=None, engine: str = "local", args=(), kwargs=None, env: dic
     the rank (the original exception is its __cause__). `faults`: a FaultPlan the run meets.
     engine="mpi": every MPI process calls run (under mpiexec); each hosts `ranks_per_process`
     ranks (threads) and gets every rank's result; `data_plane` "window" (MPI-3 shared-memory
-    windows, every process on one node; the default there) or "p2p" (Isend/Irecv).
+    windows, every process on one node; the default there) or "p2p" (Isend/Irecv; the default
+    when the processes span nodes). Every engine's planes: README, "Engines".
     """
+    eng = _registry.get(engine, "run")
     topo = _topology(topology)
     config = with_faults(topo, Config.from_env(env, policy), faults)
-    _check_call(fn, args, kwargs, topo, _engine(engine))
-    if engine != "mpi" and (ranks_per_process != 1 or data_plane is not None):
-        raise HcclError("E_PARA", f"ranks_per_process and data_plane are settings of engine mpi (run), not of "
-                        f"engine {engine!r} (Cluster takes data_plane for ray)")
-    if engine == "mpi":
-        from .engines.mpi import default_plane, run_mpi
-        return run_mpi(fn, topo, config, args=args, kwargs=kwargs, ranks_per_process=ranks_per_process,
-                       plane=default_plane() if data_plane is None else data_plane)
-    if _engine(engine) == "ray":
-        with Cluster(topo, engine="ray", env=env, policy=policy, address=address, faults=faults) as cluster:
-            return cluster.run(fn, args=args, kwargs=kwargs)
-    from .engines.local import run_local
-    return run_local(fn, topo, config, args=args, kwargs=kwargs)
+    _check_call(fn, args, kwargs, topo, eng)
+    return eng.launch(fn, topo, config, args, kwargs, data_plane=data_plane, address=address,
+                      ranks_per_process=None if ranks_per_process == 1 else ranks_per_process)
 
 
 def init(topology=None, ranks_per_process: int = 1, env: dict | None = None, policy: str | None = None,
@@ -119,9 +108,10 @@ def init(topology=None, ranks_per_process: int = 1, env: dict | None = None, pol
     ranks_per_process=k > 1, a list of its k Communicators, ranks p*k .. p*k+k-1, each to be
     driven by a thread of its own). `topology` as for run (a Topology, a preset name with its
     parameters such as servers=2, or a rank-table path whose servers and devices MPI ranks take
-    in order); "fullmesh"/"ring" without ranks= get one rank per emulated slot of the job. The
-    job ends when the program exits (or at hccl_sim.finalize())."""
-    from .engines.mpi import default_plane, init_mpi, world
+    in order); "fullmesh"/"ring" without ranks= get one rank per emulated slot of the job.
+    `data_plane` as for run ("window" when every process is on one node, else "p2p"). The job
+    ends when the program exits (or at hccl_sim.finalize())."""
+    from .engines.mpi import init_mpi, world
     if isinstance(topology, str) and topology in ("fullmesh", "ring") and "ranks" not in params:
         params["ranks"] = world().Get_size() * ranks_per_process
     if params and not isinstance(topology, str):
@@ -129,7 +119,7 @@ def init(topology=None, ranks_per_process: int = 1, env: dict | None = None, pol
                         "not of a Topology or None")
     topo = topologies.load(topology, **params) if params else _topology(topology)
     config = with_faults(topo, Config.from_env(env, policy), faults)
-    return init_mpi(topo, config, ranks_per_process, plane=default_plane() if data_plane is None else data_plane)
+    return init_mpi(topo, config, ranks_per_process, data_plane=data_plane)
 
 
 def finalize() -> None:
@@ -145,23 +135,25 @@ class Cluster:
     else starting a local Ray) that keeps its device, runtime and shared memory across runs.
     `data_plane` is "shm" (every rank on one Ray node, the default there: shared-memory control
     and data), "socket" (the default when ranks span nodes: control and data peer to peer over
-    TCP, each rank running its own schedule) or "object" (the same over Ray's object store)."""
+    TCP, each rank running its own schedule) or "object" (the same over Ray's object store); the
+    chosen one is each rank's `comm.data_plane`. Every engine's planes: README, "Engines"."""
 
     def __init__(self, topology=None, engine: str = "local", env: dict | None = None, policy: str | None = None,
                  address: str | None = None, data_plane: str | None = None, faults=None):
         self.topology = _topology(topology)
-        self.engine = _engine(engine)
-        if self.engine == "mpi":
+        if getattr(_registry.ENGINES.get(engine), "spmd", False):
             raise HcclError("E_PARA", "Cluster keeps ranks of engine local or ray across runs; under mpiexec every "
                             "process calls hccl_sim.run(fn, engine='mpi') or hccl_sim.init()")
+        self._engine = _registry.get(engine, "cluster", "Cluster")
+        self.engine = self._engine.name
         self._env, self._policy, self._faults = env, policy, faults
         self.config = with_faults(self.topology, Config.from_env(env, policy), faults)
-        _check_local_size(self.topology, self.engine)
-        if data_plane not in (None, "shm", "object", "socket"):
-            raise HcclError("E_PARA", f"data_plane {data_plane!r} is invalid; expected shm, object or socket (engine ray)")
+        _check_local_size(self.topology, self._engine)
+        self._engine.check_plane(data_plane)
+        self._data_plane = data_plane
         self._open = True
         self._ray = None
-        if self.engine == "ray":
+        if not self._engine.in_process:
             from .engines.ray import RayCluster
             self._ray = RayCluster(self.topology, self.config, address=address, data_plane=data_plane)
 
@@ -175,11 +167,15 @@ class Cluster:
         if faults is not None or env is not None:
             config = with_faults(self.topology, Config.from_env(self._env if env is None else env, self._policy),
                                  self._faults if faults is None else faults)
-        _check_call(fn, args, kwargs, self.topology, self.engine)
+        _check_call(fn, args, kwargs, self.topology, self._engine)
         if self._ray is not None:
             return self._ray.run(fn, args=args, kwargs=kwargs, config=config)
-        from .engines.local import run_local
-        return run_local(fn, self.topology, config, args=args, kwargs=kwargs)
+        return self._engine.launch(fn, self.topology, config, args, kwargs, data_plane=self._data_plane)
+
+    @property
+    def data_plane(self) -> str:
+        """The data plane the cluster's runs use: ray's chosen (or forced) one, "central" on local."""
+        return self._ray.data_plane if self._ray is not None else (self._data_plane or self._engine.data_planes[0])
 
     def close(self):
         self._open = False

@@ -1,4 +1,4 @@
-"""HCCL_ALGO, parsed as HCCL parses it (hcomm alg_env_config.cc; reference/hccl.md §3.1).
+"""HCCL_ALGO, parsed as HCCL parses it (hcomm alg_env_config.cc; docs/references.md §7.1).
 
 Two forms:
   global  "level0:NA;level1:<algo>[;level2:<algo>]"

@@ -1,9 +1,18 @@
 """The bench job (modelled on hccl_test / nccl-tests): a size sweep of one collective.
 
-Each row runs the op on real, verifiable data (local engine) or replays it without payload
-(timing engine), and reports the simulated time per op (mean over ranks, as nccl-tests' default
-`-a 1`), algbw and busbw with nccl-tests' factors (GB = 1e9 B), #wrong elements, and the wall time
-one op took to emulate (median over iterations of the slowest rank).
+Each row (one size) runs the op in one of two ways:
+- on real data (engines local, ray, mpi): every rank's input is verifiable (hccl_sim.verifiable),
+  each timed iteration starts from aligned clocks (a barrier before it), and each rank counts its
+  wrong elements against the expected result it computes alone;
+- without payload (engine timing): hccl_sim.simulate prices the op; #wrong is N/A.
+
+A row reports the simulated time per op (mean over ranks and iterations, as nccl-tests' default
+`-a 1`), algbw and busbw with nccl-tests' factors (GB = 1e9 B), #wrong, the wall time one op took
+to emulate (median over iterations of the slowest rank) and the algorithm that ran. Under a fault
+plan it adds the op retries over the timed iterations and the time lost per op against the
+fault-free twin. Output: nccl-tests' table, or hccl_test's columns (`--format hccl_test`), and
+optionally JSON and a Chrome trace of one op per size. A sweep that would not finish or would not
+fit in memory is refused before anything runs.
 """
 from __future__ import annotations
 
@@ -18,6 +27,7 @@ import numpy as np
 from topologies.errors import HcclError
 from topologies.validate import integer, is_integer
 
+from .engines import registry
 from . import MAX_ALLTOALL_RANKS, MAX_LOCAL_RANKS, busbw_factor, canonical_op, collectives, op_count, simulate
 from . import trace as chrome
 from .env import Config
@@ -25,7 +35,7 @@ from .faults import with_faults
 from .types import dtype_name, nccl_name, numpy_dtype
 from .verifiable import expected, rank_input
 
-REAL_ENGINES = ("local", "ray", "mpi")
+REAL_ENGINES = tuple(n for n in registry.offering("bench") if registry.ENGINES[n].real_data)
 ROOTED = tuple(n for n in collectives.DATA_COLLECTIVES if collectives.of(n).rooted)
 REDUCING = tuple(n for n in collectives.DATA_COLLECTIVES if collectives.of(n).reducing)
 
@@ -101,7 +111,8 @@ class BenchSpec:
     policy: str = "hccl"
     faults: object = None          # a hccl_sim.FaultPlan the sweep runs under
     ranks_per_process: int = 1     # engine mpi: ranks (threads) per MPI process
-    data_plane: str | None = None  # engine mpi: "window" or "p2p" (None: the engine's default)
+    data_plane: str | None = None  # a real engine's plane (README, "Engines"; the CLI's --data-plane: mpi's);
+                                   # None: the engine's default. Once the sweep runs, the plane it runs on
 
 
 def run_bench(spec: BenchSpec, topo, progress=None) -> list:
@@ -143,15 +154,13 @@ def run_bench(spec: BenchSpec, topo, progress=None) -> list:
                                  redop=spec.redop, root=spec.root, env=spec.env, trace=True, policy=spec.policy,
                                  faults=spec.faults)
             trace_sections.append((f"{spec.op} {count * itemsize} B ({plan.algo})", plan.events or []))
-        if spec.engine == "timing":
+        if not _engine(spec).real_data:
             t0 = time.perf_counter()
             est = simulate(spec.op, count * itemsize, topology=topo, algo=spec.algo, dtype=spec.dtype,
                            redop=spec.redop, root=spec.root, env=spec.env, policy=spec.policy, faults=spec.faults)
             total_ns = sum(round(t * 1e9) for t in est.times)
             emit(size, count, total_ns / p / 1e9, None, time.perf_counter() - t0, est.algo, est.retries)
-        elif spec.engine not in REAL_ENGINES:
-            raise HcclError("E_PARA", f"unknown engine {spec.engine!r}; bench supports local, ray, mpi and timing")
-    if spec.engine in REAL_ENGINES:
+    if _engine(spec).real_data:
         _run_sweep(spec, topo, config, emit)
     if spec.trace:
         chrome.write(spec.trace, trace_sections)
@@ -166,15 +175,16 @@ def check_spec(spec: BenchSpec, p: int) -> None:
         raise HcclError("E_PARA", f"a sweep has 1 to {MAX_SIZES} sizes (hccl_sim.bench.MAX_SIZES), got {len(spec.sizes)}")
     for size in spec.sizes:
         integer(size, "size", 0, where="bench")
-    _check_local_size_of(p, spec.engine)
-    if spec.engine == "timing" and canonical_op(spec.op) == "alltoall" and p > MAX_ALLTOALL_RANKS:
+    engine = _engine(spec)
+    _check_local_size_of(p, engine)
+    if not engine.real_data and canonical_op(spec.op) == "alltoall" and p > MAX_ALLTOALL_RANKS:
         raise HcclError("E_PARA", f"bench alltoall on engine timing: {p} ranks are over the limit of "
                         f"{MAX_ALLTOALL_RANKS} (hccl_sim.MAX_ALLTOALL_RANKS)")
     limit = collectives.get(spec.op).max_ranks_with_data
-    if spec.engine in REAL_ENGINES and limit is not None and p > limit:
+    if engine.real_data and limit is not None and p > limit:
         raise HcclError("E_PARA", f"bench {spec.op} on engine {spec.engine}: {p} ranks are over the limit of "
                         f"{limit} for real data (collectives max_ranks_with_data); use --engine timing")
-    if spec.engine in REAL_ENGINES:
+    if engine.real_data:
         need = 3 * p * max(spec.sizes)
         have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         if need > HOST_MEMORY_FRACTION * have:
@@ -183,8 +193,12 @@ def check_spec(spec: BenchSpec, p: int) -> None:
                             f"{have / 2**30:.1f} GiB (hccl_sim.bench.HOST_MEMORY_FRACTION); use --engine timing")
 
 
-def _check_local_size_of(p: int, engine: str) -> None:
-    if engine == "local" and p > MAX_LOCAL_RANKS:
+def _engine(spec):
+    return registry.get(spec.engine, "bench", "--engine")
+
+
+def _check_local_size_of(p: int, engine) -> None:
+    if engine.in_process and p > MAX_LOCAL_RANKS:
         raise HcclError("E_PARA", f"bench on engine local: {p} ranks are over the limit of {MAX_LOCAL_RANKS} "
                         "(hccl_sim.MAX_LOCAL_RANKS, one thread per rank); use --engine timing")
 
@@ -239,18 +253,24 @@ def _sweep(comm, spec, emit=None):
 
 
 def _run_sweep(spec, topo, config, emit):
-    if spec.engine == "local":
-        from .engines.local import run_local
-        run_local(_sweep, topo, config, args=(spec, emit))
+    """The sweep on a real engine; `spec.data_plane` becomes the plane it runs on (the header's)."""
+    engine = _engine(spec)
+    if engine.in_process:          # ranks emit their rows as they complete
+        spec.data_plane = spec.data_plane or engine.data_planes[0]
+        engine.launch(_sweep, topo, config, (spec, emit), None, data_plane=spec.data_plane)
         return
-    if spec.engine == "mpi":
+    if engine.spmd:
         # every process runs the sweep; rank 0 (thread 0 of process 0) emits each row as it completes
-        from .engines.mpi import default_plane, run_mpi
-        run_mpi(_sweep, topo, config, args=(spec, emit), ranks_per_process=spec.ranks_per_process,
-                plane=spec.data_plane or default_plane())
+        from .engines.mpi import default_plane, world
+        if spec.data_plane is None:              # collective: every process runs the sweep
+            spec.data_plane = default_plane(world())
+        engine.launch(_sweep, topo, config, (spec, emit), None, data_plane=spec.data_plane,
+                      ranks_per_process=None if spec.ranks_per_process == 1 else spec.ranks_per_process)
         return
     from . import Cluster
-    with Cluster(topo, engine="ray", env=spec.env, policy=spec.policy, faults=spec.faults) as cluster:
+    with Cluster(topo, engine="ray", env=spec.env, policy=spec.policy, faults=spec.faults,
+                 data_plane=spec.data_plane) as cluster:
+        spec.data_plane = cluster.data_plane     # chosen from where the actors landed
         for row in cluster.run(_sweep, args=(spec,))[0]:
             emit(*row)
 
@@ -261,7 +281,8 @@ def header(spec: BenchSpec, topo) -> str:
     p = topo.num_ranks
     faulty = spec.faults is not None
     lines = [f"# hccl-sim bench: {spec.op} on {topo.name} ({topo.num_servers} server{'s' if topo.num_servers > 1 else ''}, "
-             f"{p} ranks, {topo.device}), engine {spec.engine}",
+             f"{p} ranks, {topo.device}), engine {spec.engine}"
+             + (f", data plane {spec.data_plane}" if spec.data_plane and spec.engine in REAL_ENGINES else ""),
              f"# minBytes {min(spec.sizes)} maxBytes {max(spec.sizes)} sizes: {len(spec.sizes)} warmup iters: "
              f"{spec.warmup} iters: {spec.iters} validation: {int(spec.check and spec.engine in REAL_ENGINES)} "
              f"policy: {spec.policy}",
@@ -302,7 +323,8 @@ def to_json(spec: BenchSpec, topo, rows: list) -> dict:
     wrong = sum(r.wrong or 0 for r in rows)
     return {
         "op": spec.op, "topology": topo.name, "ranks": topo.num_ranks, "servers": topo.num_servers,
-        "engine": spec.engine, "dtype": spec.dtype, "iters": spec.iters, "warmup": spec.warmup,
+        "engine": spec.engine, **({"data_plane": spec.data_plane} if spec.engine in REAL_ENGINES else {}),
+        "dtype": spec.dtype, "iters": spec.iters, "warmup": spec.warmup,
         "rows": [{"size": r.size, "count": r.count, "type": r.dtype, "redop": r.redop, "root": r.root,
                   "time": r.time_us, "alg_bw": r.algbw, "bus_bw": r.busbw, "nwrong": r.wrong,
                   "wall_time": r.wall_us, "algo": r.algo,
@@ -324,7 +346,7 @@ HCCL_TEST_PER_NPU_BLOCKS = ("allgather", "reducescatter")
 receive count) while nccl-tests' size is the whole p-block buffer: sizes differ by p. For the
 others both count one NPU's buffer. With that, hccl_test's alg_bandwidth (AllReduce, Broadcast,
 Reduce: size / t; AllGather: whole output / t; ReduceScatter: whole input / t; AlltoAll: whole
-send buffer / t; reference/hccl.md section 6) is nccl-tests' algbw exactly."""
+send buffer / t; docs/references.md §11.2) is nccl-tests' algbw exactly."""
 
 
 def hccl_test_sizes(op: str, data_sizes: list, p: int) -> list:

@@ -17,6 +17,7 @@ from topologies.errors import HcclError
 from . import OPS, __version__
 from .bench import (BenchSpec, footer, format_row, hccl_test_header, hccl_test_row, hccl_test_sizes, header,
                     parse_size, run_bench, sizes, write_json)
+from .engines import registry
 from .faults import FaultPlan
 from .types import DTYPES
 
@@ -118,7 +119,8 @@ def build_parser():
     b.add_argument("--ranks-per-process", dest="ranks_per_process", type=int, default=1,
                    help="engine mpi: emulated ranks (threads) per MPI process (default 1)")
     b.add_argument("--data-plane", dest="data_plane", default=None,
-                   help="engine mpi: window (MPI-3 shared-memory windows, one node) or p2p (default p2p)")
+                   help="engine mpi: window (MPI-3 shared-memory windows; the default when every process is on "
+                   "one node) or p2p (Isend/Irecv; the default across nodes)")
     b.add_argument("-c", "--check", type=int, default=1, help="1 to verify results, 0 not to (default 1)")
     b.add_argument("--env", action="append", metavar="HCCL_X=VALUE", help="set an HCCL environment variable")
     b.add_argument("--json", default=None, help="also write the results as JSON to this file")
@@ -157,9 +159,10 @@ def build_parser():
 
 def cmd_bench(args) -> int:
     hccl_test = _bench_format(args)
-    if args.engine != "mpi" and (args.ranks_per_process != 1 or args.data_plane is not None):
+    engine = registry.get(args.engine, "bench", f"--engine {args.engine!r}")
+    if not engine.spmd and (args.ranks_per_process != 1 or args.data_plane is not None):
         raise HcclError("E_PARA", "--ranks-per-process and --data-plane are settings of --engine mpi")
-    if args.engine == "mpi":
+    if engine.spmd:
         from .engines.mpi import world
         if world().Get_rank() != 0:       # under mpiexec every process runs the sweep; rank 0 prints it
             sys.stdout = open(os.devnull, "w")
@@ -195,8 +198,7 @@ def cmd_bench(args) -> int:
         raise HcclError("E_PARA", f"-r {spec.root}: root must be a rank in [0, {topo.num_ranks})")
     if spec.policy not in ("hccl", "model"):
         raise HcclError("E_PARA", f"--policy {spec.policy!r}: expected hccl or model")
-    if spec.engine not in ("local", "ray", "mpi", "timing"):
-        raise HcclError("E_PARA", f"--engine {spec.engine!r}: bench runs on local, ray, mpi or timing")
+    registry.get(spec.engine, "bench", f"--engine {spec.engine!r}")
     spec.ranks_per_process, spec.data_plane = args.ranks_per_process, args.data_plane
     started = []
 
@@ -247,7 +249,8 @@ def _bench_topology(args):
         if args.topology != DEFAULT_TOPOLOGY or args.servers is not None or args.ranks is not None:
             raise HcclError("E_PARA", "--ranktable names the cluster: drop --topology/--servers/--ranks")
         return topologies.load(args.ranktable)
-    if args.engine == "mpi" and args.servers is None and args.ranks is None:
+    if registry.get(args.engine, "bench", f"--engine {args.engine!r}").spmd and args.servers is None \
+            and args.ranks is None:
         from .engines.mpi import world
         slots = world().Get_size() * args.ranks_per_process
         lname = topologies.ALIASES.get(args.topology.lower(), args.topology.lower())
@@ -274,9 +277,7 @@ def cmd_chaos(args) -> int:
         raise HcclError("E_PARA", f"--replay {args.replay}: a scenario number is >= 0")
     if not (args.deadline > 0 and math.isfinite(args.deadline)):
         raise HcclError("E_PARA", f"--deadline {args.deadline}: wall seconds > 0")
-    if args.engine not in ("local", "ray"):
-        raise HcclError("E_PARA", f"--engine {args.engine!r}: chaos runs on local or ray (real data, so that results "
-                        "can be compared with the fault-free twin's)")
+    registry.get(args.engine, "chaos", f"--engine {args.engine!r}")
     lname = topologies.ALIASES.get(args.topology.lower(), args.topology.lower())
     if lname in topologies.HARDWARE_PRESETS and args.servers is None:
         args.servers = CHAOS_SERVERS
@@ -285,7 +286,7 @@ def cmd_chaos(args) -> int:
         raise HcclError("E_PARA", f"chaos needs at least 2 ranks (faults are between ranks); {topo.name} has "
                         f"{topo.num_ranks}")
     from . import _check_local_size
-    _check_local_size(topo, args.engine)
+    _check_local_size(topo, registry.ENGINES[args.engine])
     replay = args.replay is not None
     bar = []
 

@@ -132,25 +132,22 @@ class Collective:
         """Bytes of one schedule unit: an element (vector ops) or a loop's block (block ops)."""
         return length * itemsize if self.block else itemsize
 
-    def scratch(self, p: int, loops: Loops, dtype) -> Optional[np.ndarray]:
-        """The communicator-buffer area a schedule may use; each loop has columns of its own, so
-        workers sharing an op never race across loops."""
-        if not self.has_scratch or not len(loops):
-            return None
-        return np.empty((p, loops.per), dtype=dtype)
-
     def scratch_shape(self, p: int, loops: Loops):
+        """The communicator-buffer area a schedule may use, or None; each loop has columns of its
+        own, so workers sharing an op never race across loops."""
         return (p, loops.per) if self.has_scratch and len(loops) else None
 
-    def views(self, p: int, x, out, scratch, a: int, b: int) -> dict:
-        """The named buffers one loop's schedule addresses (views of the user's arrays)."""
-        return {"input": x.reshape(-1)[a:b], "output": out.reshape(-1)[a:b]}
+    def layout(self, p: int) -> tuple:
+        """How a loop's schedule sees (input, output, scratch): 0 a flat vector (a loop takes
+        elements [a, b)), k the array as k rows (a loop takes columns [a, b) of every row), None
+        absent. What the data program's views are cut by (hcomm.exec.DataProgram)."""
+        return (0, 0, None) if self.carries_data else (None, None, None)
 
     def stage_bytes(self, p: int, length: int, itemsize: int, root: int):
         """(in, out): bytes each rank copies between its user buffers and the CCL buffer before and
         after one loop's schedule (op-base mode, presets that stage).
 
-        What HCCL copies is what its msprof traces of 8 x 910B show (reference/hccl.md §6: the
+        What HCCL copies is what its msprof traces of 8 x 910B show (docs/references.md §4.7: the
         ascend.cl traces, HCCL_BUFFSIZE=2048): peers read the user's data in place wherever the
         schedule allows, so most collectives copy one block, not the whole buffer. Copies the
         traces place between phases (AllReduce's, Reduce's) are charged after the schedule: on
@@ -250,8 +247,8 @@ class AllGather(Collective):
     def busbw_factor(self, p):
         return (p - 1) / p
 
-    def views(self, p, x, out, scratch, a, b):
-        return {"input": x.reshape(-1)[a:b].reshape(1, -1), "output": out.reshape(p, -1)[:, a:b]}
+    def layout(self, p):
+        return (1, p, None)
 
     def stage_bytes(self, p, length, itemsize, root):
         # traced: the input (its own block) copied in; the copy of its own block into its output
@@ -276,9 +273,8 @@ class ReduceScatter(Collective):
     def busbw_factor(self, p):
         return (p - 1) / p
 
-    def views(self, p, x, out, scratch, a, b):
-        return {"input": x.reshape(p, -1)[:, a:b], "output": out.reshape(-1)[a:b].reshape(1, -1),
-                "scratch": scratch[:, a:b]}
+    def layout(self, p):
+        return (p, 1, p)
 
     def stage_bytes(self, p, length, itemsize, root):
         # traced: one block (1/p of the input) copied in and its reduced block copied out
@@ -305,8 +301,8 @@ class AllToAll(Collective):
     def busbw_factor(self, p):
         return (p - 1) / p
 
-    def views(self, p, x, out, scratch, a, b):
-        return {"input": x.reshape(p, -1)[:, a:b], "output": out.reshape(p, -1)[:, a:b], "scratch": scratch[:, a:b]}
+    def layout(self, p):
+        return (p, p, p)
 
     def stage_bytes(self, p, length, itemsize, root):
         # traced: the whole send buffer copied in (3.21 ms of 2 GiB), and its own block into the

@@ -1,10 +1,18 @@
 """The Communicator: what a rank's code calls (all_reduce, all_gather, ..., send, recv, barrier).
 
-A collective call (1) checks its arguments locally, (2) meets the other ranks at a rendezvous
-that compares every rank's call and entry clock (a mismatch is an HcclError on every rank, never
-a hang) and yields the shared plan (algorithm, loops, schedules, simulated exit clocks), then
-(3) moves the data by executing this rank's schedule over the group's zero-copy transport.
-Engines differ only in the group object they hand the communicator (rendezvous + transport).
+A collective call goes through three steps:
+1. it checks its arguments locally;
+2. it meets the other ranks at the group's rendezvous, which compares every rank's call and
+   entry clock (a mismatch is an HcclError on every rank, never a hang) and yields the shared
+   plan (algorithm, loops, programs, simulated exit clocks);
+3. the group's `execute` moves the data, by one of the engine contract's two executors: the
+   central data program (a share of the op's serial data program over every rank's buffers, for
+   ranks that share memory) or the per-rank executor (this rank's own schedule over an hcomm
+   Transport, for ranks that share none). Small ops on engines with an eager size carry their
+   input with the call and need no exchange in step 3.
+The communicator moves no bytes itself: engines differ only in the group they hand it (the engine
+contract, engines/base.py). Point-to-point send/recv use the group's transport directly, priced by
+the same cost model as collectives.
 """
 from __future__ import annotations
 
@@ -69,12 +77,20 @@ class Communicator:
         self._lost = None                    # (rank, ns, label) of a rank this communicator lost
         self._checked = {}                   # a call's arguments -> their checked form (see _call)
         # results smaller than this are plain host arrays, made here (engines/base.py)
-        self._plain_bytes = getattr(group, "plain_result_bytes", 0)
+        self._plain_bytes = group.plain_result_bytes
         self._p2p_sent, self._p2p_received = {}, {}   # sends to each peer, receives from each peer, so far
         self.last_op: OpRecord | None = None
         self.device = device if device is not None else Device(rank, group.topo)
         # HCCL allocates the communicator's CCL buffer, 2 x HCCL_BUFFSIZE (in + out), from HBM.
         self.ccl_buffer = self.device.malloc(2 * self.config.buffsize_bytes, tag="ccl-buffer")
+
+    @property
+    def data_plane(self) -> str | None:
+        """The data plane this communicator's larger ops run on, by its engine's name for it (README,
+        "Engines"): central or threads on local; shm, socket or object on ray; window or p2p on mpi
+        (a sub-communicator: p2p); shm or peer for a torchrun script; peer for a sub-communicator
+        on ray or torchrun (the per-rank executor over the job's transport)."""
+        return getattr(self._group, "data_plane", None)
 
     @property
     def clock(self) -> int:
@@ -203,7 +219,7 @@ class Communicator:
         sig = Signature(name, x.shape, dtype_name(x.dtype), None if redop is None else redop.value, root, algo,
                         inplace)
         if target is not None and not inplace and coll.result(target, self.rank, root) is not None \
-                and getattr(self._group, "writes_in_place", None) is not None and self._group.writes_in_place(target):
+                and self._group.writes_in_place(target):
             # peers can write `out` where it is (a device array in shared memory): no copy out
             return self._collective(sig, x, target, redop, stream, coll.result(target, self.rank, root))
         res = self._empty(out_shape, x.dtype)
@@ -313,7 +329,7 @@ class Communicator:
         data = np.array(msg.data, copy=True)
         before = self._p2p_received.get(src, 0)
         self._p2p_received[src] = before + 1
-        progress = getattr(self._group, "fault_progress", None)
+        progress = self._group.fault_progress
         cost, crc = self.cost, None
         if progress is not None:
             crc = progress.p2p_crc(src, self.rank, before)
@@ -337,7 +353,7 @@ class Communicator:
         """A crash the fault plan puts in this op: the dead rank stops, every other rank fails when
         HCCL would notice (faults.BoundFaults.lost_error), at the same simulated time on every engine.
 
-        An engine whose ranks are processes (its group has `die` and `execute_lost`) makes it real:
+        An engine whose ranks are processes makes it real (the group's `die` and `execute_lost`):
         the dead rank's process moves the data of the steps it runs before it dies and exits (Ray)
         or stops the rank (MPI); the others run the op until their data plane finds the dead peer. In-process ranks move no data:
         the dead one raises RankCrashed (its result is None)."""
@@ -348,17 +364,14 @@ class Communicator:
         group = self._group
         if crash[0] == self.rank:
             self.device.clock = max(self.device.clock, crash[1])
-            if hasattr(group, "die"):
-                group.die(self.rank, seq, plan, buffers, redop, faults.crash_steps(plan, seq, self.topology,
-                                                                                   self.config))
+            group.die(self.rank, seq, plan, buffers, redop, faults.crash_steps(plan, seq, self.topology, self.config))
             raise RankCrashed(self.rank, crash[1], opname)
         at, error = faults.lost_error(crash, plan, self.config, self.rank, opname)
         self.device.clock = max(self.device.clock, at)
-        if hasattr(group, "execute_lost"):
-            try:
-                group.execute_lost(self.rank, seq, plan, buffers, redop, crash[0])
-            except HcclError as exc:        # how this rank found the dead one: the planned error stands
-                raise error from exc
+        try:
+            group.execute_lost(self.rank, seq, plan, buffers, redop, crash[0])
+        except HcclError as exc:            # how this rank found the dead one: the planned error stands
+            raise error from exc
         raise error
 
     # the common path -------------------------------------------------------------------------------
@@ -393,7 +406,7 @@ class Communicator:
         else:
             itemsize = x.dtype.itemsize
             eager = x if x.nbytes <= group.eager_bytes else None
-        progress = getattr(group, "fault_progress", None) if faults is not None else None
+        progress = group.fault_progress if faults is not None else None
         sent = progress.sent_by(self.rank, self._p2p_sent) if progress is not None and progress.pairs else ()
         try:
             plan = group.rendezvous(self.rank, _new(Call, (seq, sig, entry, itemsize, eager, sent)))

@@ -1,6 +1,6 @@
 """HCCL environment variables, parsed and validated once when a communicator is created.
 
-Each variable follows HCCL's documented syntax and range (reference/hccl.md §3); a malformed value
+Each variable follows HCCL's documented syntax and range (docs/references.md §7); a malformed value
 is an HcclError (E_PARA, HCCL's EI0001) naming the variable, the value and the expected form.
 Values come from `env={...}` given to run/Cluster/simulate, falling back to os.environ.
 """
@@ -77,7 +77,7 @@ NOT_MODELLED = (
     "HCCL_MULTI_QP_THRESHOLD", "HCCL_NPU_SOCKET_PORT_RANGE", "HCCL_OP_EXPANSION_MODE", "HCCL_RDMA_QPS_PER_CONNECTION",
     "HCCL_RDMA_SL", "HCCL_RDMA_TC", "HCCL_SOCKET_FAMILY",
     "HCCL_SOCKET_IFNAME", "HCCL_WHITELIST_DISABLE", "HCCL_WHITELIST_FILE")
-"""HCCL variables of the real library (reference/hccl.md) that hccl-sim accepts and ignores."""
+"""HCCL variables of the real library (docs/references.md §7.3) that hccl-sim accepts and ignores."""
 
 
 def check_env(env) -> dict:
@@ -168,7 +168,7 @@ class Config:
                 raise _bad("HCCL_DETERMINISTIC", merged["HCCL_DETERMINISTIC"], "false, true or strict")
             kw["deterministic"] = v
         if "HCCL_RDMA_TIMEOUT" in merged:
-            # A2/A3 [5, 20], 910A [5, 24] (reference §3.2); the device's own range is checked when faults bind
+            # A2/A3 [5, 20], 910A [5, 24] (docs/references.md §7.2); the device's own range is checked when faults bind
             kw["rdma_timeout"] = _int_in("HCCL_RDMA_TIMEOUT", merged["HCCL_RDMA_TIMEOUT"], 5, 24)
         if "HCCL_RDMA_RETRY_CNT" in merged:
             kw["rdma_retry_cnt"] = _int_in("HCCL_RDMA_RETRY_CNT", merged["HCCL_RDMA_RETRY_CNT"], 1, 7)

@@ -1,11 +1,11 @@
 """What a fault plan has done so far on one communicator, which the plan of its next op needs.
 
-Two things carry over from op to op (DESIGN.md "Faults contract"):
+Two things carry over from op to op (docs/design.md, "Faults contract"):
 - transfers counted on every pair a `corrupt` entry names: the entry's nth transfer a -> b is
   counted over the whole job in op order (every transfer of every collective's program, loop by
   loop, and every point-to-point send a -> b), so the plan of an op must know how many came before
   it to find the corrupted one among its own;
-- the dies that switched to their package partner's NIC (A3's backup NIC, reference/hccl.md §8.3):
+- the dies that switched to their package partner's NIC (A3's backup NIC, docs/references.md §10.5):
   once per NPU, no switch back, so every later op runs on the borrowed routes.
 
 Every rank plans every op identically (the Ray engine, each rank with its own PlanCache), or the

@@ -1,4 +1,4 @@
-"""Fault plans: what goes wrong, where and when, as a user writes it (DESIGN.md "Faults contract").
+"""Fault plans: what goes wrong, where and when, as a user writes it (docs/design.md, "Faults contract").
 
 A FaultPlan is data: timed link and NIC changes, corrupted transfers, crashing and straggling
 ranks, each entry checked when it is added (or loaded) and again against the topology it is run
@@ -130,7 +130,7 @@ MODELLED = LINK_KINDS + ("straggler", "rank_crash", "corrupt")
 """Kinds a run prices today; a plan holding another kind is refused (E_NOT_SUPPORT) when run."""
 HEARTBEAT_LOST_S = 30
 """A rank that stops answering is LOST after 30 s without heartbeat (HCCL_LOST_THRESHOLD,
-heartbeat.h; reference/hccl.md §8.2)."""
+heartbeat.h; docs/references.md §10.3)."""
 
 
 class RankCrashed(BaseException):

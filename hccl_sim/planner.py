@@ -107,6 +107,12 @@ class OpPlan:
         """Rank `rank`'s exit clock, ns."""
         return self.exits[rank]
 
+    @functools.cached_property
+    def data(self):
+        """The op's DataProgram (hcomm.exec): what every byte mover runs, lowered once."""
+        from .lowering import lower
+        return lower(self)
+
     def loop_programs(self):
         """((start, stop), program) of every loop, in order: what the data engines execute. A loop
         the double ring halves is its two halves' programs (columns apart, so in any order)."""
@@ -118,6 +124,52 @@ class OpPlan:
             else:
                 for lo, hi, program in split:
                     yield (a + lo, a + hi), program
+
+
+class ShiftedPlan:
+    """A cached plan moved by `base` ns: what the plan of the shifted call is (timing is
+    shift-invariant, and only plans no link fault or corrupted transfer meets are cached), without
+    copying it. It reads as an OpPlan: entry, exit and every try's clocks are shifted when read;
+    the data it moves is its plan's."""
+    __slots__ = ("plan", "base", "signature", "choice", "loops", "programs", "nbytes", "events", "retries",
+                 "transfers", "backup", "notes", "corrupt", "parts")
+
+    def __init__(self, plan: OpPlan, base: int):
+        self.plan, self.base = plan, base
+        self.signature, self.choice, self.loops, self.programs = plan.signature, plan.choice, plan.loops, plan.programs
+        self.nbytes, self.events, self.retries, self.parts = plan.nbytes, plan.events, plan.retries, plan.parts
+        self.transfers, self.backup, self.notes, self.corrupt = plan.transfers, plan.backup, plan.notes, plan.corrupt
+
+    @property
+    def entry(self):
+        return [self.base + t for t in self.plan.entry]
+
+    @property
+    def exits(self):
+        return [self.base + t for t in self.plan.exits]
+
+    @property
+    def tries(self):
+        tries = self.plan.tries
+        return None if tries is None else [([self.base + t for t in at], dies) for at, dies in tries]
+
+    def exit_of(self, rank: int) -> int:
+        return self.base + self.plan.exits[rank]
+
+    @property
+    def algo(self) -> str:
+        return self.plan.algo
+
+    @property
+    def collective(self):
+        return self.plan.collective
+
+    @property
+    def data(self):
+        return self.plan.data
+
+    def loop_programs(self):
+        return self.plan.loop_programs()
 
 
 def op_loops(sig: Signature, p: int, itemsize: int, config) -> colls.Loops:
@@ -329,13 +381,17 @@ def _step_marks(plan, topo, config) -> list:
     """Every try's (step start clocks of every rank, exits or None, error CQE time or None), from
     the replay; kept on the plan, which every rank of an in-process engine shares, so that the op
     is replayed once and not once per rank."""
-    memo = getattr(plan, "__dict__", None)            # a ShiftedPlan has no room for it: replayed each time
+    if isinstance(plan, ShiftedPlan):       # its plan's marks, shifted (timing is shift-invariant)
+        b = plan.base
+        return [([[t + b for t in mine] for mine in marks], None if exits is None else [t + b for t in exits],
+                 None if failed is None else failed + b) for marks, exits, failed in _step_marks(plan.plan, topo, config)]
+    memo = plan.__dict__
     with _STEP_MARKS_LOCK:
-        if memo is not None and "_step_marks" in memo:
+        if "_step_marks" in memo:
             return memo["_step_marks"]
         tries = []
-        remaining = dict(getattr(plan, "corrupt", None) or {})
-        for at, backup in getattr(plan, "tries", None) or [(plan.entry, plan.backup)]:
+        remaining = dict(plan.corrupt or {})
+        for at, backup in plan.tries or [(plan.entry, plan.backup)]:
             cost = effective_cost(topo, config, backup)
             marks = [[] for _ in range(cost.num_ranks)]
             try:
@@ -345,8 +401,7 @@ def _step_marks(plan, topo, config) -> list:
                 continue
             tries.append((marks, exits, None))
             break
-        if memo is not None:
-            memo["_step_marks"] = tries
+        memo["_step_marks"] = tries
         return tries
 
 

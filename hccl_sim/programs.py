@@ -1,6 +1,6 @@
 """The program of one loop of a collective call: from what selection chose (a Choice) to the
 steps every rank runs, built by hccl_sim.algorithms and cached in the cost model, which owns every
-cache; and the per-rank and serial views of a program that engines execute (cached on it).
+cache.
 
 Hardware topologies run HCCL's hierarchy (algorithms.hierarchy; on an A3 SuperPoD,
 algorithms.superpod, whose double ring gives a loop two halves that run side by side: the timing
@@ -13,6 +13,7 @@ import numpy as np
 
 from hcomm import program as prog
 from hcomm.cost import as_cost
+from hcomm.exec import LoopBody
 
 from . import algorithms
 from . import collectives as colls
@@ -129,41 +130,5 @@ def loop_parts(cost, name, choice, length, itemsize, root) -> tuple:
 
 
 def program_rank_steps(program, p) -> list:
-    """Each rank's step list of a program (cached on the program's first step)."""
-    if not program:
-        return [()] * p
-    holder = program[0].cache
-    got = holder.get("rank_steps")
-    if got is None:
-        got = holder["rank_steps"] = prog.rank_steps(program, p)
-    return got
-
-
-def program_moves(program, stop: int | None = None) -> tuple:
-    """(serial data moves, whether index-aligned) of a program (cached), or of its first `stop`
-    global steps (not cached: what a rank dying mid-op has done). Moves of empty slices (a tiny
-    op's empty chunks) are dropped: they move nothing, and each costs a numpy call."""
-    if not program:
-        return [], True
-    if stop is not None:
-        moves = [m for m in prog.data_moves(program[:stop]) if m[6] < m[7]]
-        return moves, prog.index_aligned(moves)
-    holder = program[0].cache
-    got = holder.get("moves")
-    if got is None:
-        moves = [m for m in prog.data_moves(program) if m[6] < m[7]]
-        got = holder["moves"] = (moves, prog.index_aligned(moves))
-    return got
-
-
-def program_moves_for(program, rank: int) -> list:
-    """The moves deciding `rank`'s output in a program (cached): for a rank that has every rank's
-    input and needs only its own result (the Ray engine's eager small ops)."""
-    if not program:
-        return []
-    holder = program[0].cache
-    key = ("moves_for", rank)
-    got = holder.get(key)
-    if got is None:
-        got = holder[key] = prog.moves_for(program_moves(program)[0], rank, prog.BUFFERS.index("output"))
-    return got
+    """Each rank's step list of a program (kept with the program's lowering, hcomm.exec.LoopBody)."""
+    return LoopBody.of(program).rank_steps(p)

@@ -1,5 +1,5 @@
-"""HCCL's op retry (re-execution) and its error reports, on simulated time (reference/hccl.md §8.3,
-§8.2; DESIGN.md "Faults contract").
+"""HCCL's op retry (re-execution) and its error reports, on simulated time (docs/references.md §10.4,
+§10.3, §10.6; docs/design.md, "Faults contract").
 
 When a transfer's retransmissions run out (an error CQE, hcomm.faults.LinkFailure) the op fails at
 that instant on every rank. With HCCL_OP_RETRY_ENABLE on for the failed link's level (L0 inside a
@@ -13,7 +13,7 @@ CQE is E_REMOTE. Messages follow HCCL's `Cluster Exception Location` shape: the 
 algorithm, the step, the simulated time. HCCL offers op retry only on A3; elsewhere hccl-sim runs
 it too and logs that real HCCL would not.
 
-Backup NIC (借轨, §8.3): on A3, when an L2 (inter-superpod) retry meets a die's RoCE NIC that is
+Backup NIC (借轨, docs/references.md §10.5): on A3, when an L2 (inter-superpod) retry meets a die's RoCE NIC that is
 down for good, the retry switches that die to its package partner's NIC (`backup_device_ip`):
 both ends of its connections switch (it sends from the partner's NIC, its peers send to it
 there), once per NPU, no switch back, the two dies sharing the NIC at half bandwidth

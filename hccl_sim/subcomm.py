@@ -8,7 +8,7 @@ AllGather on the parent, priced like any other op.
 
 shrink(exclude): only the survivors call it, after a failure; the new communicator holds every
 rank of the parent but those excluded and those this communicator lost (a crashed rank), renumbered
-in rank order, as ncclCommShrink does (reference/runtimes-and-style.md §1.7).
+in rank order, as ncclCommShrink does (docs/references.md §8.3).
 
 Either way the new communicator starts with its init: its members agree on who they are (an
 AllGather of each member's view of the member list, priced on the new communicator: the cost of

@@ -1,6 +1,6 @@
 """Reduction operations and data types: HCCL's names, nccl-tests' names, and numpy's.
 
-HcclReduceOp is SUM, PROD, MAX, MIN (no AVG; reference/hccl.md §5.3). Data types follow
+HcclReduceOp is SUM, PROD, MAX, MIN (no AVG; docs/references.md §9.3). Data types follow
 HcclDataType; bfloat16 comes from ml_dtypes, imported only when a bfloat16 is asked for by name
 (importing it costs ~0.7 s, paid by every spawned rank process otherwise).
 """

@@ -1,15 +1,27 @@
-"""hcomm: the transport layer of hccl-sim.
+"""hcomm: the layer of hccl-sim that moves bytes and prices them.
 
-Links, routes and ports (from `topologies`), the timing model that prices a set of per-rank step
-lists on a topology (`timing.replay`), registered memory and tagged, deadline-bounded point-to-point
-channels (`transports`: the protocol; in-process, socket and Ray object-store transports), and the
-executor that runs one rank's steps on real buffers over any of them (`executor`). Nothing here knows what an AllReduce is.
+- Schedules: the step vocabulary (`steps`) and programs, every rank's steps at once as arrays per
+  global step (`program`).
+- Pricing: the CostModel, one per (topology content, link state), which owns every cache built
+  from prices (`cost`); link state in time and retransmission (`faults`); the event-driven
+  reference replay (`timing.replay`) and the vectorised engine (`vtiming`, `vcontention`).
+- Moving bytes: the Transport protocol and its implementations, tagged and deadline-bounded, one
+  module each (`transports`: in-process, socket, Ray object store, MPI; the peer endpoint they
+  share; a sub-communicator's scoped view); every byte mover, over a DataProgram (`exec`: the
+  central share of a whole op's serial data program, the per-rank executor that runs one rank's
+  steps over any transport, the small-op result path).
+- Memory and control: shared-memory segments (`shm`), MPI-3 shared-memory windows
+  (`mpi_window`), and the control planes, the allgather every rendezvous is (`control`: shared
+  memory, MPI, over a peer transport); the MPI transport is a folder (`transports/mpi`: endpoint,
+  hub, rounds).
+
+Nothing here knows what an AllReduce is, or which engine placed the ranks.
 """
 from topologies.errors import HcclError
 from .steps import Copy, Recv, Send, Slice, Stage, Step
 from .timing import replay
 from .transports import InProcessTransport, Message, Transport
-from .executor import execute
+from .exec import run_schedule as execute
 
 __all__ = ["HcclError", "Copy", "Recv", "Send", "Slice", "Stage", "Step", "replay",
            "InProcessTransport", "Message", "Transport", "execute"]

@@ -5,7 +5,7 @@ one link state is apart from those of another (hcomm.cost). A change is (edges, 
 label): the edges (node pairs of the topology's graph, as route hops name them) are down
 (factor 0) or run at `factor` times their bandwidth during [start, end) ns (end None: for good).
 
-Retransmission (reference/hccl.md §3.2, §8.1; DESIGN.md "Faults contract"): an attempt that finds
+Retransmission (docs/references.md §10.1; docs/design.md, "Faults contract"): an attempt that finds
 a link of its route down, or sees one go down before its last byte is on the wire, is retried
 after `interval` ns (4.096 us x 2^HCCL_RDMA_TIMEOUT) up to `retries` times (HCCL_RDMA_RETRY_CNT);
 past that the transfer ends in an error CQE. A slowed route carries the attempt at the rate in

@@ -1,8 +1,8 @@
 """MPI-3 shared-memory windows among the processes of one node (`MPI.Win.Allocate_shared` on
 `comm.Split_type(MPI.COMM_TYPE_SHARED)`): an arena of windows, a region per process in each,
 every process's regions mapped in every process, so ranks of one node can read and write each
-other's buffers in place (the MPI engine's "window" data plane runs the central data program on
-them, and hands out results that live there).
+other's buffers in place (a data plane over them can run the central data program on every
+rank's buffers, and hand out results that live there).
 
 A process allocates from its own regions without talking to anyone (`alloc`: a bump pointer per
 window, never freed one by one: callers keep what they allocate and reuse it). When nothing
@@ -15,9 +15,9 @@ nothing is left in /dev/shm.
 
 Apart from the arena, one more window holds the ranks' simulated HBM (`reserve_hbm`, collective,
 once at job start): a region per process as large as its ranks' HBM regions together (the
-caller sizes them: hccl_sim.engines.mpi_window.hbm_share). `MPI_Win_allocate_shared` maps it without committing a page
-(tmpfs pages come into being when first written), so the reservation is only address space; a
-device array's bytes then lie at their own HBM address in it, where peers read them in place.
+caller sizes them). `MPI_Win_allocate_shared` maps it without committing a page (tmpfs pages
+come into being when first written), so the reservation is only address space; a device array's
+bytes then lie at their own HBM address in it, where peers read them in place.
 `alloc` never hands out its bytes; `locate` finds arrays in it as in the arena (window `HBM`).
 A process alone on its node maps a memfd instead (MPICH would back its window with private
 memory, which the kernel refuses to reserve past RAM + swap).

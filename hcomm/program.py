@@ -8,9 +8,11 @@ completed. Because both ends of every transfer sit in the same global step, sche
 aligned by construction: no deadlock is possible, and a step of all ranks can be priced with a
 few array operations (hcomm.vtiming).
 
-From one program come: each rank's step list (`rank_steps`, for engines whose ranks run apart and
-for the reference event-driven replay), the serial data program of the local engine (`execute`),
-and the symbolic checks of the tests (`execute` on symbolic buffers + `hazards`).
+From one program come: each rank's step list (`rank_steps`, for ranks that run their own
+schedule, and for the reference event-driven replay), the serial data program of the whole op
+(`data_moves`, run by `execute` over every rank's buffers, whole or a share of it at a time, where
+whoever runs it can address every rank's memory), and the symbolic checks of the tests (`execute`
+on symbolic buffers + `hazards`).
 """
 from __future__ import annotations
 

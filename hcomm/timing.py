@@ -1,6 +1,6 @@
 """The timing model's reference implementation: replay every rank's step list as discrete events.
 
-Rules (DESIGN.md "Simulated time"):
+Rules (docs/design.md, "Simulated time and the cost model"):
 - A rank posts step i when step i-1 has completed; at post its local ops (Copy, Stage) queue on
   the rank's device engine, and its Sends and Recvs wait for their partners.
 - A transfer is ready when both sides have posted it (plus one notify for the receiver's

@@ -1,4 +1,4 @@
-"""A3's backup NIC (reference/hccl.md §8.3): an L2 op retry that meets a die's NIC down for good
+"""A3's backup NIC (docs/references.md §10.5): an L2 op retry that meets a die's NIC down for good
 borrows its package partner's NIC (both directions, over SIO, half bandwidth for both dies), once
 per NPU; elsewhere the error stands and says why. The borrowed routes priced alike by the
 vectorised and the event-driven timing engines."""

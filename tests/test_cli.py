@@ -25,7 +25,7 @@ def rows_of(out):
 def test_default_bench_table(capsys):
     code, out, err = bench(capsys, "-e", "1M", "-n", "2")
     assert code == 0 and err == ""
-    assert "allreduce on atlas800t-a2 (1 server, 8 ranks, 910B)" in out
+    assert "allreduce on atlas800t-a2 (1 server, 8 ranks, 910B), engine local, data plane central\n" in out
     header = [l for l in out.splitlines() if "count" in l and "type" in l][0].split()
     assert header[1:] == ["size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "wall", "algo"]
     rows = rows_of(out)
@@ -55,6 +55,8 @@ def test_busbw_factors(capsys, op, engine, tmp_path):
         assert row["root"] == (0 if op in ("broadcast", "reduce") else -1)
     table = rows_of(out)
     assert len(table) == len(data["rows"]) == 4
+    assert data.get("data_plane") == ("central" if engine == "local" else None)
+    assert ("data plane" in out.splitlines()[0]) == (engine == "local")      # timing moves no data
 
 
 @pytest.mark.parametrize("op", list(FACTORS))

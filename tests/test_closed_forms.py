@@ -1,5 +1,5 @@
 """On the synthetic fullmesh preset each algorithm's simulated time equals HCCL's alpha-beta-gamma
-closed form (reference/hccl.md §2.2), for powers of two and not.
+closed form (docs/references.md §6.2), for powers of two and not.
 
 alpha = 1 us link latency, beta = 1 ns/B (1 GB/s), gamma = 0.5 ns/B (2 GB/s reduce); sizes are
 chosen so every chunk divides evenly and the formulas are exact in integer nanoseconds.

@@ -98,8 +98,8 @@ def test_larger_than_communicator_buffer(p, algo):
     assert len(big.loops) == 3
 
 
-@pytest.mark.parametrize("dataplane", ["central", "threads"])
-def test_data_planes_agree(dataplane):
+@pytest.mark.parametrize("data_plane", ["central", "threads"])
+def test_data_planes_agree(data_plane):
     """The threaded data plane executes each rank's schedule over the zero-copy transport (the
     per-rank executor every engine whose ranks share no memory uses): every algorithm, flat and
     on HCCL's hierarchy, including schedules whose steps copy and reduce into one slice."""
@@ -107,13 +107,13 @@ def test_data_planes_agree(dataplane):
         topo = hccl_sim.topology("fullmesh", ranks=p)
         for algo in (None, "ring", "H-D_R", "NHR", "NB", "fullmesh"):
             results = run_local(all_collectives, topo, Config(), args=(3 * p + 2, np.int64, "max", algo, p // 2),
-                                dataplane=dataplane)
+                                data_plane=data_plane)
             check(results, p, 3 * p + 2, np.int64, "max", p // 2)
     for name, kw in (("atlas800t-a2", {}), ("atlas800t-a2", {"servers": 2}), ("atlas800-910a", {"servers": 2})):
         topo = hccl_sim.topology(name, **kw)
         for count in (5, 67):
             results = run_local(all_collectives, topo, Config(), args=(count, np.int32, "min", None, 3),
-                                dataplane=dataplane)
+                                data_plane=data_plane)
             check(results, topo.num_ranks, count, np.int32, "min", 3)
 
 
@@ -203,9 +203,8 @@ def test_own_result_slices_equal_the_whole_program(name, kw):
     bit also on floats (same operations, same order), both on numpy scalars (tiny moves) and by
     ufunc calls (longer ones)."""
     from hccl_sim import collectives, planner
-    from hccl_sim.engines import executors
+    from hcomm.exec import OwnResult, own_result, run_share, with_scratch
     from hccl_sim.engines.base import RankBuffers
-    from hccl_sim.types import parse_reduce_op
     topo = hccl_sim.topology(name, **kw)
     p = topo.num_ranks
     rng = np.random.default_rng(p)
@@ -219,18 +218,17 @@ def test_own_result_slices_equal_the_whole_program(name, kw):
                 sig = planner.Signature(cname, (count,), dtype, op if coll.reducing else None,
                                         p - 1 if coll.rooted else None, algo)
                 plan = planner.make_plan(sig, topo, Config(), [0] * p, np.dtype(dtype).itemsize)
-                redop = parse_reduce_op(op) if coll.reducing else None
                 if dtype == "int64":
                     xs = [rng.integers(-50, 50, count) for _ in range(p)]
                 else:
                     xs = [(rng.standard_normal(count) * 1e3).astype(dtype) for _ in range(p)]
-                full = [executors.with_scratch(plan, RankBuffers(x, np.zeros(coll.output_shape(x.shape, p), dtype),
-                                                                 None), p) for x in xs]
-                executors.central_share(plan, full, redop)
+                full = [with_scratch(plan.data, RankBuffers(x, np.zeros(coll.output_shape(x.shape, p), dtype), None))
+                        for x in xs]
+                run_share(plan.data, full)
                 for r in range(p):
                     if coll.result(full[r].output, r, sig.root) is None:
                         continue
-                    compiled = executors.OwnResult(plan, r, p, xs[0].shape, dtype, redop)
+                    compiled = OwnResult(plan.data, r, xs[0].shape, coll.output_shape(xs[0].shape, p), dtype)
                     scalar_paths += compiled.scalar is not None
                     for _ in range(2):          # compiled once, run again on the same buffers
                         mine = np.full(coll.output_shape(xs[0].shape, p), -99, dtype=dtype)
@@ -238,7 +236,7 @@ def test_own_result_slices_equal_the_whole_program(name, kw):
                         assert np.array_equal(mine.view(np.uint8), full[r].output.view(np.uint8)), \
                             (cname, algo, dtype, op, per, r, plan.algo)
                     mine = np.full(coll.output_shape(xs[0].shape, p), -99, dtype=dtype)
-                    executors.own_result(plan, np.stack(xs), mine, redop, r)
+                    own_result(plan.data, np.stack(xs), mine, r)
                     assert np.array_equal(mine, full[r].output), (cname, algo, r, plan.algo)
     assert scalar_paths > 0
 

@@ -248,7 +248,7 @@ def test_transport_and_control_plane_waits_say_who():
     with pytest.raises(HcclError) as e:
         state.check(0, "all_reduce")
     assert e.value.cause == Cause.ABORTED and str(e.value).endswith("aborted: rank 1 failed: x")
-    from hccl_sim.engines.mpi_control import FAILED, LEFT, LOST, MpiControl
+    from hcomm.control.mpi import FAILED, LEFT, LOST, MpiControl
     for kind, cause in ((LEFT, Cause.PEER_RETURNED), (FAILED, Cause.PEER_FAILED), (LOST, Cause.PEER_LOST)):
         with pytest.raises(HcclError) as e:
             MpiControl._decide([(0, b""), (kind, b"why")], 4, 0, "all_reduce")

@@ -10,7 +10,7 @@ from hccl_sim.env import Config
 pytestmark = pytest.mark.timeout(60)
 
 
-def run_collect(fn, p=4, dataplane="central"):
+def run_collect(fn, p=4, data_plane="central"):
     """Run fn on every rank and return every rank's exception (or None)."""
     errors = [None] * p
 
@@ -21,7 +21,7 @@ def run_collect(fn, p=4, dataplane="central"):
             errors[comm.rank] = exc
             raise
     with pytest.raises(HcclError) as info:
-        run_local(wrapper, hccl_sim.topology("fullmesh", ranks=p), Config(), dataplane=dataplane)
+        run_local(wrapper, hccl_sim.topology("fullmesh", ranks=p), Config(), data_plane=data_plane)
     return info.value, errors
 
 
@@ -36,9 +36,9 @@ MISMATCHES = {
 
 
 @pytest.mark.parametrize("what", MISMATCHES)
-@pytest.mark.parametrize("dataplane", ["central", "threads"])
-def test_mismatched_calls_fail_on_every_rank(what, dataplane):
-    first, errors = run_collect(MISMATCHES[what], dataplane=dataplane)
+@pytest.mark.parametrize("data_plane", ["central", "threads"])
+def test_mismatched_calls_fail_on_every_rank(what, data_plane):
+    first, errors = run_collect(MISMATCHES[what], data_plane=data_plane)
     assert first.code == "E_PARA"
     for rank, exc in enumerate(errors):
         assert exc is not None and exc.code == "E_PARA" and exc.rank == rank

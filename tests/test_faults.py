@@ -277,12 +277,11 @@ def test_what_a_crashing_rank_does_before_it_dies():
     same on both data paths: every rank's own schedule cut after k steps (per-rank executor, the
     cross-host planes) and the data program's global steps before step k (the shared-memory plane)."""
     import threading
-    from hccl_sim.engines import executors
+    from hcomm.exec import run_rank, run_share, with_scratch
     from hccl_sim.engines.base import RankBuffers
     from hccl_sim.env import Config
     from hccl_sim.faults import with_faults
     from hccl_sim.planner import Signature, make_plan, step_starts
-    from hccl_sim.types import ReduceOp
     from hcomm.transports import InProcessTransport
     topo = hccl_sim.topology("fullmesh", ranks=4)
     sig = Signature("allreduce", (64,), "int64", "sum", None, "ring")
@@ -304,15 +303,15 @@ def test_what_a_crashing_rank_does_before_it_dies():
     for k in (0, 1, 3, 6):
         transport = InProcessTransport(4, 30)
         own = [np.zeros(64, np.int64) for _ in range(4)]
-        ranks = [threading.Thread(target=executors.per_rank, args=(r, plan, RankBuffers(inputs[r], own[r], None),
-                                                                    ReduceOp.SUM, transport, 4, k)) for r in range(4)]
+        ranks = [threading.Thread(target=run_rank, args=(plan.data, r, RankBuffers(inputs[r], own[r], None),
+                                                         transport, k)) for r in range(4)]
         for t in ranks:
             t.start()
         for t in ranks:
             t.join(30)
         central = [np.zeros(64, np.int64) for _ in range(4)]
-        executors.central_share(plan, [executors.with_scratch(plan, RankBuffers(inputs[r], central[r], None), 4)
-                                       for r in range(4)], ReduceOp.SUM, until=(2, k))
+        run_share(plan.data, [with_scratch(plan.data, RankBuffers(inputs[r], central[r], None)) for r in range(4)],
+                  until=(2, k))
         assert all(np.array_equal(a, b) for a, b in zip(own, central)), k
         assert any(out.any() for out in own) == (k > 0)
     assert all(np.array_equal(out, sum(inputs)) for out in own)     # all 6 steps: the whole AllReduce

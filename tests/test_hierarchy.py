@@ -122,7 +122,7 @@ def test_explicit_choice_is_never_replaced_silently(caplog):
 
 def test_star_added_through_the_registry():
     """Star (one-step rooted ops) came in as one module plus one registry line: it runs flat and as
-    level1, gives exact results, and costs a + n b on a full mesh (reference §2.2)."""
+    level1, gives exact results, and costs a + n b on a full mesh (docs/references.md §6.2)."""
     from hccl_sim.algorithms import registry
     assert registry.supporting("broadcast", "level1") == ["H-D_R", "NHR", "star"]
     topo = hccl_sim.topology("fullmesh", ranks=6, bandwidth=10e9, latency=4e-6)

@@ -73,6 +73,46 @@ def test_four_processes_point_to_point_plane():
     assert oks(lines) == [0, 1, 2, 3]
 
 
+def test_one_node_defaults_to_the_window_plane_and_p2p_is_forced():
+    """No data_plane: every process on this node, so run() and init() run on "window" on every
+    rank (comm.data_plane); data_plane="p2p" forces point to point (mpi_scripts/planes.py)."""
+    lines, _ = mpiexec(2, SCRIPTS / "planes.py", 1)
+    assert oks(lines) == [0, 1]
+    lines, _ = mpiexec(2, SCRIPTS / "planes.py", 2)
+    assert oks(lines) == [0, 1]
+
+
+class _Comm:
+    """A stand-in for an MPI communicator: `size` processes, `node` of them on this one's node."""
+
+    def __init__(self, size, node):
+        self.size, self.node, self.freed = size, node, 0
+
+    def Get_size(self):
+        return self.size
+
+    def Split_type(self, kind):
+        return _Node(self)
+
+
+class _Node:
+    def __init__(self, comm):
+        self.comm = comm
+
+    def Get_size(self):
+        return self.comm.node
+
+    def Free(self):
+        self.comm.freed += 1
+
+
+@pytest.mark.parametrize("size, node, want", [(4, 4, "window"), (4, 2, "p2p"), (2, 1, "p2p"), (1, 1, "window")])
+def test_default_plane_is_window_only_when_the_whole_job_shares_a_node(size, node, want):
+    from hccl_sim.engines.mpi import default_plane
+    comm = _Comm(size, node)
+    assert default_plane(comm) == want and comm.freed == 1
+
+
 def test_mismatch_raising_rank_early_return_and_rank_crash_on_every_process():
     """crash: a fault plan's rank_crash (on entry, mid-op on both planes, in an eager op) gives what
     the local engine gives, each survivor woken by the dead rank's loss (failures.crashes)."""
@@ -117,8 +157,12 @@ def test_bench_hccl_test_format_prints_once_with_hccl_test_columns():
 
 def test_bench_nccl_table_on_mpi_and_refused_hccl_test_flags():
     lines, _ = mpiexec(2, "-m", "hccl_sim", "bench", "--engine", "mpi", "--topology", "fullmesh", "-b", "1K",
-                       "-e", "4K", "-n", "1", "-w", "0")
+                       "-e", "256K", "-f", "16", "-n", "1", "-w", "0")
     assert sum(line.startswith("# Out of bounds values : 0 OK") for line in lines) == 1
+    assert lines[0].endswith("engine mpi, data plane window"), lines[0]     # one node: the shared windows
+    lines, _ = mpiexec(2, "-m", "hccl_sim", "bench", "--engine", "mpi", "--topology", "fullmesh", "-b", "256K",
+                       "-e", "256K", "-n", "1", "-w", "0", "--data-plane", "p2p")
+    assert lines[0].endswith("engine mpi, data plane p2p") and "# Out of bounds values : 0 OK" in lines, lines
     # refusals need no job: one process (an MPI singleton)
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     for argv, words in ((["--format", "hccl_test", "-z", "1"], "zero-copy"),

@@ -1,4 +1,4 @@
-"""The shared-memory control plane (hcomm.shm_control) across processes that share nothing but names.
+"""The shared-memory control plane (hcomm.control.shm) across processes that share nothing but names.
 
 Ranks are 'spawn' processes (not forked: they know the session string only, as Ray actors do).
 """
@@ -11,7 +11,7 @@ import time
 import pytest
 
 from hcomm import shm
-from hcomm.shm_control import ControlBlock, segment_name
+from hcomm.control.shm import ControlBlock, segment_name
 from topologies.errors import HcclError
 
 CTX = mp.get_context("spawn")

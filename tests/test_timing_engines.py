@@ -51,7 +51,7 @@ def test_times_deterministic_across_runs_and_data_planes():
         comm.all_gather(np.ones(100, np.int8))
         comm.broadcast(np.ones(10), root=3)
         return comm.clock
-    runs = [run_local(fn, topo, Config(), dataplane=d) for d in ("central", "threads", "central")]
+    runs = [run_local(fn, topo, Config(), data_plane=d) for d in ("central", "threads", "central")]
     assert runs[0] == runs[1] == runs[2]
 
 

@@ -11,7 +11,7 @@ import pytest
 import ray
 from ray.exceptions import RayTaskError
 
-from hcomm.executor import execute
+from hcomm.exec import run_schedule as execute
 from hcomm.steps import Recv, Send, Slice
 from hcomm.transports import InProcessTransport, Transport
 from hcomm.transports.ray_object import RayObjectTransport, ScheduleRunner

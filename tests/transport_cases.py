@@ -6,7 +6,7 @@ import multiprocessing as mp
 import numpy as np
 
 from hccl_sim.algorithms import flat_program
-from hcomm.executor import execute
+from hcomm.exec import run_schedule as execute
 from hcomm.program import rank_steps
 from hcomm.transports.socket import SocketTransport
 

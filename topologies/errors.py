@@ -3,7 +3,7 @@
 It lives in the lowest layer (topologies) so that every layer above can raise it without
 depending upward: a malformed rank table (topologies), a transport deadline (hcomm) and a
 mismatched collective (hccl_sim) all surface as the same exception type.
-Codes and numbers are HCCL's `HcclResult` (hccl_types.h; reference/hccl.md §5.3).
+Codes and numbers are HCCL's `HcclResult` (hccl_types.h; docs/references.md §9.1).
 
 Besides its code and message, an error carries what happened as data, for the code that reacts
 to it (engines, op retry, the chaos checker) to decide from fields, never from message text:

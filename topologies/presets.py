@@ -3,7 +3,7 @@ this module, and the synthetic `fullmesh` and `ring` presets used to check close
 
 Each YAML file cites where every number comes from. A hardware cluster is `servers` copies of the
 server layout joined by one RoCE port per NPU into a single non-blocking switch fabric, HCCL's
-same-subnet NIC plan on 910B (reference/hccl.md §7).
+same-subnet NIC plan on 910B (docs/references.md §3.2).
 """
 from __future__ import annotations
 
@@ -274,7 +274,7 @@ _BACKUP_VARIANTS = weakref.WeakKeyDictionary()
 def with_backup_nics(topo: Topology, dies) -> Topology:
     """An A3 topology in which every die of `dies` uses its package partner's NIC (HCCL's backup
     NIC, `backup_device_ip`, switched to by an L2 op retry when the die's own NIC is down for good;
-    reference/hccl.md §8.3): its RoCE routes cross SIO to the partner and leave by the partner's
+    docs/references.md §10.5): its RoCE routes cross SIO to the partner and leave by the partner's
     NIC, and the two dies share that NIC at half bandwidth each (routers.NIC_SHARE). `dies` are
     ranks of the cluster (a sub-communicator's subset: of the cluster it is part of, whose route
     hops it keeps). One variant per (topology, dies); no dies: the topology itself."""

@@ -1,7 +1,7 @@
 """HCCL rank-table JSON import and export: version "1.0" (the A2 / 910A template) and "1.2" (the
 A3 superpod template: `super_pod_list` and each device's `super_device_id`).
 
-Validation follows HCCL's rules (reference/hccl.md §4.1): every value is a JSON string; `status`
+Validation follows HCCL's rules (docs/references.md §8.1, §8.2): every value is a JSON string; `status`
 must be "completed"; `server_count` equals the number of servers; `server_id` is unique and at
 most 64 characters; `device_id` is a physical id in [0, npus_per_server) unique in its server;
 `device_ip` is a dotted IPv4 address, required when there is more than one server; `rank_id`s are

@@ -21,7 +21,7 @@ from .model import seconds_to_ns
 HCCS, PCIE, ROCE, RIGHT, LEFT, SIO, UB = 0, 1, 2, 3, 4, 5, 6
 NIC_SHARE = 0.5
 """The share of a NIC each die of a 910C package gets once one of them borrows it: HCCL's backup
-NIC "halves bandwidth" (reference/hccl.md §8.3). A static even split: each die keeps its own RoCE
+NIC "halves bandwidth" (docs/references.md §10.5). A static even split: each die keeps its own RoCE
 port (queue), at half the NIC's bandwidth."""
 PORTS = 64                   # port codes per rank
 PER_LINK = 16                # per-link HCCS port codes: PER_LINK + peer device index (< PORTS - PER_LINK)

@@ -1,9 +1,9 @@
 """The topology a sub-communicator prices on: some ranks of a cluster, renumbered, in place.
 
 A communicator made by `comm.split` or `comm.shrink` holds members of a bigger cluster. Its ops
-must be priced on the members' real positions (DESIGN.md "API": "its ops are priced on the
+must be priced on the members' real positions (docs/design.md, "Public API contract": "its ops are priced on the
 members' real places in the topology"), as HCCL builds a sub-communicator's levels from where
-its ranks are (HcclCreateSubCommConfig; reference/hccl.md §4): so the subset keeps every member's
+its ranks are (HcclCreateSubCommConfig; docs/references.md §8.3): so the subset keeps every member's
 server, device id and superpod, numbers servers (and superpods) in order of first appearance,
 and routes every pair over the parent's own route. Route hops keep the parent's node names, so
 a fault plan bound to the cluster (edges of its routes) applies to the sub-communicator's

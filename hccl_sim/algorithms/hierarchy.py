@@ -1,4 +1,4 @@
-"""HCCL's two-level decomposition (reference/hccl.md §2.3, "algo_intro.md"): level0 inside each
+"""HCCL's two-level decomposition (docs/references.md §6.4; HCCL's "algo_intro.md"): level0 inside each
 server, level1 among the same-index cards of all servers.
 
 | op            | phase 1                 | phase 2                         | phase 3           |

@@ -1,4 +1,4 @@
-"""Seeded fault campaigns: `hccl-sim chaos -n 500 --seed 7` (DESIGN.md "Faults contract").
+"""Seeded fault campaigns: `hccl-sim chaos -n 500 --seed 7` (docs/design.md, "Faults contract").
 
 scenarios.py  what a scenario is (Call, Scenario) and how scenarios are drawn (generate, scenario)
 check.py      what every rank runs (rank_program) and what the outcome is (classify)

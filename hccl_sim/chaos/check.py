@@ -3,18 +3,19 @@
 Every rank runs `rank_program`: the scenario's call, repeated, each outcome kept as data (an
 HcclError is caught and recorded, so every rank's outcome is seen; a rank the plan kills returns
 None). The twin is the same program with the same data and environment and no faults (running
-both: hccl_sim.chaos.runners). Outcomes (DESIGN.md "Faults contract"):
+both: hccl_sim.chaos.runners). Outcomes (docs/design.md, "Faults contract"):
 
 - recovered: every surviving rank completed every call with a result bit-identical to the
   twin's (and the twin's equal to the numpy reference), the ranks agreeing on retries and
   algorithm, no rank faster than in the twin, and at least HoldTime (+ IntervalTime per further
-  try) lost per retried op (reference/hccl.md §8.3);
+  try) lost per retried op (docs/references.md §10.4);
 - clean error: every survivor raised in the same call an HcclError that names a fault of the plan
   (its `fault` field: the entry's label) with a code and cause that fault can produce: E_REMOTE
   (an error CQE: LINK_FAILED, op retry off for the failed link's level), E_OPRETRY_FAIL (retry on
   but refused: in-place only for an in-place call, MaxCnt as set), E_TIMEOUT for a lost rank
   (RANK_LOST, naming the dead rank, by the heartbeat's 30 s or HCCL_EXEC_TIMEOUT, whichever the
-  environment makes first, §8.2, not before that wait since the crash), the dead rank None;
+  environment makes first, docs/references.md §10.3, not before that wait since the crash), the
+  dead rank None;
 - skipped: the engine refuses the scenario (E_NOT_SUPPORT), counted and reported;
 - WRONG: anything else; HANG: a run did not end by the wall deadline; LEAK: /dev/shm segments,
   child processes, rank threads or device allocations left that were not there before.

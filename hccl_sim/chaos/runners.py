@@ -14,6 +14,7 @@ import warnings
 
 from topologies.errors import HcclError
 
+from ..engines import registry
 from ..env import Config
 from .check import Result, Verdict, classify, rank_program, reference_digests, short
 from .scenarios import Scenario
@@ -130,11 +131,9 @@ def _no_op(comm):
 
 
 def runner_for(engine: str, topo, address=None):
-    if engine == "local":
-        return LocalRunner(topo)
-    if engine == "ray":
-        return RayRunner(topo, address)
-    raise HcclError("E_PARA", f"chaos runs on engine local or ray, not {engine!r}")
+    """The runner of a campaign on `engine` (the registry's engines that offer chaos)."""
+    eng = registry.get(engine, "chaos", "chaos")
+    return LocalRunner(topo) if eng.in_process else RayRunner(topo, address)
 
 
 def run_scenario(sc: Scenario, runner, deadline_s: float = 60.0, margin_s: float = DEADLINE_MARGIN_S) -> Result:

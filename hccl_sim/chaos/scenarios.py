@@ -1,4 +1,4 @@
-"""Seeded fault campaigns (`hccl-sim chaos`, DESIGN.md "Faults contract"): scenarios generated
+"""Seeded fault campaigns (`hccl-sim chaos`, docs/design.md, "Faults contract"): scenarios generated
 apart from running them, each run against its fault-free twin and classified.
 
 A Scenario is one call (a collective, its size, dtype, reduce op, root, algorithm and out= mode,
@@ -35,14 +35,14 @@ IN_PLACE_OPS = tuple(n for n in OPS if collectives.of(n).output_shape((4,), 2) =
 """Collectives whose result has the input's shape, so out=x (in place) is possible."""
 EXEC_TIMEOUTS_S = (10, 20, 45)
 """HCCL_EXEC_TIMEOUT values a scenario runs with: below and above the heartbeat's 30 s LOST
-threshold (reference/hccl.md §8.2), so both detections are exercised; also the engines' wall
+threshold (docs/references.md §10.3), so both detections are exercised; also the engines' wall
 deadline of every wait, so a scenario never waits longer than this for a peer."""
 HOLD_TIMES_MS = (0, 1, 5, 20, 100)
 INTERVAL_TIMES_MS = (0, 1, 5, 10)
-"""HCCL_OP_RETRY_PARAMS HoldTime / IntervalTime values (HCCL's range is [0, 60000] ms, §3.2;
+"""HCCL_OP_RETRY_PARAMS HoldTime / IntervalTime values (HCCL's range is [0, 60000] ms, docs/references.md §7.2;
 when unset, HCCL's defaults 5000 and 1000 ms apply)."""
 LOOP_BUFFSIZE_MB = 1
-"""HCCL_BUFFSIZE of a multi-loop scenario: HCCL's smallest CCL buffer (§3.2), so that a few MB
+"""HCCL_BUFFSIZE of a multi-loop scenario: HCCL's smallest CCL buffer (docs/references.md §7.2), so that a few MB
 of data already takes several buffer loops."""
 
 MAX_CALLS = 3
@@ -310,6 +310,6 @@ def twin_spans(call: Call, env: dict, topo) -> list:
 
 def rdma_budget(topo, env) -> tuple:
     """(retransmission interval ns, retransmissions) under the scenario's HCCL_RDMA_TIMEOUT and
-    HCCL_RDMA_RETRY_CNT, as FaultPlan.bind sets them (4.096 us x 2^timeout, reference §3.2)."""
+    HCCL_RDMA_RETRY_CNT, as FaultPlan.bind sets them (4.096 us x 2^timeout, docs/references.md §10.1)."""
     state = FaultPlan().bind(topo, Config.from_env(env)).link_state
     return state.interval_ns, state.retries

@@ -11,10 +11,10 @@ An engine places ranks (threads, Ray actors, MPI processes) and hands each rank'
    or returned early, and a missed deadline are raised on every waiting rank as HcclErrors
    (engines.rendezvous holds this bookkeeping for every engine).
 2. `execute(rank, seq, plan, buffers, redop)`. Moves the bytes, by one of two executors:
-   - the central data program (`dataplane.move_share`): for ranks that share memory, each
+   - the central data program (`hcomm.exec.run_share`): for ranks that share memory, each
      participant runs a share of the op's serial data program over every rank's registered
      buffers in place, then all meet once more (no rank returns before its output is complete);
-   - the per-rank executor (`hcomm.executor.execute`) over an hcomm Transport (post / take /
+   - the per-rank executor (`hcomm.exec.run_rank`) over an hcomm Transport (post / take /
      consumed / wait-consumed / deadline / abort): each rank runs its own schedule, sending its
      own slices to the peers the schedule names. Used whenever ranks share no memory.
 
@@ -33,17 +33,20 @@ member a view of the job's transport (hcomm.transports.scoped). `abort(rank, rea
 (`comm.abort()`) fails every pending and later wait of this group, on every rank, and nothing of
 its parent's or its siblings'.
 
-A fault plan's rank_crash is decided from the plan by every rank alike (faults.BoundFaults). An
-engine whose ranks are processes makes it real with two optional methods: `die(rank, seq, plan,
-buffers, redop, steps)` runs the dead rank's first `steps` steps of the op and ends its process
-(Ray: it does not return) or, where a process must live on (MPI), stops the rank taking part and
-returns (the rank then raises RankCrashed); `execute_lost(rank, seq, plan, buffers, redop, dead)` runs a surviving rank's
-part of the op until its data plane finds `dead` gone (it raises that HcclError) or the part is
-done. Without them (ranks in one process) the dead rank raises RankCrashed and nobody moves data.
+A fault plan's rank_crash is decided from the plan by every rank alike (faults.BoundFaults).
+Every rank of the op then calls one of two hooks:
+1. the dead rank calls `die(rank, seq, plan, buffers, redop, steps)`, then raises RankCrashed.
+   Where ranks are processes, `die` moves the data of the rank's first `steps` steps and ends the
+   rank: Ray ends its process (it does not return); MPI, whose process must live on, stops the
+   rank taking part and returns.
+2. every other rank calls `execute_lost(rank, seq, plan, buffers, redop, dead)`, then raises the
+   planned error. Where ranks are processes, it runs the rank's part of the op until its data
+   plane finds `dead` gone.
+Ranks that are threads of one process move no data in either: the base class's hooks do nothing.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Protocol
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -66,35 +69,76 @@ class RankBuffers(NamedTuple):
     scratch: Optional[np.ndarray]
 
 
-class Group(Protocol):
-    """What every engine gives a Communicator (see the module docstring for the semantics)."""
+class Group:
+    """The base of every engine's group: the contract (see the module docstring), with every
+    optional hook declared here with its default, so that a Communicator never probes a group.
+
+    Required of every engine: `rendezvous`, `execute`, `fail`, `exit`, `subgroup`, `abort` (the
+    defaults raise E_NOT_SUPPORT naming the engine). Optional, with the default behaviour of ranks
+    that are threads of one process: `result_array` (a plain array), `writes_in_place` (never),
+    `die` and `execute_lost` (a crashed rank moves no data: nothing to do), `close` (nothing held).
+    """
+    engine: str = "?"               # the engine's name, for errors
     size: int
-    topo: object              # topologies.Topology
-    config: object            # env.Config
-    transport: object         # an hcomm Transport, for point to point
-    eager_bytes: int          # inputs up to this size travel with the call (0: never)
-    ranks_per_process: int    # ranks of the job that are threads of this process (torch.distributed,
-                              # one default group per process, needs 1)
+    topo: object                    # topologies.Topology
+    config: object                  # env.Config
+    transport: object               # an hcomm Transport, for point to point
+    eager_bytes: int = 0            # inputs up to this size travel with the call (0: never)
+    ranks_per_process: int = 1      # ranks of the job that are threads of this process (torch.distributed,
+                                    # one default group per process, needs 1)
+    data_plane: str = "?"           # the plane execute() moves bytes on, by the engine's name for it
+                                    # (comm.data_plane; README, "Engines", lists every engine's)
+    plain_result_bytes: int = 0     # results of fewer bytes are plain np.empty arrays, which the
+                                    # Communicator then makes itself (a loop of small ops skips the call)
+    fault_progress = None           # fault_state.FaultProgress under a fault plan that counts transfers
+
+    def _not_offered(self, hook: str):
+        from topologies.errors import HcclError
+        return HcclError("E_NOT_SUPPORT", f"engine {self.engine} does not offer {hook}")
 
     def rendezvous(self, rank: int, call: Call):
         """Meet every rank for collective #call.seq; return the shared OpPlan."""
+        raise self._not_offered("rendezvous")
 
     def execute(self, rank: int, seq: int, plan, buffers: RankBuffers, redop) -> None:
-        """Move this rank's part of the op's data; returns when this rank's output is complete."""
+        """Move this rank's part of the op's data (plan.data, a hcomm.exec DataProgram); returns
+        when this rank's output is complete."""
+        raise self._not_offered("execute")
 
     def result_array(self, shape: tuple, dtype) -> np.ndarray:
-        """An array for a collective's result. A group may say `plain_result_bytes = n`: results
-        of fewer than n bytes are plain np.empty arrays, which the Communicator then makes itself
-        (a loop of small ops skips the call)."""
+        """An array for a collective's result (an engine may keep it where peers can write it)."""
+        return np.empty(shape, dtype=dtype)
+
+    def writes_in_place(self, out: np.ndarray) -> bool:
+        """Whether an op may write its result straight into the user's `out=` (peers write it
+        where it lies); otherwise the result is made apart and copied into `out`."""
+        return False
 
     def fail(self, rank: int, exc: BaseException) -> None:
         """`rank` raised: release every waiting rank with an error naming it."""
+        raise self._not_offered("fail")
 
     def exit(self, rank: int) -> None:
         """`rank` returned: waits on it fail at once instead of at their deadline."""
+        raise self._not_offered("exit")
 
     def subgroup(self, rank: int, members: tuple, scope: str, topo, config) -> "Group":
         """This rank's group of a sub-communicator of `members` (see the module docstring)."""
+        raise self._not_offered("sub-communicators")
 
     def abort(self, rank: int, reason: str) -> None:
         """`rank` aborted the communicator: every pending and later op of this group fails."""
+        raise self._not_offered("abort")
+
+    def die(self, rank: int, seq: int, plan, buffers: RankBuffers, redop, steps: int) -> None:
+        """A fault plan crashes `rank` in this op after its first `steps` steps. Ranks that are
+        threads move no data: the rank then raises RankCrashed. Engines whose ranks are processes
+        move the data of those steps and end the rank (see the module docstring)."""
+
+    def execute_lost(self, rank: int, seq: int, plan, buffers: RankBuffers, redop, dead: int) -> None:
+        """This rank's part of an op in which `dead` dies. Ranks that are threads move no data:
+        the planned error is raised. Engines whose ranks are processes run the part until their
+        data plane finds `dead` gone."""
+
+    def close(self) -> None:
+        """Release what the group holds (shared segments, worker pools); idempotent."""

@@ -21,12 +21,14 @@ from hcomm.transports.inprocess import InProcessTransport
 from topologies.errors import Cause, HcclError
 
 
-from ..communicator import Communicator
 from ..fault_state import FaultProgress
 from ..faults import RankCrashed
-from ..device import Runtime
-from . import executors
+from hcomm.exec import run_rank, run_share, with_scratch
 from . import rendezvous as rdv
+from .base import Group
+from .bootstrap import communicator, start_runtime
+
+PLANES = ("central", "threads")     # data planes (README, "Engines"): the central data program, or per-rank executors
 
 _POLL_S = 0.05
 _SWITCH_INTERVAL_S = 50e-6
@@ -44,22 +46,23 @@ class _Slot:
         self.plan = self.error = None
 
 
-class LocalGroup:
+class LocalGroup(Group):
     """The engine contract (engines/base.py) for the threads of one local run.
 
     The rendezvous carries no data: the last rank to arrive plans the op once for all. Execution
     is the central data program: ranks register their buffers, and the last to arrive moves
     every rank's data (reading each sender's arrays in place, on a worker pool for large ops)
     before releasing the others: one hand-off per rank per phase instead of several per schedule
-    step. With dataplane="threads" each rank runs its own schedule over the in-process transport
-    instead (the per-rank executor)."""
+    step (data plane "central"). With data_plane="threads" each rank runs its own schedule over the
+    in-process transport instead (the per-rank executor)."""
 
+    engine = "local"
     eager_bytes = 0                 # ranks share memory: nothing needs to travel with the call
 
-    def __init__(self, topo, config, dataplane: str = "central"):
-        if dataplane not in ("central", "threads"):
-            raise ValueError(f"dataplane must be central or threads, got {dataplane!r}")
-        self.dataplane = dataplane
+    def __init__(self, topo, config, data_plane: str = "central"):
+        if data_plane not in PLANES:
+            raise ValueError(f"data_plane must be central or threads, got {data_plane!r}")
+        self.data_plane = data_plane
         self.topo = topo
         self.config = config
         self.size = topo.num_ranks
@@ -83,8 +86,8 @@ class LocalGroup:
         return slot.plan
 
     def execute(self, rank, seq, plan, buffers, redop):
-        if self.dataplane == "threads":
-            executors.per_rank(rank, plan, buffers, redop, self.transport, self.size)
+        if self.data_plane == "threads":
+            run_rank(plan.data, rank, buffers, self.transport)
             return
         self._meet(rank, "data", seq, plan.signature, buffers, lambda slot: self._move_all(slot, plan, redop))
 
@@ -140,29 +143,23 @@ class LocalGroup:
         slot.plan = rdv.plan_calls(slot.items, self.topo, self.config, self.fault_progress)
 
     def _move_all(self, slot, plan, redop):
-        p = self.size
-        coll = plan.collective
-        if not coll.carries_data:
+        data = plan.data
+        if not data.carries_data:
             return
-        buffers = [executors.with_scratch(plan, b, p) for b in slot.items]
-        x0 = buffers[0].input
-        nbytes = coll.op_bytes(x0.size, p, x0.itemsize) * p
+        buffers = [with_scratch(data, b) for b in slot.items]
+        nbytes = plan.nbytes * self.size
         parts = min(self._workers, max(1, nbytes // _PARALLEL_MIN_BYTES))
         if parts == 1:
-            executors.central_share(plan, buffers, redop)
+            run_share(data, buffers)
             return
-        futures = [self._pool().submit(executors.central_share, plan, buffers, redop, part, parts)
-                   for part in range(1, parts)]
-        executors.central_share(plan, buffers, redop, 0, parts)
+        futures = [self._pool().submit(run_share, data, buffers, part, parts) for part in range(1, parts)]
+        run_share(data, buffers, 0, parts)
         for f in futures:
             f.result()
 
-    def result_array(self, shape, dtype):
-        return np.empty(shape, dtype=dtype)
-
     def _pool(self):
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=self._workers - 1, thread_name_prefix="hccl-dataplane")
+            self._executor = ThreadPoolExecutor(max_workers=self._workers - 1, thread_name_prefix="hccl-data-plane")
         return self._executor
 
     def close(self):
@@ -218,7 +215,7 @@ class LocalGroup:
         with self._cond:
             child = self._children.get(scope)
             if child is None:
-                child = self._children[scope] = LocalGroup(topo, config, dataplane=self.dataplane)
+                child = self._children[scope] = LocalGroup(topo, config, data_plane=self.data_plane)
                 child.members = members
                 child.ranks_per_process = self.ranks_per_process
                 for r in self._exited:
@@ -236,20 +233,19 @@ class LocalGroup:
         return rdv.root_cause(self._failures)[:2] if self._failures else None
 
 
-def run_local(fn, topo, config, args=(), kwargs=None, dataplane="central"):
+def run_local(fn, topo, config, args=(), kwargs=None, data_plane="central"):
     """Run fn(comm, *args, **kwargs) on every rank of `topo` as threads; results by rank."""
     kwargs = kwargs or {}
-    group = LocalGroup(topo, config, dataplane=dataplane)
+    group = LocalGroup(topo, config, data_plane=data_plane)
     p = group.size
     results = [None] * p
 
     leaks = [None] * p
 
     def body(rank):
-        runtime = Runtime(rank, topo).init()
+        runtime = start_runtime(rank, topo)
         try:
-            comm = Communicator(rank, group, runtime.set_device(topo.device_of[rank]))
-            comm.runtime = runtime
+            comm = communicator(rank, group, runtime)
             results[rank] = fn(comm, *args, **kwargs)
         except RankCrashed:
             results[rank] = None       # the fault plan killed it: the survivors' results are returned

@@ -7,11 +7,14 @@ table whose servers and devices are taken in order) must have exactly (MPI world
 else an HcclError names both numbers.
 
 Each rank's Group is a PeerGroup (engines/peer_group.py): the world communicator's rendezvous is
-one MPI allgather per op (engines/mpi_control.py), every rank plans the op itself, small ops are
+one MPI allgather per op (hcomm.control.mpi), every rank plans the op itself, small ops are
 eager (their inputs travel in that allgather), larger ones run the per-rank executor over the
-MPI transport (hcomm.transports.mpi: Isend/Irecv on numpy buffers) or, with `plane="window"`,
-the central data program on MPI-3 shared-memory windows among the ranks of one node
-(engines/mpi_window.py); split/shrink sub-communicators run over scoped views of the transport.
+MPI transport (hcomm.transports.mpi: Isend/Irecv on numpy buffers; data plane "p2p") or the
+central data program on MPI-3 shared-memory windows among the ranks of one node
+(engines/mpi_window.py; data plane "window"); split/shrink sub-communicators run over scoped views
+of the transport ("p2p"). With no `data_plane` given the job picks, as the Ray engine does from
+where its actors landed: "window" when every process of the job is on one node, else "p2p"
+(`default_plane`, the same answer on every process); `data_plane=` forces either.
 
 `run_mpi` (hccl_sim.run(..., engine="mpi"), called by every process) returns every rank's result
 on every process; a rank that raises makes every rank fail with the same HcclError (the root
@@ -41,19 +44,18 @@ import traceback
 
 import numpy as np
 
-from hcomm.mpi_hub import MpiHub, require_thread_level
-from hcomm.transports.mpi import MpiTransport
+from hcomm.control.mpi import MpiControl
+from hcomm.transports.mpi import MpiHub, MpiTransport, require_thread_level
 from topologies.errors import HcclError
 
 from hcomm.transports.scoped import ScopedTransport
 
-from ..communicator import Communicator
-from ..device import Runtime
+from ..communicator import Communicator  # noqa: F401 - the type MpiJob.communicator returns
 from ..faults import RankCrashed
-from . import executors
+from hcomm.exec import run_rank
 from . import rendezvous as rdv
-from .mpi_control import MpiControl
 from .mpi_window import RESULT_POOL_BYTES as WINDOW_RESULT_BYTES
+from .bootstrap import communicator, start_runtime
 from .peer_group import PeerGroup
 
 PLANES = ("p2p", "window")
@@ -77,10 +79,19 @@ def check_placement(topo, nprocs: int, k) -> int:
     return k
 
 
-def default_plane() -> str:
-    """The MPI engine's data plane when none is named: point to point (the shared-window plane
-    is asked for by name)."""
-    return "p2p"
+def default_plane(comm=None) -> str:
+    """The MPI engine's data plane when none is named: "window" (MPI-3 shared-memory windows) when
+    every process of `comm` (default the world) shares one node, else "p2p" (Isend/Irecv).
+    Collective (a split of `comm` by node, MPI_COMM_TYPE_SHARED), and every process gets the same
+    answer: the node groups partition the job, so one of them is the whole job for all or for none."""
+    from mpi4py import MPI
+    comm = world() if comm is None else comm
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        one_node = node.Get_size() == comm.Get_size()
+    finally:
+        node.Free()
+    return "window" if one_node else "p2p"
 
 
 RESULT_POOL_BYTES = 1 << 20
@@ -103,12 +114,12 @@ class _Crashing:
         the window plane), then stops taking part (MpiJob.crash); its process lives on."""
         try:
             if plan.collective.carries_data and self._eager is None:
-                if getattr(self, "plane", None) == "window" and self.job.window is not None:
+                if getattr(self, "data_plane", None) == "window" and self.job.window is not None:
                     # the window's growth is collective: the dead rank's process takes part in it
                     self.job.window.execute(self, rank, seq, plan, buffers, redop, plan.collective.method,
                                             steps=steps)
                 elif steps:
-                    executors.per_rank(rank, plan, buffers, redop, self.transport, self.size, steps=steps)
+                    run_rank(plan.data, rank, buffers, self.transport, steps=steps)
         except HcclError:
             pass                # it dies anyway: what it was waiting for then does not matter
         self.job.crash(self._world_rank(rank), f"rank {self._world_rank(rank)} crashed (fault plan)")
@@ -125,7 +136,10 @@ class _Crashing:
 
 
 class MpiSubGroup(_Crashing, PeerGroup):
-    """A sub-communicator's group on the MPI engine: PeerGroup's, with the fault plan's crash."""
+    """A sub-communicator's group on the MPI engine: PeerGroup's, with the fault plan's crash (its
+    data by the per-rank executor over a scoped view of the MPI transport, on either world plane)."""
+    engine = "mpi"
+    data_plane = "p2p"
 
     def __init__(self, rank, topo, config, control, transport, job):
         super().__init__(rank, topo, config, control, transport)
@@ -136,13 +150,14 @@ class MpiSubGroup(_Crashing, PeerGroup):
 
 
 class MpiGroup(_Crashing, PeerGroup):
-    """One rank's world group on the MPI engine (plane "p2p" or "window")."""
+    """One rank's world group on the MPI engine (data plane "p2p" or "window": the job's)."""
+    engine = "mpi"
 
     plain_result_bytes = min(RESULT_POOL_BYTES, WINDOW_RESULT_BYTES)    # below both pools: np.empty
 
     def __init__(self, rank, topo, config, control, transport, job):
         super().__init__(rank, topo, config, control, transport)
-        self.job, self.plane = job, job.plane
+        self.job, self.data_plane = job, job.data_plane
         self.ranks_per_process = job.k
         self._results = {}             # (shape, dtype) -> arrays handed out before
 
@@ -180,24 +195,27 @@ class MpiGroup(_Crashing, PeerGroup):
             and self.job.window.windows.locate(out) is not None
 
     def _execute_data(self, rank, seq, plan, buffers, redop, op):
-        if self.plane == "window" and self.job.window is not None:
+        if self.data_plane == "window" and self.job.window is not None:
             self.job.window.execute(self, rank, seq, plan, buffers, redop, op)
         else:
             super()._execute_data(rank, seq, plan, buffers, redop, op)
 
 
 class MpiJob:
-    """One process's part of an MPI job: the hub, the control plane, its ranks' groups."""
+    """One process's part of an MPI job: the hub, the control plane, its ranks' groups.
+    `data_plane`: "window", "p2p", or None for `default_plane` (window when the job is on one
+    node); the chosen one is `data_plane`, the same on every process."""
 
-    def __init__(self, topo, config, ranks_per_process: int = 1, comm=None, plane: str = "p2p"):
+    def __init__(self, topo, config, ranks_per_process: int = 1, comm=None, data_plane: str | None = None):
         comm = world() if comm is None else comm
-        if plane not in PLANES:
-            raise HcclError("E_PARA", f"plane {plane!r}: expected one of {', '.join(PLANES)} (engine mpi)")
+        if data_plane is not None and data_plane not in PLANES:
+            raise HcclError("E_PARA", f"data_plane {data_plane!r}: expected one of {', '.join(PLANES)} (engine mpi)")
         self.k = check_placement(topo, comm.Get_size(), ranks_per_process)
         require_thread_level(self.k)
-        self.topo, self.config, self.plane = topo, config, plane
+        plane = default_plane(comm) if data_plane is None else data_plane
+        self.topo, self.config, self.data_plane = topo, config, plane
         self.hub = MpiHub(comm, topo.num_ranks, self.k, config.wait_timeout_s)
-        self.control = MpiControl(self.hub, config)
+        self.control = MpiControl(self.hub, config.wait_timeout_s)
         self.window = None
         if plane == "window":
             from .mpi_window import WindowPlane
@@ -215,13 +233,10 @@ class MpiJob:
         self.closed = False
 
     def communicator(self, rank: int) -> Communicator:
-        runtime = self.runtimes[rank] = Runtime(rank, self.topo).init()
-        device = runtime.set_device(self.topo.device_of[rank])
-        if self.window is not None:        # device arrays in the HBM window: collectives on them copy nothing in
-            device.storage = self.window.device_storage(rank)
-        comm = Communicator(rank, self.groups[rank], device)
-        comm.runtime = runtime
-        return comm
+        # device arrays in the HBM window (window plane): collectives on them copy nothing in
+        storage = None if self.window is None else self.window.device_storage(rank)
+        runtime = self.runtimes[rank] = start_runtime(rank, self.topo, storage)
+        return communicator(rank, self.groups[rank], runtime)
 
     def finish(self, rank: int, exc: BaseException | None = None) -> None:
         """Rank `rank` is done: returned (exc None) or raised `exc`; its peers are told."""
@@ -278,11 +293,12 @@ def _error(o) -> HcclError:
     return HcclError(o["code"], o["reason"], rank=o["rank"], op=o["op"], **o.get("fields", {}))
 
 
-def run_mpi(fn, topo, config, args=(), kwargs=None, ranks_per_process: int = 1, plane: str = "p2p"):
+def run_mpi(fn, topo, config, args=(), kwargs=None, ranks_per_process: int = 1, data_plane: str | None = None):
     """Every process calls it: fn(comm, *args, **kwargs) on each of its ranks; every rank's result,
-    by rank, on every process (results are gathered as pickles: they are Python objects)."""
+    by rank, on every process (results are gathered as pickles: they are Python objects).
+    `data_plane` None: the job's default (MpiJob)."""
     kwargs = kwargs or {}
-    job = MpiJob(topo, config, ranks_per_process, plane=plane)
+    job = MpiJob(topo, config, ranks_per_process, data_plane=data_plane)
     local = list(job.groups)
     outcomes = {}
 
@@ -334,10 +350,11 @@ def run_mpi(fn, topo, config, args=(), kwargs=None, ranks_per_process: int = 1, 
 _JOBS = []
 
 
-def init_mpi(topo, config, ranks_per_process: int = 1, plane: str = "p2p"):
+def init_mpi(topo, config, ranks_per_process: int = 1, data_plane: str | None = None):
     """This process's Communicator (a list of its k Communicators with ranks_per_process=k, each to
-    be driven by a thread of its own); the job closes at interpreter exit (or finalize())."""
-    job = MpiJob(topo, config, ranks_per_process, plane=plane)
+    be driven by a thread of its own); the job closes at interpreter exit (or finalize()).
+    `data_plane` None: the job's default (MpiJob)."""
+    job = MpiJob(topo, config, ranks_per_process, data_plane=data_plane)
     if not _JOBS:
         atexit.register(finalize)
     _JOBS.append(job)

@@ -1,6 +1,6 @@
 """The MPI engine's "window" data plane: every rank's buffers of an op in MPI-3 shared-memory
 windows (hcomm.mpi_window), so that each rank runs its 1/p share of the op's data program on all
-ranks' buffers in place (the central data program, dataplane.move_share), as the Ray engine's
+ranks' buffers in place (the central data program, hcomm.exec.run_share), as the Ray engine's
 shm plane does: no message per schedule step, no copy through a socket or MPI's eager buffers.
 
 A rank's device arrays live in the windows as well: its simulated HBM is its region of the HBM
@@ -40,9 +40,9 @@ import numpy as np
 from hcomm.mpi_window import HBM, NodeWindows
 from topologies.errors import HcclError
 
-from . import executors
+from hcomm.exec import run_share
+
 from .base import RankBuffers
-from ..planner import op_loops
 
 RESULT_POOL_BYTES = 1 << 20
 """Results at least this large live in the windows (smaller ones are staged and copied out:
@@ -270,7 +270,7 @@ class WindowPlane:
             return
         x, out = buffers.input, buffers.output
         p, local = self.topo.num_ranks, rank - self.base
-        scratch = plan.collective.scratch_shape(p, op_loops(plan.signature, p, x.itemsize, self.config))
+        scratch = plan.data.scratch_shape
         arrays = (x, out, None if scratch is None else math.prod(scratch) * x.itemsize)
         with self._lock:
             short, places, staged = self._place(local, arrays)
@@ -297,7 +297,7 @@ class WindowPlane:
                                 f"{next(r for r, e in enumerate(every) if e[0])} still found no room", rank=rank, op=op)
         views = [RankBuffers(self._view(e[1:4], x.shape, x.dtype), self._view(e[4:7], out.shape, out.dtype),
                              None if scratch is None else self._view(e[7:10], scratch, x.dtype)) for e in every]
-        executors.central_share(plan, views, redop, rank, p, until=None if steps is None else (rank, steps))
+        run_share(plan.data, views, rank, p, until=None if steps is None else (rank, steps))
         if steps is not None:
             return
         group._allgather(b"", f"the other ranks' shares of {op} (collective #{seq})", op)

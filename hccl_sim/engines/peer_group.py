@@ -8,7 +8,7 @@ planning round trip.
 
 Execution: an op whose input is at most `eager_bytes` is eager (MPI's eager protocol): the input
 travelled with the call, and every rank computes its own result from all inputs by the moves of
-the op's data program that decide it (programs.program_moves_for), so a small op costs one
+the op's data program that decide it (hcomm.exec.own_result), so a small op costs one
 allgather. Larger ops run on the engine's data plane: by default the per-rank executor over the
 peer transport (each rank runs its own schedule; no rank touches another's data); an engine with
 a shared-memory plane overrides `_execute_data`.
@@ -28,9 +28,11 @@ import numpy as np
 from hcomm.transports.scoped import ScopedTransport
 from topologies.errors import Cause, HcclError
 
-from . import executors
+from hcomm.control.transport import TransportControl  # noqa: F401 - a sub-communicator's control plane
+from hcomm.exec import OwnResult, run_rank
+
 from . import rendezvous as rdv
-from .base import Call, RankBuffers
+from .base import Call, Group, RankBuffers
 from ..planner import Signature
 
 _NO_WATCH = contextlib.nullcontext()      # stateless: one serves every wait
@@ -100,61 +102,13 @@ class CallPayload:
 
 
 
-class TransportControl:
-    """A dissemination allgather (Bruck's) over a peer transport: in round k every rank sends
-    what it knows to rank r + 2^k and hears from r - 2^k, so after ceil(log2 p) rounds every rank
-    knows every payload. ceil(log2 p) frames on the critical path instead of a gather at rank 0
-    and a broadcast back (2(p-1) frames through one rank); tags of their own per round."""
-    max_payload = 1 << 30
-
-    def __init__(self, transport, rank: int, size: int):
-        self.transport, self.rank, self.size = transport, rank, size
-
-    def allgather(self, seq: int, payload: bytes, deadline, op=None) -> list:
-        tr, rank, p = self.transport, self.rank, self.size
-        if p == 1:
-            return [payload]
-        known = {rank: payload}
-        handles, blobs = [], []          # a posted view must outlive its delivery
-        step, round_ = 1, 0
-        while step < p:
-            tag = ("ctl", seq, round_)
-            blob = np.frombuffer(pickle.dumps(known, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
-            blobs.append(blob)
-            handles.append(((rank + step) % p, tr.post_view(rank, (rank + step) % p, tag, blob)))
-            msg = tr.take((rank - step) % p, rank, tag, deadline, op)
-            known.update(pickle.loads(bytes(np.asarray(msg.data, dtype=np.uint8))))
-            msg.consumed()
-            step, round_ = step * 2, round_ + 1
-        for dst, h in handles:
-            try:
-                tr.wait_consumed(h, deadline, op)
-            except HcclError:
-                # every payload is here: a receiver lost since (a rank the fault plan crashes right
-                # after this rendezvous, its last acknowledgements unsent) changes nothing we know;
-                # `dst` in this control plane's numbering (a handle names the job transport's rank)
-                if tr.lost(dst) is None:
-                    raise
-        return [known[j] for j in range(p)]
-
-    def abort(self, code: str, reason: str) -> None:
-        self.transport.abort(code, reason)
-
-    def leave(self) -> None:
-        pass                    # closing the transport tells the peers (its goodbye)
-
-    def close(self) -> None:
-        pass                    # the transport is closed by its owner
-
-
-class PeerGroup:
+class PeerGroup(Group):
     """One rank's group: rendezvous over `control`, data over `transport` (see the module
     docstring). `raw_transport` is the job's transport under any wrapper (a sub-communicator
     scopes that one); subclasses add their data planes and fault hooks."""
 
-    plane = "peer"
-    ranks_per_process = 1                  # one rank per process (the MPI engine may host more)
-    plain_result_bytes = 0                 # engines/base.py: subclasses that make plain results say so
+    engine = "peer"                        # subclasses name theirs
+    data_plane = "peer"
 
     def __init__(self, rank, topo, config, control, transport, raw_transport=None):
         self.rank, self.topo, self.config, self.size = rank, topo, config, topo.num_ranks
@@ -238,23 +192,20 @@ class PeerGroup:
     def _execute_data(self, rank, seq, plan, buffers, redop, op) -> None:
         """A larger op's data: this rank's own schedule over the peer transport."""
         with self._waiting(f"{op} (collective #{seq}) data"):
-            executors.per_rank(rank, plan, buffers, redop, self.transport, self.size)
+            run_rank(plan.data, rank, buffers, self.transport)
 
     def _own_result(self, rank, plan, buffers, raws, redop):
         """This rank's output from every rank's (eager) input: the moves that decide it, compiled
         once per plan (a loop of small ops repeats the same few)."""
-        x = buffers.input
-        base = getattr(plan, "plan", plan)          # a ShiftedPlan moves clocks, not data
-        key = (id(base), x.shape, x.dtype, redop)
+        x, out = buffers.input, buffers.output
+        data = plan.data                    # a ShiftedPlan's is its plan's: it moves clocks, not data
+        key = (id(data), x.shape, x.dtype)
         got = self._own.get(key)
-        if got is None or got[0] is not base:
+        if got is None or got[0] is not data:
             if len(self._own) >= 64:
                 self._own.clear()
-            got = self._own[key] = (base, executors.OwnResult(base, rank, self.size, x.shape, x.dtype, redop))
+            got = self._own[key] = (data, OwnResult(data, rank, x.shape, out.shape, x.dtype))
         got[1].run(b"".join(raws), buffers.output)
-
-    def result_array(self, shape, dtype):
-        return np.empty(shape, dtype=np.dtype(dtype))
 
     def fail(self, rank, exc) -> None:
         self.control.abort("E_REMOTE", f"rank {rank} failed: {rdv.describe_failure(exc)}")

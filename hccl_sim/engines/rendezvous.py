@@ -16,7 +16,7 @@ from topologies.errors import Cause, HcclError
 
 from .. import collectives as colls
 from ..fault_state import FaultProgress
-from ..planner import check_signatures, make_plan
+from ..planner import ShiftedPlan, check_signatures, make_plan
 
 
 def deadline(config):
@@ -137,38 +137,3 @@ class PlanCache:
         if faults is not None:          # without a fault plan there is no progress to advance
             self.progress.after(plan)
         return plan
-
-
-class ShiftedPlan:
-    """A cached plan moved by `base` ns: what the plan of the shifted call is (timing is
-    shift-invariant), without copying it; entry and exit clocks are shifted when read."""
-    __slots__ = ("plan", "base", "signature", "choice", "loops", "programs", "nbytes", "events", "retries",
-                 "transfers", "backup", "notes", "corrupt")
-
-    def __init__(self, plan, base: int):
-        self.plan, self.base = plan, base
-        self.signature, self.choice, self.loops, self.programs = plan.signature, plan.choice, plan.loops, plan.programs
-        self.nbytes, self.events, self.retries = plan.nbytes, plan.events, plan.retries
-        self.transfers, self.backup, self.notes, self.corrupt = plan.transfers, plan.backup, plan.notes, plan.corrupt
-
-    @property
-    def entry(self):
-        return [self.base + t for t in self.plan.entry]
-
-    @property
-    def exits(self):
-        return [self.base + t for t in self.plan.exits]
-
-    def exit_of(self, rank: int) -> int:
-        return self.base + self.plan.exits[rank]
-
-    @property
-    def algo(self) -> str:
-        return self.plan.algo
-
-    @property
-    def collective(self):
-        return self.plan.collective
-
-    def loop_programs(self):
-        return self.plan.loop_programs()

@@ -25,8 +25,7 @@ import numpy as np
 
 from hcomm import shm
 
-from . import executors
-from ..planner import op_loops
+from hcomm.exec import run_share
 
 
 @dataclass(frozen=True)
@@ -50,7 +49,7 @@ class SharedPlane:
 
     def _shared_shares(self, rank, seq, plan, buffers, redop, op):
         bufs, descs, copy_back = self._shared_buffers(rank, seq, plan, buffers, op)
-        executors.central_share(plan, bufs, redop, rank, self.size)
+        run_share(plan.data, bufs, rank, self.size)
         self._allgather(b"", f"the other ranks' shares of {op} (collective #{seq})", op)
         if copy_back is not None:
             np.copyto(buffers.output, copy_back)
@@ -59,10 +58,7 @@ class SharedPlane:
     def _shared_buffers(self, rank, seq, plan, buffers, op):
         """Every rank's buffers of the op, mapped here (ranks name their segments in an allgather);
         the segment names; this rank's output view to copy back, or None."""
-        p = self.size
-        scratch_shape = plan.collective.scratch_shape(p, op_loops(plan.signature, p, buffers.input.itemsize,
-                                                                  self.config))
-        desc, copy_back = self.shared.describe(buffers, scratch_shape)
+        desc, copy_back = self.shared.describe(buffers, plan.data.scratch_shape)
         descs = [type(desc).decode(r) for r in
                  self._allgather(desc.encode(), f"{op} (collective #{seq}) buffers", op)]
         return [self.shared.attach(d) for d in descs], descs, copy_back

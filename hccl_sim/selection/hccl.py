@@ -1,4 +1,4 @@
-"""HCCL's own selection rules and its documented fallbacks (reference/hccl.md §2.1, §2.4, §3.1).
+"""HCCL's own selection rules and its documented fallbacks (docs/references.md §6.1, §6.5, §6.6, §7.1).
 
 Sources: hcomm coll_alg_operator.cc (SelectAlgoType*, the cost comparison), alg_configurator.cc
 (level0 by hardware, GetDefaultAlgoLevel1V1, the pipeline conditions), device_capacity.cc, and
@@ -11,11 +11,11 @@ Synthetic (flat) topologies: H-D_R for a power-of-two rank count, else ring (HCC
 documented default); AlltoAll is always pairwise.
 
 Fallbacks (`resolve_explicit`), each named in the op's label:
-- level1 `fullmesh`, and `pairwise` for anything but AlltoAll, are ignored and HCCL selects (§3.1);
+- level1 `fullmesh`, and `pairwise` for anything but AlltoAll, are ignored and HCCL selects (docs/references.md §6.6);
 - AlltoAll runs pairwise whatever level1 says; Broadcast and Reduce take H-D_R for a level1 they
   do not support (ring for Broadcast, NHR/NB/pipeline for Reduce) (inter_server_algo_support.md);
 - pipeline runs only on 910B with equal servers of >= 2 cards and <= 65535 FFTS+ contexts, else
-  H-D_R (§2.4).
+  H-D_R (docs/references.md §6.5).
 Tokens HCCL accepts but this emulator does not build (NHR_V1, AHC, AHC_BROKE) are E_NOT_SUPPORT;
 a registry algorithm that does not build the collective at that level is E_PARA.
 """

@@ -81,7 +81,7 @@ def init_process_group(comm, timeout=None):
     registry is module state), so threads cannot each have theirs; torch's thread-isolated mode
     for that is a testing internal that turns the registry thread-local for the whole process."""
     from datetime import timedelta
-    k = getattr(comm._group, "ranks_per_process", 1)
+    k = comm._group.ranks_per_process
     if k > 1:
         raise HcclError("E_NOT_SUPPORT", f"hccl_sim.torch.init_process_group: this rank is one of {k} ranks run as "
                         "threads of one process (engine local, or engine mpi with ranks_per_process > 1), and "
@@ -126,8 +126,7 @@ def destroy_process_group():
         group = _World.comm._group
         group.exit(_World.comm.rank)
         _World.transport.close()
-        if hasattr(group, "close"):          # the shared-memory plane's segments
-            group.close()
+        group.close()                       # the shared-memory plane's segments, if any
     if _World.job is not None:              # an mpirun script's MPI job: every process closes it here
         from ..engines.mpi import close_job
         close_job(_World.job)

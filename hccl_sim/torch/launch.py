@@ -7,7 +7,7 @@ default one 910B server, as many of its NPUs as there are processes; a hardware 
 server count is filled in order by the processes) and must have exactly world-size ranks. The ranks find each other
 through the store torch gives the backend: each rank's socket endpoint (hcomm.transports.socket)
 publishes its address under hccl_sim/<session>/<rank> and reads every peer's; rendezvous is the
-dissemination allgather over that transport (engines.peer_group.TransportControl), data the
+dissemination allgather over that transport (hcomm.control.transport), data the
 per-rank executor, every wait bounded by HCCL_EXEC_TIMEOUT / HCCL_CONNECT_TIMEOUT. When every
 rank is on one host (LOCAL_WORLD_SIZE == WORLD_SIZE) the world communicator's larger ops run on the
 shared-memory plane instead (engines/shm_plane.py: each rank its share of the data program on
@@ -60,7 +60,8 @@ def topology_from_env(world_size: int):
 
 class LaunchedGroup(SharedPlane, PeerGroup):
     """A launched script's world group whose ranks share a host: the shared-memory data plane."""
-    plane = "shm"
+    engine = "torchrun"
+    data_plane = "shm"
 
     def __init__(self, rank, topo, config, control, transport, shared):
         super().__init__(rank, topo, config, control, transport)
@@ -82,9 +83,8 @@ class LaunchedGroup(SharedPlane, PeerGroup):
 
 def connect(store, rank: int, size: int, topo, env=None, timeout_s: float | None = None):
     """(this rank's Communicator, its transport to close at the end), its peers found through `store`."""
-    from ..communicator import Communicator
-    from ..device import Runtime
-    from ..engines.peer_group import TransportControl
+    from ..engines.bootstrap import communicator, start_runtime
+    from hcomm.control.transport import TransportControl
     from ..env import Config
     from hcomm.transports.socket import SocketTransport
     config = Config.from_env(env)
@@ -113,7 +113,4 @@ def connect(store, rank: int, size: int, topo, env=None, timeout_s: float | None
         atexit.register(group.close)       # a script that raised never reaches destroy_process_group
     else:
         group = PeerGroup(rank, topo, config, control, transport)
-    runtime = Runtime(rank, topo).init()
-    comm = Communicator(rank, group, runtime.set_device(topo.device_of[rank]))
-    comm.runtime = runtime
-    return comm, transport
+    return communicator(rank, group, start_runtime(rank, topo)), transport

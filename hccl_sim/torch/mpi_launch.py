@@ -1,7 +1,9 @@
 """A plain torch script under `mpirun`/`mpiexec -n N` (no torchrun): `dist.init_process_group(
 backend="hccl_sim")` takes its rank and world size from MPI, and its collectives run on the MPI
 engine (engines/mpi.py: the world communicator's rendezvous an MPI allgather, payloads mpi4py
-buffer calls), on the topology HCCL_SIM_TOPOLOGY names (hccl_sim.torch.launch).
+buffer calls), on the topology HCCL_SIM_TOPOLOGY names (hccl_sim.torch.launch), on the data plane
+HCCL_SIM_DATA_PLANE names ("window" or "p2p"; unset, the engine's default: "window" when every
+process is on one node, else "p2p").
 
 torch's default init method, env://, needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, which
 only torchrun sets. Importing hccl_sim.torch wraps torch's env:// handler: in a process that an
@@ -26,6 +28,7 @@ from topologies.errors import HcclError
 LAUNCHERS = (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"))
 LOCAL_SIZES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
 _ADDR = struct.Struct("<H64s")        # port, host name (NUL-padded)
+PLANE_ENV = "HCCL_SIM_DATA_PLANE"     # the MPI engine's data plane for a launched script (unset: its default)
 
 
 def launched() -> tuple | None:
@@ -121,7 +124,7 @@ def world_communicator(rank: int, size: int, topo):
     """This process's rank on the MPI engine, for the default group of an MPI-launched script
     (the job closes at destroy_process_group, or at exit)."""
     from mpi4py import MPI
-    from ..engines.mpi import init_mpi
+    from ..engines.mpi import PLANES, init_mpi
     from ..env import Config
     comm = _mpi_world()
     if (comm.Get_rank(), comm.Get_size()) != (rank, size):
@@ -130,4 +133,8 @@ def world_communicator(rank: int, size: int, topo):
     if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
         raise HcclError("E_NOT_SUPPORT", "the hccl_sim process group calls MPI from its worker thread, which needs "
                         "MPI_THREAD_SERIALIZED or more (mpi4py.rc.thread_level)")
-    return init_mpi(topo, Config.from_env())
+    plane = os.environ.get(PLANE_ENV) or None
+    if plane is not None and plane not in PLANES:
+        raise HcclError("E_PARA", f"{PLANE_ENV}={plane!r}: expected one of {', '.join(PLANES)} (or unset: the MPI "
+                        "engine's default)")
+    return init_mpi(topo, Config.from_env(), data_plane=plane)

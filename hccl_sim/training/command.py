@@ -12,7 +12,9 @@ import time
 
 from topologies.errors import HcclError
 
-TRAIN_ENGINES = ("local", "ray", "mpi")
+from ..engines import registry
+
+TRAIN_ENGINES = registry.offering("train")
 
 
 def add_parser(sub, add_topology_args):
@@ -47,7 +49,7 @@ def one_blas_thread(engine: str):
     """On the local engine every rank is a thread of this process, on the MPI engine a process of
     this host: each rank's matrix products on a BLAS of its own threads would oversubscribe the
     cores (3x slower on 2 cores, 8 ranks). Ray's actors already run with OMP_NUM_THREADS=1."""
-    if engine not in ("local", "mpi"):
+    if not (engine.in_process or engine.spmd):
         return contextlib.nullcontext()
     from threadpoolctl import threadpool_limits
     return threadpool_limits(limits=1, user_api="blas")
@@ -58,9 +60,7 @@ def run_command(args, topology, env) -> int:
     from ..faults import FaultPlan
     from . import report
     from .trainer import TrainConfig, train_rank
-    if args.engine not in TRAIN_ENGINES:
-        raise HcclError("E_PARA", f"--engine {args.engine!r}: train runs on {', '.join(TRAIN_ENGINES[:-1])} or "
-                        f"{TRAIN_ENGINES[-1]}")
+    engine = registry.get(args.engine, "train", f"--engine {args.engine!r}")
     if args.bucket_mb < 0:
         raise HcclError("E_PARA", f"--bucket-mb {args.bucket_mb:g}: a cap in MiB > 0, or 0 for one bucket")
     trace_step = None
@@ -74,7 +74,7 @@ def run_command(args, topology, env) -> int:
                       momentum=args.momentum, bucket_mb=args.bucket_mb or None, algo=args.algo, seed=args.seed,
                       checkpoint_every=args.checkpoint_every, trace_step=trace_step)
     quiet = False
-    if args.engine == "mpi":
+    if engine.spmd:
         from ..engines.mpi import world
         quiet = world().Get_rank() != 0      # every process gets every result; rank 0 reports them
         topo = _mpi_topology(args, topology, world().Get_size())
@@ -84,7 +84,7 @@ def run_command(args, topology, env) -> int:
         raise HcclError("E_PARA", f"--batch {cfg.batch} is smaller than the {topo.num_ranks} ranks")
     faults = None if args.faults is None else FaultPlan.load(args.faults)
     wall = time.perf_counter()
-    with one_blas_thread(args.engine):
+    with one_blas_thread(engine):
         results = hccl_sim.run(train_rank, topology=topo, engine=args.engine, args=(cfg,), env=env(args.env),
                                faults=faults)
     wall = time.perf_counter() - wall

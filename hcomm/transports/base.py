@@ -147,7 +147,7 @@ def check_rank(rank, size, what, me=None, op=None) -> int:
 
 SCOPED = "sub"
 """First element of a scoped tag, (SCOPED, scope, tag): a sub-communicator's traffic over its
-parent's transport (hccl_sim.engines.scoped). Every other tag belongs to the scope WORLD."""
+parent's transport (hcomm.transports.scoped). Every other tag belongs to the scope WORLD."""
 WORLD = ""
 ABORT_NOTICE = "abort-notice"
 """Tag of the frame `abort_scope` sends every peer: (ABORT_NOTICE, scope); its meta is (code, reason)."""

@@ -80,7 +80,7 @@ class PeerEndpoint(abc.ABC):
 
     `watch_peer(peer)` makes every wait fail once `peer` is lost, not only waits on it: a rank
     that knows its op cannot complete without `peer` (the fault plan crashes it) is told as soon
-    as it is gone, as HCCL's heartbeat tells every rank of a LOST one (reference/hccl.md §8.2),
+    as it is gone, as HCCL's heartbeat tells every rank of a LOST one (docs/references.md §10.3),
     whichever peer it happens to wait for; watched peers are probed during every long wait, and
     `_watch(peer)` (optional) makes sure a death will be seen."""
 

@@ -28,7 +28,7 @@ from topologies.errors import HcclError
 
 from .base import peer_lost, remaining, take_timeout
 from .peer import PeerEndpoint, RemoteMessage
-from ..executor import execute
+from ..exec.per_rank import run_schedule as execute
 
 _FETCH_SLICE_S = 0.2     # a fetch re-checks abort and the deadline this often
 INLINE_BYTES = 64 << 10  # slices up to this size travel inside the delivering call, not as object refs

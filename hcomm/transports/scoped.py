@@ -2,7 +2,7 @@
 
 Ranks that share no memory (Ray actors, MPI processes) already hold one connected transport per
 job; a communicator made by split or shrink reuses it instead of connecting again, as NCCL's
-ncclCommSplit may share its parent's resources (reference/runtimes-and-style.md §1.7). The view
+ncclCommSplit may share its parent's resources (docs/references.md §8.3). The view
 numbers the members 0..k-1 (rank i is the parent's rank members[i]), wraps every tag as
 (SCOPED, scope, tag) and every buffer name as "scope/name", so two communicators' messages and
 registered buffers never meet. `abort` is the communicator's own (base.AbortState scopes): it

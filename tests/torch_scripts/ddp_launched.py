@@ -17,7 +17,7 @@ t = torch.arange(4.0) * (rank + 1)
 dist.all_reduce(t)
 big = torch.full((1 << 16,), float(rank + 1))        # 256 KiB: past the eager size, on the data plane
 dist.all_reduce(big)
-plane = hccl_sim.torch._ours(dist.distributed_c10d._get_default_group()).comm._group.plane
+plane = hccl_sim.torch._ours(dist.distributed_c10d._get_default_group()).comm.data_plane
 sub = dist.new_group([0, world - 1])
 s = torch.ones(1)
 if rank in (0, world - 1):

@@ -51,6 +51,8 @@ mpi = hccl_sim.engines.mpi.world()
 assert (rank, world) == (mpi.Get_rank(), mpi.Get_size()), (rank, world)
 pg = ht._ours(dist.distributed_c10d._get_default_group())
 assert isinstance(pg.comm._group, MpiGroup), type(pg.comm._group)
+# one node: the shared windows, unless HCCL_SIM_DATA_PLANE names the plane
+assert pg.comm.data_plane == os.environ.get("HCCL_SIM_DATA_PLANE", "window"), pg.comm.data_plane
 t = torch.arange(4.0) * (rank + 1)
 dist.all_reduce(t)
 assert t.tolist() == [k * world * (world + 1) / 2 for k in range(4)], t

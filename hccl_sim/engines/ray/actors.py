@@ -18,9 +18,9 @@ from hcomm.transports.ray_object import RayMailbox
 
 from topologies.errors import HcclError
 
-from ...communicator import Communicator
-from ...device import Runtime
-from .control import ShmControl, TransportControl
+from hcomm.control.shm import ShmControl
+from hcomm.control.transport import TransportControl
+from ..bootstrap import communicator, start_runtime
 from .group import RayGroup
 from .protocol import Outcome, RankInfo, RankStatus
 from ..shm_plane import SharedArea
@@ -44,13 +44,12 @@ class RankActorBase(RayMailbox):
         # the peer transports hand every message between threads (sender, reader, rank): with
         # CPython's default 5 ms GIL switch interval each hand-off can wait that long
         sys.setswitchinterval(min(sys.getswitchinterval(), _SWITCH_INTERVAL_S))
-        self.runtime = Runtime(rank, topo).init()
-        self.device = self.runtime.set_device(topo.device_of[rank])
         # a predecessor that crashed (a fault plan's rank_crash) left its segments on this host:
         # this actor replaces it in the same placement bundle, so it is the one that can remove them
         shm.cleanup_rank(session, rank)
         self.shared = SharedArea(session, rank)
-        self.device.storage = self.shared.device_storage
+        self.runtime = start_runtime(rank, topo, self.shared.device_storage)
+        self.device = self.runtime.device
         self.hcomm_transport = None        # this run's endpoint (RayMailbox delivers into it)
         self.watch = RankWatch()
         self._block_owner = None           # the control block, in the actor that creates it
@@ -63,7 +62,7 @@ class RankActorBase(RayMailbox):
 
     # ---- the control block (same host) -----------------------------------------------------------
     def create_control(self, size: int) -> None:
-        from hcomm.shm_control import ControlBlock
+        from hcomm.control.shm import ControlBlock
         self._block_owner = ControlBlock.create(self.session, size, CONTROL_SLOT_BYTES)
 
     def reset_control(self) -> None:
@@ -71,11 +70,11 @@ class RankActorBase(RayMailbox):
 
     def adopt_control(self) -> None:
         """Take the control block over from this rank's crashed predecessor, which created it."""
-        from hcomm.shm_control import ControlBlock
+        from hcomm.control.shm import ControlBlock
         self._block_owner = ControlBlock.adopt(self.session)
 
     # ---- one run ---------------------------------------------------------------------------------
-    def prepare(self, plane: str, epoch: int = 0, config=None):
+    def prepare(self, data_plane: str, epoch: int = 0, config=None):
         """This run's peer transport endpoint (`epoch`: the run's number, the same on every rank;
         its waits bounded by `config`, default the actor's); returns its address (socket plane) or None."""
         config = self.config if config is None else config
@@ -83,12 +82,12 @@ class RankActorBase(RayMailbox):
         if self.hcomm_transport is not None:      # left by a run that never finished here
             self.hcomm_transport.close()
             self.hcomm_transport = None
-        if plane == "object":
+        if data_plane == "object":
             from hcomm.transports.ray_object import RayObjectTransport
             self.hcomm_transport = RayObjectTransport(self.rank, size, config.wait_timeout_s, epoch)
             return None
         from hcomm.transports.socket import SocketTransport
-        host = _node()[1] if plane == "socket" else "127.0.0.1"    # peers on other hosts must reach it
+        host = _node()[1] if data_plane == "socket" else "127.0.0.1"    # peers on other hosts must reach it
         self.hcomm_transport = SocketTransport(self.rank, size, config.wait_timeout_s,
                                                connect_timeout_s=float(config.connect_timeout_s), host=host)
         return self.hcomm_transport.address
@@ -99,16 +98,15 @@ class RankActorBase(RayMailbox):
         self.device.reset_timeline()
         self.watch = RankWatch()
         try:
-            if spec.plane == "object":
+            if spec.data_plane == "object":
                 transport.start(actors)
             else:
                 transport.start(spec.peers, eager=False)
             control = self._open_control(spec, transport)
             config = self.config if spec.config is None else spec.config
-            group = RayGroup(self.rank, self.topo, config, spec.plane, control, transport, self.watch,
+            group = RayGroup(self.rank, self.topo, config, spec.data_plane, control, transport, self.watch,
                              self.shared)
-            comm = Communicator(self.rank, group, self.device)
-            comm.runtime = self.runtime
+            comm = communicator(self.rank, group, self.runtime)
             try:
                 value = fn(comm, *args, **(kwargs or {}))
             finally:
@@ -132,7 +130,7 @@ class RankActorBase(RayMailbox):
     def _open_control(self, spec, transport):
         """The shared control block on the shm plane (attached once, kept across runs), else the
         peer transport (ranks on several hosts, or the cross-host planes forced on one)."""
-        if spec.plane == "shm":
+        if spec.data_plane == "shm":
             self.attach_control()
             return self._control
         return TransportControl(transport, self.rank, self.topo.num_ranks)
@@ -142,7 +140,7 @@ class RankActorBase(RayMailbox):
         an actor replacing a crashed one before the next run: until then the block names the dead
         process for this rank, and a peer arriving first would take it for a death in that run."""
         if self._control is None:
-            from hcomm.shm_control import ControlBlock
+            from hcomm.control.shm import ControlBlock
             self._control = ShmControl(ControlBlock.attach(self.session, self.rank))
 
     def _finish(self, transport):

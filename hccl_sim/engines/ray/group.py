@@ -18,19 +18,21 @@ import os
 import numpy as np
 from hcomm.transports.scoped import ScopedTransport
 
-from .. import executors
+from hcomm.exec import run_rank, run_share
 from ..peer_group import PeerGroup
 from ..shm_plane import SharedPlane
-from .control import ShmControl
+from hcomm.control.shm import ShmControl
 from .watch import WatchedTransport
 
 CRASH_EXIT_STATUS = 70             # the exit status of a rank process the fault plan kills (EX_SOFTWARE)
 
 
 class RayGroup(SharedPlane, PeerGroup):
-    def __init__(self, rank, topo, config, plane, control, transport, watch, shared=None, lost_world=None):
+    engine = "ray"
+
+    def __init__(self, rank, topo, config, data_plane, control, transport, watch, shared=None, lost_world=None):
         super().__init__(rank, topo, config, control, WatchedTransport(transport, watch), raw_transport=transport)
-        self.plane, self.watch, self.shared = plane, watch, shared
+        self.data_plane, self.watch, self.shared = data_plane, watch, shared
         # the job's ranks a fault plan crashed in an op of this rank's communicators (shared with
         # its sub-communicators' groups): the driver takes those deaths for the plan's
         self.lost_world = set() if lost_world is None else lost_world
@@ -39,7 +41,7 @@ class RayGroup(SharedPlane, PeerGroup):
         return self.watch.waiting(what)
 
     def _execute_data(self, rank, seq, plan, buffers, redop, op):
-        if self.plane != "shm":
+        if self.data_plane != "shm":
             super()._execute_data(rank, seq, plan, buffers, redop, op)
         else:
             self._shared_shares(rank, seq, plan, buffers, redop, op)
@@ -54,11 +56,11 @@ class RayGroup(SharedPlane, PeerGroup):
         try:
             if steps and plan.collective.carries_data and self._eager is None:
                 op = plan.collective.method
-                if self.plane != "shm":
-                    executors.per_rank(rank, plan, buffers, redop, self.transport, self.size, steps=steps)
+                if self.data_plane != "shm":
+                    run_rank(plan.data, rank, buffers, self.transport, steps=steps)
                 else:
                     bufs, _, _ = self._shared_buffers(rank, seq, plan, buffers, op)
-                    executors.central_share(plan, bufs, redop, rank, self.size, until=(rank, steps))
+                    run_share(plan.data, bufs, rank, self.size, until=(rank, steps))
         except BaseException:   # noqa: BLE001 - it dies anyway: what it was doing then does not matter
             pass
         os._exit(CRASH_EXIT_STATUS)
@@ -70,7 +72,7 @@ class RayGroup(SharedPlane, PeerGroup):
         which sees its process gone."""
         tr = self._raw_transport
         self.lost_world.add(tr.members[dead] if isinstance(tr, ScopedTransport) else dead)
-        if self.plane == "shm":
+        if self.data_plane == "shm":
             self.execute(rank, seq, plan, buffers, redop)
             return
         self.transport.watch_peer(dead)
@@ -80,7 +82,7 @@ class RayGroup(SharedPlane, PeerGroup):
             self.transport.unwatch_peer(dead)
 
     def result_array(self, shape, dtype):
-        if self.plane != "shm":
+        if self.data_plane != "shm":
             return np.empty(shape, dtype=dtype)
         return self._shared_result(shape, dtype)
 

@@ -35,7 +35,7 @@ class RankInfo:
 @dataclass(frozen=True)
 class RunSpec:
     session: str
-    plane: str                          # "shm" | "socket" | "object"
+    data_plane: str                     # "shm" | "socket" | "object"
     peers: dict = field(default_factory=dict)   # rank -> (host, port) of its socket transport
     config: Any = None                  # this run's hccl_sim.env.Config (None: the actor's own)
 

@@ -43,7 +43,7 @@ import time
 
 from topologies.errors import HCCL_RESULT, Cause, HcclError
 
-from . import shm
+from .. import shm
 
 DEFAULT_SLOT_BYTES = 4096
 MAGIC = 0x6863636c63746c31          # "hcclctl1"
@@ -421,3 +421,24 @@ class ControlBlock:
         names = {_DETACHED: "detached", _ATTACHED: "attached", _CLOSED: "closed", _LEFT: "left"}
         return [(int(self._q[self._rec(j) + _R_SEQ]), int(self._q[self._rec(j) + _R_PID]),
                  names.get(self._q[self._rec(j) + _R_STATE], "?")) for j in range(self.size)]
+
+
+class ShmControl:
+    """A ControlBlock as a rank's control plane (allgather, abort, leave, close)."""
+
+    def __init__(self, block):
+        self.block = block
+        self.max_payload = block.slot_bytes
+
+    def allgather(self, seq: int, payload: bytes, deadline, op=None) -> list:
+        return self.block.allgather(seq, payload, deadline, op)
+
+    def abort(self, code: str, reason: str) -> None:
+        self.block.abort(code, reason)
+
+    def leave(self) -> None:
+        """This rank's run returned: peers still waiting for it learn so at once."""
+        self.block.leave()
+
+    def close(self) -> None:
+        self.block.close()

@@ -1,4 +1,4 @@
-"""The control allgather of an MPI process hub (hcomm.mpi_hub's MpiHub inherits it), and how its
+"""The control allgather of an MPI process hub (hcomm.transports.mpi.hub's MpiHub inherits it), and how its
 waits poll.
 
 The world communicator's control allgather (`ctl_allgather`) is MPI's own Iallgather of fixed-size

@@ -1,8 +1,8 @@
-"""The MPI engine's control plane: the allgather of small payloads that every rendezvous of the
+"""The control plane of ranks that are MPI processes: the allgather of small payloads that every rendezvous of the
 world communicator is.
 
 The ranks of one process (ranks_per_process threads) first meet among themselves; the last to
-arrive runs one MPI allgather for the process (the hub's `ctl_allgather`, hcomm.mpi_rounds: MPI's
+arrive runs one MPI allgather for the process (the hub's `ctl_allgather`, transports.mpi.rounds: MPI's
 Iallgather of fixed-size slots, polled against the deadline) and hands every rank its share. So
 an eager small op costs one MPI_Iallgather whatever the number of ranks per process.
 
@@ -21,9 +21,7 @@ import time
 
 from topologies.errors import Cause, HcclError
 
-from hcomm.mpi_rounds import SLOT_BYTES
-
-from .rendezvous import deadline as op_deadline
+from ..transports.mpi.rounds import SLOT_BYTES
 
 CALL, LEFT, FAILED, LOST = 0, 1, 2, 3
 _LEN = struct.Struct("<BI")
@@ -58,8 +56,10 @@ class MpiControl:
 
     max_payload = 1 << 30
 
-    def __init__(self, hub, config):
-        self.hub, self.config, self.k = hub, config, hub.k
+    def __init__(self, hub, wait_timeout_s: float):
+        """`wait_timeout_s`: HCCL_EXEC_TIMEOUT, the deadline of a round this process runs unasked
+        (0: none)."""
+        self.hub, self.wait_timeout_s, self.k = hub, wait_timeout_s, hub.k
         self.base = hub.proc * hub.k
         self._cond = threading.Condition()
         self._rounds = {}
@@ -99,7 +99,7 @@ class MpiControl:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise HcclError("E_TIMEOUT", f"ranks of this MPI process did not call collective round {seq} "
-                                    f"within {self.config.wait_timeout_s} s (HCCL_EXEC_TIMEOUT)",
+                                    f"within {self.wait_timeout_s} s (HCCL_EXEC_TIMEOUT)",
                                     rank=self.base + local, op=op, cause=Cause.TIMEOUT)
                 self._cond.wait(0.05 if left is None else min(0.05, left))
         if lead:
@@ -195,7 +195,8 @@ class MpiControl:
             elif last:
                 self._next += 1
         for seq, rnd in ready:      # the round the other ranks of the process were waiting in
-            self._run(seq, rnd, op_deadline(self.config), "finish")
+            limit = time.monotonic() + self.wait_timeout_s if self.wait_timeout_s else None
+            self._run(seq, rnd, limit, "finish")
         if last and not ready:
             room = max(0, (SLOT_BYTES - 8) // self.k - _LEN.size)
             self.hub.ctl_post(_pack([(kind, body[:room]) for kind, body in

@@ -1,7 +1,7 @@
 """The MPI process hub under hcomm.transports.mpi: ranks are MPI processes (or threads of them),
 payloads move with mpi4py's buffer calls (upper-case Isend/Irecv on numpy buffers; nothing is
 pickled). This module holds what a process does for all its ranks (frames, progress, abort, the
-control allgather, closing); the per-rank endpoint is hcomm.transports.mpi.MpiTransport.
+control allgather, closing); the per-rank endpoint is hcomm.transports.mpi.endpoint.MpiTransport.
 
 One `MpiHub` per process and job owns a duplicate of the job's communicator (so nothing else the
 program sends can match ours), and serves the `MpiTransport` endpoints of the ranks the process
@@ -29,7 +29,7 @@ stops taking part while its process lives on: a LOST frame makes every endpoint 
 it for lost, as a dead peer's closed connection does on the socket transport.
 
 The world communicator's control allgather (`ctl_allgather`, on a second duplicate) and the
-waits' polling policy are hcomm.mpi_rounds, which the hub inherits. A process that gave up on a
+waits' polling policy are hcomm.transports.mpi.rounds, which the hub inherits. A process that gave up on a
 round (aborted) or called fewer than its peers (returned early) evens the count at `close`: the
 processes exchange how many they posted and how many frames each sent every other, post the
 missing rounds, and receive until every frame sent to them is in, so no request is left pending.
@@ -45,8 +45,8 @@ import numpy as np
 
 from topologies.errors import Cause, HcclError
 
-from .mpi_rounds import SLOT_BYTES, ControlRounds, _BUSY_S, _POLL_S, _oversubscribed, _pause, _tightened
-from .transports.peer import json_plain as _plain, json_tuples as _tuples
+from .rounds import SLOT_BYTES, ControlRounds, _BUSY_S, _POLL_S, _oversubscribed, _pause, _tightened
+from ..peer import json_plain as _plain, json_tuples as _tuples
 
 FRAME, PAYLOAD = 11, 12             # MPI tags on the hub's communicator
 DATA, ACK, BYE, ABORT, CTL_ABORT, LOST = 1, 2, 3, 4, 5, 6

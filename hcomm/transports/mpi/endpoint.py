@@ -1,5 +1,5 @@
 """MPI transport: each rank's endpoint (a PeerEndpoint) over its process's `MpiHub`
-(hcomm.mpi_hub), which owns the job's duplicate communicator, moves frames and payloads with
+(hcomm.transports.mpi.hub), which owns the job's duplicate communicator, moves frames and payloads with
 mpi4py's buffer calls, drives progress while a rank waits and runs the control allgather. The
 endpoint hands its sends, acknowledgements and waits to the hub.
 """
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from topologies.errors import HcclError
 
-from ..mpi_hub import ACK, BYE, DATA, MpiHub
-from .peer import PeerEndpoint
+from ..peer import PeerEndpoint
+from .hub import ACK, BYE, DATA, MpiHub
 
 __all__ = ["MpiTransport"]
 

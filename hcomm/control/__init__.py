@@ -1,0 +1,11 @@
+"""Control planes: the allgather of small payloads that every rendezvous is, with abort, leave
+and close. One shape, three implementations:
+
+| module      | ranks                                   | how                                                  |
+|-------------|-----------------------------------------|------------------------------------------------------|
+| `shm`       | processes on one host                   | sequence slots in a shared segment, futex waits      |
+| `mpi`       | MPI processes (threads of them)         | one MPI Iallgather of fixed slots per process        |
+| `transport` | anything with a peer transport          | a dissemination allgather, ceil(log2 p) rounds        |
+
+Every wait takes a deadline and fails with the HcclError the waiting rank should see.
+"""

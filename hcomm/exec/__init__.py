@@ -1,0 +1,15 @@
+"""Every byte mover of hccl-sim: executors of a DataProgram, which knows nothing of collectives.
+
+- `data_program`: the DataProgram a plan is lowered to (loops, buffer layout, scratch shape,
+  reduction) and the LoopBody of each loop program;
+- `central`: a share of the serial data program over every rank's buffers (ranks that share memory);
+- `per_rank`: one rank's own schedule over a Transport (ranks that share no memory);
+- `own_result`: one rank's output from every rank's input (the small-op eager path).
+"""
+from .central import run_share
+from .data_program import DataLoop, DataProgram, LoopBody, with_scratch
+from .own_result import OwnResult, own_result
+from .per_rank import COLLECTIVE_TAG, run_rank, run_schedule
+
+__all__ = ["DataLoop", "DataProgram", "LoopBody", "OwnResult", "COLLECTIVE_TAG", "own_result", "run_rank",
+           "run_schedule", "run_share", "with_scratch"]

@@ -1,0 +1,73 @@
+"""The per-rank executor: one rank runs its own schedule on real buffers over a transport.
+
+For ranks that share no memory: each rank posts its own slices to the peers its schedule names.
+Per step:
+1. post every Send (a view of this rank's registered memory);
+2. run the step's local copies (copies run at the start of their step on every executor:
+   hcomm.program.data_moves);
+3. take every Recv in order, copying or reducing straight from the sender's memory, and
+   acknowledge it;
+4. wait until this rank's own sends have been consumed: only then may the next step write.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..steps import Copy, Recv, Send
+from .data_program import DataProgram, with_scratch
+
+COLLECTIVE_TAG = "coll"
+_EMPTY = np.empty(0, dtype=np.uint8)
+
+
+def run_rank(data: DataProgram, rank: int, buffers, transport, steps: int | None = None) -> None:
+    """Execute `rank`'s schedule of every loop of `data` over `transport` (its buffers registered
+    loop by loop); with `steps`, only its first `steps` steps, counted over the loops: what a rank
+    that dies as the next one starts has sent (a fault plan's crash mid-op)."""
+    deadline = transport.deadline()
+    reduce_fn = data.reduce_fn()
+    left = steps
+    if not data.carries_data:
+        transport.register(rank, "input", _EMPTY)
+        reduce_fn = None
+    else:
+        buffers = with_scratch(data, buffers)
+    for a, b, body in data.loops:
+        if left is not None and left <= 0:
+            return
+        schedule = body.rank_steps(data.size)[rank]
+        if left is not None:
+            schedule, left = schedule[:left], left - len(schedule)
+        if data.carries_data:
+            for name, view in data.named_views(buffers.input, buffers.output, buffers.scratch, a, b).items():
+                transport.register(rank, name, view)
+        run_schedule(schedule, rank, transport, COLLECTIVE_TAG, reduce_fn, deadline, data.name)
+
+
+def run_schedule(schedule, rank: int, transport, tag, reduce_fn, deadline=None, op: str | None = None) -> None:
+    """Execute one schedule (a rank's step list) for `rank`; its buffers are registered on the
+    transport beforehand."""
+    region = transport.region
+    for step in schedule:
+        posted = []
+        for item in step:
+            if type(item) is Send:
+                s = item.src
+                posted.append(transport.post(rank, item.peer, tag, s.buf, s.start, s.stop))
+        for item in step:
+            if type(item) is Copy:
+                s, d = item.src, item.dst
+                np.copyto(region(rank, d.buf)[d.start:d.stop], region(rank, s.buf)[s.start:s.stop])
+        for item in step:
+            if type(item) is Recv:
+                msg = transport.take(item.peer, rank, tag, deadline, op)
+                d = item.dst
+                out = region(rank, d.buf)[d.start:d.stop]
+                if item.reduce_with is None:
+                    np.copyto(out, msg.data)
+                else:
+                    w = item.reduce_with
+                    reduce_fn(msg.data, region(rank, w.buf)[w.start:w.stop], out)
+                msg.consumed()
+        for msg in posted:
+            transport.wait_consumed(msg, deadline, op)
