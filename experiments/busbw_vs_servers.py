@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt      # noqa: E402
 
 import hccl_sim                      # noqa: E402
 from hccl_sim.algorithms import registry   # noqa: E402
-from hccl_sim.bench import parse_size      # noqa: E402
+from hccl_sim.tools.bench import parse_size      # noqa: E402
 from topologies.errors import HcclError    # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out"

@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 
 import hccl_sim
-from hccl_sim.bench import parse_size
-from hccl_sim.verifiable import expected, rank_input
+from hccl_sim.tools.bench import parse_size
+from hccl_sim.collectives import expected
+from hccl_sim.collectives.verifiable import rank_input
 
 HERE = Path(__file__).resolve().parent
 

@@ -10,7 +10,9 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hccl_sim.verifiable import expected, rank_input
+from hccl_sim.collectives import expected
+
+from hccl_sim.collectives.verifiable import rank_input
 
 
 def main():

@@ -42,7 +42,8 @@ def busbw(nbytes, p, seconds):
 # ---- the worker: one mpiexec job ---------------------------------------------------------------------
 
 def _engine_large(comm, count, iters, device=False):
-    from hccl_sim.verifiable import expected, rank_input
+    from hccl_sim.collectives import expected
+    from hccl_sim.collectives.verifiable import rank_input
     x = rank_input(comm.rank, count, "float32")
     d = None
     if device:                                 # the input in HBM, as hccl_test's aclrtMalloc + memcpy h2d
@@ -76,7 +77,8 @@ def worker(args):
     from mpi4py import MPI
 
     import hccl_sim
-    from hccl_sim.verifiable import expected, rank_input
+    from hccl_sim.collectives import expected
+    from hccl_sim.collectives.verifiable import rank_input
     world = MPI.COMM_WORLD
     p, me = world.Get_size(), world.Get_rank()
     topo = hccl_sim.topology("fullmesh", ranks=p, bandwidth=25e9, latency=5e-6)

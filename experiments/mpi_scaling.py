@@ -42,7 +42,8 @@ def cluster(ranks):
 # ---- the worker: one mpiexec job ---------------------------------------------------------------------
 
 def _engine_op(comm, count, iters):
-    from hccl_sim.verifiable import expected, rank_input
+    from hccl_sim.collectives import expected
+    from hccl_sim.collectives.verifiable import rank_input
     x = rank_input(comm.rank, count, "float32")
     walls, sims, y = [], [], None
     for _ in range(iters + 1):                 # the first op warms the pools and caches: not timed
@@ -58,7 +59,8 @@ def worker(args):
     from mpi4py import MPI
 
     import hccl_sim
-    from hccl_sim.verifiable import expected, rank_input
+    from hccl_sim.collectives import expected
+    from hccl_sim.collectives.verifiable import rank_input
     world = MPI.COMM_WORLD
     p, me = world.Get_size(), world.Get_rank()
     k = args.k
@@ -189,7 +191,7 @@ def main():
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(OUT / "mpi_scaling"), help="path without extension (.md, .png)")
     args = ap.parse_args()
-    from hccl_sim.bench import parse_size
+    from hccl_sim.tools.bench import parse_size
     args.total, args.per_rank = parse_size(args.total), parse_size(args.per_rank)
     if args.worker:
         worker(args)

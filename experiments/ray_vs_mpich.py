@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 import hccl_sim
-from hccl_sim.verifiable import expected, rank_input
+from hccl_sim.collectives import expected
+from hccl_sim.collectives.verifiable import rank_input
 
 from local_vs_mpich import busbw, mpich_walls
 

@@ -41,8 +41,9 @@ t2 = time.perf_counter()
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 # transfers the op prices: every step of every buffer loop, counted after the clock stopped from
 # the same plan (served from the cost model's caches)
-from hccl_sim import collectives, planner
-from hccl_sim.env import Config
+from hccl_sim import collectives
+from hccl_sim import planner
+from hccl_sim.config.env import Config
 shape = collectives.get("allreduce").input_shape_for_bytes(nbytes, ranks, 4)
 plan = planner.make_plan(planner.Signature("allreduce", shape, "float32", "sum", None, algo), topo,
                          Config.from_env(None, None), [0] * ranks, 4)

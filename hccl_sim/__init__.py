@@ -23,12 +23,12 @@ from topologies.errors import HCCL_RESULT, Cause, HcclError
 from topologies.validate import integer, is_integer
 
 from . import collectives
-from .communicator import Communicator, OpRecord
-from .env import Config
-from .fault_state import FaultProgress
-from .faults import FaultPlan, with_faults
-from .planner import Signature, make_plan
-from .types import ReduceOp, dtype_name, numpy_dtype, parse_reduce_op
+from .comm.communicator import Communicator, OpRecord
+from .config.env import Config
+from .faults.progress import FaultProgress
+from .faults.plan import FaultPlan, with_faults
+from .plan.planner import Signature, make_plan
+from .config.types import ReduceOp, dtype_name, numpy_dtype, parse_reduce_op
 from .engines import registry as _registry
 
 __all__ = ["topology", "run", "init", "finalize", "simulate", "Cluster", "FaultPlan", "Communicator", "ReduceOp", "HcclError", "HCCL_RESULT",

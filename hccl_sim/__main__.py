@@ -1,6 +1,6 @@
 """`python -m hccl_sim` is the `hccl-sim` command."""
 import sys
 
-from .cli import main
+from .tools.cli import main
 
 sys.exit(main())

@@ -6,7 +6,7 @@ engine (hcomm.vtiming), the event-driven reference (hcomm.timing), the planner's
 timing caches, the selection policies' decisions, and point-to-point send/recv. Keys are content:
 a CostModel is found by the topology's fingerprint (two equal topologies share one), and every
 cache it owns lives and dies with it, so a different link state (a fault plan's timed link
-changes, hcomm.faults.LinkState) is a different CostModel whose caches start empty — no stale
+changes, hcomm.link_state.LinkState) is a different CostModel whose caches start empty — no stale
 fault-free price can be served for a faulty link. Without a plan every link is as the topology
 built it: `link_state` is the empty tuple. A Topology is treated as immutable
 once priced (its fingerprint is computed once).
@@ -20,7 +20,7 @@ import numpy as np
 
 from topologies.model import transfer_ns
 
-from .faults import LinkFailure
+from .link_state import LinkFailure
 
 _MODELS_KEPT = 16          # cost models kept alive for topologies no longer referenced elsewhere
 _CACHE_LIMIT = 4096        # entries per cache before it is emptied (programs can be large)
@@ -110,8 +110,8 @@ class CostModel:
         that stage (a local copy on each side); each call pays the preset's fixed per-call cost.
 
         Under a link state the transfer is retransmitted over down links and slowed over slowed
-        ones (hcomm.faults.LinkState.transmit; `crc`: it is corrupted, and loses one attempt);
-        hcomm.faults.LinkFailure when its retransmissions run out (src, dst and hops set)."""
+        ones (hcomm.link_state.LinkState.transmit; `crc`: it is corrupted, and loses one attempt);
+        hcomm.link_state.LinkFailure when its retransmissions run out (src, dst and hops set)."""
         dm = self.device_model
         stage = dm.copy_ns(nbytes) if dm.staging and nbytes else 0
         call = dm.p2p_overhead_ns               # each side's call: expansion and launch

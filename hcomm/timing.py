@@ -16,7 +16,7 @@ Rules (docs/design.md, "Simulated time and the cost model"):
 - A receive completes when its data is in place (its batch reduced); the matching send
   completes when the receiver has consumed it, plus one notify (the zero-copy ack).
 - A step completes at the latest completion of its operations.
-- Under a link state (hcomm.faults) a transfer is retransmitted over down links and slowed over
+- Under a link state (hcomm.link_state) a transfer is retransmitted over down links and slowed over
   slowed ones; a corrupted transfer (the pair's k-th of the op, `corrupt`) loses one attempt to
   its CRC. Each failed attempt is in the trace.
 
@@ -31,7 +31,7 @@ from topologies.errors import HcclError
 from topologies.model import transfer_ns
 
 from .cost import as_cost
-from .faults import LinkFailure, LinkState
+from .link_state import LinkFailure, LinkState
 from .steps import Copy, Recv, Send, Stage
 
 
@@ -75,7 +75,7 @@ def replay(schedules, entry_ns, cost, dtype: str = "float32", redop: str | None 
         cost: the hcomm.cost.CostModel (or a Topology, taken as its cost model) pricing the steps.
         dtype, redop: what a reduction reduces (decides inline reduce on hardware presets).
         events: optional list to append Chrome-trace-like (rank, name, start_ns, end_ns, args).
-        links: an hcomm.faults.LinkState: transfers over links it has down are retransmitted (or
+        links: an hcomm.link_state.LinkState: transfers over links it has down are retransmitted (or
             fail: LinkFailure), over slowed links they take longer. None: every link as built.
         marks: optional list of one list per rank, to which each rank's clock is appended as it
             starts each of its steps.

@@ -1,6 +1,9 @@
-"""Shared helpers: symbolic buffers for schedule verification and small topologies."""
+"""Shared helpers: symbolic buffers for schedule verification, small topologies, waits on what the code
+shows (not sleeps), leak checks, the session's Ray cluster; and the check that every test has one layer."""
 import os
 import re
+import sys
+import threading
 import time
 
 import numpy as np
@@ -26,12 +29,63 @@ def onehot_input(rank, p, rows, cols, index_of):
     return x
 
 
+# ---- layers: every test carries exactly one (pyproject.toml registers them) -------------------------
+
+LAYERS = ("unit", "local", "ray", "mpi", "torch", "campaign")
+
+
+@pytest.hookimpl(tryfirst=True)          # before -m deselects: every collected test is checked
+def pytest_collection_modifyitems(config, items):
+    wrong = []
+    for item in items:
+        layers = sorted({m.name for m in item.iter_markers() if m.name in LAYERS})
+        if len(layers) != 1:
+            wrong.append(f"  {item.nodeid}: {', '.join(layers) if layers else 'none'}")
+    if wrong:
+        raise pytest.UsageError(
+            f"{len(wrong)} test(s) without exactly one layer marker ({', '.join(LAYERS)}; see pyproject.toml): "
+            f"mark the module (pytestmark = pytest.mark.<layer>) or each test\n" + "\n".join(wrong[:30])
+            + (f"\n  ... and {len(wrong) - 30} more" if len(wrong) > 30 else ""))
+
+
 @pytest.fixture
 def fullmesh():
     def make(p, bandwidth=1e9, latency=1e-6, reduce_bandwidth=2e9):
         return hccl_sim.topology("fullmesh", ranks=p, bandwidth=bandwidth, latency=latency,
                                  reduce_bandwidth=reduce_bandwidth)
     return make
+
+
+# ---- ordering a test's steps by what the code shows, not by sleeping "long enough" ------------------
+
+def wait_until(condition, what, timeout=30.0, every=0.005):
+    """Poll `condition()` until it is true; fail naming `what` once `timeout` s have passed."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout} s: {what}")
+        time.sleep(every)
+
+
+def blocked_in(thread_id, where=("take", "wait_consumed")) -> bool:
+    """Whether the thread `thread_id` is parked in a wait (its innermost Python frame is threading's
+    Condition.wait, which Event.wait uses too) called from a function named in `where` (a
+    transport's take or wait_consumed): it has made its checks and sleeps until woken or polled."""
+    frame = sys._current_frames().get(thread_id)
+    if frame is None or frame.f_code.co_name != "wait" or frame.f_code.co_filename != threading.__file__:
+        return False
+    while frame is not None:
+        if frame.f_code.co_name in where:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def waiting_ranks(watch) -> set:
+    """The ranks an in-process transport's deadlock watch (hcomm.transports.inprocess.Watch) records
+    as waiting: a rank is there from inside its wait loop until the wait ends."""
+    with watch._lock:
+        return set(watch._waiting)
 
 
 # ---- processes and shared memory a test leaves behind ----------------------------------------------
@@ -42,16 +96,36 @@ descendants = _chaos_runners.descendants     # live processes below this one, fr
 def shm_leaks(before):
     """/dev/shm entries new since `before` that this test made. Other developers share the machine:
     entries named for a process (hcomm.shm's segments are) count only when that process is in this
-    test's tree, and multiprocessing's named semaphores never (these tests use pipes). What these
-    transports could leave (Ray's plasma files) has no pid in its name and always counts."""
+    test's tree, and multiprocessing's named semaphores never (these tests use pipes); MPICH's
+    segments (another developer's mpiexec job) only when no live process outside this tree maps
+    them. What these transports could leave (Ray's plasma files) has no pid in its name and always
+    counts."""
     ours = descendants() | {os.getpid()}
     leaked = []
     for name in set(os.listdir("/dev/shm")) - before:
         pid = re.search(r"-(\d+)-", name)
         if name.startswith("sem.mp-") or (pid and int(pid.group(1)) not in ours):
             continue
+        if name.startswith("mpich_shm_") and mapped_outside(name, ours):
+            continue
         leaked.append(name)
     return leaked
+
+
+def mapped_outside(name, ours=frozenset()) -> bool:
+    """Whether a live process not in `ours` maps /dev/shm/`name` (a segment of a job that is not
+    this test's: a segment left behind is mapped by no one)."""
+    path = f"/dev/shm/{name}"
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) in ours:
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                if path in f.read():
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def cmdline(pid):

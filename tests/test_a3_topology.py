@@ -9,6 +9,7 @@ import hccl_sim
 from topologies import HcclError, ranktable
 
 
+@pytest.mark.unit
 def test_superpods_of_unequal_server_counts():
     t = hccl_sim.topology("atlas900-a3", superpods=3, servers=[1, 3, 2])
     assert (t.num_ranks, t.num_servers, t.device) == (96, 6, "910C")
@@ -19,6 +20,7 @@ def test_superpods_of_unequal_server_counts():
     assert "superpods  : 3 (servers each: [1, 3, 2])" in t.summary()
 
 
+@pytest.mark.unit
 def test_routes_sio_ub_roce():
     t = hccl_sim.topology("atlas900-a3", superpods=2, servers=2)        # ranks 0-31 pod 0, 32-63 pod 1
     sio, in_server, in_pod, across = t.route(4, 5), t.route(4, 6), t.route(4, 20), t.route(4, 40)
@@ -40,6 +42,7 @@ def test_routes_sio_ub_roce():
     assert len(set(names_e.values())) == len(names_e) and len(set(names_i.values())) == len(names_i)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("params,match", [
     ({"superpods": 2, "servers": [1]}, "gives 1 superpods' server counts for superpods=2"),
     ({"superpods": 0}, "superpods"),
@@ -52,6 +55,7 @@ def test_bad_superpod_parameters(params, match):
         hccl_sim.topology("atlas900-a3", **params)
 
 
+@pytest.mark.unit
 def test_superpods_are_an_a3_notion():
     with pytest.raises(HcclError, match="unknown parameter"):
         hccl_sim.topology("atlas800t-a2", superpods=2)
@@ -60,6 +64,7 @@ def test_superpods_are_an_a3_notion():
         hardware("atlas800t-a2", superpods=2)
 
 
+@pytest.mark.unit
 def test_rank_table_version_1_2_round_trip(tmp_path):
     t = hccl_sim.topology("atlas900-a3", superpods=2, servers=[2, 1])
     table = ranktable.to_dict(t)
@@ -84,6 +89,7 @@ def _edit(fn):
     return table
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("edit,match", [
     (lambda t: t.pop("super_pod_list"), "super_pod_list: must be a non-empty JSON array"),
     (lambda t: t["server_list"][0]["device"][3].pop("super_device_id"), 'missing required field "super_device_id"'),
@@ -102,6 +108,7 @@ def test_bad_version_1_2_tables(edit, match):
         ranktable.parse(_edit(edit))
 
 
+@pytest.mark.unit
 def test_table_version_and_preset_must_agree():
     with pytest.raises(HcclError, match="describes A3 superpod servers, not atlas800t-a2"):
         ranktable.parse(_a3_table(), preset="atlas800t-a2")
@@ -110,6 +117,7 @@ def test_table_version_and_preset_must_agree():
         ranktable.parse(a2, preset="atlas900-a3")
 
 
+@pytest.mark.local
 def test_send_recv_across_superpods():
     t = hccl_sim.topology("atlas900-a3", superpods=2, servers=1)
 

@@ -8,9 +8,9 @@ import pytest
 import hccl_sim
 from hccl_sim import FaultPlan, HcclError, collectives
 from hccl_sim.algorithms.common import side_by_side
-from hccl_sim.env import Config
-from hccl_sim.planner import Signature, choose
-from hccl_sim.programs import build_parts
+from hccl_sim.config.env import Config
+from hccl_sim.plan.planner import Signature, choose
+from hccl_sim.plan.loop_programs import build_parts
 from hcomm.vtiming import program_times
 from topologies.presets import with_backup_nics
 
@@ -25,6 +25,7 @@ def a3():
     return hccl_sim.topology("atlas900-a3", superpods=2, servers=1)     # 32 dies: 16 per superpod
 
 
+@pytest.mark.unit
 def test_borrowed_routes_cross_sio_to_the_partner_nic_at_half_bandwidth():
     topo = a3()
     borrowed = with_backup_nics(topo, [3])
@@ -40,6 +41,7 @@ def test_borrowed_routes_cross_sio_to_the_partner_nic_at_half_bandwidth():
     assert e.value.code == "E_NOT_SUPPORT"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("servers", [1, [2, 1]], ids=str)
 def test_vectorised_timing_equals_the_event_driven_reference_on_borrowed_routes(servers):
     topo = with_backup_nics(hccl_sim.topology("atlas900-a3", superpods=2, servers=servers), (3, 16, 21))
@@ -57,6 +59,7 @@ def test_vectorised_timing_equals_the_event_driven_reference_on_borrowed_routes(
                 assert list(program_times(program, entry, topo, sig.dtype, sig.redop or "sum")) == list(want), coll
 
 
+@pytest.mark.unit
 def test_l2_retry_switches_to_the_backup_nic_and_succeeds():
     """The retry runs on the borrowed routes: its time is that of the op on them from where the
     retry resumes (the trace's wait), and slower than the op on healthy NICs."""
@@ -73,6 +76,7 @@ def test_l2_retry_switches_to_the_backup_nic_and_succeeds():
     assert on_backup.time > clean.time
 
 
+@pytest.mark.local
 def test_backup_nic_on_the_local_engine_result_time_and_later_ops():
     """Integer data bit-identical; the switching op's times equal simulate's; later ops and sends
     run on the borrowed routes without retry: a 1 MiB send from die 3 (borrower) or die 2 (lender)
@@ -108,6 +112,7 @@ def test_backup_nic_on_the_local_engine_result_time_and_later_ops():
     assert got[2][3] - got[5][3] == 52_429 and got[3][3] - got[5][3] == 52_429 + sio
 
 
+@pytest.mark.local
 def test_no_backup_a_second_time_on_the_same_npu_or_when_the_partner_nic_is_down():
     topo = a3()
     env = {**RETRY, "HCCL_OP_RETRY_PARAMS": "MaxCnt:2,HoldTime:1,IntervalTime:0"}
@@ -135,6 +140,7 @@ def test_no_backup_a_second_time_on_the_same_npu_or_when_the_partner_nic_is_down
                                                      "backup NIC (HCCL switches once per NPU, no switch back)") in out[1][1]
 
 
+@pytest.mark.unit
 def test_no_backup_nic_on_910b_or_without_l2_retry_or_for_a_flap():
     a2 = hccl_sim.topology("atlas800t-a2", servers=2)
     with pytest.raises(HcclError, match=r"retries exhausted.*no backup NIC: on 910B a NIC has no backup \(HCCL borrows "
@@ -152,6 +158,7 @@ def test_no_backup_nic_on_910b_or_without_l2_retry_or_for_a_flap():
     assert flap.retries == 1 and flap.notes == ()
 
 
+@pytest.mark.local
 def test_a_sub_communicator_borrows_through_the_cluster_and_skips_corrupt_entries():
     """The odd dies' communicator (die 2, die 3's partner, is not a member): its init's retry
     switches die 3 to rank 2's NIC (each communicator's links switch on their own), and its

@@ -16,8 +16,8 @@ import pytest
 import hccl_sim
 import topologies
 from hccl_sim import HcclError
-from hccl_sim.cli import main
-from hccl_sim.env import Config
+from hccl_sim.tools.cli import main
+from hccl_sim.config.env import Config
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -122,7 +122,10 @@ BAD = [
     ("run local 8192 ranks", lambda t: hccl_sim.run(lambda c: 1, topology=hccl_sim.topology(A2, servers=1024)),
      "E_PARA", "MAX_LOCAL_RANKS"),
     ("Cluster data_plane='nope'", lambda t: hccl_sim.Cluster(fullmesh(2), data_plane="nope"), "E_PARA", "data_plane 'nope'"),
-    # the Communicator: every argument checked on the calling rank, before the rendezvous
+]
+
+# on the local engine's ranks: the Communicator checks every argument on the calling rank, before the rendezvous
+BAD_ON_RANKS = [
     ("send tag=[1]", on_ranks(lambda c: c.send(np.ones(2), 1, tag=[1]) if c.rank == 0 else c.recv(0)),
      "E_PARA", "tag must be an integer in [0, 2147483647], got [1] (list)"),
     ("recv tag=[1] on one rank", on_ranks(lambda c: c.send(np.ones(2), 1) if c.rank == 0 else c.recv(0, tag=[1])),
@@ -148,7 +151,8 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("call,code,message", [row[1:] for row in BAD], ids=[row[0] for row in BAD])
+@pytest.mark.parametrize("call,code,message", [pytest.param(*row[1:], id=row[0], marks=pytest.mark.unit) for row in BAD]
+                         + [pytest.param(*row[1:], id=row[0], marks=pytest.mark.local) for row in BAD_ON_RANKS])
 def test_bad_input(call, code, message, tmp_path):
     t0 = time.monotonic()
     with warnings.catch_warnings():
@@ -170,7 +174,7 @@ CLI = [
     (["bench", "-e", "9" * 5000], "is not a byte count"),
     (["bench", "-n", "1000000000"], "MAX_ITERS"),
     (["bench", "-c", "2"], "-c 2: expected 1"),
-    (["bench", "-e", "1T"], "hccl_sim.bench.HOST_MEMORY_FRACTION"),
+    (["bench", "-e", "1T"], "hccl_sim.tools.bench.HOST_MEMORY_FRACTION"),
     (["bench", "--servers", "200"], "MAX_LOCAL_RANKS"),
     (["bench", "--servers", "1000000000"], "over the limit of 131072"),
     (["bench", "--topology", "fullmesh", "--ranks", "2000000"], "topologies.MAX_RANKS"),
@@ -186,6 +190,7 @@ CLI = [
 ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("argv,message", CLI, ids=[" ".join(a)[:60] for a, _ in CLI])
 def test_cli_bad_input(capsys, argv, message):
     code = main(argv)
@@ -195,6 +200,7 @@ def test_cli_bad_input(capsys, argv, message):
     assert len(err.strip().splitlines()) == 1 and out == ""
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name,table", [("rank_id.json", one_device_table("²")),
                                         ("nested.json", "[" * 100000 + "]" * 100000),
                                         ("binary.json", b"\xff\xfe\x00")])
@@ -205,12 +211,14 @@ def test_cli_bad_rank_table(capsys, tmp_path, name, table):
     assert "rank table" in err
 
 
+@pytest.mark.unit
 def test_cli_warns_misspelt_variable_in_one_line(capsys):
     assert main(["bench", "--engine", "timing", "-e", "64", "--env", "HCCL_BUFSIZE=1"]) == 0
     err = capsys.readouterr().err
     assert err.strip() == "hccl-sim: warning: env: unknown HCCL variable HCCL_BUFSIZE is ignored; did you mean HCCL_BUFFSIZE?"
 
 
+@pytest.mark.local
 def test_misspelt_env_variable_warns_naming_the_closest():
     with pytest.warns(UserWarning, match="HCCL_BUFSIZE is ignored; did you mean HCCL_BUFFSIZE"):
         hccl_sim.run(lambda c: 1, topology=fullmesh(2), env={"HCCL_BUFSIZE": "1"})
@@ -223,6 +231,7 @@ def test_misspelt_env_variable_warns_naming_the_closest():
         Config.from_env({"HCCL_BUFFSIZE": "1"})          # a known variable: no warning
 
 
+@pytest.mark.local
 def test_numpy_integers_are_integers():
     topo = hccl_sim.topology(A2, servers=np.int64(2))
     assert topo.num_ranks == 16 and hccl_sim.topology("ring", ranks=np.int32(3)).num_ranks == 3
@@ -238,6 +247,7 @@ def test_numpy_integers_are_integers():
     assert [list(r) for r in hccl_sim.run(fn, topology=fullmesh(2))] == [[1.0, 1.0], [1.0, 1.0]]
 
 
+@pytest.mark.unit
 def test_large_topologies_are_built_without_their_graphs():
     """16,384 servers and a 1,048,576-rank full mesh well under two seconds; graphs only when asked for."""
     t0 = time.perf_counter()
@@ -254,11 +264,13 @@ def test_large_topologies_are_built_without_their_graphs():
     assert small.links_by_kind() == counted       # now counted from the built graph
 
 
+@pytest.mark.unit
 def test_fullmesh_of_many_ranks_simulates_without_a_p_squared_table():
     est = hccl_sim.simulate("allreduce", 1 << 20, topology=fullmesh(16384))
     assert est.algo == "H-D_R" and 0 < est.time < 1e-3
 
 
+@pytest.mark.unit
 def test_transfers_past_int64_nanosecond_bytes_are_exact():
     """64 GiB in one transfer: nbytes * 1e9 leaves int64; it used to come out negative."""
     from topologies.model import transfer_ns, transfer_ns_array

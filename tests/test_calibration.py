@@ -15,6 +15,8 @@ import hccl_sim
 from hcomm.cost import CostModel
 from topologies.presets import hardware
 
+pytestmark = pytest.mark.unit
+
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 
 

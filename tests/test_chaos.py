@@ -19,7 +19,7 @@ from hccl_sim.chaos import report
 from hccl_sim.chaos.check import Result, Verdict, reference_digests
 from hccl_sim.chaos.runners import LocalRunner
 from hccl_sim.chaos.scenarios import rdma_budget, twin_spans
-from hccl_sim.cli import main
+from hccl_sim.tools.cli import main
 
 FAST = {"HCCL_RDMA_TIMEOUT": "5", "HCCL_RDMA_RETRY_CNT": "1", "HCCL_EXEC_TIMEOUT": "10"}
 INTERVAL_NS = round(4.096e-6 * 2 ** 5 * 1e9)     # one retransmission at HCCL_RDMA_TIMEOUT=5
@@ -44,6 +44,7 @@ def run(topo, sc):
     return run_scenario(sc, LocalRunner(topo))
 
 
+@pytest.mark.campaign
 def test_campaign_of_100_scenarios_on_the_local_engine(a2):
     """Every scenario is recovered or a clean error, every fault kind and collective turns up, and
     each fault's time lands inside the call it aims at (the twin's real clocks are the planned spans)."""
@@ -53,7 +54,7 @@ def test_campaign_of_100_scenarios_on_the_local_engine(a2):
                                         if r.outcome in report.FAILURES]
     assert outcomes == {"recovered", "clean error"}
     drawn = {e["kind"] for sc, _ in results for e in sc.plan.entries}
-    assert drawn == set(space.kinds) == set(hccl_sim.faults.MODELLED)      # a newly modelled kind needs a maker
+    assert drawn == set(space.kinds) == set(hccl_sim.faults.plan.MODELLED)      # a newly modelled kind needs a maker
     assert any(r.verdict.retries for _, r in results)           # some ops recovered by op retry
     assert {sc.call.op for sc, _ in results} == set(hccl_sim.OPS)
     for sc, r in results:
@@ -67,7 +68,8 @@ def test_campaign_of_100_scenarios_on_the_local_engine(a2):
     assert summary["rest_over_cqe_budget"]["min"] >= 1.0     # every failed try ran its retransmissions out
 
 
-def test_same_seed_same_scenarios_and_outcomes(a2):
+@pytest.mark.campaign
+def test_seed_fixes_scenarios_and_campaign_outcomes_a_new_seed_changes_them_scenario_n_replays_alone(a2):
     first = [sc.to_dict() for sc in generate(5, 40, a2)]
     assert first == [sc.to_dict() for sc in generate(5, 40, a2)]
     assert first != [sc.to_dict() for sc in generate(6, 40, a2)]
@@ -82,6 +84,7 @@ def test_same_seed_same_scenarios_and_outcomes(a2):
 
 # ---- each outcome, reached and detected ------------------------------------------------------------
 
+@pytest.mark.local
 def test_a_flap_inside_one_retransmission_interval_is_absorbed(a2):
     """A flap of the RoCE link 0-4 over the whole op, shorter than one retransmission interval:
     every transfer over it gets through on its first retransmission; no op retry, time lost."""
@@ -90,6 +93,7 @@ def test_a_flap_inside_one_retransmission_interval_is_absorbed(a2):
     assert got.outcome == "recovered" and got.verdict.retries == 0 and got.verdict.lost_s > 0
 
 
+@pytest.mark.local
 def test_op_retry_recovers_bit_identical_and_loses_at_least_hold_time(a2):
     env = {**FAST, "HCCL_OP_RETRY_ENABLE": "L0:0,L1:1", "HCCL_OP_RETRY_PARAMS": "MaxCnt:3,HoldTime:5,IntervalTime:2"}
     plan = FaultPlan().link_flap(0, 4, at=0.0, duration=8e-3)
@@ -101,12 +105,14 @@ def test_op_retry_recovers_bit_identical_and_loses_at_least_hold_time(a2):
     assert [rec.retries for rec in got.faulty[3]] == [2, 0]
 
 
+@pytest.mark.local
 def test_a_straggler_costs_exactly_its_delay(a2):
     plan = FaultPlan().straggler(5, delay=1e-3)
     got = run(a2, hand_made(a2, allreduce(), FAST, plan))
     assert got.outcome == "recovered" and got.verdict.lost_s == pytest.approx(1e-3, abs=1e-9)
 
 
+@pytest.mark.local
 def test_clean_errors_link_down_in_place_and_lost_rank(a2):
     down = run(a2, hand_made(a2, allreduce(), FAST, FaultPlan().link_down(1, 6)))
     assert down.outcome == "clean error" and "E_REMOTE" in down.verdict.detail
@@ -123,6 +129,7 @@ def _records(topo, sc):
     return runner.run(sc.call, sc.env, None), runner.run(sc.call, sc.env, sc.plan)
 
 
+@pytest.mark.local
 def test_classify_tells_wrong_from_right(a2):
     sc = hand_made(a2, allreduce(calls=2), FAST, FaultPlan().straggler(3, delay=2e-4))
     twin, faulty = _records(a2, sc)
@@ -144,6 +151,7 @@ def test_classify_tells_wrong_from_right(a2):
     assert "ranks disagree on retries" in classify(sc, twin, slower, reference).detail
 
 
+@pytest.mark.local
 def test_classify_checks_each_error_against_its_fault(a2):
     sc = hand_made(a2, allreduce(), FAST, FaultPlan().link_down(1, 6))
     twin, faulty = _records(a2, sc)
@@ -173,6 +181,7 @@ def test_classify_checks_each_error_against_its_fault(a2):
     assert classify(sc, twin, refused).outcome == "skipped"
 
 
+@pytest.mark.local
 def test_classify_judges_lost_ranks_and_refusals_by_their_fields(a2):
     """The lost rank, how and when it was found, the refusal and MaxCnt: read from the error's
     fields (cause, peers, detail), whatever the message says."""
@@ -244,6 +253,7 @@ class _Refusing(LocalRunner):
         return super().run(call, env, plan)
 
 
+@pytest.mark.local
 def test_hang_leak_and_skipped_are_detected(a2):
     sc = hand_made(a2, allreduce(count=10), {**FAST, "HCCL_EXEC_TIMEOUT": "1"}, FaultPlan().straggler(0, delay=1e-5))
     blocking = _Blocking(a2)
@@ -265,6 +275,7 @@ def test_hang_leak_and_skipped_are_detected(a2):
     assert run_scenario(sc, LocalRunner(a2)).outcome == "recovered"
 
 
+@pytest.mark.local
 def test_cluster_run_takes_a_plan_and_environment_per_run(a2):
     """What chaos uses to keep one set of Ray actors: Cluster.run(faults=, env=)."""
     def fn(comm):
@@ -280,6 +291,7 @@ def test_cluster_run_takes_a_plan_and_environment_per_run(a2):
 
 # ---- the command ----------------------------------------------------------------------------------
 
+@pytest.mark.campaign
 def test_cli_table_json_and_replay(tmp_path, capsys):
     path = tmp_path / "chaos.json"
     args = ["chaos", "-n", "4", "--seed", "2", "--topology", "atlas800t-a2", "--servers", "2"]
@@ -299,6 +311,7 @@ def test_cli_table_json_and_replay(tmp_path, capsys):
     assert f"outcome: {third['outcome']}" in replay and "rank 15 call 0:" in replay
 
 
+@pytest.mark.campaign
 def test_progress_bar_on_a_terminal():
     """On a terminal the bar is drawn to stderr, the table still goes to stdout."""
     import fcntl
@@ -331,6 +344,7 @@ def test_progress_bar_on_a_terminal():
     assert b"| 0/2 [" in drawn and b"scenario/s]" in drawn
 
 
+@pytest.mark.unit
 def test_cli_exit_status_1_on_a_failure(monkeypatch, capsys):
     def wrong(sc, runner, deadline_s=60.0):
         return Result(sc.index, Verdict("WRONG", "made up for the test"), 0.0)
@@ -340,6 +354,7 @@ def test_cli_exit_status_1_on_a_failure(monkeypatch, capsys):
     assert "WRONG: made up for the test" in out and "FAILED: 2 WRONG/HANG/LEAK" in out
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("argv,message", [
     (["-n", "0"], "-n 0: the number of scenarios must be in"),
     (["--replay", "-1"], "--replay -1: a scenario number is >= 0"),
@@ -356,6 +371,7 @@ def test_cli_bad_arguments_exit_2(argv, message, capsys):
     assert message in err and err.count("\n") == 1
 
 
+@pytest.mark.unit
 def test_ray_runner_keeps_the_pools_working_set_and_no_more():
     """Between runs a Ray rank may hold its newest CCL input/output/scratch and up to
     RESULT_POOL_SPARE + MAX_CALLS result segments: a rank holding fewer keeps them all (a

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from hccl_sim.cli import main
+from hccl_sim.tools.cli import main
 
 FACTORS = {"allreduce": lambda p: 2 * (p - 1) / p, "allgather": lambda p: (p - 1) / p,
            "reducescatter": lambda p: (p - 1) / p, "alltoall": lambda p: (p - 1) / p,
@@ -22,6 +22,7 @@ def rows_of(out):
     return [line.split() for line in out.splitlines() if line and not line.startswith("#")]
 
 
+@pytest.mark.local
 def test_default_bench_table(capsys):
     code, out, err = bench(capsys, "-e", "1M", "-n", "2")
     assert code == 0 and err == ""
@@ -39,7 +40,8 @@ def test_default_bench_table(capsys):
 
 
 @pytest.mark.parametrize("op", list(FACTORS))
-@pytest.mark.parametrize("engine", ["local", "timing"])
+@pytest.mark.parametrize("engine", [pytest.param("local", marks=pytest.mark.local),
+                                    pytest.param("timing", marks=pytest.mark.unit)])
 def test_busbw_factors(capsys, op, engine, tmp_path):
     path = tmp_path / "out.json"
     code, out, _ = bench(capsys, "--op", op, "--topology", "fullmesh", "--ranks", "6", "-b", "96K", "-e", "1M",
@@ -59,6 +61,7 @@ def test_busbw_factors(capsys, op, engine, tmp_path):
     assert ("data plane" in out.splitlines()[0]) == (engine == "local")      # timing moves no data
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("op", list(FACTORS))
 @pytest.mark.parametrize("redop", ["prod", "max"])
 def test_check_is_right_for_every_op_and_redop(capsys, op, redop):
@@ -69,13 +72,15 @@ def test_check_is_right_for_every_op_and_redop(capsys, op, redop):
     assert code == 0 and "# Out of bounds values : 0 OK" in out
 
 
-def test_local_and_timing_engines_report_the_same_times(capsys):
+@pytest.mark.local
+def test_bench_rows_size_to_busbw_equal_on_local_and_timing_engines(capsys):
     args = ["--op", "allgather", "--topology", "atlas800t-a2", "--servers", "2", "-b", "1K", "-e", "256K", "-n", "1"]
     _, local, _ = bench(capsys, *args)
     _, timing, _ = bench(capsys, *args, "--engine", "timing")
     assert [r[:8] for r in rows_of(local)] == [r[:8] for r in rows_of(timing)]
 
 
+@pytest.mark.local
 def test_options_and_trace(capsys, tmp_path):
     trace = tmp_path / "t.json"
     code, out, _ = bench(capsys, "--op", "broadcast", "-r", "3", "-d", "int8", "--algo", "ring", "--topology", "ring", "--ranks", "6", "-b", "1K",
@@ -88,6 +93,7 @@ def test_options_and_trace(capsys, tmp_path):
     assert {e["ph"] for e in events} == {"M", "X"} and any(e["name"].startswith("send->") for e in events)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("args,message", [
     (["bench", "--op", "allscatter"], "unknown collective"),
     (["bench", "-b", "1X"], "is not a byte count"),
@@ -115,6 +121,7 @@ def test_bad_arguments_one_line(capsys, args, message):
     assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.unit
 def test_topo_command(capsys, tmp_path):
     path = tmp_path / "rt.json"
     assert main(["topo", "atlas800t-a2", "--servers", "2", "--ranktable", str(path)]) == 0
@@ -125,12 +132,14 @@ def test_topo_command(capsys, tmp_path):
     assert "route 3 -> 4: 3 -> 4 over HCCS" in capsys.readouterr().out
 
 
+@pytest.mark.unit
 def test_python_dash_m_entry_point():
     proc = subprocess.run([sys.executable, "-m", "hccl_sim", "bench", "--engine", "timing", "-e", "64"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "# Out of bounds values : 0 OK" in proc.stdout
 
 
+@pytest.mark.unit
 def test_bench_under_a_fault_plan(capsys, tmp_path):
     """--faults adds each row's retries and the simulated time lost against the fault-free twin;
     a bad plan is one line and exit status 2."""

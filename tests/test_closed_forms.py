@@ -29,12 +29,14 @@ def log2(p):
 RANKS = list(range(2, 17))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("p", RANKS)
 def test_ring_allreduce(p):
     n = LCM * ITEM
     assert makespan("allreduce", n, p, "ring") == 2 * (p - 1) * A + 2 * (p - 1) * n // p * B + (p - 1) * n // p * G
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("p", RANKS)
 def test_ring_reducescatter_allgather(p):
     n = LCM * ITEM   # whole input / whole output
@@ -42,6 +44,7 @@ def test_ring_reducescatter_allgather(p):
     assert makespan("allgather", n, p, "ring") == (p - 1) * A + (p - 1) * n // p * B
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("p", RANKS)
 def test_ring_broadcast_reduce(p):
     n = 4096 * ITEM
@@ -49,6 +52,7 @@ def test_ring_broadcast_reduce(p):
     assert makespan("reduce", n, p, "ring", root=p // 2) == (p - 1) * (A + n * B + n * G)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("p", RANKS)
 def test_hd_allreduce(p):
     n = LCM * ITEM
@@ -61,6 +65,7 @@ def test_hd_allreduce(p):
     assert makespan("allreduce", n, p, "H-D_R") == want
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("p", [2, 4, 8, 16])
 def test_hd_reducescatter_allgather_powers_of_two(p):
     n = LCM * ITEM
@@ -69,6 +74,7 @@ def test_hd_reducescatter_allgather_powers_of_two(p):
     assert makespan("allgather", n, p, "H-D_R") == k * A + (p - 1) * n // p * B
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("p", [3, 5, 6, 7, 12])
 def test_hd_reducescatter_allgather_folded(p):
     """Fold: the odd rank's whole buffer in, HD over 2^k virtual ranks whose blocks are the
@@ -112,12 +118,14 @@ def test_hd_reducescatter_allgather_folded(p):
     assert makespan("allgather", n, p, "H-D_R") == want_ag
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("p", RANKS)
 def test_pairwise_alltoall(p):
     n = LCM * ITEM   # whole send buffer
     assert makespan("alltoall", n, p, "pairwise") == (p - 1) * (A + n // p * B)
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("p", RANKS)
 def test_barrier(p):
     topo = hccl_sim.topology("fullmesh", ranks=p, bandwidth=1e9, latency=1e-6)
@@ -129,6 +137,7 @@ def clog2(p):
     return math.ceil(math.log2(p))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("p", RANKS)
 @pytest.mark.parametrize("algo", ["NHR", "NB"])
 def test_nhr_nb_allreduce_reducescatter_allgather(p, algo):
@@ -139,6 +148,7 @@ def test_nhr_nb_allreduce_reducescatter_allgather(p, algo):
     assert makespan("allgather", n, p, algo) == k * A + (p - 1) * n // p * B
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("p", RANKS)
 def test_nhr_small_data_one_shot_tree(p):
     n = 1024 * ITEM                     # <= 256 KiB: binomial reduce + tree broadcast, whole buffer
@@ -147,6 +157,7 @@ def test_nhr_small_data_one_shot_tree(p):
     assert makespan("broadcast", n, p, "NHR", root=p - 1) == k * (A + n * B)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("p", [2, 4, 8, 16])
 def test_nhr_broadcast_scatter_allgather(p):
     n = (8 << 20) // p * p              # > 2 MiB: NHR Scatter + NHR AllGather
@@ -154,6 +165,7 @@ def test_nhr_broadcast_scatter_allgather(p):
     assert makespan("broadcast", n, p, "NHR", root=1) == 2 * k * A + 2 * (p - 1) * n // p * B
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("p", RANKS)
 def test_mesh(p):
     n = LCM * ITEM
@@ -163,6 +175,7 @@ def test_mesh(p):
     assert makespan("alltoall", n, p, "fullmesh") == A + n // p * B
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("p", RANKS)
 def test_hd_broadcast_reduce_binomial(p):
     n = 4096 * ITEM
@@ -171,6 +184,7 @@ def test_hd_broadcast_reduce_binomial(p):
     assert makespan("reduce", n, p, "H-D_R", root=p // 3) == k * (A + n * B + n * G)
 
 
+@pytest.mark.unit
 def test_mesh_step_takes_one_links_time_not_seven():
     """910B: every HCCS peer link has ports of its own, so an 8-NPU mesh AllGather step (seven
     blocks out and seven in per NPU, at once) takes what a 2-NPU one (one block each way) takes."""
@@ -184,6 +198,7 @@ def test_mesh_step_takes_one_links_time_not_seven():
     assert link_ns < body < 2 * link_ns          # one link's time plus copies and notifies
 
 
+@pytest.mark.unit
 def test_incast_into_one_port_takes_what_the_port_needs():
     """Two 910B servers, AlltoAll: each NPU's eight blocks for the other server leave by its one
     RoCE port (the NIC), served one after another: no rank finishes before eight block times."""

@@ -10,7 +10,7 @@ import pytest
 import hccl_sim
 from hccl_sim import HcclError
 from hccl_sim.engines.local import run_local
-from hccl_sim.env import Config
+from hccl_sim.config.env import Config
 
 UFUNC = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.float16, np.float32, np.float64, ml_dtypes.bfloat16]
@@ -67,6 +67,7 @@ def check(results, p, count, dtype, op, root):
         assert np.array_equal(out["alltoall"], want_a2a), f"alltoall rank {r}"
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("algo", [None, "ring", "H-D_R"])
 @pytest.mark.parametrize("p", range(1, 17))
 def test_every_collective_every_rank_count(p, algo):
@@ -77,6 +78,7 @@ def test_every_collective_every_rank_count(p, algo):
         check(results, p, count, np.int32, "sum", root)
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("op", ["sum", "prod", "max", "min"])
 def test_dtype_op_matrix(dtype, op):
@@ -86,6 +88,7 @@ def test_dtype_op_matrix(dtype, op):
         check(results, p, 2 * p + 1, dtype, op, p - 1)
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("p,algo", [(4, "ring"), (7, "H-D_R"), (8, "H-D_R"), (5, None)])
 def test_larger_than_communicator_buffer(p, algo):
     """HCCL_BUFFSIZE=1 (MB): every op loops over buffer-sized chunks, results unchanged."""
@@ -98,8 +101,9 @@ def test_larger_than_communicator_buffer(p, algo):
     assert len(big.loops) == 3
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("data_plane", ["central", "threads"])
-def test_data_planes_agree(data_plane):
+def test_every_algorithm_flat_and_hierarchical_correct_on_data_plane(data_plane):
     """The threaded data plane executes each rank's schedule over the zero-copy transport (the
     per-rank executor every engine whose ranks share no memory uses): every algorithm, flat and
     on HCCL's hierarchy, including schedules whose steps copy and reduce into one slice."""
@@ -117,6 +121,7 @@ def test_data_planes_agree(data_plane):
             check(results, topo.num_ranks, count, np.int32, "min", 3)
 
 
+@pytest.mark.local
 def test_large_op_split_across_cores():
     """Ops above the parallel threshold move data on several threads; results stay exact."""
     p = 4
@@ -128,6 +133,7 @@ def test_large_op_split_across_cores():
     assert all(np.all(y == 10) for y in res)
 
 
+@pytest.mark.local
 def test_shapes_and_axis0():
     def fn(comm):
         x = np.arange(6, dtype=np.float32).reshape(2, 3) + 10 * comm.rank
@@ -142,6 +148,7 @@ def test_shapes_and_axis0():
     assert np.array_equal(a2a, np.array([[4, 5], [6, 7], [5, 6], [7, 8]]))
 
 
+@pytest.mark.local
 def test_point_to_point_and_last_op():
     topo = hccl_sim.topology("fullmesh", ranks=3, bandwidth=1e9, latency=2e-6)
 
@@ -160,6 +167,7 @@ def test_point_to_point_and_last_op():
     assert r0.name == "send" and r0.end == op1.end
 
 
+@pytest.mark.local
 def test_cluster_keeps_running():
     with hccl_sim.Cluster(hccl_sim.topology("fullmesh", ranks=4)) as cluster:
         a = cluster.run(lambda c: c.all_reduce(np.array([c.rank])))
@@ -167,6 +175,7 @@ def test_cluster_keeps_running():
     assert all(int(x[0]) == 6 for x in a) and all(int(x[0]) == 18 for x in b)
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("p", [1, 3, 4, 7])
 def test_registry_reference_matches_every_collective(p):
     """collectives.py is the one description of each collective: the Communicator's results equal
@@ -195,6 +204,7 @@ def test_registry_reference_matches_every_collective(p):
         collectives.get("gatherv")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name,kw", [("fullmesh", {"ranks": 1}), ("fullmesh", {"ranks": 5}), ("fullmesh", {"ranks": 8}),
                                      ("atlas800t-a2", {"servers": 2}), ("atlas800-910a", {"servers": 3})])
 def test_own_result_slices_equal_the_whole_program(name, kw):
@@ -202,7 +212,8 @@ def test_own_result_slices_equal_the_whole_program(name, kw):
     ops) from the backward slice of the op's moves: the same result as running every move, bit for
     bit also on floats (same operations, same order), both on numpy scalars (tiny moves) and by
     ufunc calls (longer ones)."""
-    from hccl_sim import collectives, planner
+    from hccl_sim import collectives
+    from hccl_sim.plan import planner
     from hcomm.exec import OwnResult, own_result, run_share, with_scratch
     from hccl_sim.engines.base import RankBuffers
     topo = hccl_sim.topology(name, **kw)
@@ -241,6 +252,7 @@ def test_own_result_slices_equal_the_whole_program(name, kw):
     assert scalar_paths > 0
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("p", [1, 3, 8])
 def test_out_arrays_and_in_place(p):
     """out= receives the result (and is what the call returns); out=x works in place."""
@@ -284,6 +296,7 @@ def test_out_arrays_and_in_place(p):
             assert got["reduce"] is None and np.array_equal(got["reduce_w"], xs[r])
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("out,match", [
     (lambda x: np.empty(3, np.int64), r"out must have the result's shape \(8,\) and dtype int64"),
     (lambda x: np.empty(8, np.float32), "and dtype int64, got shape"),

@@ -2,8 +2,10 @@
 import pytest
 
 from hccl_sim import HcclError
-from hccl_sim.algo_config import parse_hccl_algo
-from hccl_sim.env import Config
+from hccl_sim.config.hccl_algo import parse_hccl_algo
+from hccl_sim.config.env import Config
+
+pytestmark = pytest.mark.unit
 
 ACCEPTED = [
     ("level0:NA;level1:ring", "allreduce", {"level0": "NA", "level1": "ring"}),

@@ -8,7 +8,7 @@ import pytest
 
 import hccl_sim
 from hccl_sim import HcclError
-from hccl_sim.device import ALIGNMENT, Allocator, Device, Runtime
+from hccl_sim.npu.device import ALIGNMENT, Allocator, Device, Runtime
 
 
 @pytest.fixture
@@ -16,6 +16,7 @@ def dev():
     return Device(0, hccl_sim.topology("atlas800t-a2"))
 
 
+@pytest.mark.unit
 def test_allocator_alignment_reuse_and_merging():
     a = Allocator(64 * ALIGNMENT)
     x, y, z = a.alloc(1), a.alloc(ALIGNMENT + 1), a.alloc(3 * ALIGNMENT)
@@ -26,6 +27,7 @@ def test_allocator_alignment_reuse_and_merging():
     assert a.in_use == 0 and a.largest_free == 64 * ALIGNMENT    # neighbours merged back
 
 
+@pytest.mark.unit
 def test_hbm_capacity_and_oom_message(dev):
     assert dev.hbm_bytes == 64 << 30
     big = dev.malloc(60 << 30, tag="weights")
@@ -36,6 +38,7 @@ def test_hbm_capacity_and_oom_message(dev):
     dev.malloc(8 << 30)                                  # fits again
 
 
+@pytest.mark.unit
 def test_use_after_free_and_double_free(dev):
     a = dev.empty((4,), np.float32)
     a.data[:] = 3
@@ -46,6 +49,7 @@ def test_use_after_free_and_double_free(dev):
         dev.free(a)
 
 
+@pytest.mark.unit
 def test_streams_are_ordered_and_events_order_streams(dev):
     s1, s2 = dev.stream(), dev.stream()
     _, e1 = s1.compute(flops=320e12 * 1e-3)             # 1 ms of FP16 on the 910B roofline
@@ -59,6 +63,7 @@ def test_streams_are_ordered_and_events_order_streams(dev):
     assert dev.clock == s2.tail
 
 
+@pytest.mark.unit
 def test_roofline_and_copies(dev):
     m = dev.model
     assert m.kernel_ns(flops=320e12, nbytes=0) == 10**9 + m.launch_ns
@@ -74,6 +79,7 @@ def test_roofline_and_copies(dev):
         dev.memcpy(back, d, "p2p")
 
 
+@pytest.mark.unit
 def test_runtime_lifecycle_and_leaks():
     topo = hccl_sim.topology("atlas800t-a2")
     rt = Runtime(3, topo)
@@ -93,6 +99,7 @@ def test_runtime_lifecycle_and_leaks():
         rt.finalize()
 
 
+@pytest.mark.local
 def test_ccl_buffer_comes_from_hbm_and_can_run_out():
     topo = hccl_sim.topology("atlas800t-a2")
     used = hccl_sim.run(lambda c: c.device.allocator.in_use, topology=topo, env={"HCCL_BUFFSIZE": "300"})
@@ -102,6 +109,7 @@ def test_ccl_buffer_comes_from_hbm_and_can_run_out():
     assert info.value.code == "E_MEMORY"
 
 
+@pytest.mark.local
 def test_leaks_are_reported_when_a_run_ends():
     with pytest.warns(ResourceWarning, match="never freed: scratch 4096 B"):
         hccl_sim.run(lambda c: c.device.malloc(4096, tag="scratch"), topology=hccl_sim.topology("fullmesh", ranks=2))
@@ -110,6 +118,7 @@ def test_leaks_are_reported_when_a_run_ends():
         hccl_sim.run(lambda c: c.device.free(c.device.malloc(4096)), topology=hccl_sim.topology("fullmesh", ranks=2))
 
 
+@pytest.mark.local
 def test_collective_on_a_stream_overlaps_compute():
     """Two independent streams end at the later of the two, not the sum."""
     topo = hccl_sim.topology("fullmesh", ranks=4, bandwidth=1e9, latency=1e-6)
@@ -129,6 +138,7 @@ def test_collective_on_a_stream_overlaps_compute():
             assert clock == max(ar_ns, kernel_ns)
 
 
+@pytest.mark.local
 def test_stream_order_and_event_dependency_across_ranks():
     """A collective issued after a kernel on the same stream starts when the kernel ends."""
     topo = hccl_sim.topology("fullmesh", ranks=2, bandwidth=1e9, latency=1e-6)
@@ -143,6 +153,7 @@ def test_stream_order_and_event_dependency_across_ranks():
     assert c0 == c1 > 10000                               # both wait for the later rank
 
 
+@pytest.mark.local
 def test_device_arrays_as_collective_inputs():
     def fn(comm):
         d = comm.device.empty((3,), np.int32)

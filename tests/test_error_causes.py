@@ -28,6 +28,7 @@ def _link_error():
 
 # ---- the error's fields -----------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_the_constructor_stays_backward_compatible_and_the_message_unchanged():
     old = HcclError("E_PARA", "bad", 2, "all_reduce", 7)
     assert (old.code, old.reason, old.rank, old.op, old.time_ns) == ("E_PARA", "bad", 2, "all_reduce", 7)
@@ -44,6 +45,7 @@ def test_the_constructor_stays_backward_compatible_and_the_message_unchanged():
     assert CONSEQUENCES < CAUSES
 
 
+@pytest.mark.unit
 def test_fields_survive_pickle_replace_and_json():
     err = _link_error()
     err.remote_traceback = "Traceback ..."
@@ -63,6 +65,7 @@ def test_fields_survive_pickle_replace_and_json():
     assert cloudpickle.loads(cloudpickle.dumps(err)).fields() == err.fields()
 
 
+@pytest.mark.unit
 def test_fields_cross_ray_outcomes_and_mpi_outcome_dicts():
     err = _link_error()
     ray_back = pickle.loads(pickle.dumps(Outcome.failed(3, err, at=1.5))).error()
@@ -81,6 +84,7 @@ def _err(cause, code="E_REMOTE", rank=0):
     return HcclError(code, f"{cause}", rank=rank, cause=cause)
 
 
+@pytest.mark.unit
 def test_root_cause_is_the_earliest_error_that_is_no_consequence():
     returned = _err(Cause.PEER_RETURNED, "E_PARA")
     lost = _err(Cause.RANK_LOST, "E_TIMEOUT", rank=1)
@@ -108,6 +112,7 @@ def test_root_cause_is_the_earliest_error_that_is_no_consequence():
         rdv.root_cause([])
 
 
+@pytest.mark.local
 def test_local_engine_reports_the_root_cause_not_the_first_error():
     """Rank 1 returns at once, so rank 0's AllReduce fails first (a consequence: PEER_RETURNED);
     rank 2's own exception comes later and is the job's error."""
@@ -142,6 +147,7 @@ def _collect(fn, topo, **kw):
     return hccl_sim.run(wrapped, topology=topo, **kw)
 
 
+@pytest.mark.local
 def test_mismatch_bad_input_and_peer_failure_causes():
     topo = hccl_sim.topology("fullmesh", ranks=4)
     got = _collect(lambda c: c.all_reduce(np.ones(4 + (c.rank == 2))), topo)
@@ -168,6 +174,7 @@ def test_mismatch_bad_input_and_peer_failure_causes():
     assert all(e.peers == (3,) for e in errors if e.cause == Cause.PEER_FAILED)
 
 
+@pytest.mark.unit
 def test_link_failure_and_retry_refusals_carry_link_level_entry_and_details():
     a2 = hccl_sim.topology("atlas800t-a2", servers=2)
     plan = FaultPlan().link_down(1, 6)
@@ -198,6 +205,7 @@ def test_link_failure_and_retry_refusals_carry_link_level_entry_and_details():
     assert len({(g.time_ns, g.fault, g.link) for g in got}) == 1      # one failure, the same on every rank
 
 
+@pytest.mark.local
 def test_send_recv_link_failure_reaches_both_ends_with_its_fields():
     topo = hccl_sim.topology("fullmesh", ranks=2, bandwidth=1e9, latency=1e-6)
 
@@ -212,6 +220,7 @@ def test_send_recv_link_failure_reaches_both_ends_with_its_fields():
     assert got[0].fields() == got[1].fields()
 
 
+@pytest.mark.local
 def test_a_lost_rank_is_named_with_its_entry_and_when_it_crashed():
     topo = hccl_sim.topology("atlas800t-a2")
 
@@ -237,6 +246,7 @@ def test_a_lost_rank_is_named_with_its_entry_and_when_it_crashed():
         assert not lost.consequence
 
 
+@pytest.mark.unit
 def test_transport_and_control_plane_waits_say_who():
     from hcomm.transports import base
     assert base.take_exited(1, 0, "t", "recv").detail == {"missed": "send"}
@@ -273,6 +283,7 @@ def link_down_job(comm):
     comm.all_reduce(np.arange(1 << 14, dtype=np.int64))
 
 
+@pytest.mark.ray
 def test_ray_engine_picks_the_same_root_cause_and_keeps_the_fields(ray_cluster):
     """Ray used to pick the earlier "returned without" (an E_PARA); every engine now picks rank 2's
     own error. An error CQE's fields cross the actors to the driver."""

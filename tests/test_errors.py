@@ -5,7 +5,7 @@ import pytest
 import hccl_sim
 from hccl_sim import HcclError
 from hccl_sim.engines.local import run_local
-from hccl_sim.env import Config
+from hccl_sim.config.env import Config
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -35,6 +35,7 @@ MISMATCHES = {
 }
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("what", MISMATCHES)
 @pytest.mark.parametrize("data_plane", ["central", "threads"])
 def test_mismatched_calls_fail_on_every_rank(what, data_plane):
@@ -45,12 +46,14 @@ def test_mismatched_calls_fail_on_every_rank(what, data_plane):
         assert "mismatched collective calls" in str(exc) and f"rank {rank}" in str(exc)
 
 
+@pytest.mark.local
 def test_rank_returning_early_releases_the_others():
     first, errors = run_collect(lambda c: None if c.rank == 1 else c.all_reduce(np.ones(3)))
     assert "rank 1 returned without calling all_reduce" in str(first)
     assert all(errors[r] is not None for r in (0, 2, 3))
 
 
+@pytest.mark.local
 def test_exception_on_one_rank_reaches_caller_and_releases_others():
     def fn(comm):
         if comm.rank == 2:
@@ -62,11 +65,13 @@ def test_exception_on_one_rank_reaches_caller_and_releases_others():
     assert isinstance(info.value.__cause__, ZeroDivisionError)
 
 
+@pytest.mark.local
 def test_recv_from_rank_that_never_sends():
     first, _ = run_collect(lambda c: c.recv(0) if c.rank == 1 else None, p=2)
     assert first.rank == 1 and "rank 0 returned without sending" in str(first)
 
 
+@pytest.mark.local
 def test_exec_timeout_bounds_waits():
     """A rank stuck in user code: the others give up after HCCL_EXEC_TIMEOUT seconds."""
     import time
@@ -96,6 +101,7 @@ BAD_ARGS = [
 ]
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("fn,message", BAD_ARGS)
 def test_bad_arguments(fn, message):
     with pytest.raises(HcclError, match=message) as info:
@@ -103,6 +109,7 @@ def test_bad_arguments(fn, message):
     assert info.value.code == "E_PARA" and info.value.rank is not None
 
 
+@pytest.mark.unit
 def test_bad_engine_and_topology_arguments():
     with pytest.raises(HcclError, match="unknown engine"):
         hccl_sim.run(lambda c: None, engine="warp")
@@ -124,6 +131,7 @@ def test_bad_engine_and_topology_arguments():
         hccl_sim.simulate("allreduce", -1)
 
 
+@pytest.mark.unit
 def test_error_codes_are_hccl_results():
     exc = HcclError("E_TIMEOUT", "x", rank=3, op="all_reduce")
     assert exc.value == 9 and "rank 3" in str(exc) and "all_reduce" in str(exc)
@@ -138,6 +146,7 @@ DEADLOCKS = {
 }
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("case", DEADLOCKS)
 def test_deadlock_is_an_error_not_a_hang(case):
     """With the default 1836 s HCCL_EXEC_TIMEOUT, a deadlock among ranks still ends in seconds."""

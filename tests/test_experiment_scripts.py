@@ -2,7 +2,11 @@
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 import hccl_sim
+
+pytestmark = pytest.mark.unit
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 

@@ -22,6 +22,7 @@ def times(plan, env=None, nbytes=1 << 20, topo=None, op="allreduce", algo="ring"
     return hccl_sim.simulate(op, nbytes, topology=topo or pair(), algo=algo, faults=plan, env={**FAST, **(env or {})})
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("build,match", [
     (lambda p: p.link_flap(0, 1, at=-1, duration=1), r"entry 0 \(link_flap 0-1\): at must be a finite number"),
     (lambda p: p.link_flap(0, 1, at=0, duration=0), "duration must be a finite number of seconds > 0"),
@@ -41,6 +42,7 @@ def test_bad_entries_are_named(build, match):
     assert e.value.code == "E_PARA"
 
 
+@pytest.mark.unit
 def test_entries_checked_against_the_topology():
     with pytest.raises(HcclError, match=r"entry 1 \(link_down 0-9\): b=9 is not a rank of fullmesh"):
         times(FaultPlan().link_slow(0, 1, factor=0.5).link_down(0, 9))
@@ -58,6 +60,7 @@ def test_entries_checked_against_the_topology():
         hccl_sim.simulate("allreduce", 64, topology=pair(), faults={"kind": "link_down"})
 
 
+@pytest.mark.unit
 def test_yaml_round_trip_and_load_errors(tmp_path):
     plan = (FaultPlan(seed=7).link_flap(0, 1, at=1e-3, duration=2e-3).link_slow(1, 0, factor=0.25)
             .straggler(1, delay=5e-4, ops=[2, 0]).rank_crash(0, at_op=3, at_step=1))
@@ -79,6 +82,7 @@ def test_yaml_round_trip_and_load_errors(tmp_path):
         FaultPlan.load(tmp_path / "missing.yaml")
 
 
+@pytest.mark.local
 def test_flap_just_under_and_just_over_the_retransmission_budget():
     """RETRY_CNT=1: attempts at 0 and DELTA. A flap over [0, DELTA) only delays the op by DELTA; one
     ns longer and the second attempt fails too: an error CQE at 2 DELTA (E_REMOTE)."""
@@ -101,12 +105,14 @@ def test_flap_just_under_and_just_over_the_retransmission_budget():
     assert got == [("E_REMOTE", 2 * DELTA, 2 * DELTA)] * 2
 
 
+@pytest.mark.unit
 def test_a_flap_the_op_never_meets_changes_nothing():
     clean = times(None)
     assert times(FaultPlan().link_flap(0, 1, at=10.0, duration=1.0)).times == clean.times
     assert times(FaultPlan().link_down(0, 1, at=10.0)).times == clean.times
 
 
+@pytest.mark.unit
 def test_slowed_link_closed_form():
     """A 2-rank ring AllReduce of n bytes: 2 steps of n/2 over the link; at half bandwidth the wire
     time doubles: 2 (latency + n / (0.5 x 1 GB/s))."""
@@ -117,6 +123,7 @@ def test_slowed_link_closed_form():
     assert times(FaultPlan().link_slow(0, 1, factor=0.5, at=5.0), nbytes=n).time == times(None, nbytes=n).time
 
 
+@pytest.mark.local
 def test_op_retry_closed_form_and_bit_identical_result():
     """Down for good until 0.05 s: the first try fails at 2 DELTA; HoldTime 30 ms later the link is
     still down, so the retry fails 2 DELTA after it starts; the second retry waits HoldTime +
@@ -142,6 +149,7 @@ def test_op_retry_closed_form_and_bit_identical_result():
     assert [rec.end - rec.start for _, rec in results] == [round(t * 1e9) for t in est.times]
 
 
+@pytest.mark.local
 def test_a_retried_ops_plan_does_not_keep_its_buffers_alive():
     """The plan keeps every try's LinkFailure (for the trace), but not its traceback: the frames
     of the failed try would keep the op's input and result alive as long as the plan lives (on
@@ -160,6 +168,7 @@ def test_a_retried_ops_plan_does_not_keep_its_buffers_alive():
         assert retries == 2 and freed == [True, True]
 
 
+@pytest.mark.unit
 def test_op_retry_refusals():
     env = {"HCCL_OP_RETRY_ENABLE": "L0:1,L1:1", "HCCL_OP_RETRY_PARAMS": "MaxCnt:1,HoldTime:1,IntervalTime:0"}
     with pytest.raises(HcclError, match=r"retries exhausted: 1 of MaxCnt=1") as e:
@@ -181,6 +190,7 @@ def test_op_retry_refusals():
     assert ok.retries == 1 and ok.time > 0.6
 
 
+@pytest.mark.unit
 def test_nic_down_fails_every_route_through_it():
     a2 = hccl_sim.topology("atlas800t-a2", servers=2)
     plan = FaultPlan().nic_down(9, at=0, duration=None)
@@ -193,6 +203,7 @@ def test_nic_down_fails_every_route_through_it():
     assert inside.retries == 0
 
 
+@pytest.mark.local
 def test_straggler_enters_late_and_the_others_wait():
     topo = hccl_sim.topology("atlas800t-a2")
     clean = hccl_sim.simulate("allreduce", 1 << 20, topology=topo)
@@ -211,6 +222,7 @@ def test_straggler_enters_late_and_the_others_wait():
     assert got[0][0] == base[0][0] and got[0][1] - base[0][1] == 2_000_000 and got[0][2] - base[0][2] == 2_000_000
 
 
+@pytest.mark.local
 def test_in_place_op_is_not_retried():
     env = {**FAST, "HCCL_OP_RETRY_ENABLE": "L0:1", "HCCL_OP_RETRY_PARAMS": "MaxCnt:2,HoldTime:1"}
     plan = FaultPlan().link_flap(0, 1, at=0, duration=0.001)
@@ -236,6 +248,7 @@ def _ops(comm, n=4):
     return out
 
 
+@pytest.mark.local
 def test_rank_crash_at_an_op_survivors_told_when_the_heartbeat_finds_it():
     topo = hccl_sim.topology("atlas800t-a2")
     results = hccl_sim.run(_ops, topology=topo, faults=FaultPlan().rank_crash(3, at_op=1))
@@ -254,6 +267,7 @@ def test_rank_crash_at_an_op_survivors_told_when_the_heartbeat_finds_it():
     assert "notify wait timed out" in quick[0][1][1] and quick[0][1][2] == first_end + 10 * 10**9
 
 
+@pytest.mark.local
 def test_rank_crash_mid_op_and_at_a_time():
     topo = hccl_sim.topology("atlas800t-a2")
     mid = hccl_sim.run(_ops, topology=topo, faults=FaultPlan().rank_crash(2, at_op=2, at_step=1))
@@ -271,6 +285,7 @@ def test_rank_crash_mid_op_and_at_a_time():
     assert e.value.code == "E_TIMEOUT"
 
 
+@pytest.mark.local
 def test_what_a_crashing_rank_does_before_it_dies():
     """What a rank's process runs of the op before it dies (the Ray engine): at_step k runs k steps,
     a crash on entry none, at=t the steps it started before t. And the data k steps move is the
@@ -279,9 +294,10 @@ def test_what_a_crashing_rank_does_before_it_dies():
     import threading
     from hcomm.exec import run_rank, run_share, with_scratch
     from hccl_sim.engines.base import RankBuffers
-    from hccl_sim.env import Config
-    from hccl_sim.faults import with_faults
-    from hccl_sim.planner import Signature, make_plan, step_starts
+    from hccl_sim.config.env import Config
+    from hccl_sim.faults.plan import with_faults
+    from hccl_sim.plan.planner import Signature, make_plan
+    from hccl_sim.plan.replay import step_starts
     from hcomm.transports import InProcessTransport
     topo = hccl_sim.topology("fullmesh", ranks=4)
     sig = Signature("allreduce", (64,), "int64", "sum", None, "ring")
@@ -317,6 +333,7 @@ def test_what_a_crashing_rank_does_before_it_dies():
     assert all(np.array_equal(out, sum(inputs)) for out in own)     # all 6 steps: the whole AllReduce
 
 
+@pytest.mark.unit
 def test_trace_of_a_retried_op_shows_every_try():
     env = {"HCCL_OP_RETRY_ENABLE": "L0:1", "HCCL_OP_RETRY_PARAMS": "MaxCnt:2,HoldTime:1,IntervalTime:1"}
     topo = hccl_sim.topology("fullmesh", ranks=4, bandwidth=1e9, latency=1e-6)
@@ -332,6 +349,7 @@ def test_trace_of_a_retried_op_shows_every_try():
     assert len(failed) == 2 and failed[0][2] == 0 and failed[0][3] == 2 * DELTA   # the first try's error CQE
 
 
+@pytest.mark.unit
 def test_crash_mid_op_in_an_op_retried_after_a_link_failure():
     """(chaos seed 11, scenario 280: was E_INTERNAL, a LinkFailure escaping the step clock.) A
     mid-op crash in an op that op retry rescues: the step is found try by try. Ring AllReduce on

@@ -9,9 +9,9 @@ import hccl_sim
 from hccl_sim import FaultPlan, HcclError
 from hccl_sim.engines import rendezvous as rdv
 from hccl_sim.engines.base import Call
-from hccl_sim.env import Config
-from hccl_sim.faults import with_faults
-from hccl_sim.planner import Signature
+from hccl_sim.config.env import Config
+from hccl_sim.faults.plan import with_faults
+from hccl_sim.plan.planner import Signature
 
 DELTA = round(4.096e-6 * 2 ** 5 * 1e9)          # HCCL_RDMA_TIMEOUT=5: one retransmission interval, ns
 FAST = {"HCCL_RDMA_TIMEOUT": "5", "HCCL_RDMA_RETRY_CNT": "1"}
@@ -41,6 +41,7 @@ def allreduces(comm, ops=3, n=N):
     return out
 
 
+@pytest.mark.local
 def test_corrupt_costs_exactly_one_interval_in_simulate_and_on_the_local_engine():
     """A 2-rank ring AllReduce sends 0 -> 1 twice (reduce-scatter, all-gather): either corrupted
     delays the op by one retransmission interval, nothing else changes; the transfers 1 -> 0 are
@@ -60,6 +61,7 @@ def test_corrupt_costs_exactly_one_interval_in_simulate_and_on_the_local_engine(
         assert end - start == round(est.times[r] * 1e9)                   # the same to the ns
 
 
+@pytest.mark.local
 def test_nth_counts_across_ops_and_loops_and_the_trace_shows_the_lost_attempt():
     """Three ops of 2 transfers 0 -> 1 each: nth=3 is the second op's second. With HCCL_BUFFSIZE=1
     (1 MiB) a 3 MiB op runs 3 loops, 2 transfers each: nth=3 is the second loop's second."""
@@ -84,6 +86,7 @@ def test_nth_counts_across_ops_and_loops_and_the_trace_shows_the_lost_attempt():
     assert sim(FaultPlan().corrupt(0, 1, nth=6), env=env, nbytes=3 * N * 8).time == clean.time
 
 
+@pytest.mark.unit
 def test_corrupt_on_a_down_link_counts_against_the_retransmission_budget():
     """RETRY_CNT=1: a corrupted transfer on a link flapping for one interval loses both of its
     attempts (the first to the link, the second to its CRC): an error CQE, E_REMOTE."""
@@ -94,6 +97,7 @@ def test_corrupt_on_a_down_link_counts_against_the_retransmission_budget():
     assert e.value.code == "E_REMOTE"
 
 
+@pytest.mark.local
 def test_a_cached_plan_is_never_served_for_an_op_holding_a_corrupt_transfer():
     """PlanCache (every rank planning for itself, the Ray engine) counts transfers like the local
     engine's single planner: the same op is planned fresh while a corrupt entry is pending and
@@ -126,6 +130,7 @@ def _p2p(comm, n=1000):
         return e.code, str(e), comm.clock
 
 
+@pytest.mark.local
 def test_send_recv_under_a_flap_a_slowed_link_and_corruption():
     """8000 bytes over 1 GB/s and 1 us: 9000 ns. A flap of one interval costs one interval; half
     bandwidth doubles the wire time; a corrupt entry on the send costs one interval; both ends agree."""
@@ -138,6 +143,7 @@ def test_send_recv_under_a_flap_a_slowed_link_and_corruption():
         assert hccl_sim.run(_p2p, topology=pair(), faults=plan, env=FAST) == [("sent", end), (499500, end)], plan.entries
 
 
+@pytest.mark.local
 def test_send_recv_over_a_down_link_fail_on_both_sides_without_op_retry():
     env = {**FAST, "HCCL_OP_RETRY_ENABLE": "L0:1"}       # retry on: still none for send/recv
     got = hccl_sim.run(_p2p, topology=pair(), faults=FaultPlan().link_down(0, 1), env=env)
@@ -167,6 +173,7 @@ def test_send_recv_over_a_down_link_fail_on_both_sides_without_op_retry():
     assert all(r is None for k, r in enumerate(res) if k not in (1, 9))
 
 
+@pytest.mark.local
 def test_corrupt_counts_sends_and_collectives_together():
     """Send 0 -> 1 (transfer 0), then two 2-rank AllReduces (1-2 and 3-4): nth=0 hits the send,
     nth=3 the second op; after the op a send is transfer 5 (nth=5 hits it). Same on every run."""

@@ -6,8 +6,8 @@ import pytest
 
 import hccl_sim
 import topologies
-from hccl_sim.env import Config
-from hccl_sim.planner import Signature, choose
+from hccl_sim.config.env import Config
+from hccl_sim.plan.planner import Signature, choose
 from hccl_sim.selection.hccl import pipeline_contexts
 
 from test_collectives import all_collectives, check
@@ -15,6 +15,7 @@ from test_collectives import all_collectives, check
 LEVEL1 = [None, "ring", "H-D_R", "NHR", "NB", "pipeline"]
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("preset,servers", [("atlas800t-a2", s) for s in (1, 2, 3, 4, 5)] +
                          [("atlas800-910a", s) for s in (1, 2, 3)])
 def test_hierarchy_real_data(preset, servers):
@@ -27,6 +28,7 @@ def test_hierarchy_real_data(preset, servers):
             check(results, p, count, np.int32, "sum", root)
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("counts", [(8, 3), (2, 8, 5), (1, 1, 1), (4, 1)])
 def test_unequal_servers_real_data(counts):
     topo = topologies.hardware("atlas800t-a2", devices_per_server=list(counts))
@@ -36,6 +38,7 @@ def test_unequal_servers_real_data(counts):
         check(results, p, 2 * p + 1, np.int64, "max", p - 1)
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("algo", ["NHR", "NB", "fullmesh"])
 @pytest.mark.parametrize("p", range(2, 18))
 def test_new_flat_algorithms_real_data(algo, p):
@@ -45,6 +48,7 @@ def test_new_flat_algorithms_real_data(algo, p):
         check(results, p, count, np.float32, "sum", p // 2)
 
 
+@pytest.mark.local
 def test_pipeline_larger_than_buffer():
     topo = hccl_sim.topology("atlas800t-a2", servers=3)
     count = (1 << 20) // 4 * 3 // 24 + 5
@@ -57,6 +61,7 @@ def labels(topo, op, nbytes, **kw):
     return hccl_sim.simulate(op, nbytes, topology=topo, **kw).algo
 
 
+@pytest.mark.unit
 def test_algo_labels_name_each_level():
     one, two = hccl_sim.topology("atlas800t-a2"), hccl_sim.topology("atlas800t-a2", servers=2)
     assert labels(one, "allreduce", 1 << 20) == "level0:fullmesh"
@@ -65,6 +70,7 @@ def test_algo_labels_name_each_level():
     assert labels(hccl_sim.topology("fullmesh", ranks=6), "allreduce", 1 << 20, algo="NB") == "NB"
 
 
+@pytest.mark.unit
 def test_hccl_algo_env_and_per_op_form():
     topo = hccl_sim.topology("atlas800t-a2", servers=4)
     env = {"HCCL_ALGO": "allreduce=level0:NA;level1:ring/allgather=level0:NA;level1:NB"}
@@ -76,6 +82,7 @@ def test_hccl_algo_env_and_per_op_form():
     assert labels(topo, "allreduce", 1 << 20, algo="level0:NA;level1:NB") == "level0:fullmesh;level1:NB"
 
 
+@pytest.mark.unit
 def test_hccl_fallbacks_for_unsupported_combinations():
     """HCCL's documented fallbacks run, and say so in the label (never silently)."""
     topo = hccl_sim.topology("atlas800t-a2", servers=4)
@@ -92,6 +99,7 @@ def test_hccl_fallbacks_for_unsupported_combinations():
     assert got.startswith("level0:fullmesh;level1:H-D_R (pipeline needs ") and "65535" in got
 
 
+@pytest.mark.unit
 def test_explicit_choice_is_never_replaced_silently(caplog):
     """The cases a review found silently replaced: each now runs as asked, runs HCCL's documented
     fallback and says so (label and log), or is an error naming what is supported."""
@@ -120,6 +128,7 @@ def test_explicit_choice_is_never_replaced_silently(caplog):
         labels(one, "allreduce", 1 << 20, algo="star")
 
 
+@pytest.mark.local
 def test_star_added_through_the_registry():
     """Star (one-step rooted ops) came in as one module plus one registry line: it runs flat and as
     level1, gives exact results, and costs a + n b on a full mesh (docs/references.md §6.2)."""
@@ -163,6 +172,7 @@ POLICY_CASES = [
 ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("servers,op,nbytes,dtype,redop,want", POLICY_CASES)
 def test_hccl_policy_decisions(servers, op, nbytes, dtype, redop, want):
     topo = hccl_sim.topology("atlas800t-a2", servers=servers)
@@ -171,18 +181,21 @@ def test_hccl_policy_decisions(servers, op, nbytes, dtype, redop, want):
     assert est.algo == f"level0:fullmesh;level1:{want}"
 
 
+@pytest.mark.unit
 def test_hccl_policy_deterministic_disables_pipeline():
     topo = hccl_sim.topology("atlas800t-a2", servers=2)
     est = hccl_sim.simulate("allreduce", 64 << 20, topology=topo, env={"HCCL_DETERMINISTIC": "true"})
     assert est.algo.endswith("level1:ring")
 
 
+@pytest.mark.unit
 def test_910a_uses_hccl_default_rule():
     for servers, want in ((2, "H-D_R"), (3, "ring"), (4, "H-D_R"), (5, "ring"), (9, "H-D_R")):
         topo = hccl_sim.topology("atlas800-910a", servers=servers)
         assert labels(topo, "allreduce", 1 << 20).endswith(want)
 
 
+@pytest.mark.unit
 def test_model_policy_is_never_slower_than_hccl():
     for servers in (2, 3, 5):
         topo = hccl_sim.topology("atlas800t-a2", servers=servers)
@@ -193,11 +206,13 @@ def test_model_policy_is_never_slower_than_hccl():
                 assert model.time <= hccl.time, (servers, op, nbytes, hccl.algo, model.algo)
 
 
+@pytest.mark.unit
 def test_policy_argument_validated():
     with pytest.raises(hccl_sim.HcclError, match="policy"):
         hccl_sim.simulate("allreduce", 8, policy="fastest")
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("cards,level0", [(8, "ring"), (4, "fullmesh"), (2, "ring")])
 def test_910a_level0_rules(cards, level0):
     """HCCL's 910A level0: 8 cards 8P ring, 4 cards 4P mesh, 2 cards ring (alg_configurator.cc)."""

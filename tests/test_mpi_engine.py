@@ -58,21 +58,25 @@ def said(lines, what) -> list:
     return sorted(int(m) for m in re.findall(rf"{what} (\d+)", "\n".join(lines)))
 
 
-def test_every_collective_on_three_processes_both_planes_equals_numpy_and_local_times():
+@pytest.mark.mpi
+def test_every_collective_on_three_processes_both_planes_results_equal_numpy_op_clocks_equal_local():
     lines, _ = mpiexec(3, SCRIPTS / "collectives.py", 1, "p2p,window")
     assert oks(lines) == [0, 1, 2]
 
 
+@pytest.mark.mpi
 def test_two_processes_of_three_ranks_each():
     lines, _ = mpiexec(2, SCRIPTS / "collectives.py", 3, "p2p,window")
     assert oks(lines) == [0, 1]
 
 
+@pytest.mark.mpi
 def test_four_processes_point_to_point_plane():
     lines, _ = mpiexec(4, SCRIPTS / "collectives.py", 1, "p2p")
     assert oks(lines) == [0, 1, 2, 3]
 
 
+@pytest.mark.mpi
 def test_one_node_defaults_to_the_window_plane_and_p2p_is_forced():
     """No data_plane: every process on this node, so run() and init() run on "window" on every
     rank (comm.data_plane); data_plane="p2p" forces point to point (mpi_scripts/planes.py)."""
@@ -106,6 +110,7 @@ class _Node:
         self.comm.freed += 1
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("size, node, want", [(4, 4, "window"), (4, 2, "p2p"), (2, 1, "p2p"), (1, 1, "window")])
 def test_default_plane_is_window_only_when_the_whole_job_shares_a_node(size, node, want):
     from hccl_sim.engines.mpi import default_plane
@@ -113,6 +118,7 @@ def test_default_plane_is_window_only_when_the_whole_job_shares_a_node(size, nod
     assert default_plane(comm) == want and comm.freed == 1
 
 
+@pytest.mark.mpi
 def test_mismatch_raising_rank_early_return_and_rank_crash_on_every_process():
     """crash: a fault plan's rank_crash (on entry, mid-op on both planes, in an eager op) gives what
     the local engine gives, each survivor woken by the dead rank's loss (failures.crashes)."""
@@ -123,12 +129,14 @@ def test_mismatch_raising_rank_early_return_and_rank_crash_on_every_process():
     assert said(lines, "crash") == [0, 1, 2], lines
 
 
+@pytest.mark.mpi
 def test_failures_and_rank_crash_with_two_ranks_per_process():
     lines, _ = mpiexec(2, SCRIPTS / "failures.py", 2)
     for what in ("mismatched", "raising", "early", "own_bug", "aborting", "crash"):
         assert said(lines, what) == [0, 1], lines
 
 
+@pytest.mark.mpi
 def test_rank_table_maps_ranks_in_order_and_a_mismatch_names_both_sizes(tmp_path):
     table = tmp_path / "rt16.json"
     topo = hccl_sim.topology("atlas800t-a2", servers=2)
@@ -142,6 +150,7 @@ def test_rank_table_maps_ranks_in_order_and_a_mismatch_names_both_sizes(tmp_path
     assert len(mism) == 3 and all("16 ranks" in m and "3 processes" in m for m in mism), mism
 
 
+@pytest.mark.mpi
 def test_bench_hccl_test_format_prints_once_with_hccl_test_columns():
     lines, _ = mpiexec(2, "-m", "hccl_sim", "bench", "--engine", "mpi", "--format", "hccl_test", "--op", "allgather",
                        "--topology", "fullmesh", "-b", "8K", "-e", "128K", "-f", "4", "-d", "int32", "-n", "2", "-w", "1",
@@ -155,6 +164,7 @@ def test_bench_hccl_test_format_prints_once_with_hccl_test_columns():
         assert float(r[2]) == pytest.approx(2 * int(r[0]) / float(r[1]) / 1e3, rel=2e-3)
 
 
+@pytest.mark.mpi
 def test_bench_nccl_table_on_mpi_and_refused_hccl_test_flags():
     lines, _ = mpiexec(2, "-m", "hccl_sim", "bench", "--engine", "mpi", "--topology", "fullmesh", "-b", "1K",
                        "-e", "256K", "-f", "16", "-n", "1", "-w", "0")
@@ -172,7 +182,8 @@ def test_bench_nccl_table_on_mpi_and_refused_hccl_test_flags():
         assert out.returncode == 2 and words in out.stderr and out.stderr.count("\n") == 1, out.stderr
 
 
-def test_train_under_mpiexec_prints_once_and_equals_the_local_engine(tmp_path):
+@pytest.mark.mpi
+def test_train_under_mpiexec_prints_once_and_step_losses_and_times_equal_local(tmp_path):
     """hccl-sim train --engine mpi on 3 processes (the 910B preset filled to 3 NPUs): rank 0 alone
     prints; every step's loss and simulated times are the local engine's, to the nanosecond."""
     from threadpoolctl import threadpool_limits
@@ -192,11 +203,13 @@ def test_train_under_mpiexec_prints_once_and_equals_the_local_engine(tmp_path):
     assert strip(json.loads(js.read_text())["steps"]) == strip(report.step_rows(local))
 
 
-def test_link_flap_with_op_retry_equals_the_local_engine():
+@pytest.mark.mpi
+def test_link_flap_with_op_retry_sums_retries_and_end_clocks_equal_on_mpi_and_local():
     lines, _ = mpiexec(2, SCRIPTS / "fault_retry.py")
     assert oks(lines) == [0, 1]
 
 
+@pytest.mark.unit
 def test_settings_of_engine_mpi_are_refused_elsewhere():
     with pytest.raises(hccl_sim.HcclError, match="ranks_per_process"):
         hccl_sim.run(lambda comm: None, topology=hccl_sim.topology("fullmesh", ranks=2), ranks_per_process=2)

@@ -41,14 +41,16 @@ def timeline(comm, count):
     return records, comm.clock
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("count", [1, 1000, 300_000])      # inline through the hub, and shared memory
-def test_results_and_times_equal_the_local_engine(cluster8, count):
+def test_results_correct_and_every_ops_algo_start_end_and_exit_clock_equal_on_ray_and_local(cluster8, count):
     topo = cluster8.topology
     ray_results = cluster8.run(all_collectives, args=(count, np.int32, "sum", None, 5))
     check(ray_results, 8, count, np.int32, "sum", 5)
     assert cluster8.run(timeline, args=(count,)) == hccl_sim.run(timeline, topology=topo, args=(count,))
 
 
+@pytest.mark.ray
 def test_two_servers_on_two_ray_nodes(ray_instance):
     """A server per Ray node (placement group per server, spread): the plane is chosen from Ray's
     node ids, traffic between the nodes is peer to peer (each rank runs its own schedule over direct
@@ -71,6 +73,7 @@ def test_two_servers_on_two_ray_nodes(ray_instance):
         hccl_sim.Cluster(topo, engine="ray", data_plane="shm")
 
 
+@pytest.mark.ray
 def test_a3_superpods_on_two_ray_nodes(ray_instance):
     """Two A3 superpods (a 4-die server each) on the two nodes: every rank runs its own schedule,
     the double ring's halves one after another, with the local engine's results and times."""
@@ -85,7 +88,8 @@ def test_a3_superpods_on_two_ray_nodes(ray_instance):
         assert "level0:double_ring;level2:NHR" in {algo for records, _ in got for algo, _, _ in records}
 
 
-def test_op_retry_under_a_link_flap_equals_the_local_engine(ray_instance):
+@pytest.mark.ray
+def test_op_retry_under_a_link_flap_sums_retries_and_end_clocks_equal_on_ray_and_local(ray_instance):
     """A RoCE link flap past the retransmission budget, retried (HCCL_OP_RETRY_ENABLE L1): every
     rank's result bit-identical, retries and simulated times equal to the local engine's."""
     import topologies
@@ -104,6 +108,7 @@ def test_op_retry_under_a_link_flap_equals_the_local_engine(ray_instance):
     assert {r[1] for r in got} == {1} and min(r[2] for r in got) > 20_000_000
 
 
+@pytest.mark.ray
 def test_point_to_point_streams_and_device_arrays(cluster8):
     def fn(comm):
         d = comm.device.empty((50_000,), np.float64)
@@ -121,6 +126,7 @@ def test_point_to_point_streams_and_device_arrays(cluster8):
     assert np.all(results[1] == 28.0) and np.array_equal(results[6], np.arange(7))
 
 
+@pytest.mark.ray
 def test_failing_rank_surfaces_and_releases_the_others(cluster8):
     def fn(comm):
         if comm.rank == 4:
@@ -135,6 +141,7 @@ def test_failing_rank_surfaces_and_releases_the_others(cluster8):
     assert cluster8.run(lambda comm: float(comm.all_reduce(np.ones(2))[0]))[0] == 8.0
 
 
+@pytest.mark.ray
 def test_mismatch_and_early_return(cluster8):
     with pytest.raises(HcclError, match="mismatched collective calls") as info:
         cluster8.run(lambda comm: comm.all_reduce(np.ones(3, dtype=np.float32 if comm.rank else np.float64)))
@@ -143,6 +150,7 @@ def test_mismatch_and_early_return(cluster8):
         cluster8.run(lambda comm: None if comm.rank == 2 else comm.all_reduce(np.ones(3)))
 
 
+@pytest.mark.ray
 def test_no_shared_memory_left_after_runs_and_kills(ray_instance):
     topo = hccl_sim.topology("fullmesh", ranks=4)
     with hccl_sim.Cluster(topo, engine="ray") as cluster:
@@ -155,24 +163,44 @@ def test_no_shared_memory_left_after_runs_and_kills(ray_instance):
     session = cluster._ray.session
     victim = cluster._ray.actors[2]
 
+    others = [actor for r, actor in enumerate(cluster._ray.actors) if r != 2]
+
     def fn(comm):
         comm.all_reduce(np.ones(100_000))
         if comm.rank == 2:
             time.sleep(30)                                # killed while the others wait in the next op
         comm.all_reduce(np.ones(100_000))
+
+    seen_waiting = []
+
+    def kill_once_the_others_wait():
+        """Kill rank 2 once every other rank's status (what the driver's stall watch reads) says it
+        waits in the second AllReduce (collective #1); at the deadline, kill it anyway."""
+        deadline = time.monotonic() + 60
+        try:
+            while time.monotonic() < deadline:
+                statuses = ray.get([actor.status.remote() for actor in others], timeout=30)
+                if all(s.waiting and "(collective #1)" in s.waiting for s in statuses):
+                    seen_waiting.append(statuses)
+                    return
+                time.sleep(0.02)
+        finally:
+            ray.kill(victim)
     import threading
-    killer = threading.Timer(4.0, lambda: ray.kill(victim))
+    killer = threading.Thread(target=kill_once_the_others_wait, daemon=True)
     killer.start()
     try:
         with pytest.raises(HcclError) as info:
             cluster.run(fn)
         assert info.value.rank == 2 and ("died" in str(info.value) or "failed" in str(info.value))
     finally:
-        killer.cancel()
+        killer.join(90)
         cluster.close()
+    assert seen_waiting, "the other ranks were not seen waiting in the second AllReduce before the kill"
     assert shm.leftovers(session) == []
 
 
+@pytest.mark.ray
 def test_run_with_engine_ray_and_address(ray_instance):
     results = hccl_sim.run(lambda comm: int(comm.all_reduce(np.array([comm.rank]))[0]),
                            topology=hccl_sim.topology("fullmesh", ranks=3), engine="ray")
@@ -219,8 +247,9 @@ def world_abort(comm):
     return codes, int(y[0]), new.last_op.time
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("plane", [None, "socket", "object"])
-def test_split_abort_shrink_equal_the_local_engine(ray_instance, plane):
+def test_split_abort_shrink_results_error_codes_and_op_times_equal_on_ray_and_local(ray_instance, plane):
     """Sub-communicators over the job's transport (each rank's scoped view): results, errors and
     simulated times as on the local engine, on every data plane; an aborted world too."""
     topo = hccl_sim.topology("atlas800t-a2")
@@ -233,6 +262,7 @@ def test_split_abort_shrink_equal_the_local_engine(ray_instance, plane):
     assert world[5] == "aborted" and world[0][0] == ["E_REMOTE", "E_REMOTE"]
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("plane", ["object", "socket"])
 def test_data_planes_for_ranks_on_other_hosts(ray_instance, plane):
     """The paths ranks that share no memory take (Ray's object store; the control sockets)."""
@@ -244,6 +274,7 @@ def test_data_planes_for_ranks_on_other_hosts(ray_instance, plane):
         assert cluster.run(timeline, args=(30_000,)) == hccl_sim.run(timeline, topology=topo, args=(30_000,))
 
 
+@pytest.mark.local
 def test_orphaned_segments_of_dead_drivers_are_swept(tmp_path):
     """A driver killed before it could clean up leaves segments; the next cluster removes them."""
     import subprocess
@@ -266,6 +297,7 @@ def test_orphaned_segments_of_dead_drivers_are_swept(tmp_path):
             os.unlink(f"/dev/shm/{name}")
 
 
+@pytest.mark.ray
 def test_deadlock_is_an_error_not_a_hang(cluster8):
     t0 = time.monotonic()
     with pytest.raises(HcclError, match="deadlock: every rank is waiting"):
@@ -335,6 +367,7 @@ def check_crash_runs(cluster, plan, dead):
     return session
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("preset, plan, dead", [
     (("fullmesh", {"ranks": 4}), hccl_sim.FaultPlan().rank_crash(3, at_op=1), 3),
     (("atlas800t-a2", {}), hccl_sim.FaultPlan().rank_crash(0, at_op=1, at_step=2), 0)], ids=["on-entry", "mid-op"])
@@ -351,6 +384,7 @@ def test_rank_crash_on_one_node(ray_instance, preset, plan, dead):
     assert shm.leftovers(session) == [] and not [n for n in set(os.listdir("/dev/shm")) - before if session in n]
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("plane, plan, dead", [
     ("socket", hccl_sim.FaultPlan().rank_crash(2, at_op=1, at_step=1), 2),
     ("socket", hccl_sim.FaultPlan().rank_crash(1, at_op=1), 1),
@@ -368,6 +402,7 @@ def test_rank_crash_across_two_ray_nodes(ray_instance, plane, plan, dead):
     assert shm.leftovers(session) == []
 
 
+@pytest.mark.ray
 def test_result_pool_stays_bounded_over_many_shapes(cluster8):
     """(Found by `hccl-sim chaos --engine ray`.) Ops of ever new shapes on the shared-memory plane:
     each rank keeps at most RESULT_POOL_SPARE free result segments, the least recently used
@@ -383,7 +418,8 @@ def test_result_pool_stays_bounded_over_many_shapes(cluster8):
     assert 1 <= len(kept) <= RESULT_POOL_SPARE + 1, kept
 
 
-def test_chaos_campaign_on_ray_equals_the_local_engine(ray_instance):
+@pytest.mark.ray
+def test_chaos_campaign_outcomes_retries_lost_time_and_rank_records_equal_on_ray_and_local(ray_instance):
     """Ten seeded chaos scenarios on one set of actors (two 4-NPU servers on the two Ray nodes),
     each run with its own plan and environment: no WRONG, HANG or LEAK, and every scenario's
     outcome, retries, simulated time lost and every rank's records equal to the local engine's."""

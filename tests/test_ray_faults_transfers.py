@@ -7,7 +7,7 @@ import pytest
 import hccl_sim
 from hccl_sim import HcclError
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 DELTA = round(4.096e-6 * 2 ** 5 * 1e9)
 FAST = {"HCCL_RDMA_TIMEOUT": "5", "HCCL_RDMA_RETRY_CNT": "1"}
 # two 4-NPU servers (half the actors of two full servers): rank r's peer across is r + 4
@@ -40,18 +40,18 @@ def _job(comm):
 
 
 def _pair_transfers(topo, sig, itemsize):
-    from hccl_sim.env import Config
-    from hccl_sim.planner import make_plan, op_transfers
+    from hccl_sim.config.env import Config
+    from hccl_sim.plan.planner import make_plan, op_transfers
     plan = make_plan(sig, topo, Config(), [0] * topo.num_ranks, itemsize)
     return op_transfers(sig, plan.loops, plan.programs, topo.num_ranks, [(1, 5)])[(1, 5)]
 
 
-def test_ray_corrupt_and_p2p_faults_equal_the_local_engine(ray_cluster):
+def test_corrupt_and_p2p_faults_results_errors_and_op_clocks_equal_on_ray_and_local(ray_cluster):
     """Pair 1 -> 5: the barrier's transfers come first (b of them), then the send, each AllReduce's
     two (level-1 ring), the last send; corrupting the send, the second op's first and the last
     send costs each one interval. Rank 6's NIC is down for both of the send 2 -> 6's attempts,
     and back before anything else."""
-    from hccl_sim.planner import Signature
+    from hccl_sim.plan.planner import Signature
     import topologies
     topo = topologies.hardware("atlas800t-a2", devices_per_server=[4, 4])
     b = _pair_transfers(topo, Signature("barrier", (), "uint8", None, None, None), 1)

@@ -7,8 +7,10 @@ import pytest
 
 import hccl_sim
 from hccl_sim import FaultPlan, HcclError
-from hccl_sim.algo_config import ALGO_TOKENS
+from hccl_sim.config.hccl_algo import ALGO_TOKENS
 from hccl_sim.algorithms import registry
+
+pytestmark = pytest.mark.local
 
 RETRY = {"HCCL_RDMA_TIMEOUT": "5", "HCCL_RDMA_RETRY_CNT": "1", "HCCL_OP_RETRY_ENABLE": "L0:1,L1:1,L2:1",
          "HCCL_OP_RETRY_PARAMS": "MaxCnt:2,HoldTime:25,IntervalTime:5"}

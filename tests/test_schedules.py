@@ -7,11 +7,11 @@ import pytest
 import hccl_sim
 from hccl_sim import algorithms
 from hccl_sim.algorithms import nhr
-from hccl_sim.env import Config
+from hccl_sim.config.env import Config
 from hccl_sim import collectives
 from hccl_sim.algorithms import registry
-from hccl_sim.planner import Signature, choose
-from hccl_sim.programs import build_program
+from hccl_sim.plan.planner import Signature, choose
+from hccl_sim.plan.loop_programs import build_program
 from hccl_sim.selection import Choice
 from hcomm import program as prog
 from hcomm.timing import replay
@@ -72,6 +72,7 @@ def unit_for(coll):
     return L * 4 if coll in collectives.BLOCK else 4
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("algo,coll", FLAT_CASES)
 def test_flat_program_every_rank_count(algo, coll):
     for p in range(1, 65):
@@ -80,6 +81,7 @@ def test_flat_program_every_rank_count(algo, coll):
         verify(algorithms.flat_program(coll, algo, p, n, unit_for(coll), root), coll, p, n, root, f"{algo} {coll} p={p}")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("algo,coll", FLAT_CASES)
 def test_flat_program_edge_sizes(algo, coll):
     for p in range(1, 18):
@@ -89,6 +91,7 @@ def test_flat_program_edge_sizes(algo, coll):
                    f"{algo} {coll} p={p} n={n}")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("oneshot", [True, False])
 @pytest.mark.parametrize("coll", ["allreduce", "broadcast"])
 def test_nhr_both_variants(oneshot, coll):
@@ -99,6 +102,7 @@ def test_nhr_both_variants(oneshot, coll):
         verify(program, coll, p, n, p // 3, f"NHR {coll} oneshot={oneshot} p={p}")
 
 
+@pytest.mark.unit
 def test_nhr_slice_map_matches_hccl():
     assert nhr.slice_map(8) == (0, 4, 2, 6, 1, 5, 3, 7)
     assert nhr.slice_map(5) == (0, 3, 1, 4, 2)
@@ -120,6 +124,7 @@ def hier_cases():
         yield f"unequal{counts}", unequal_topology(counts)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("label,topo", list(hier_cases()))
 def test_hierarchical_programs(label, topo):
     p = topo.num_ranks
@@ -144,7 +149,8 @@ TIMING_TOPOLOGIES = [("fullmesh", {"ranks": 7}), ("fullmesh", {"ranks": 16}), ("
                      ("atlas800-910a", {"servers": 2}), ("atlas800t-a2", {"servers": 8})]
 
 
-@pytest.mark.parametrize("name,params", TIMING_TOPOLOGIES)
+@pytest.mark.parametrize("name,params", [pytest.param(*t, marks=pytest.mark.campaign if t[1] == {"servers": 8}
+                                                      else pytest.mark.unit) for t in TIMING_TOPOLOGIES])   # 64 ranks: long
 def test_vectorised_timing_equals_reference(name, params):
     """Every collective, every applicable algorithm, aligned and skewed entry clocks, contention
     included (the 910B's shared HCCS port, incast, reductions on the CCE): both engines agree."""
@@ -168,6 +174,7 @@ def test_vectorised_timing_equals_reference(name, params):
                     assert list(got) == list(want), f"{name} {coll} {choice.label} len={length}"
 
 
+@pytest.mark.unit
 def test_replay_detects_deadlock_and_mismatch():
     from hcomm.steps import Recv, Send, Slice
     topo = hccl_sim.topology("fullmesh", ranks=2)
@@ -178,6 +185,7 @@ def test_replay_detects_deadlock_and_mismatch():
         replay([[(Send(1, s, 4),)], [(Recv(0, s, 8),)]], [0, 0], topo)
 
 
+@pytest.mark.unit
 def test_hazard_check_can_fail():
     b = prog.StepBuilder()
     # rank 0 overwrites the slice it is exposing to rank 1 in the same step
@@ -185,6 +193,7 @@ def test_hazard_check_can_fail():
     assert prog.hazards([b.build()])
 
 
+@pytest.mark.unit
 def test_lazy_steps_and_repricing_equal_reference(monkeypatch):
     """Large programs build steps lazily and re-price same-structure steps from a cached prep;
     forced at small scale, both must still equal the event-driven reference (uneven chunks)."""

@@ -14,6 +14,8 @@ from hcomm import shm
 from hcomm.control.shm import ControlBlock, segment_name
 from topologies.errors import HcclError
 
+pytestmark = pytest.mark.local
+
 CTX = mp.get_context("spawn")
 SLOT = 256
 
@@ -100,6 +102,19 @@ def stop(procs):
         proc.join(timeout=10)
 
 
+def wait_asleep(block, ranks, seq=0):
+    """Until each of `ranks` has published collective #seq (status()) and has been seen asleep in
+    its futex for it (its sleep word holds the seq + 1 it sleeps for): past every check, blocked."""
+    from conftest import wait_until         # here: the spawned ranks import this module, light
+    seen = set()
+
+    def asleep():
+        published = {r for r in ranks if block.status()[r][0] == seq + 1}
+        seen.update(r for r in published if block._sleepers[r] == seq + 1)
+        return seen == set(ranks)
+    wait_until(asleep, f"ranks {sorted(ranks)} asleep in their futex in collective #{seq}", timeout=20)
+
+
 @pytest.fixture
 def session():
     name = shm.new_session()
@@ -175,7 +190,7 @@ def test_abort_wakes_every_waiter(session):
         for proc in procs:
             proc.start()
         assert all(ev.wait(20) for ev in ready)
-        time.sleep(0.3)                 # long enough for every waiter to block in its futex
+        wait_asleep(block, range(4))
         aborted_at = time.monotonic()
         with pytest.raises(HcclError, match="unknown HCCL result code 'E_BOGUS'"):
             block.abort("E_BOGUS", "never seen")
@@ -197,7 +212,7 @@ def test_driver_abort_and_reset_for_a_new_run(session):
         procs, results = start(_wait_forever, session, [1], ready)
         with ControlBlock.attach(session, 0) as block:
             assert ready.wait(20)
-            time.sleep(0.2)
+            wait_asleep(owner, [1])
             owner.abort("E_TIMEOUT", "run deadline passed")
             outcome = collect(procs, results)[1][:3]
             assert outcome == ("error", "E_TIMEOUT", "aborted by the driver: run deadline passed")

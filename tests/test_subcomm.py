@@ -41,6 +41,7 @@ def _collectives(comm, base):
     return True
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("p", [1, 2, 3, 5, 7, 8, 11, 16])
 @pytest.mark.parametrize("colors", [1, 2, 3])
 def test_split_by_color_runs_every_collective(p, colors):
@@ -54,6 +55,7 @@ def test_split_by_color_runs_every_collective(p, colors):
     assert hccl_sim.run(fn, topology=hccl_sim.topology("fullmesh", ranks=p)) == [True] * p
 
 
+@pytest.mark.local
 def test_color_none_opts_out_and_splits_nest():
     def fn(comm):
         sub = comm.split(None if comm.rank == 5 else comm.rank // 3)
@@ -68,6 +70,7 @@ def test_color_none_opts_out_and_splits_nest():
     assert got[0] == ((0, 1, 2), (0, 2)) and got[4] == ((3, 4), (4,)) and got[6] == ((6,), (6,)) and got[5] is None
 
 
+@pytest.mark.local
 def test_sub_communicator_priced_on_the_members_places():
     """Card 0 of each of two 910B servers: the same RoCE ring as a cluster of two one-card
     servers; four cards of one server: that server's HCCS mesh."""
@@ -93,6 +96,7 @@ def test_sub_communicator_priced_on_the_members_places():
     assert "level1" in want.algo and got[0]["inside"][0] < got[0]["across"][0]
 
 
+@pytest.mark.unit
 def test_subset_topology_keeps_places_and_routes():
     topo = hccl_sim.topology("atlas800t-a2", servers=3)
     sub = subset(topo, [17, 1, 9, 2])
@@ -108,6 +112,7 @@ def test_subset_topology_keeps_places_and_routes():
     assert s3.server_of == [0, 1, 2] and s3.params["superpod_of_server"] == [0, 1, 1] and s3.params["superpods"] == 2
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("members", [(0, 1, 16, 17, 32, 33, 48, 49), (5, 21, 37, 53), (0, 2, 4, 6)])
 def test_a3_sub_communicators_run_their_levels(members):
     """Two dies of every server of two superpods (double ring, level1, level2); one die per
@@ -124,6 +129,7 @@ def test_a3_sub_communicators_run_their_levels(members):
     assert len(got) == len(members) and len(set(got)) == 1
 
 
+@pytest.mark.local
 def test_link_faults_reach_sub_communicators():
     """The plan names world ranks and the cluster's links: the sub-communicator of cards 0 and 8
     crosses the RoCE route between them, down from 10 ms (after the split's own exchange)."""
@@ -144,6 +150,7 @@ def test_link_faults_reach_sub_communicators():
     assert got[1] == "ok"
 
 
+@pytest.mark.local
 def test_abort_fails_pending_and_later_ops_on_every_rank_then_shrink_goes_on():
     p = 6
 
@@ -167,6 +174,7 @@ def test_abort_fails_pending_and_later_ops_on_every_rank_then_shrink_goes_on():
     assert got == [True, True, "aborted", True, True, True]
 
 
+@pytest.mark.local
 def test_shrink_leaves_out_a_crashed_rank():
     topo = hccl_sim.topology("atlas800t-a2")
 
@@ -186,6 +194,7 @@ def test_shrink_leaves_out_a_crashed_rank():
     assert [g for g in got if g is not None] == [(i, survivors, sum(survivors)) for i in range(7)]
 
 
+@pytest.mark.local
 def test_shrink_views_must_agree_and_arguments_are_checked():
     def disagree(comm):
         if comm.rank < 4:

@@ -9,9 +9,10 @@ import pytest
 import hccl_sim
 from hccl_sim import HcclError, collectives
 from hccl_sim.algorithms import double_ring, grouped_mesh, superpod
-from hccl_sim.env import Config
-from hccl_sim.planner import Signature, choose, effective_cost
-from hccl_sim.programs import build_parts, pods_of
+from hccl_sim.config.env import Config
+from hccl_sim.plan.costs import effective_cost
+from hccl_sim.plan.planner import Signature, choose
+from hccl_sim.plan.loop_programs import build_parts, pods_of
 from hccl_sim.selection import Choice
 from hcomm.vtiming import program_times
 from test_schedules import L, des_times, verify
@@ -36,7 +37,11 @@ def sig(coll, p, n, algo=None):
                      (p * 2) // 3 if coll in ("broadcast", "reduce") else None, algo)
 
 
-@pytest.mark.parametrize("case", A3_CASES, ids=str)
+LONG_A3_CASES = [(2, 2, None), (3, [2, 1, 3], None), (2, [2, 4], None)]     # 64-96 ranks: the longest sweeps
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.campaign if c in LONG_A3_CASES else pytest.mark.unit)
+                                  for c in A3_CASES], ids=str)
 def test_three_level_programs_verify(case):
     """Each double-ring half's program, for every collective and level1/level2 choice, verified
     symbolically; both ring directions."""
@@ -102,6 +107,7 @@ def _run_all(coll, topo, n, env=None, algo=None):
     return results
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("case", [(1, 2), (2, 1), (3, [2, 1, 3], 4), (2, [1, 2])], ids=str)   # 4-die servers: 24 ranks, not 96
 @pytest.mark.parametrize("coll", collectives.DATA_COLLECTIVES)
 def test_real_data_on_superpods(case, coll):
@@ -115,7 +121,10 @@ def test_real_data_on_superpods(case, coll):
         assert "double_ring" in results[0][1].algo or results[0][1].algo.startswith("NHR")
 
 
-@pytest.mark.parametrize("case", [(1, 2), (2, 2), (2, [2, 1]), (1, 1, 6)], ids=str)
+@pytest.mark.parametrize("case", [pytest.param((1, 2), marks=pytest.mark.unit),
+                                  pytest.param((2, 2), marks=pytest.mark.campaign),     # 64 ranks
+                                  pytest.param((2, [2, 1]), marks=pytest.mark.unit),
+                                  pytest.param((1, 1, 6), marks=pytest.mark.unit)], ids=str)
 def test_vectorised_timing_equals_event_driven_reference(case):
     topo = a3(*case)
     p = topo.num_ranks
@@ -134,7 +143,8 @@ def test_vectorised_timing_equals_event_driven_reference(case):
                     assert list(got) == list(want), f"{case} {coll} {choice.label} len={length}"
 
 
-def test_simulate_equals_run_on_a3():
+@pytest.mark.local
+def test_simulate_rank_durations_and_algo_equal_on_the_local_engine_on_a3_superpods():
     topo = a3(2, [2, 1])
     p = topo.num_ranks
     for coll in collectives.DATA_COLLECTIVES:
@@ -157,6 +167,7 @@ def _link_phase_ns(topo, coll, choice, nbytes):
     return int(program_times(program, np.zeros(p, dtype=np.int64), topo, "float32", "sum").max())
 
 
+@pytest.mark.unit
 def test_double_ring_step_takes_half_a_chunk_over_the_slower_link():
     """Closed form: an AllGather of S bytes on one 16-die server is 15 steps, each moving S/32
     over a die's UB link (196 GB/s; its SIO link, 204 GB/s, carries the other ring's half at
@@ -172,6 +183,7 @@ def test_double_ring_step_takes_half_a_chunk_over_the_slower_link():
     assert 0.49 < (double - topo.device_model.copy_ns(S // 16)) / (single - topo.device_model.copy_ns(S // 16)) < 0.51
 
 
+@pytest.mark.unit
 def test_a3_selection_defaults_and_level2_tokens():
     topo = a3(2, 2)
     p = topo.num_ranks
@@ -220,12 +232,14 @@ def test_a3_selection_defaults_and_level2_tokens():
     del p
 
 
+@pytest.mark.unit
 def test_unequal_superpods_split_by_their_highest_common_factor():
     pods = pods_of(a3(2, [2, 4]))
     assert pods.shape == (3, 2, 16) and pods.unequal
     assert pods_of(a3(3, [2, 1, 3])).shape == (6, 1, 16)
 
 
+@pytest.mark.local
 def test_inter_hccs_disable_puts_roce_between_servers():
     topo = a3(1, 2)
     on = effective_cost(topo, Config()).topology
@@ -244,6 +258,7 @@ def test_inter_hccs_disable_puts_roce_between_servers():
     _run_all("allreduce", topo, 5000, env={"HCCL_INTER_HCCS_DISABLE": "TRUE"})
 
 
+@pytest.mark.unit
 def test_grouped_mesh_peers_and_steps():
     assert grouped_mesh.sdma_distances(5) == [1, 4, 2, 3]
     assert grouped_mesh.sdma_distances(4) == [1, 3, 2]
@@ -257,6 +272,7 @@ def test_grouped_mesh_peers_and_steps():
     verify(program, "alltoall", 48, 0, 0, "grouped")
 
 
+@pytest.mark.unit
 def test_double_ring_halves_are_128_byte_aligned():
     assert double_ring.halves(1000, 4) == [(0, 512), (512, 1000)]
     assert double_ring.halves(10, 4) == [(0, 10)]

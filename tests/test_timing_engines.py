@@ -9,8 +9,10 @@ import pytest
 import hccl_sim
 from hccl_sim import HcclError
 from hccl_sim.engines.local import run_local
-from hccl_sim.env import Config
+from hccl_sim.config.env import Config
 from hcomm.transports.inprocess import InProcessTransport
+
+from conftest import wait_until, waiting_ranks
 
 OPS = {"allreduce": lambda c, x, a: c.all_reduce(x, algo=a),
        "allgather": lambda c, x, a: c.all_gather(x, algo=a),
@@ -23,10 +25,11 @@ TOPOLOGIES = [("fullmesh", {"ranks": 6}), ("ring", {"ranks": 5}), ("atlas800t-a2
               ("atlas800-910a", {"servers": 1})]
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("name,params", TOPOLOGIES)
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("algo", [None, "ring", "H-D_R"])
-def test_simulate_equals_run(name, params, op, algo):
+def test_simulate_rank_durations_algo_and_bytes_equal_on_the_local_engine_to_the_ns(name, params, op, algo):
     topo = hccl_sim.topology(name, **params)
     p = topo.num_ranks
     count = p * 1000
@@ -43,7 +46,8 @@ def test_simulate_equals_run(name, params, op, algo):
     assert records[0].nbytes == est.nbytes
 
 
-def test_times_deterministic_across_runs_and_data_planes():
+@pytest.mark.local
+def test_exit_clocks_equal_over_repeated_runs_and_central_and_threads_data_planes():
     topo = hccl_sim.topology("atlas800t-a2", servers=2)
 
     def fn(comm):
@@ -55,6 +59,7 @@ def test_times_deterministic_across_runs_and_data_planes():
     assert runs[0] == runs[1] == runs[2]
 
 
+@pytest.mark.local
 def test_late_rank_delays_the_collective():
     topo = hccl_sim.topology("fullmesh", ranks=4, bandwidth=1e9, latency=1e-6)
 
@@ -74,6 +79,7 @@ def test_late_rank_delays_the_collective():
     assert max(ends) - 2000 >= round(quiet * 1e9)
 
 
+@pytest.mark.local
 def test_transport_is_zero_copy_with_deadlines():
     tr = InProcessTransport(2, timeout_s=0.2)
     buf = np.arange(10.0)
@@ -92,6 +98,7 @@ def test_transport_is_zero_copy_with_deadlines():
         tr.wait_consumed(pending, tr.deadline())
 
 
+@pytest.mark.local
 def test_transport_abort_wakes_waiters():
     tr = InProcessTransport(2, timeout_s=None)
     caught = []
@@ -103,12 +110,13 @@ def test_transport_abort_wakes_waiters():
             caught.append(exc)
     t = threading.Thread(target=waiter)
     t.start()
-    time.sleep(0.1)
+    wait_until(lambda: waiting_ranks(tr.watch) == {1}, "rank 1 waiting for data from rank 0")
     tr.abort("E_REMOTE", "rank 0 failed")
     t.join(5)
     assert not t.is_alive() and caught and caught[0].code == "E_REMOTE"
 
 
+@pytest.mark.unit
 def test_trace_events_cover_transfers():
     topo = hccl_sim.topology("fullmesh", ranks=4)
     est, plan = hccl_sim.simulate("allreduce", 4096, topology=topo, algo="ring", trace=True)
@@ -117,14 +125,15 @@ def test_trace_events_cover_transfers():
     assert max(e[3] for e in plan.events) == round(est.time * 1e9)
 
 
+@pytest.mark.unit
 def test_buffer_loops_priced_in_closed_form_equal_loop_by_loop():
     """Identical CCL-buffer loops are priced once their shift pattern repeats (timing is
     shift-invariant): equal to pricing every loop, and a 2^50-byte op is two numbers, not millions."""
     import numpy as np
     from hcomm.cost import CostModel
     from hcomm.vtiming import program_times
-    from hccl_sim import planner
-    from hccl_sim.env import Config
+    from hccl_sim.plan import planner
+    from hccl_sim.config.env import Config
     topo = hccl_sim.topology("atlas800t-a2", servers=2)
     config = Config.from_env({"HCCL_BUFFSIZE": "1"})
     for name, count in (("allreduce", (37 << 18) + 5), ("allgather", (9 << 16) + 3), ("broadcast", 3 << 20)):
@@ -146,6 +155,7 @@ def test_buffer_loops_priced_in_closed_form_equal_loop_by_loop():
     assert e.value.code == "E_PARA"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("count", [24 * 6 + 10, 24 * 6 + 1, 24 * 7])
 def test_rotated_ring_steps_equal_the_event_driven_reference(count, monkeypatch):
     """A large flat ring's steps are lazy rotations of one chunk pattern (hcomm.program.RolledView),
@@ -191,6 +201,7 @@ def _block_programs(n):
             "nhr-rs-smap": nhr.reducescatter(n, rows, 4, smap=smap), "nb-ag": nb.allgather(n, rows, 4)}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("n", list(range(2, 40)) + [63, 64, 65, 100, 127, 129])
 def test_block_steps_timing_views_are_their_transfer_lists_compacted(n, monkeypatch):
     """NHR/NB steps of many blocks per peer carry compacted timing views (built without the
@@ -231,6 +242,7 @@ def test_block_steps_timing_views_are_their_transfer_lists_compacted(n, monkeypa
             assert (gc is None and ec is None) or np.array_equal(gc, ec), name
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("n", [16, 24, 37])
 def test_compacted_steps_equal_the_event_driven_reference(n, monkeypatch):
     """Priced from compacted views (multiplicities), from the expanded transfer list where two
@@ -256,8 +268,9 @@ def test_compacted_steps_equal_the_event_driven_reference(n, monkeypatch):
 
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("n", list(range(1, 70)) + [100, 127, 128, 129, 257])
-def test_nb_allgather_run_by_run_builds_the_same_steps(n, monkeypatch):
+def test_nb_allgather_steps_built_run_by_run_equal_those_built_from_the_block_matrix(n, monkeypatch):
     """NB's AllGather steps built run by run equal those built from the block matrix by `_add`."""
     from hcomm import program as prog
     from hccl_sim.algorithms import nb

@@ -12,6 +12,7 @@ from hcomm.timing import replay
 from topologies import HcclError, ranktable
 
 
+@pytest.mark.unit
 def test_atlas800t_a2_structure():
     t = hccl_sim.topology("atlas800t-a2", servers=2)
     assert (t.num_ranks, t.num_servers, t.device) == (16, 2, "910B")
@@ -27,6 +28,7 @@ def test_atlas800t_a2_structure():
     assert t.device_model.hbm_bytes == 64 << 30 and t.device_model.staging
 
 
+@pytest.mark.unit
 def test_atlas800_910a_groups():
     t = hccl_sim.topology("atlas800-910a")
     assert t.route(0, 3).kinds == ("HCCS",) and t.route(4, 7).kinds == ("HCCS",)
@@ -34,6 +36,7 @@ def test_atlas800_910a_groups():
     assert t.links_by_kind()["HCCS"][0] == 2 * 6
 
 
+@pytest.mark.unit
 def test_synthetic_presets():
     ring = hccl_sim.topology("ring", ranks=6, bandwidth=2e9, latency=1e-6)
     assert ring.graph.number_of_edges() == 6 and ring.route(0, 1).latency_ns == 1000
@@ -43,6 +46,7 @@ def test_synthetic_presets():
     assert not mesh.device_model.staging and mesh.device_model.reduce_ns(1 << 20, "float32", "sum") == 0
 
 
+@pytest.mark.unit
 def test_route_errors():
     t = hccl_sim.topology("fullmesh", ranks=3)
     with pytest.raises(HcclError, match="no route to itself"):
@@ -51,6 +55,7 @@ def test_route_errors():
         t.route(0, 3)
 
 
+@pytest.mark.unit
 def test_incast_serialises_on_the_receivers_port():
     """Seven senders into one RoCE port take as long as the port needs: 7 x bytes / bandwidth."""
     t = hccl_sim.topology("atlas800t-a2", servers=2)
@@ -68,6 +73,7 @@ def test_incast_serialises_on_the_receivers_port():
     assert replay(single, [0] * 16, t)[8] == notify + 1_000_000 + 7000
 
 
+@pytest.mark.unit
 def test_inline_reduce_on_910b():
     t = hccl_sim.topology("atlas800t-a2")
     dm = t.device_model
@@ -84,6 +90,7 @@ def table(servers=2, devices=8):
     return ranktable.to_dict(topologies.hardware("atlas800t-a2", devices_per_server=[devices] * servers))
 
 
+@pytest.mark.unit
 def test_ranktable_round_trip(tmp_path):
     t = hccl_sim.topology("atlas800t-a2", servers=3)
     path = tmp_path / "rt.json"
@@ -94,6 +101,7 @@ def test_ranktable_round_trip(tmp_path):
     assert ranktable.to_dict(back) == json.loads(path.read_text())
 
 
+@pytest.mark.local
 def test_ranktable_hccl_doc_example():
     doc = {"status": "completed", "version": "1.0", "server_count": "2", "server_list": [
         {"server_id": "node_0", "device": [
@@ -108,6 +116,7 @@ def test_ranktable_hccl_doc_example():
     assert all(np.all(r == 6) for r in res)
 
 
+@pytest.mark.unit
 def test_ranktable_unequal_servers():
     d = table()
     d["server_list"][1]["device"] = d["server_list"][1]["device"][:3]
@@ -143,6 +152,7 @@ REJECTIONS = [
 ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("change,message", REJECTIONS)
 def test_ranktable_rejections(change, message):
     with pytest.raises(HcclError, match=message) as info:
@@ -150,6 +160,7 @@ def test_ranktable_rejections(change, message):
     assert info.value.code == "E_PARA" and "rank table rt.json" in str(info.value)
 
 
+@pytest.mark.unit
 def test_ranktable_rejects_interleaving():
     """HCCL: server1 {0,1,2,7} / server2 {3,4,5,6} is invalid."""
     d = table(2, 4)
@@ -161,6 +172,7 @@ def test_ranktable_rejects_interleaving():
         ranktable.parse(d)
 
 
+@pytest.mark.unit
 def test_ranktable_single_server_needs_no_ip():
     d = table(1, 4)
     for dev in d["server_list"][0]["device"]:
@@ -168,6 +180,7 @@ def test_ranktable_single_server_needs_no_ip():
     assert ranktable.parse(d).num_ranks == 4
 
 
+@pytest.mark.unit
 def test_ranktable_file_errors(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{ not json")

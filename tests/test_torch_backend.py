@@ -11,6 +11,8 @@ import hccl_sim
 import topologies
 import torch    # a declared [test] dependency (hccl-sim[torch])
 
+pytestmark = pytest.mark.torch
+
 P = 4
 
 
@@ -281,7 +283,8 @@ def test_mpiexec_script_and_mpi_engine_runs():
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     import re       # the processes' lines may interleave
     assert sorted(int(r) for r in re.findall(r"OK (\d+)", done.stdout)) == [0, 1, 2], (done.stdout, done.stderr[-2000:])
-    assert not [n for n in set(os.listdir("/dev/shm")) - before if n.startswith("mpich")]
+    from conftest import mapped_outside     # a segment another developer's mpiexec job maps is not ours
+    assert not [n for n in set(os.listdir("/dev/shm")) - before if n.startswith("mpich") and not mapped_outside(n)]
 
 
 def _torch_on_a_thread(comm):

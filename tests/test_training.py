@@ -13,7 +13,7 @@ from threadpoolctl import threadpool_limits
 import hccl_sim
 import topologies
 from hccl_sim import FaultPlan, HcclError
-from hccl_sim.cli import main
+from hccl_sim.tools.cli import main
 from hccl_sim.training import TrainConfig, train_rank, train_reference
 from hccl_sim.training import buckets as bk
 from hccl_sim.training import report
@@ -55,6 +55,7 @@ def assert_equals_reference(results, ref, atol=2e-5):
 
 # ---- pieces ----------------------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_ddp_bucket_assignment():
     """Reverse registration order; a parameter joins the bucket, which closes once it holds its
     cap (1 MiB for the first, the cap after); no cap: one bucket."""
@@ -67,6 +68,7 @@ def test_ddp_bucket_assignment():
         bk.assign(sizes, 0)
 
 
+@pytest.mark.unit
 def test_batches_are_global_and_shards_cover_them():
     x, y = load_digits()
     assert x.shape == (1797, 64) and x.dtype == np.float32 and set(np.unique(y)) == set(range(10))
@@ -82,6 +84,7 @@ def test_batches_are_global_and_shards_cover_them():
         Batches(len(y), 0, 0)
 
 
+@pytest.mark.unit
 def test_softmax_cross_entropy_is_stable_and_exact():
     logits = np.array([[1000.0, 0.0, -1000.0], [1.0, 2.0, 3.0]], dtype=np.float32)
     total, grad, correct = softmax_cross_entropy(logits, np.array([0, 2]), scale=0.5)
@@ -99,6 +102,7 @@ def _syncbn_shard(comm, x):
     return y, dx, bn.running_mean, bn.running_var
 
 
+@pytest.mark.local
 def test_syncbn_statistics_are_the_whole_batchs():
     x = load_digits()[0][:101, :16] * 3 + 1
     full = BatchNorm("bn", 16)
@@ -114,6 +118,7 @@ def test_syncbn_statistics_are_the_whole_batchs():
 
 # ---- data-parallel training equals the full batch -------------------------------------------------------
 
+@pytest.mark.local
 @pytest.mark.parametrize("p", [1, 2, 3, 5, 8])
 def test_loss_and_parameters_equal_full_batch_training(p, reference):
     cfg, ref = reference
@@ -121,6 +126,7 @@ def test_loss_and_parameters_equal_full_batch_training(p, reference):
     assert_equals_reference(run(cfg, topo), ref)
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("algo", ["ring", "H-D_R", "NHR", "NB", "fullmesh"])
 def test_every_allreduce_algorithm_and_deterministic_mode(algo, reference):
     cfg, ref = reference
@@ -130,6 +136,7 @@ def test_every_allreduce_algorithm_and_deterministic_mode(algo, reference):
         assert {a for r in got for s in r.steps for a in s.algos} == {algo}
 
 
+@pytest.mark.local
 def test_two_servers_hierarchical_allreduce(reference):
     cfg, ref = reference
     got = run(cfg, hccl_sim.topology("atlas800t-a2", servers=2))
@@ -138,6 +145,7 @@ def test_two_servers_hierarchical_allreduce(reference):
 
 # ---- buckets overlap backward ----------------------------------------------------------------------------
 
+@pytest.mark.local
 def test_buckets_overlap_backward_and_one_bucket_does_not():
     """hidden 1024: two buckets (fc3, bn2 and fc2 first). Bucket 0 leaves when fc2's gradients
     exist, before backward ends (bucket 1's launch), and hides under the rest of backward; one
@@ -161,6 +169,7 @@ def test_buckets_overlap_backward_and_one_bucket_does_not():
 
 # ---- faults during training -----------------------------------------------------------------------------
 
+@pytest.mark.local
 def test_link_flap_mid_run_is_retried_and_changes_no_loss(reference):
     cfg, ref = reference
     topo = hccl_sim.topology("atlas800t-a2", servers=2)
@@ -177,6 +186,7 @@ def test_link_flap_mid_run_is_retried_and_changes_no_loss(reference):
     assert_equals_reference(got, ref)
 
 
+@pytest.mark.local
 def test_crash_is_survived_by_shrink_and_checkpoint(reference):
     """Six collectives a step (4 SyncBN, 1 bucket, the loss): rank 3 dies entering op 20, in
     step 3; the survivors find it (heartbeat, 30 s), shrink to 7, restore step 2's checkpoint
@@ -193,6 +203,7 @@ def test_crash_is_survived_by_shrink_and_checkpoint(reference):
     assert_equals_reference(got, ref)
 
 
+@pytest.mark.ray
 def test_training_on_ray_equals_local_retries_a_flap_and_survives_a_crash(ray_cluster, reference):
     """On one set of 8 Ray actors: fault-free training equals the full batch; an HCCS link flap in
     step 1 is retried (L0 op retry) with the loss curve and parameters of the fault-free run; a
@@ -222,6 +233,7 @@ def test_training_on_ray_equals_local_retries_a_flap_and_survives_a_crash(ray_cl
 
 # ---- the command ---------------------------------------------------------------------------------------
 
+@pytest.mark.local
 def test_train_command_prints_and_writes(tmp_path, capsys):
     js, png, tr = tmp_path / "t.json", tmp_path / "t.png", tmp_path / "trace.json"
     assert main(["train", "--steps", "3", "--hidden", "64", "--batch", "64", "--json", str(js), "--plot", str(png),
@@ -235,6 +247,7 @@ def test_train_command_prints_and_writes(tmp_path, capsys):
     assert {"fc1.forward", "bucket0", "bn1.stats", "sgd"} <= names
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("argv,message", [
     (["--engine", "timing"], "train runs on local, ray or mpi"),
     (["--batch", "4"], "smaller than the 8 ranks"),
@@ -249,6 +262,7 @@ def test_train_command_refuses_bad_arguments(argv, message, capsys):
     assert message in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.local
 def test_train_command_under_a_crash_plan(tmp_path, capsys):
     plan = tmp_path / "crash.yaml"
     FaultPlan().rank_crash(2, at_op=9).save(str(plan))

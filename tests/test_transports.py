@@ -3,6 +3,7 @@ threads (in-process), spawned processes (socket), Ray actors on a two-node Ray c
 store). Results equal numpy's; deadlines expire with E_TIMEOUT; a dead peer is E_REMOTE naming it;
 a peer that returned is E_PARA; abort wakes waiters; no process, thread or /dev/shm entry is left."""
 import os
+import sys
 import threading
 import time
 
@@ -18,7 +19,7 @@ from hcomm.transports.ray_object import RayObjectTransport, ScheduleRunner
 from hcomm.transports.socket import SocketTransport
 from topologies.errors import HcclError
 
-from conftest import shm_leaks
+from conftest import blocked_in, shm_leaks, wait_until, waiting_ranks
 from transport_cases import (CASES, SIZES, SPAWN, case_buffers, case_expected, case_steps, check_outputs,
                              listening_rank, run_cases, socket_rank)
 
@@ -56,6 +57,7 @@ def threads(p, body):
     return results
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("p", SIZES)
 def test_inprocess_runs_programs(p):
     tr = InProcessTransport(p, timeout_s=30)
@@ -114,6 +116,7 @@ class SocketGroup:
             conn.close()
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("p", SIZES)
 def test_socket_runs_programs_across_processes(p):
     group = SocketGroup(p, "cases")
@@ -126,7 +129,14 @@ def test_socket_runs_programs_across_processes(p):
 
 # ---- Ray object store: ranks are actors on two Ray nodes ------------------------------------------------
 
-RankActor = ray.remote(ScheduleRunner)
+class ObservedRunner(ScheduleRunner):
+    """The bare rank actor, which can also say whether one of its threads is parked in a transport wait."""
+
+    def blocked(self) -> bool:
+        return any(blocked_in(thread_id) for thread_id in sys._current_frames())
+
+
+RankActor = ray.remote(ObservedRunner)
 
 
 class RayGroup:
@@ -154,6 +164,7 @@ def ray_cause(ref, timeout=60):
     return info.value.cause
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("p", SIZES)
 def test_ray_object_runs_programs_across_two_nodes(ray_cluster, p):
     group = RayGroup(p)
@@ -200,6 +211,10 @@ class InProcessPair:
         assert not self._thread.is_alive()
         return self._error
 
+    def waiting0(self):
+        """Rank 0 is inside its wait: the transport's deadlock watch records it."""
+        return 0 in waiting_ranks(self.tr.watch)
+
     def abort0(self, code, reason):
         self.tr.abort(code, reason)
 
@@ -216,6 +231,10 @@ class SocketPair(InProcessPair):
     def __init__(self, timeout_s):
         self.group = SocketGroup(2, "serve", timeout_s=timeout_s, parent=True)
         self.tr = self.group.transport
+
+    def waiting0(self):
+        """Rank 0's thread is parked in the endpoint's wait (PeerEndpoint keeps no record of waiters)."""
+        return blocked_in(self._thread.ident)
 
     def kill1(self):
         self.group.procs[1].kill()
@@ -246,6 +265,9 @@ class RayPair:
     def abort0(self, code, reason):
         ray.get(self.a0.abort.remote(code, reason), timeout=30)
 
+    def waiting0(self):
+        return ray.get(self.a0.blocked.remote(), timeout=30)
+
     def kill1(self):
         ray.kill(self.a1)
 
@@ -259,7 +281,8 @@ class RayPair:
 PAIRS = {"inprocess": InProcessPair, "socket": SocketPair, "ray_object": RayPair}
 
 
-@pytest.fixture(params=list(PAIRS))
+@pytest.fixture(params=[pytest.param(kind, marks=pytest.mark.ray if kind == "ray_object" else pytest.mark.local)
+                        for kind in PAIRS])
 def pair_of(request):
     made = []
 
@@ -296,7 +319,7 @@ def test_peer_that_returned_is_e_para(pair_of, steps):
 def test_abort_wakes_waiters(pair_of):
     pair = pair_of(60)
     pair.start0(RECV_FROM_1)
-    time.sleep(0.3)
+    wait_until(pair.waiting0, "rank 0 waiting for data from rank 1")
     t0 = time.monotonic()
     pair.abort0("E_INTERNAL", "test abort")
     err = pair.error0()
@@ -304,7 +327,8 @@ def test_abort_wakes_waiters(pair_of):
     assert time.monotonic() - t0 < 5
 
 
-@pytest.mark.parametrize("kind", ["socket", "ray_object"])
+@pytest.mark.parametrize("kind", [pytest.param("socket", marks=pytest.mark.local),
+                                  pytest.param("ray_object", marks=pytest.mark.ray)])
 @pytest.mark.parametrize("steps", [RECV_FROM_1, SEND_TO_1])
 def test_dead_peer_is_e_remote_naming_it(request, kind, steps):
     if kind == "ray_object":
@@ -312,7 +336,7 @@ def test_dead_peer_is_e_remote_naming_it(request, kind, steps):
     pair = PAIRS[kind](60)
     try:
         pair.start0(steps)
-        time.sleep(0.3)
+        wait_until(pair.waiting0, "rank 0 waiting on rank 1")
         t0 = time.monotonic()
         pair.kill1()
         err = pair.error0()
@@ -322,6 +346,7 @@ def test_dead_peer_is_e_remote_naming_it(request, kind, steps):
         pair.close()
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_watched_peer_death_fails_every_wait(when):
     """Rank 0 waits for rank 1 while watching rank 2 (a rank the fault plan crashes), a process it
@@ -365,6 +390,7 @@ def test_watched_peer_death_fails_every_wait(when):
         proc.join(10)
 
 
+@pytest.mark.local
 def test_socket_keeps_shapes_dtypes_tags_and_replies():
     """Frames carry shape, dtype, tag and meta; a reply comes back through the ack."""
     a, b = SocketTransport(0, 2, timeout_s=10), SocketTransport(1, 2, timeout_s=10)
@@ -392,6 +418,7 @@ def test_socket_keeps_shapes_dtypes_tags_and_replies():
         b.close()
 
 
+@pytest.mark.local
 def test_bad_use_is_an_hccl_error():
     tr = SocketTransport(0, 2, timeout_s=1)
     try:
@@ -415,6 +442,7 @@ def test_bad_use_is_an_hccl_error():
         RayObjectTransport(0, 0)
 
 
+@pytest.mark.local
 def test_scoped_abort_fails_only_its_scope_here_and_at_the_peer():
     """abort_scope: waits on that communicator's tags fail at once, at the aborting endpoint and
     at its peer (the notice frame); the world's and another scope's traffic goes on; a scoped

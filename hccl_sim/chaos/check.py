@@ -35,9 +35,9 @@ from topologies.errors import Cause, HcclError
 from topologies.model import seconds_to_ns
 
 from .. import collectives
-from ..env import Config
-from ..faults import HEARTBEAT_LOST_S, _describe as entry_label
-from ..types import parse_reduce_op
+from ..config.env import Config
+from ..faults.plan import HEARTBEAT_LOST_S, _describe as entry_label
+from ..config.types import parse_reduce_op
 from .scenarios import Call, Scenario
 
 OUTCOMES = ("recovered", "clean error", "skipped", "WRONG", "HANG", "LEAK")

@@ -4,9 +4,9 @@ for how long against the RDMA retransmission budget, how slow, how late; and the
 campaign's table shows for it."""
 from __future__ import annotations
 
-from ..env import Config
-from ..planner import effective_cost
-from ..retry import level_of
+from ..config.env import Config
+from ..plan.costs import effective_cost
+from ..faults.retry import level_of
 
 STRAGGLER_DELAYS_S = (2e-6, 5e-5, 1e-3, 2e-2)
 """How late a straggler enters, s: from less than one op (a few us) to far more (20 ms, a slow
@@ -135,6 +135,6 @@ def _make_corrupt(rng, space, spans, target, budget, env):
 MAKERS = {"link_flap": _make_flap, "link_down": _make_down, "link_slow": _make_slow, "nic_down": _make_nic,
                "straggler": _make_straggler, "rank_crash": _make_crash, "corrupt": _make_corrupt}
 """kind -> maker(rng, space, spans, target, rdma budget, env) -> (the FaultPlan method's keyword
-arguments, a few words saying what it does). A kind of hccl_sim.faults.MODELLED missing here is
+arguments, a few words saying what it does). A kind of hccl_sim.faults.plan.MODELLED missing here is
 not drawn (and the campaign says so)."""
 

@@ -6,7 +6,7 @@ made 1-3 times in a row by every rank), an HCCL environment (op retry per level 
 parameters, RDMA retransmission, HCCL_EXEC_TIMEOUT, HCCL_BUFFSIZE, HCCL_ALGO) and a FaultPlan
 whose times land inside the call the fault aims at (learned from the fault-free twin's plan).
 Scenario N of seed S depends on (S, N, the topology, whether the engine runs crashes) only, so
-`--replay N` regenerates it alone. Every kind in hccl_sim.faults.MODELLED that this module can
+`--replay N` regenerates it alone. Every kind in hccl_sim.faults.plan.MODELLED that this module can
 make (MAKERS) joins the campaign; one it cannot make is named in the campaign's header.
 
 Running and classifying (outcomes: recovered, clean error, WRONG, HANG, LEAK; skipped for a
@@ -20,14 +20,16 @@ import numpy as np
 
 from topologies.errors import HcclError
 
-from .. import collectives, faults as fault_kinds
-from ..algo_config import ALGO_TOKENS
+from .. import collectives
+from ..faults import plan as fault_kinds
+from ..config.hccl_algo import ALGO_TOKENS
 from ..algorithms import registry
-from ..env import Config
-from ..faults import FaultPlan
-from ..planner import Signature, effective_cost, make_plan
-from ..retry import level_of
-from ..types import numpy_dtype
+from ..config.env import Config
+from ..faults.plan import FaultPlan
+from ..plan.costs import effective_cost
+from ..plan.planner import Signature, make_plan
+from ..faults.retry import level_of
+from ..config.types import numpy_dtype
 from .makers import MAKERS
 
 OPS = collectives.DATA_COLLECTIVES
@@ -166,7 +168,7 @@ def _simulate_label(topo, op, token):
 class quiet_logs:
     """hccl-sim's own log notes (selection fallbacks, op retry off A3) held back while a campaign
     runs: thousands of scenarios would repeat them; the scenario's outcome is what is reported."""
-    NAMES = ("hccl_sim.selection", "hccl_sim.retry")
+    NAMES = ("hccl_sim.selection", "hccl_sim.faults.retry")
 
     def __enter__(self):
         import logging

@@ -6,7 +6,7 @@ An engine places ranks (threads, Ray actors, MPI processes) and hands each rank'
 1. `rendezvous(rank, call) -> OpPlan`. Carries no data: every rank's `Call` (signature, entry
    clock, item size) goes in, the shared plan comes out. The one exception is MPI's eager
    protocol: an op whose input is at most the group's `eager_bytes` (0: never) carries it with
-   the call, and execution then needs no further exchange (hccl_sim.planner.make_plan, so every
+   the call, and execution then needs no further exchange (hccl_sim.plan.planner.make_plan, so every
    engine gets the same plan and the same simulated times). Mismatched calls, a rank that failed
    or returned early, and a missed deadline are raised on every waiting rank as HcclErrors
    (engines.rendezvous holds this bookkeeping for every engine).
@@ -19,7 +19,7 @@ An engine places ranks (threads, Ray actors, MPI processes) and hands each rank'
      own slices to the peers the schedule names. Used whenever ranks share no memory.
 
 Point-to-point send/recv use `group.transport` directly and are priced by the cost model; a
-group under a fault plan also has `fault_progress` (hccl_sim.fault_state), which its plans advance
+group under a fault plan also has `fault_progress` (hccl_sim.faults.progress), which its plans advance
 and which tells a receiver which of its transfers a `corrupt` entry hits.
 Results come from `result_array` (an engine may keep them where peers can write them).
 `fail(rank, exc)` and `exit(rank)` tell the group that a rank raised or returned, so waits on it

@@ -8,8 +8,8 @@
 """
 from __future__ import annotations
 
-from ..communicator import Communicator
-from ..device import Runtime
+from ..comm.communicator import Communicator
+from ..npu.device import Runtime
 
 
 def start_runtime(rank: int, topo, storage=None) -> Runtime:

@@ -15,14 +15,13 @@ import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 
 from hcomm.transports.inprocess import InProcessTransport
 from topologies.errors import Cause, HcclError
 
 
-from ..fault_state import FaultProgress
-from ..faults import RankCrashed
+from ..faults.progress import FaultProgress
+from ..faults.plan import RankCrashed
 from hcomm.exec import run_rank, run_share, with_scratch
 from . import rendezvous as rdv
 from .base import Group

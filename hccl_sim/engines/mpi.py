@@ -50,8 +50,8 @@ from topologies.errors import HcclError
 
 from hcomm.transports.scoped import ScopedTransport
 
-from ..communicator import Communicator  # noqa: F401 - the type MpiJob.communicator returns
-from ..faults import RankCrashed
+from ..comm.communicator import Communicator  # noqa: F401 - the type MpiJob.communicator returns
+from ..faults.plan import RankCrashed
 from hcomm.exec import run_rank
 from . import rendezvous as rdv
 from .mpi_window import RESULT_POOL_BYTES as WINDOW_RESULT_BYTES

@@ -23,7 +23,6 @@ import contextlib
 import pickle
 import struct
 
-import numpy as np
 
 from hcomm.transports.scoped import ScopedTransport
 from topologies.errors import Cause, HcclError
@@ -33,7 +32,7 @@ from hcomm.exec import OwnResult, run_rank
 
 from . import rendezvous as rdv
 from .base import Call, Group, RankBuffers
-from ..planner import Signature
+from ..plan.planner import Signature
 
 _NO_WATCH = contextlib.nullcontext()      # stateless: one serves every wait
 _CLOCK = struct.Struct("<q")

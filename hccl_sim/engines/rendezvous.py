@@ -15,8 +15,8 @@ import time
 from topologies.errors import Cause, HcclError
 
 from .. import collectives as colls
-from ..fault_state import FaultProgress
-from ..planner import ShiftedPlan, check_signatures, make_plan
+from ..faults.progress import FaultProgress
+from ..plan.planner import ShiftedPlan, check_signatures, make_plan
 
 
 def deadline(config):
@@ -35,7 +35,7 @@ def opname(sig) -> str:
 def plan_calls(calls: list, topo, config, progress: FaultProgress | None = None):
     """The shared plan of one collective from every rank's Call (rank order), or an HcclError
     (E_PARA) naming who called what when the calls differ. `progress`: the communicator's fault
-    progress (hccl_sim.fault_state), read for this op and advanced by its plan."""
+    progress (hccl_sim.faults.progress), read for this op and advanced by its plan."""
     problem = check_signatures([c.signature for c in calls])
     if problem:
         raise HcclError("E_PARA", problem, cause=Cause.MISMATCH)

@@ -16,7 +16,7 @@ from typing import Callable, NamedTuple, Optional
 
 from topologies.errors import HcclError
 
-from ..algo_config import ALGO_TOKENS, parse_hccl_algo
+from ..config.hccl_algo import ALGO_TOKENS, parse_hccl_algo
 from ..algorithms import registry
 from . import hccl, hccl_a3, model
 

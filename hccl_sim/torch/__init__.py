@@ -3,7 +3,7 @@
 Inside `hccl_sim.run(fn, engine="ray")` (a process per rank), `hccl_sim.torch.init_process_group(comm)`
 makes that rank's communicator torch's default group; a plain script started by `torchrun` calls
 `dist.init_process_group(backend="hccl_sim")` and its ranks find each other through torch's store
-(hccl_sim.torch.launch), one started by `mpirun`/`mpiexec` the same call, its rank and world size
+(hccl_sim.engines.torchrun), one started by `mpirun`/`mpiexec` the same call, its rank and world size
 MPI's and its collectives on the MPI engine (hccl_sim.torch.mpi_launch), on the topology
 HCCL_SIM_TOPOLOGY names; then ordinary torch.distributed code runs
 on it: collectives, `DistributedDataParallel` with its comm hooks, `new_group` (a communicator of
@@ -52,7 +52,7 @@ def _create(dist_opts, pg_options):
     world = _World.comm
     if world is None:
         # a plain script under torchrun / mpirun: dist.init_process_group(backend="hccl_sim")
-        from .launch import connect, topology_from_env
+        from ..engines.torchrun import connect, topology_from_env
         topo = topology_from_env(dist_opts.group_size)
         mpi = mpi_launch.launched()
         if mpi is not None and mpi[1] == dist_opts.group_size:

@@ -1,7 +1,7 @@
 """A plain torch script under `mpirun`/`mpiexec -n N` (no torchrun): `dist.init_process_group(
 backend="hccl_sim")` takes its rank and world size from MPI, and its collectives run on the MPI
 engine (engines/mpi.py: the world communicator's rendezvous an MPI allgather, payloads mpi4py
-buffer calls), on the topology HCCL_SIM_TOPOLOGY names (hccl_sim.torch.launch), on the data plane
+buffer calls), on the topology HCCL_SIM_TOPOLOGY names (hccl_sim.engines.torchrun), on the data plane
 HCCL_SIM_DATA_PLANE names ("window" or "p2p"; unset, the engine's default: "window" when every
 process is on one node, else "p2p").
 
@@ -62,7 +62,7 @@ def _mpi_world():
 def _mpi_rendezvous(url: str, timeout: timedelta):
     """(store, rank, world size) for an MPI-launched process; a generator, as torch's handlers are."""
     import torch.distributed as dist
-    from ..env import Config
+    from ..config.env import Config
     comm = _mpi_world()
     rank, size = comm.Get_rank(), comm.Get_size()
     query = {k: int(v[-1]) for k, v in parse_qs(urlparse(url).query).items() if k in ("rank", "world_size")}
@@ -125,7 +125,7 @@ def world_communicator(rank: int, size: int, topo):
     (the job closes at destroy_process_group, or at exit)."""
     from mpi4py import MPI
     from ..engines.mpi import PLANES, init_mpi
-    from ..env import Config
+    from ..config.env import Config
     comm = _mpi_world()
     if (comm.Get_rank(), comm.Get_size()) != (rank, size):
         raise HcclError("E_PARA", f"torch made this process rank {rank} of {size}, MPI rank {comm.Get_rank()} of "

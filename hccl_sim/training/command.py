@@ -57,7 +57,7 @@ def one_blas_thread(engine: str):
 
 def run_command(args, topology, env) -> int:
     import hccl_sim
-    from ..faults import FaultPlan
+    from ..faults.plan import FaultPlan
     from . import report
     from .trainer import TrainConfig, train_rank
     engine = registry.get(args.engine, "train", f"--engine {args.engine!r}")

@@ -7,7 +7,7 @@ gradient and of gradient x normalised input in backward, each combined by one Al
 subtracted, so large logits neither overflow nor lose the small ones).
 
 Every layer says what its forward and backward cost as (FLOPs, bytes moved) for a batch of n
-rows; the trainer charges them on the device roofline (hccl_sim.device). float32 throughout, as a
+rows; the trainer charges them on the device roofline (hccl_sim.npu.device). float32 throughout, as a
 torch model on an NPU trains (BatchNorm's statistics accumulate in float64).
 """
 from __future__ import annotations

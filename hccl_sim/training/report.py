@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from .. import trace as chrome
+from ..tools import trace as chrome
 
 COLUMNS = ("step", "ranks", "loss", "acc", "compute(us)", "comm(us)", "exposed(us)", "overlap", "step(us)",
            "retries", "wall(ms)")

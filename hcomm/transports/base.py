@@ -9,7 +9,7 @@ HCCL_EXEC_TIMEOUT) and is woken by `abort`, so a failure becomes an HcclError in
 
 Shared here: the wording of every wait failure (so every transport reports a timeout, an exited
 peer or a lost peer the same way), the abort state and the named-buffer registry. The half of a
-transport that ranks sharing no memory all need is `peer.PeerEndpoint` (re-exported here).
+transport that ranks sharing no memory all need is `peer.PeerEndpoint`.
 """
 from __future__ import annotations
 
@@ -205,7 +205,3 @@ class Registry:
             return self._buffers[(rank, name)]
         except KeyError:
             raise HcclError("E_PTR", f"buffer {name!r} is not registered", rank=rank) from None
-
-
-# the shared half of transports between processes: its own module, re-exported for older imports
-from .peer import PeerEndpoint, RemoteMessage, SendHandle  # noqa: E402,F401

@@ -37,7 +37,7 @@ class RunSpec:
     session: str
     data_plane: str                     # "shm" | "socket" | "object"
     peers: dict = field(default_factory=dict)   # rank -> (host, port) of its socket transport
-    config: Any = None                  # this run's hccl_sim.env.Config (None: the actor's own)
+    config: Any = None                  # this run's hccl_sim.config.env.Config (None: the actor's own)
 
 
 @dataclass(frozen=True)

@@ -17,45 +17,27 @@ the same cost model as collectives.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
-
 import numpy as np
 
 from topologies.errors import Cause, HcclError
 from topologies.validate import is_integer
 
-from . import collectives as colls
-from . import subcomm
-from .engines.base import Call, RankBuffers
-from hcomm.faults import LinkFailure
+from .. import collectives as colls
+from . import split as subcomm
+from .record import OpRecord
+from ..engines.base import Call, RankBuffers
+from hcomm.link_state import LinkFailure
 
-from .faults import RankCrashed, lost_fields
-from .planner import Signature, effective_cost
-from .retry import exception_location, failure_fields, level_of
-from .device import Device, DeviceArray, Stream, Work
-from .types import dtype_name, parse_reduce_op
+from ..faults.plan import RankCrashed, lost_fields
+from ..plan.costs import effective_cost
+from ..plan.planner import Signature
+from ..faults.retry import exception_location, failure_fields, level_of
+from ..npu.device import Device, DeviceArray, Stream, Work
+from ..config.types import dtype_name, parse_reduce_op
 
 COLLECTIVE_TAG = "coll"
 _new = tuple.__new__         # a NamedTuple from a tuple of its fields, without keyword handling
 MAX_TAG = 2**31 - 1          # point-to-point tags: non-negative 32-bit ints, as MPI_TAG_UB allows at least
-
-
-class OpRecord(NamedTuple):
-    """What the last operation did on this rank, in simulated time (immutable)."""
-    name: str
-    algo: str
-    nbytes: int
-    count: int
-    dtype: str
-    start: int          # this rank's clock at entry, ns
-    end: int            # this rank's clock at exit, ns
-    retries: int = 0
-    notes: tuple = ()   # what the fault machinery did in the op (e.g. a backup NIC switched to)
-
-    @property
-    def time(self) -> float:
-        """This rank's simulated duration of the op, seconds."""
-        return (self.end - self.start) / 1e9
 
 
 class Communicator:
@@ -80,6 +62,7 @@ class Communicator:
         self._plain_bytes = group.plain_result_bytes
         self._p2p_sent, self._p2p_received = {}, {}   # sends to each peer, receives from each peer, so far
         self.last_op: OpRecord | None = None
+        self.runtime = None                  # the rank's Runtime, where an engine started one (engines.bootstrap)
         self.device = device if device is not None else Device(rank, group.topo)
         # HCCL allocates the communicator's CCL buffer, 2 x HCCL_BUFFSIZE (in + out), from HBM.
         self.ccl_buffer = self.device.malloc(2 * self.config.buffsize_bytes, tag="ccl-buffer")
@@ -90,7 +73,7 @@ class Communicator:
         "Engines"): central or threads on local; shm, socket or object on ray; window or p2p on mpi
         (a sub-communicator: p2p); shm or peer for a torchrun script; peer for a sub-communicator
         on ray or torchrun (the per-rank executor over the job's transport)."""
-        return getattr(self._group, "data_plane", None)
+        return self._group.data_plane
 
     @property
     def clock(self) -> int:
@@ -263,7 +246,7 @@ class Communicator:
     # communicators from communicators -----------------------------------------------------------------
     def split(self, color, key: int = 0):
         """The communicator of the ranks that gave the same `color` (None: opt out, get None), ordered
-        by (key, rank); every rank calls it (ncclCommSplit; hccl_sim.subcomm)."""
+        by (key, rank); every rank calls it (ncclCommSplit; hccl_sim.comm.split)."""
         self._check_usable("split")
         return subcomm.split(self, color, key)
 

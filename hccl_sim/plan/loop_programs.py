@@ -15,11 +15,11 @@ from hcomm import program as prog
 from hcomm.cost import as_cost
 from hcomm.exec import LoopBody
 
-from . import algorithms
-from . import collectives as colls
-from .algorithms import double_ring, grouped_mesh, hierarchy, pipeline, superpod
-from .algorithms.common import side_by_side
-from .selection import Choice
+from .. import algorithms
+from .. import collectives as colls
+from ..algorithms import double_ring, grouped_mesh, hierarchy, pipeline, superpod
+from ..algorithms.common import side_by_side
+from ..selection import Choice
 
 def servers_of(cost) -> hierarchy.Servers:
     cost = as_cost(cost)

@@ -14,12 +14,12 @@ import warnings
 import topologies
 from topologies.errors import HcclError
 
-from . import OPS, __version__
+from .. import OPS, __version__
 from .bench import (BenchSpec, footer, format_row, hccl_test_header, hccl_test_row, hccl_test_sizes, header,
                     parse_size, run_bench, sizes, write_json)
-from .engines import registry
-from .faults import FaultPlan
-from .types import DTYPES
+from ..engines import registry
+from ..faults.plan import FaultPlan
+from ..config.types import DTYPES
 
 DEFAULT_TOPOLOGY = "atlas800t-a2"
 
@@ -141,7 +141,7 @@ def build_parser():
                    help="wall seconds a run may take before it counts as a HANG (at least HCCL_EXEC_TIMEOUT + 15; "
                         "default 60)")
 
-    from .training.command import add_parser as add_train_parser
+    from ..training.command import add_parser as add_train_parser
     add_train_parser(sub, _add_topology_args)
 
     t = sub.add_parser("topo", help="describe a topology; export an HCCL rank table")
@@ -163,7 +163,7 @@ def cmd_bench(args) -> int:
     if not engine.spmd and (args.ranks_per_process != 1 or args.data_plane is not None):
         raise HcclError("E_PARA", "--ranks-per-process and --data-plane are settings of --engine mpi")
     if engine.spmd:
-        from .engines.mpi import world
+        from ..engines.mpi import world
         if world().Get_rank() != 0:       # under mpiexec every process runs the sweep; rank 0 prints it
             sys.stdout = open(os.devnull, "w")
     topo = _bench_topology(args)
@@ -189,8 +189,8 @@ def cmd_bench(args) -> int:
                      env=_env_pairs(args.env), trace=args.trace, policy=args.policy,
                      faults=None if args.faults is None else FaultPlan.load(args.faults))
     from .bench import ROOTED
-    from . import canonical_op
-    from .types import parse_reduce_op, dtype_name
+    from .. import canonical_op
+    from ..config.types import parse_reduce_op, dtype_name
     spec.op = canonical_op(spec.op)
     spec.dtype = dtype_name(spec.dtype)
     parse_reduce_op(spec.redop)
@@ -251,7 +251,7 @@ def _bench_topology(args):
         return topologies.load(args.ranktable)
     if registry.get(args.engine, "bench", f"--engine {args.engine!r}").spmd and args.servers is None \
             and args.ranks is None:
-        from .engines.mpi import world
+        from ..engines.mpi import world
         slots = world().Get_size() * args.ranks_per_process
         lname = topologies.ALIASES.get(args.topology.lower(), args.topology.lower())
         if lname in topologies.SYNTHETIC_PRESETS:
@@ -270,7 +270,7 @@ inside a server (L0) and between servers (L1)."""
 
 
 def cmd_chaos(args) -> int:
-    from .chaos import report
+    from ..chaos import report
     if not 1 <= args.scenarios <= MAX_SCENARIOS:
         raise HcclError("E_PARA", f"-n {args.scenarios}: the number of scenarios must be in [1, {MAX_SCENARIOS}]")
     if args.replay is not None and args.replay < 0:
@@ -285,7 +285,7 @@ def cmd_chaos(args) -> int:
     if topo.num_ranks < 2:
         raise HcclError("E_PARA", f"chaos needs at least 2 ranks (faults are between ranks); {topo.name} has "
                         f"{topo.num_ranks}")
-    from . import _check_local_size
+    from .. import _check_local_size
     _check_local_size(topo, registry.ENGINES[args.engine])
     replay = args.replay is not None
     bar = []
@@ -341,7 +341,7 @@ def cmd_topo(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from .training.command import run_command
+    from ..training.command import run_command
     return run_command(args, _topology, _env_pairs)
 
 

@@ -6,7 +6,7 @@ on, every error an HcclError naming the entry. Times are simulated seconds from 
 `link_state(topo)` turns the link entries into hcomm's LinkState (the graph edges of each route,
 down or slowed over windows of integer nanoseconds), which prices retransmission; stragglers
 delay a rank's entry into the ops they name; a corrupt entry names the nth transfer a -> b of the
-job, which hccl_sim.fault_state finds in the op that holds it. Plans save to and load from YAML.
+job, which hccl_sim.faults.progress finds in the op that holds it. Plans save to and load from YAML.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from hcomm.faults import LinkState
+from hcomm.link_state import LinkState
 from topologies.errors import Cause, HcclError
 from topologies.model import seconds_to_ns
 
@@ -39,7 +39,7 @@ class BoundFaults:
         """The plan as a communicator of the job's ranks `world` (its rank i is world[i]) sees it:
         link faults as they are (by the cluster's links); stragglers of every op and `at`-second
         crashes renumbered; entries that count op indices (those count the world communicator's
-        ops: hccl_sim.subcomm) left out, and so are corrupt entries (their nth counts the world
+        ops: hccl_sim.comm.split) left out, and so are corrupt entries (their nth counts the world
         communicator's transfers)."""
         index = {w: i for i, w in enumerate(world)}
         late = tuple((index[r], None, d) for r, ops, d in self.late if ops is None and r in index)
@@ -65,7 +65,7 @@ class BoundFaults:
         """How many of its steps of this op (counted over the op's loops) the rank crashing in it
         runs before it stops: at_step, or the steps it started before `at`; 0 when it dies on
         entering the op. What a real process moves before it dies (engine ray)."""
-        from .planner import step_starts
+        from ..plan.replay import step_starts
         rank, t, _, at_step = self._first_crash(plan, op_index, topo, config)
         if at_step is not None:
             return at_step
@@ -76,7 +76,7 @@ class BoundFaults:
 
     def _first_crash(self, plan, op_index, topo, config):
         """(rank, ns, label, at_step) of the op's first crash (by time, then rank), or None."""
-        from .planner import step_clock
+        from ..plan.replay import step_clock
         found = None
         for rank, at_op, at_ns, at_step, label in self.crashes:
             if at_op is not None:
@@ -149,7 +149,7 @@ def with_faults(topo, config, faults):
         return config
     if not isinstance(faults, FaultPlan):
         raise HcclError("E_PARA", f"faults must be a hccl_sim.FaultPlan (or None), got {type(faults).__name__}")
-    from .planner import effective_cost
+    from ..plan.costs import effective_cost
     return dataclasses.replace(config, faults=faults.bind(effective_cost(topo, config).topology, config))
 
 

@@ -31,7 +31,8 @@ import numpy as np
 from topologies.errors import Cause, HcclError
 from topologies.subset import subset
 
-from .planner import effective_cost
+from ..plan.costs import effective_cost
+from .record import OpRecord
 
 
 def _int(value, what, opname, rank, minimum=None):
@@ -82,7 +83,6 @@ def shrink(comm, exclude=None):
 def _derive(parent, members: tuple, scope: str, opname: str, start: int):
     """This rank's communicator of the parent's ranks `members` (it is one of them), after its init;
     its last_op is the whole of it, from `start` (this rank's clock when the call began)."""
-    from .communicator import Communicator, OpRecord
     base = effective_cost(parent.topology, parent.config).topology   # HCCL_INTER_HCCS_DISABLE's routes, if set
     topo = subset(base, members)
     world = tuple(parent.world_ranks[m] for m in members)
@@ -90,9 +90,9 @@ def _derive(parent, members: tuple, scope: str, opname: str, start: int):
     if config.faults is not None:
         config = dataclasses.replace(config, faults=config.faults.restricted(world))
     group = parent._group.subgroup(parent.rank, members, scope, topo, config)
-    comm = Communicator(members.index(parent.rank), group, parent.device)
+    comm = type(parent)(members.index(parent.rank), group, parent.device)
     comm.scope, comm.world_ranks = scope, world
-    comm.runtime = getattr(parent, "runtime", None)
+    comm.runtime = parent.runtime
     # the init: every member's view of the members, gathered on the new communicator
     view = zlib.crc32(np.asarray(world, dtype=np.int64).tobytes())
     views = comm.all_gather(np.array([[view, parent.world_ranks[parent.rank]]], dtype=np.int64))

@@ -23,7 +23,7 @@ import numpy as np
 from topologies.errors import HcclError
 
 from . import verifiable as vf
-from .types import ReduceOp
+from ..config.types import ReduceOp
 
 # An op whose per-rank buffer is larger than this cannot be priced in int64 nanoseconds at the
 # slowest link rates (2^56 B at 20 GB/s is ~3.6e18 ns, near int64's 9.2e18); real HCCL counts are
@@ -160,12 +160,12 @@ class Collective:
 
     # Each subclass defines reference(inputs, redop=None, root=0) -> list: every rank's expected
     # result from every rank's input (numpy, in rank order), and verifiable(rank, p, count, dtype,
-    # redop, root): rank's expected result when every rank's input is hccl_sim.verifiable's pattern
+    # redop, root): rank's expected result when every rank's input is hccl_sim.collectives.verifiable's pattern
     # of `count` elements, computed without the other ranks' data.
 
 
 def _reduce_all(inputs, redop):
-    from .types import reducer
+    from ..config.types import reducer
     acc = np.array(inputs[0], copy=True)
     fn = reducer(redop or ReduceOp.SUM)
     for x in inputs[1:]:
@@ -367,3 +367,8 @@ def check_op_bytes(nbytes: int, what: str = "op") -> None:
         raise HcclError("E_PARA", f"{what} of {nbytes} bytes per rank is larger than this emulator can price "
                         f"(at most 2^56 = {MAX_OP_BYTES} bytes: beyond that simulated nanoseconds overflow int64)")
 
+
+def expected(op: str, rank: int, p: int, count: int, dtype: str, redop="sum", root: int = 0):
+    """Rank `rank`'s expected output of `op` when every rank's input is hccl_sim.collectives.verifiable's
+    pattern of `count` elements (each collective's class says what it is)."""
+    return get(op).verifiable(rank, p, count, dtype, redop, root)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from hcomm.exec import DataLoop, DataProgram, LoopBody
 
-from .types import parse_reduce_op, reduce_ufunc
+from ..config.types import parse_reduce_op, reduce_ufunc
 
 
 def lower(plan) -> DataProgram:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from topologies.errors import HcclError
 
-from .algo_config import AlgoConfig, parse_hccl_algo
+from .hccl_algo import AlgoConfig, parse_hccl_algo
 
 MB = 1 << 20
 
@@ -130,7 +130,7 @@ class Config:
     deterministic: str = "false"
     rdma_timeout: int = 20             # retransmit every 4.096 us x 2^this (checked per device when faults bind)
     rdma_retry_cnt: int = 7            # retransmissions before an error CQE
-    faults: object = None              # hccl_sim.faults.BoundFaults of the run, or None
+    faults: object = None              # hccl_sim.faults.plan.BoundFaults of the run, or None
     inter_hccs_disable: bool = False   # A3: RoCE instead of the UB (HCCS) fabric between a superpod's servers
     policy: str = "hccl"          # algorithm selection: "hccl" (HCCL's rules) or "model" (fastest modelled)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .types import ReduceOp, numpy_dtype, parse_reduce_op
+from ..config.types import ReduceOp, numpy_dtype, parse_reduce_op
 
 _UFUNC = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MAX: np.maximum, ReduceOp.MIN: np.minimum}
 
@@ -51,10 +51,3 @@ def values(idx, rank: int, dtype: str, redop="sum") -> np.ndarray:
 def reduced(idx, p: int, dtype: str, redop="sum") -> np.ndarray:
     """The reduction over p ranks' inputs at element indices `idx`."""
     return _reduced(np.asarray(idx, dtype=np.int64), p, dtype, parse_reduce_op(redop))
-
-
-def expected(op: str, rank: int, p: int, count: int, dtype: str, redop="sum", root: int = 0):
-    """Rank `rank`'s expected output of `op` when every rank's input has `count` elements
-    (each collective's class in hccl_sim.collectives says what it is)."""
-    from . import collectives
-    return collectives.get(op).verifiable(rank, p, count, dtype, redop, root)

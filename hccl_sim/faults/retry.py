@@ -1,7 +1,7 @@
 """HCCL's op retry (re-execution) and its error reports, on simulated time (docs/references.md §10.4,
 §10.3, §10.6; docs/design.md, "Faults contract").
 
-When a transfer's retransmissions run out (an error CQE, hcomm.faults.LinkFailure) the op fails at
+When a transfer's retransmissions run out (an error CQE, hcomm.link_state.LinkFailure) the op fails at
 that instant on every rank. With HCCL_OP_RETRY_ENABLE on for the failed link's level (L0 inside a
 server, L1 between servers, L2 between superpods), every rank stops, the ranks agree over the
 host network (not the failed link), wait HoldTime and re-run the whole op from its input; later
@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import logging
 
-from hcomm.faults import LinkFailure
+from hcomm.link_state import LinkFailure
 from topologies.errors import Cause, HcclError
 from topologies.presets import package_partner
 
-log = logging.getLogger("hccl_sim.retry")
+log = logging.getLogger("hccl_sim.faults.retry")
 MS = 1_000_000
 
 

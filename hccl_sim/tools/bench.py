@@ -1,7 +1,7 @@
 """The bench job (modelled on hccl_test / nccl-tests): a size sweep of one collective.
 
 Each row (one size) runs the op in one of two ways:
-- on real data (engines local, ray, mpi): every rank's input is verifiable (hccl_sim.verifiable),
+- on real data (engines local, ray, mpi): every rank's input is verifiable (hccl_sim.collectives.verifiable),
   each timed iteration starts from aligned clocks (a barrier before it), and each rank counts its
   wrong elements against the expected result it computes alone;
 - without payload (engine timing): hccl_sim.simulate prices the op; #wrong is N/A.
@@ -27,13 +27,14 @@ import numpy as np
 from topologies.errors import HcclError
 from topologies.validate import integer, is_integer
 
-from .engines import registry
-from . import MAX_ALLTOALL_RANKS, MAX_LOCAL_RANKS, busbw_factor, canonical_op, collectives, op_count, simulate
+from ..engines import registry
+from .. import MAX_ALLTOALL_RANKS, MAX_LOCAL_RANKS, busbw_factor, canonical_op, collectives, op_count, simulate
 from . import trace as chrome
-from .env import Config
-from .faults import with_faults
-from .types import dtype_name, nccl_name, numpy_dtype
-from .verifiable import expected, rank_input
+from ..config.env import Config
+from ..faults.plan import with_faults
+from ..config.types import dtype_name, nccl_name, numpy_dtype
+from ..collectives import expected
+from ..collectives.verifiable import rank_input
 
 REAL_ENGINES = tuple(n for n in registry.offering("bench") if registry.ENGINES[n].real_data)
 ROOTED = tuple(n for n in collectives.DATA_COLLECTIVES if collectives.of(n).rooted)
@@ -65,7 +66,7 @@ def sizes(minbytes: int, maxbytes: int, factor: int = 2, step: int = 0) -> list:
     if step:
         if (maxbytes - minbytes) // step + 1 > MAX_SIZES:
             raise HcclError("E_PARA", f"-b {minbytes} -e {maxbytes} -i {step} makes {(maxbytes - minbytes) // step + 1} "
-                            f"sizes; at most {MAX_SIZES} (hccl_sim.bench.MAX_SIZES): use a larger -i or -f")
+                            f"sizes; at most {MAX_SIZES} (hccl_sim.tools.bench.MAX_SIZES): use a larger -i or -f")
         return list(range(minbytes, maxbytes + 1, step))
     if not is_integer(factor) or factor < 2:
         raise HcclError("E_PARA", f"-f must be an integer multiplication factor >= 2 (or use -i to add bytes), "
@@ -170,9 +171,9 @@ def run_bench(spec: BenchSpec, topo, progress=None) -> list:
 def check_spec(spec: BenchSpec, p: int) -> None:
     """Refuse, before anything runs, a sweep that would not finish or would not fit in memory."""
     for flag, value, lo in (("-n", spec.iters, 1), ("-w", spec.warmup, 0)):
-        integer(value, f"{flag} (iterations)", lo, MAX_ITERS, limit="hccl_sim.bench.MAX_ITERS")
+        integer(value, f"{flag} (iterations)", lo, MAX_ITERS, limit="hccl_sim.tools.bench.MAX_ITERS")
     if not spec.sizes or len(spec.sizes) > MAX_SIZES:
-        raise HcclError("E_PARA", f"a sweep has 1 to {MAX_SIZES} sizes (hccl_sim.bench.MAX_SIZES), got {len(spec.sizes)}")
+        raise HcclError("E_PARA", f"a sweep has 1 to {MAX_SIZES} sizes (hccl_sim.tools.bench.MAX_SIZES), got {len(spec.sizes)}")
     for size in spec.sizes:
         integer(size, "size", 0, where="bench")
     engine = _engine(spec)
@@ -190,7 +191,7 @@ def check_spec(spec: BenchSpec, p: int) -> None:
         if need > HOST_MEMORY_FRACTION * have:
             raise HcclError("E_MEMORY", f"bench on engine {spec.engine}: {p} ranks x {max(spec.sizes)} B of real data "
                             f"need about {need / 2**30:.1f} GiB, over {HOST_MEMORY_FRACTION:.0%} of this host's "
-                            f"{have / 2**30:.1f} GiB (hccl_sim.bench.HOST_MEMORY_FRACTION); use --engine timing")
+                            f"{have / 2**30:.1f} GiB (hccl_sim.tools.bench.HOST_MEMORY_FRACTION); use --engine timing")
 
 
 def _engine(spec):
@@ -261,13 +262,13 @@ def _run_sweep(spec, topo, config, emit):
         return
     if engine.spmd:
         # every process runs the sweep; rank 0 (thread 0 of process 0) emits each row as it completes
-        from .engines.mpi import default_plane, world
+        from ..engines.mpi import default_plane, world
         if spec.data_plane is None:              # collective: every process runs the sweep
             spec.data_plane = default_plane(world())
         engine.launch(_sweep, topo, config, (spec, emit), None, data_plane=spec.data_plane,
                       ranks_per_process=None if spec.ranks_per_process == 1 else spec.ranks_per_process)
         return
-    from . import Cluster
+    from .. import Cluster
     with Cluster(topo, engine="ray", env=spec.env, policy=spec.policy, faults=spec.faults,
                  data_plane=spec.data_plane) as cluster:
         spec.data_plane = cluster.data_plane     # chosen from where the actors landed

@@ -22,8 +22,8 @@ import socket
 
 from topologies.errors import HcclError
 
-from ..engines.peer_group import PeerGroup
-from ..engines.shm_plane import SharedPlane
+from .peer_group import PeerGroup
+from .shm_plane import SharedPlane
 
 DEFAULT_TOPOLOGY = "atlas800t-a2"
 ENV = "HCCL_SIM_TOPOLOGY"
@@ -83,9 +83,9 @@ class LaunchedGroup(SharedPlane, PeerGroup):
 
 def connect(store, rank: int, size: int, topo, env=None, timeout_s: float | None = None):
     """(this rank's Communicator, its transport to close at the end), its peers found through `store`."""
-    from ..engines.bootstrap import communicator, start_runtime
+    from .bootstrap import communicator, start_runtime
     from hcomm.control.transport import TransportControl
-    from ..env import Config
+    from ..config.env import Config
     from hcomm.transports.socket import SocketTransport
     config = Config.from_env(env)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", size)) == size
@@ -104,7 +104,7 @@ def connect(store, rank: int, size: int, topo, env=None, timeout_s: float | None
     control = TransportControl(transport, rank, size)
     if local:
         from hcomm import shm
-        from ..engines.shm_plane import SharedArea
+        from .shm_plane import SharedArea
         if rank == 0:
             store.set("hccl_sim/shm_session", shm.new_session())
         group = LaunchedGroup(rank, topo, config, control, transport,

@@ -1,6 +1,6 @@
 """From a collective call to its plan: it only composes. What the collective is comes from
 hccl_sim.collectives, which algorithm runs from hccl_sim.selection, the program of a loop from
-hccl_sim.programs (over hccl_sim.algorithms), and what it costs from the CostModel (hcomm.cost),
+hccl_sim.plan.loop_programs (over hccl_sim.algorithms), and what it costs from the CostModel (hcomm.cost),
 which owns every cache.
 
 Engine-agnostic and deterministic: every engine (and every rank of a distributed engine) that
@@ -17,34 +17,30 @@ priced in closed form: timing is invariant under a uniform shift, so once full l
 rank's clock by the same amount, every further such run of loops does exactly that too.
 
 Faults: an op that a fault plan's link change meets, or that holds a corrupted transfer (the
-communicator's hccl_sim.fault_state says which), is priced by the event-driven replay from its
-absolute clocks, with op retry (hccl_sim.retry) when a transfer's retransmissions run out; after an
+communicator's hccl_sim.faults.progress says which), is priced by the event-driven replay from its
+absolute clocks, with op retry (hccl_sim.faults.retry) when a transfer's retransmissions run out; after an
 A3 backup-NIC switch the op and every later one run on the borrowed routes.
 """
 from __future__ import annotations
 
 import functools
 import math
-import threading
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 import numpy as np
 
-from hcomm.cost import CostModel, as_cost
-from hcomm.faults import LinkFailure
-from hcomm.steps import Send
 from hcomm.vtiming import program_times
 from topologies.errors import HcclError
-from topologies.presets import with_backup_nics, without_inter_hccs
 
-from . import collectives as colls
-from .fault_state import NO_FAULTS, OpFaults
-from .retry import priced_with_retry
-from .programs import loop_parts, pods_of, program_rank_steps, servers_of
-from .selection import Choice, Context, select
+from .. import collectives as colls
+from ..faults.progress import NO_FAULTS, OpFaults
+from ..faults.retry import priced_with_retry
+from .costs import effective_cost
+from .loop_programs import loop_parts, pods_of, servers_of
+from .replay import LOOPS_REPLAYED, replayed_exits, sends, trace_events
+from ..selection import Choice, Context, select
 
-_LOOPS_BEFORE_GIVING_UP = 4096    # full loops priced one by one before a shift pattern must show
 
 
 class Signature(NamedTuple):
@@ -87,7 +83,7 @@ class OpPlan:
     events: Optional[list] = None
     parts: Optional[dict] = None   # loop length -> ((start, stop, program), ...) run one after another on
                                    # data where the timing program runs them side by side (A3's double ring)
-    retries: int = 0               # op retries a link failure cost (hccl_sim.retry)
+    retries: int = 0               # op retries a link failure cost (hccl_sim.faults.retry)
     transfers: Optional[dict] = None   # (src, dst) -> the op's transfers on each pair a corrupt entry counts
     backup: tuple = ()             # dies on their partner's NIC when the op ends (A3's backup NIC)
     notes: tuple = ()              # what the fault machinery did that last_op reports (a backup NIC used)
@@ -106,6 +102,13 @@ class OpPlan:
     def exit_of(self, rank: int) -> int:
         """Rank `rank`'s exit clock, ns."""
         return self.exits[rank]
+
+    @property
+    def unshifted(self) -> "OpPlan":
+        """The plan whose clocks this one's are (itself: see ShiftedPlan)."""
+        return self
+
+    base = 0                           # ns its clocks are shifted by (see ShiftedPlan)
 
     @functools.cached_property
     def data(self):
@@ -168,6 +171,10 @@ class ShiftedPlan:
     def data(self):
         return self.plan.data
 
+    @property
+    def unshifted(self) -> OpPlan:
+        return self.plan
+
     def loop_programs(self):
         return self.plan.loop_programs()
 
@@ -213,7 +220,7 @@ def _time_loops(loops, programs, rel, cost, dtype, redop) -> np.ndarray:
                 clock = program_times(full, clock + again, cost, dtype, redop)
             done = loops.full
             break
-        if done >= _LOOPS_BEFORE_GIVING_UP:
+        if done >= LOOPS_REPLAYED:
             raise HcclError("E_INTERNAL", f"{loops.full} buffer loops reached no periodic time pattern after "
                             f"{done}; cannot price them in closed form")
         del history[:-(_PERIOD_MAX + 1)]
@@ -260,7 +267,7 @@ def plan_times(sig, cost, config, itemsize, choice, entry, faults: bool = True, 
     link state (a fault plan) an op whose fault-free span meets a change, or that holds a
     corrupted transfer (`corrupt`, {(src, dst, k): label}, consumed as they are transmitted), is
     re-priced by the event-driven replay from its absolute clocks, which retransmits over down
-    links and may raise hcomm.faults.LinkFailure; an op no fault meets is exactly its fault-free self."""
+    links and may raise hcomm.link_state.LinkFailure; an op no fault meets is exactly its fault-free self."""
     loops, programs, parts = op_programs(sig, cost, config, itemsize, choice)
     cache = cost.cache("timings")
     base = min(entry) if len(entry) else 0
@@ -275,16 +282,8 @@ def plan_times(sig, cost, config, itemsize, choice, entry, faults: bool = True, 
     exits = [base + t for t in rel_exits]
     links = cost.link_state
     if faults and (corrupt or (links and links.affects(base, max(exits, default=base)))):
-        exits = _replayed_exits(sig, loops, programs, entry, cost, corrupt=corrupt)
+        exits = replayed_exits(sig, loops, programs, entry, cost, corrupt=corrupt)
     return loops, programs, exits, parts
-
-
-def _sends(program, p: int, src: int, dst: int) -> int:
-    """Transfers src -> dst in one loop's program (the replay numbers them in this order)."""
-    if not program:
-        return 0
-    return sum(1 for step in program_rank_steps(program, p)[src] for op in step
-               if isinstance(op, Send) and op.peer == dst)
 
 
 def op_transfers(sig, loops, programs, p: int, pairs) -> dict:
@@ -292,134 +291,11 @@ def op_transfers(sig, loops, programs, p: int, pairs) -> dict:
     out = {}
     for src, dst in pairs:
         if sig.name == "barrier":
-            out[(src, dst)] = _sends(programs[1], p, src, dst)
+            out[(src, dst)] = sends(programs[1], p, src, dst)
             continue
-        n = loops.full * _sends(programs[loops.cap], p, src, dst) if loops.full else 0
-        out[(src, dst)] = n + (_sends(programs[loops.tail], p, src, dst) if loops.tail else 0)
+        n = loops.full * sends(programs[loops.cap], p, src, dst) if loops.full else 0
+        out[(src, dst)] = n + (sends(programs[loops.tail], p, src, dst) if loops.tail else 0)
     return out
-
-
-def _replayed_exits(sig, loops, programs, entry, cost, marks=None, events=None, corrupt=None) -> list:
-    """Exit clocks from the event-driven replay under the cost model's link state, loop by loop
-    with the same fixed costs as _time_loops (`marks`: every rank's step start clocks; `events`:
-    the trace, appended; `corrupt`: {(src, dst, k): label} of the op's corrupted transfers, k
-    counted over its loops, consumed as they are transmitted)."""
-    from hcomm.timing import replay
-    if len(loops) > _LOOPS_BEFORE_GIVING_UP:
-        raise HcclError("E_NOT_SUPPORT", f"an op of {len(loops)} buffer loops is not replayed loop by loop (traced, "
-                        f"under link faults or crashing mid-op; at most {_LOOPS_BEFORE_GIVING_UP}); use a larger "
-                        "HCCL_BUFFSIZE")
-    p = cost.num_ranks
-    dm = cost.device_model
-    clock = [int(t) + dm.op_overhead_ns.get(sig.name, 0) for t in entry]
-    spans = [(0, 1)] if sig.name == "barrier" else list(loops)
-    before = dict.fromkeys({(a, b) for a, b, _ in corrupt}, 0) if corrupt else None   # the pairs' earlier transfers
-    for k, (a, b) in enumerate(spans):
-        if k:
-            clock = [t + dm.loop_overhead_ns for t in clock]
-        program = programs[b - a]
-        clock = replay(program_rank_steps(program, p), clock, cost, dtype=sig.dtype,
-                       redop=sig.redop or "sum", op_name=sig.name, links=cost.link_state, marks=marks,
-                       events=events, corrupt=corrupt, first=before)
-        if before:
-            before = {pair: n + _sends(program, p, *pair) for pair, n in before.items()}
-    return [int(t) for t in clock]
-
-
-def _trace_events(sig, loops, programs, topo, config, history, corrupt) -> list:
-    """Chrome-trace events of the op from the event-driven replay, loop by loop with the op's fixed
-    costs: every try of `history` (one, without faults): a failed try up to its error CQE, the wait
-    before the next try (an event on every rank), then the try that succeeded; each try on the
-    routes it ran on (a backup NIC switched to before it), losing the corrupted attempts it met."""
-    events = []
-    remaining = dict(corrupt or {})
-    for k, (at, failure, backup) in enumerate(history):
-        cost = effective_cost(topo, config, backup)
-        try:
-            _replayed_exits(sig, loops, programs, at, cost, events=events, corrupt=remaining)
-        except LinkFailure:
-            pass                               # its events up to the error CQE are in
-        if failure is None:
-            break
-        resume = history[k + 1][0]
-        for r in range(cost.num_ranks):
-            events.append((r, f"op retry {k + 1}: wait", failure.time_ns, resume[r],
-                           {"cause": failure.label, "link": f"rank {failure.src} -> rank {failure.dst}"}))
-    return events
-
-
-def step_starts(plan, topo, config, rank: int) -> tuple:
-    """(`rank`'s clock as it starts each of its steps of the op, counted over the op's loops; its
-    exit clock) in the try that completed the op (the one whose data moves: hccl_sim.retry)."""
-    marks, exits, _ = _step_marks(plan, topo, config)[-1]
-    return marks[rank], exits[rank]
-
-
-def step_clock(plan, topo, config, rank: int, step: int) -> int:
-    """`rank`'s clock as it starts its step number `step` of the op (counted over the op's loops;
-    past its last step: its exit), from the event-driven replay of the plan.
-
-    An op retried after a link failure is replayed try by try (each on the routes it ran on, losing
-    the corrupted attempts it met, as the trace does): a failed try's replay stops at its error CQE
-    (every rank stops there), so a step the rank had not started in it by then is found in a later
-    try; the last try completes (the plan priced it)."""
-    for marks, exits, failed_at in _step_marks(plan, topo, config):
-        mine = marks[rank]
-        if exits is None:
-            if step < len(mine) and mine[step] <= failed_at:
-                return mine[step]
-            continue
-        return mine[step] if step < len(mine) else exits[rank]
-    raise HcclError("E_INTERNAL", f"rank {rank}: every try of {plan.signature.describe()} failed in its replay, "
-                    "yet the op was planned as completed")
-
-
-_STEP_MARKS_LOCK = threading.Lock()
-
-
-def _step_marks(plan, topo, config) -> list:
-    """Every try's (step start clocks of every rank, exits or None, error CQE time or None), from
-    the replay; kept on the plan, which every rank of an in-process engine shares, so that the op
-    is replayed once and not once per rank."""
-    if isinstance(plan, ShiftedPlan):       # its plan's marks, shifted (timing is shift-invariant)
-        b = plan.base
-        return [([[t + b for t in mine] for mine in marks], None if exits is None else [t + b for t in exits],
-                 None if failed is None else failed + b) for marks, exits, failed in _step_marks(plan.plan, topo, config)]
-    memo = plan.__dict__
-    with _STEP_MARKS_LOCK:
-        if "_step_marks" in memo:
-            return memo["_step_marks"]
-        tries = []
-        remaining = dict(plan.corrupt or {})
-        for at, backup in plan.tries or [(plan.entry, plan.backup)]:
-            cost = effective_cost(topo, config, backup)
-            marks = [[] for _ in range(cost.num_ranks)]
-            try:
-                exits = _replayed_exits(plan.signature, plan.loops, plan.programs, at, cost, marks, corrupt=remaining)
-            except LinkFailure as failure:
-                tries.append((marks, None, failure.time_ns))
-                continue
-            tries.append((marks, exits, None))
-            break
-        memo["_step_marks"] = tries
-        return tries
-
-
-def effective_cost(topo, config, backup: tuple = ()):
-    """The CostModel a communicator with `config` prices on: on an A3 SuperPoD with
-    HCCL_INTER_HCCS_DISABLE=TRUE, that of the topology with RoCE between its servers; with
-    `backup` dies on their partner's NIC, that of the borrowed routes; under a fault plan, in its
-    link state (which also holds the retransmission rule a corrupted transfer needs)."""
-    cost = as_cost(topo)
-    params = cost.topology.params
-    if config.inter_hccs_disable and params.get("superpod_of_server") is not None and params.get("inter_hccs", True):
-        cost = as_cost(without_inter_hccs(cost.topology))
-    if backup and tuple(backup) != cost.topology.params.get("backup_nics", ()):
-        cost = as_cost(with_backup_nics(cost.topology, backup))
-    faults = config.faults
-    if faults is not None and (faults.link_state or faults.corrupt) and cost.link_state != faults.link_state:
-        cost = CostModel.of(cost.topology, faults.link_state)
-    return cost
 
 
 def choose(sig: Signature, topo, config, itemsize: int) -> Choice:
@@ -437,7 +313,7 @@ def choose(sig: Signature, topo, config, itemsize: int) -> Choice:
 def make_plan(sig: Signature, topo, config, entry: list, itemsize: int, trace: bool = False,
               faults_now: Optional[OpFaults] = None) -> OpPlan:
     """Plan one collective call on `topo` (a Topology or its CostModel) from every rank's entry clock;
-    `faults_now`: what the communicator's fault progress says about this op (hccl_sim.fault_state)."""
+    `faults_now`: what the communicator's fault progress says about this op (hccl_sim.faults.progress)."""
     now = faults_now or NO_FAULTS
     cost = effective_cost(topo, config, now.backup)
     p = cost.num_ranks
@@ -462,7 +338,7 @@ def make_plan(sig: Signature, topo, config, entry: list, itemsize: int, trace: b
         exits = [max(exits)] * p
     events = None
     if trace:
-        events = _trace_events(sig, loops, programs, topo, config, history, corrupt)
+        events = trace_events(sig, loops, programs, topo, config, history, corrupt)
     nbytes = 0 if sig.name == "barrier" else colls.of(sig.name).op_bytes(sig.count, p, itemsize)
     tries = [(list(at), dies) for at, _, dies in history] if config.faults is not None else None
     return OpPlan(sig, choice, loops, programs, list(entry), exits, nbytes, events, parts, retries, transfers,
