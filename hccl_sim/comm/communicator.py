@@ -347,12 +347,12 @@ class Communicator:
         group = self._group
         if crash[0] == self.rank:
             self.device.clock = max(self.device.clock, crash[1])
-            group.die(self.rank, seq, plan, buffers, redop, faults.crash_steps(plan, seq, self.topology, self.config))
+            group.die(self.rank, seq, plan.data, buffers, faults.crash_steps(plan, seq, self.topology, self.config))
             raise RankCrashed(self.rank, crash[1], opname)
         at, error = faults.lost_error(crash, plan, self.config, self.rank, opname)
         self.device.clock = max(self.device.clock, at)
         try:
-            group.execute_lost(self.rank, seq, plan, buffers, redop, crash[0])
+            group.execute_lost(self.rank, seq, plan.data, buffers, crash[0])
         except HcclError as exc:            # how this rank found the dead one: the planned error stands
             raise error from exc
         raise error
@@ -400,7 +400,7 @@ class Communicator:
         buffers = _new(RankBuffers, (x, out, None))
         if faults is not None and faults.crashes:
             self._meet_crash(faults, plan, seq, opname, buffers, redop)
-        group.execute(self.rank, seq, plan, buffers, redop)
+        group.execute(self.rank, seq, plan.data, buffers)
         end = plan.exit_of(self.rank)
         queue.tail = end
         queue.tasks.append((opname, entry, end))

@@ -10,7 +10,8 @@ An engine places ranks (threads, Ray actors, MPI processes) and hands each rank'
    engine gets the same plan and the same simulated times). Mismatched calls, a rank that failed
    or returned early, and a missed deadline are raised on every waiting rank as HcclErrors
    (engines.rendezvous holds this bookkeeping for every engine).
-2. `execute(rank, seq, plan, buffers, redop)`. Moves the bytes, by one of two executors:
+2. `execute(rank, seq, data, buffers)`. Moves the bytes of `data`, the plan lowered to a
+   hcomm.exec DataProgram (it knows nothing of the plan or the collective), by one of two executors:
    - the central data program (`hcomm.exec.run_share`): for ranks that share memory, each
      participant runs a share of the op's serial data program over every rank's registered
      buffers in place, then all meet once more (no rank returns before its output is complete);
@@ -35,11 +36,11 @@ its parent's or its siblings'.
 
 A fault plan's rank_crash is decided from the plan by every rank alike (faults.BoundFaults).
 Every rank of the op then calls one of two hooks:
-1. the dead rank calls `die(rank, seq, plan, buffers, redop, steps)`, then raises RankCrashed.
+1. the dead rank calls `die(rank, seq, data, buffers, steps)`, then raises RankCrashed.
    Where ranks are processes, `die` moves the data of the rank's first `steps` steps and ends the
    rank: Ray ends its process (it does not return); MPI, whose process must live on, stops the
    rank taking part and returns.
-2. every other rank calls `execute_lost(rank, seq, plan, buffers, redop, dead)`, then raises the
+2. every other rank calls `execute_lost(rank, seq, data, buffers, dead)`, then raises the
    planned error. Where ranks are processes, it runs the rank's part of the op until its data
    plane finds `dead` gone.
 Ranks that are threads of one process move no data in either: the base class's hooks do nothing.
@@ -100,9 +101,9 @@ class Group:
         """Meet every rank for collective #call.seq; return the shared OpPlan."""
         raise self._not_offered("rendezvous")
 
-    def execute(self, rank: int, seq: int, plan, buffers: RankBuffers, redop) -> None:
-        """Move this rank's part of the op's data (plan.data, a hcomm.exec DataProgram); returns
-        when this rank's output is complete."""
+    def execute(self, rank: int, seq: int, data, buffers: RankBuffers) -> None:
+        """Move this rank's part of the op's data (`data`, a hcomm.exec DataProgram); returns when
+        this rank's output is complete."""
         raise self._not_offered("execute")
 
     def result_array(self, shape: tuple, dtype) -> np.ndarray:
@@ -130,12 +131,12 @@ class Group:
         """`rank` aborted the communicator: every pending and later op of this group fails."""
         raise self._not_offered("abort")
 
-    def die(self, rank: int, seq: int, plan, buffers: RankBuffers, redop, steps: int) -> None:
+    def die(self, rank: int, seq: int, data, buffers: RankBuffers, steps: int) -> None:
         """A fault plan crashes `rank` in this op after its first `steps` steps. Ranks that are
         threads move no data: the rank then raises RankCrashed. Engines whose ranks are processes
         move the data of those steps and end the rank (see the module docstring)."""
 
-    def execute_lost(self, rank: int, seq: int, plan, buffers: RankBuffers, redop, dead: int) -> None:
+    def execute_lost(self, rank: int, seq: int, data, buffers: RankBuffers, dead: int) -> None:
         """This rank's part of an op in which `dead` dies. Ranks that are threads move no data:
         the planned error is raised. Engines whose ranks are processes run the part until their
         data plane finds `dead` gone."""

@@ -81,23 +81,22 @@ class LocalGroup(Group):
 
     def rendezvous(self, rank, call):
         """Meet the other ranks for collective #call.seq; returns the shared plan."""
-        slot = self._meet(rank, "plan", call.seq, call.signature, call, self._plan)
+        slot = self._meet(rank, "plan", call.seq, rdv.opname(call.signature), call, self._plan)
         return slot.plan
 
-    def execute(self, rank, seq, plan, buffers, redop):
+    def execute(self, rank, seq, data, buffers):
         if self.data_plane == "threads":
-            run_rank(plan.data, rank, buffers, self.transport)
+            run_rank(data, rank, buffers, self.transport)
             return
-        self._meet(rank, "data", seq, plan.signature, buffers, lambda slot: self._move_all(slot, plan, redop))
+        self._meet(rank, "data", seq, data.name, buffers, lambda slot: self._move_all(slot, data))
 
-    def _meet(self, rank, phase, seq, sig, item, last):
+    def _meet(self, rank, phase, seq, op, item, last):
         """Wait until every rank has brought its item to (phase, seq); the last to arrive runs `last`."""
         limit = rdv.deadline(self.config)
         key = (phase, seq)
         with self._cond:
             if self._aborted is not None:
-                raise HcclError("E_REMOTE", f"aborted: {self._aborted}", rank=rank, op=rdv.opname(sig),
-                                cause=Cause.ABORTED)
+                raise HcclError("E_REMOTE", f"aborted: {self._aborted}", rank=rank, op=op, cause=Cause.ABORTED)
             slot = self._slots.get(key)
             if slot is None:
                 slot = self._slots[key] = _Slot(self.size)
@@ -116,37 +115,36 @@ class LocalGroup(Group):
                     watch.done(r)           # every rank's wait is satisfied
                 self._cond.notify_all()
             try:
-                self._wait_slot(rank, seq, slot, sig, limit, watch)
+                self._wait_slot(rank, seq, slot, op, limit, watch)
             finally:
                 watch.done(rank)
             slot.taken += 1
             if slot.taken == self.size:
                 del self._slots[key]
         if slot.error is not None:
-            raise slot.error.replace(rank=rank, op=rdv.opname(sig))
+            raise slot.error.replace(rank=rank, op=op)
         return slot
 
-    def _wait_slot(self, rank, seq, slot, sig, limit, watch):
+    def _wait_slot(self, rank, seq, slot, op, limit, watch):
         """Called with the condition held: wait until the phase is complete."""
-        opname = rdv.opname(sig)
         while not slot.done:
-            self._check_waiting(rank, seq, slot, sig)
-            watch.waiting(rank, f"{opname} (collective #{seq})")
-            watch.check(rank, opname)
+            self._check_waiting(rank, seq, slot, op)
+            watch.waiting(rank, f"{op} (collective #{seq})")
+            watch.check(rank, op)
             if rdv.expired(limit):
                 missing = [r for r, s in enumerate(slot.items) if s is None]
-                raise rdv.missing_error(rank, sig, seq, missing, self.config)
+                raise rdv.missing_error(rank, op, seq, missing, self.config)
             self._cond.wait(_POLL_S)
 
     def _plan(self, slot):
         slot.plan = rdv.plan_calls(slot.items, self.topo, self.config, self.fault_progress)
 
-    def _move_all(self, slot, plan, redop):
-        data = plan.data
+    def _move_all(self, slot, data):
         if not data.carries_data:
             return
         buffers = [with_scratch(data, b) for b in slot.items]
-        nbytes = plan.nbytes * self.size
+        x, out = buffers[0].input, buffers[0].output
+        nbytes = max(x.nbytes, out.nbytes) * self.size       # the op's size as nccl-tests counts it, every rank's
         parts = min(self._workers, max(1, nbytes // _PARALLEL_MIN_BYTES))
         if parts == 1:
             run_share(data, buffers)
@@ -168,16 +166,15 @@ class LocalGroup(Group):
             self._executor.shutdown(wait=True)
             self._executor = None
 
-    def _check_waiting(self, rank, seq, slot, sig):
+    def _check_waiting(self, rank, seq, slot, op):
         if self._aborted is not None:
-            raise HcclError("E_REMOTE", f"aborted: {self._aborted}", rank=rank, op=rdv.opname(sig),
-                            cause=Cause.ABORTED)
+            raise HcclError("E_REMOTE", f"aborted: {self._aborted}", rank=rank, op=op, cause=Cause.ABORTED)
         if self._failure is not None:
             fr, exc = self._failure
-            raise rdv.peer_failed_error(rank, sig, seq, fr, rdv.describe_failure(exc))
+            raise rdv.peer_failed_error(rank, op, seq, fr, rdv.describe_failure(exc))
         gone = [r for r in self._exited if slot.items[r] is None]
         if gone:
-            raise rdv.returned_early_error(rank, sig, seq, gone[0])
+            raise rdv.returned_early_error(rank, op, seq, gone[0])
 
     def fail(self, rank, exc):
         with self._cond:

@@ -108,29 +108,29 @@ class _Crashing:
         tr = self._raw_transport
         return tr.members[rank] if isinstance(tr, ScopedTransport) else rank
 
-    def die(self, rank, seq, plan, buffers, redop, steps) -> None:
+    def die(self, rank, seq, data, buffers, steps) -> None:
         """This rank dies in this op: it moves the data of its first `steps` steps (its own
         schedule over the transport, or its share of the data program up to its step `steps` on
         the window plane), then stops taking part (MpiJob.crash); its process lives on."""
         try:
-            if plan.collective.carries_data and self._eager is None:
+            if data.carries_data and self._eager is None:
                 if getattr(self, "data_plane", None) == "window" and self.job.window is not None:
                     # the window's growth is collective: the dead rank's process takes part in it
-                    self.job.window.execute(self, rank, seq, plan, buffers, redop, plan.collective.method,
+                    self.job.window.execute(self, rank, seq, data, buffers,
                                             steps=steps)
                 elif steps:
-                    run_rank(plan.data, rank, buffers, self.transport, steps=steps)
+                    run_rank(data, rank, buffers, self.transport, steps=steps)
         except HcclError:
             pass                # it dies anyway: what it was waiting for then does not matter
         self.job.crash(self._world_rank(rank), f"rank {self._world_rank(rank)} crashed (fault plan)")
 
-    def execute_lost(self, rank, seq, plan, buffers, redop, dead) -> None:
+    def execute_lost(self, rank, seq, data, buffers, dead) -> None:
         """This rank's part of an op in which `dead` dies: as usual, until its data plane finds
         `dead` lost; every wait fails once it is (watch_peer), whichever peer it waits for, and a
         control round fails on its LOST marker (the window plane)."""
         self.transport.watch_peer(dead)
         try:
-            self.execute(rank, seq, plan, buffers, redop)
+            self.execute(rank, seq, data, buffers)
         finally:
             self.transport.unwatch_peer(dead)
 
@@ -194,11 +194,11 @@ class MpiGroup(_Crashing, PeerGroup):
         return self.job.window is not None and out.nbytes > self.eager_bytes \
             and self.job.window.windows.locate(out) is not None
 
-    def _execute_data(self, rank, seq, plan, buffers, redop, op):
+    def _execute_data(self, rank, seq, data, buffers):
         if self.data_plane == "window" and self.job.window is not None:
-            self.job.window.execute(self, rank, seq, plan, buffers, redop, op)
+            self.job.window.execute(self, rank, seq, data, buffers)
         else:
-            super()._execute_data(rank, seq, plan, buffers, redop, op)
+            super()._execute_data(rank, seq, data, buffers)
 
 
 class MpiJob:

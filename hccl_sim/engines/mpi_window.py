@@ -260,7 +260,7 @@ class WindowPlane:
             staged.append(kind != "scratch")
         return short, places, staged
 
-    def execute(self, group, rank, seq, plan, buffers, redop, op, steps=None) -> None:
+    def execute(self, group, rank, seq, data, buffers, steps=None) -> None:
         """`rank`'s part of the op; with `steps`, a rank the fault plan crashes in it: with 0 it
         takes no part at all (the survivors' places round meets its LOST marker, before anyone
         could agree to grow the windows); otherwise it places its buffers and grows with the
@@ -270,7 +270,7 @@ class WindowPlane:
             return
         x, out = buffers.input, buffers.output
         p, local = self.topo.num_ranks, rank - self.base
-        scratch = plan.data.scratch_shape
+        scratch, op = data.scratch_shape, data.name
         arrays = (x, out, None if scratch is None else math.prod(scratch) * x.itemsize)
         with self._lock:
             short, places, staged = self._place(local, arrays)
@@ -297,7 +297,7 @@ class WindowPlane:
                                 f"{next(r for r, e in enumerate(every) if e[0])} still found no room", rank=rank, op=op)
         views = [RankBuffers(self._view(e[1:4], x.shape, x.dtype), self._view(e[4:7], out.shape, out.dtype),
                              None if scratch is None else self._view(e[7:10], scratch, x.dtype)) for e in every]
-        run_share(plan.data, views, rank, p, until=None if steps is None else (rank, steps))
+        run_share(data, views, rank, p, until=None if steps is None else (rank, steps))
         if steps is not None:
             return
         group._allgather(b"", f"the other ranks' shares of {op} (collective #{seq})", op)

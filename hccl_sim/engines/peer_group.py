@@ -122,7 +122,7 @@ class PeerGroup(Group):
         self.eager_bytes = self.inline_bytes       # MPI's eager protocol on every plane
         self._eager = None                 # every rank's eager input of the op being executed
         self._heads = {}                   # id(signature) -> CallPayload.head + (signature, its shape key)
-        self._own = {}                     # (plan, shape, dtype, redop) -> (plan, its compiled OwnResult)
+        self._own = {}                     # (id(data program), shape, dtype) -> (it, its compiled OwnResult)
 
     # ---- the control plane -----------------------------------------------------------------------
     def _waiting(self, what: str):
@@ -161,7 +161,7 @@ class PeerGroup(Group):
             # a control plane's "rank N returned without calling it": said as every engine says it
             if exc.cause != Cause.PEER_RETURNED or exc.detail.get("missed") != "call" or exc.peer is None:
                 raise
-            raise rdv.returned_early_error(rank, sig, call.seq, exc.peer) from None
+            raise rdv.returned_early_error(rank, op, call.seq, exc.peer) from None
         try:
             agreed = CallPayload.agreed(raws, head[0], head[1])
             if agreed is not None:
@@ -178,26 +178,24 @@ class PeerGroup(Group):
         self._eager = eagers if eager is not None else None
         return plan
 
-    def execute(self, rank, seq, plan, buffers: RankBuffers, redop) -> None:
+    def execute(self, rank, seq, data, buffers: RankBuffers) -> None:
         raws = self._eager
         if raws is not None:                 # every input came with the calls: only our own result
             self._eager = None
-            self._own_result(rank, plan, buffers, raws, redop)
+            self._own_result(rank, data, buffers, raws)
             return
-        coll = plan.collective
-        if coll.carries_data:                # (a barrier: the rendezvous was it)
-            self._execute_data(rank, seq, plan, buffers, redop, coll.method)
+        if data.carries_data:                # (a barrier: the rendezvous was it)
+            self._execute_data(rank, seq, data, buffers)
 
-    def _execute_data(self, rank, seq, plan, buffers, redop, op) -> None:
+    def _execute_data(self, rank, seq, data, buffers) -> None:
         """A larger op's data: this rank's own schedule over the peer transport."""
-        with self._waiting(f"{op} (collective #{seq}) data"):
-            run_rank(plan.data, rank, buffers, self.transport)
+        with self._waiting(f"{data.name} (collective #{seq}) data"):
+            run_rank(data, rank, buffers, self.transport)
 
-    def _own_result(self, rank, plan, buffers, raws, redop):
+    def _own_result(self, rank, data, buffers, raws):
         """This rank's output from every rank's (eager) input: the moves that decide it, compiled
         once per plan (a loop of small ops repeats the same few)."""
         x, out = buffers.input, buffers.output
-        data = plan.data                    # a ShiftedPlan's is its plan's: it moves clocks, not data
         key = (id(data), x.shape, x.dtype)
         got = self._own.get(key)
         if got is None or got[0] is not data:

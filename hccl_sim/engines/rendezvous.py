@@ -49,26 +49,24 @@ def plan_calls(calls: list, topo, config, progress: FaultProgress | None = None)
 
 # ---- what a waiting rank is told -------------------------------------------------------------------
 
-def missing_error(rank, sig, seq, missing, config) -> HcclError:
-    op = opname(sig)
+def missing_error(rank, op: str, seq, missing, config) -> HcclError:
     return HcclError("E_TIMEOUT", f"ranks {missing} did not call {op} (collective #{seq}) within "
                      f"{config.wait_timeout_s} s (HCCL_EXEC_TIMEOUT)", rank=rank, op=op, cause=Cause.TIMEOUT,
                      peers=missing)
 
 
-def peer_failed_error(rank, sig, seq, failed_rank, cause) -> HcclError:
-    op = opname(sig)
+def peer_failed_error(rank, op: str, seq, failed_rank, cause) -> HcclError:
     return HcclError("E_REMOTE", f"aborted while waiting in {op} (collective #{seq}): rank {failed_rank} failed: "
                      f"{cause}", rank=rank, op=op, cause=Cause.PEER_FAILED, peers=(failed_rank,))
 
 
-def returned_early_reason(sig, seq, gone_rank) -> str:
-    return (f"rank {gone_rank} returned without calling {opname(sig)} (collective #{seq}): "
+def returned_early_reason(op: str, seq, gone_rank) -> str:
+    return (f"rank {gone_rank} returned without calling {op} (collective #{seq}): "
             "ranks made different sequences of collective calls")
 
 
-def returned_early_error(rank, sig, seq, gone_rank) -> HcclError:
-    return HcclError("E_PARA", returned_early_reason(sig, seq, gone_rank), rank=rank, op=opname(sig),
+def returned_early_error(rank, op: str, seq, gone_rank) -> HcclError:
+    return HcclError("E_PARA", returned_early_reason(op, seq, gone_rank), rank=rank, op=op,
                      cause=Cause.PEER_RETURNED, peers=(gone_rank,), detail={"missed": "call"})
 
 

@@ -47,18 +47,19 @@ class SharedPlane:
     """The shared-memory data plane of a PeerGroup subclass that sets `self.shared` (a SharedArea)
     and routes `_execute_data` to `_shared_shares` when its ranks share a host."""
 
-    def _shared_shares(self, rank, seq, plan, buffers, redop, op):
-        bufs, descs, copy_back = self._shared_buffers(rank, seq, plan, buffers, op)
-        run_share(plan.data, bufs, rank, self.size)
-        self._allgather(b"", f"the other ranks' shares of {op} (collective #{seq})", op)
+    def _shared_shares(self, rank, seq, data, buffers):
+        bufs, descs, copy_back = self._shared_buffers(rank, seq, data, buffers)
+        run_share(data, bufs, rank, self.size)
+        self._allgather(b"", f"the other ranks' shares of {data.name} (collective #{seq})", data.name)
         if copy_back is not None:
             np.copyto(buffers.output, copy_back)
         self.shared.forget_except(descs)
 
-    def _shared_buffers(self, rank, seq, plan, buffers, op):
+    def _shared_buffers(self, rank, seq, data, buffers):
         """Every rank's buffers of the op, mapped here (ranks name their segments in an allgather);
         the segment names; this rank's output view to copy back, or None."""
-        desc, copy_back = self.shared.describe(buffers, plan.data.scratch_shape)
+        op = data.name
+        desc, copy_back = self.shared.describe(buffers, data.scratch_shape)
         descs = [type(desc).decode(r) for r in
                  self._allgather(desc.encode(), f"{op} (collective #{seq}) buffers", op)]
         return [self.shared.attach(d) for d in descs], descs, copy_back

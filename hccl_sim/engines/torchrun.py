@@ -67,8 +67,8 @@ class LaunchedGroup(SharedPlane, PeerGroup):
         super().__init__(rank, topo, config, control, transport)
         self.shared = shared
 
-    def _execute_data(self, rank, seq, plan, buffers, redop, op):
-        self._shared_shares(rank, seq, plan, buffers, redop, op)
+    def _execute_data(self, rank, seq, data, buffers):
+        self._shared_shares(rank, seq, data, buffers)
 
     def result_array(self, shape, dtype):
         return self._shared_result(shape, dtype)

@@ -1,13 +1,13 @@
 """The Ray engine: one Ray actor per rank, each owning its simulated NPU, runtime and communicator.
 
 protocol.py   typed messages between driver, actors and control plane
-watch.py      what each rank waits for (the driver's deadlock watch)
 group.py      one rank's Group (engines/base.py): rendezvous, then execution by the chosen plane
 actors.py     the rank actor
 cluster.py    the driver: placement by server, plane from Ray node ids, runs and their failures
 
 Control planes are hcomm's (hcomm.control: the shared-memory block on one host, the transport
-allgather across hosts).
+allgather across hosts), and so is each rank's record of what it waits for, the driver's deadlock
+watch (hcomm.transports.watched).
 """
 from .cluster import PLANES, RayCluster
 

@@ -24,7 +24,7 @@ from ..bootstrap import communicator, start_runtime
 from .group import RayGroup
 from .protocol import Outcome, RankInfo, RankStatus
 from ..shm_plane import SharedArea
-from .watch import RankWatch
+from hcomm.transports.watched import RankWatch
 
 CONTROL_SLOT_BYTES = 68 << 10
 _SWITCH_INTERVAL_S = 50e-6      # room for an inline op's input (group.INLINE_BYTES) and its framing

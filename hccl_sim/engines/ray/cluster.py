@@ -31,7 +31,7 @@ from topologies.errors import Cause, HcclError
 from .. import rendezvous as rdv
 from .actors import rank_actor_class
 from .protocol import RunSpec
-from .watch import STALL_S
+from hcomm.transports.watched import STALL_S
 
 PLANES = ("shm", "socket", "object")
 _TICK_S = 0.5                       # how often a running job is polled

@@ -22,7 +22,7 @@ from hcomm.exec import run_rank, run_share
 from ..peer_group import PeerGroup
 from ..shm_plane import SharedPlane
 from hcomm.control.shm import ShmControl
-from .watch import WatchedTransport
+from hcomm.transports.watched import WatchedTransport
 
 CRASH_EXIT_STATUS = 70             # the exit status of a rank process the fault plan kills (EX_SOFTWARE)
 
@@ -40,32 +40,31 @@ class RayGroup(SharedPlane, PeerGroup):
     def _waiting(self, what):
         return self.watch.waiting(what)
 
-    def _execute_data(self, rank, seq, plan, buffers, redop, op):
+    def _execute_data(self, rank, seq, data, buffers):
         if self.data_plane != "shm":
-            super()._execute_data(rank, seq, plan, buffers, redop, op)
+            super()._execute_data(rank, seq, data, buffers)
         else:
-            self._shared_shares(rank, seq, plan, buffers, redop, op)
+            self._shared_shares(rank, seq, data, buffers)
 
     # ---- a fault plan's rank_crash (engines/base.py) ----------------------------------------------
-    def die(self, rank, seq, plan, buffers, redop, steps) -> None:
+    def die(self, rank, seq, data, buffers, steps) -> None:
         """This rank's process dies in this op, as a crashed one does: it moves the data of its
         first `steps` steps (its own schedule on the peer planes; its share of the data program
         up to its step `steps` on the shm plane), then exits at once: no goodbye to its peers, no
         clean-up, nothing flushed. Its peers find it by its closed connections (socket), its
         actor's death (object) or its process gone from the control block (shm)."""
         try:
-            if steps and plan.collective.carries_data and self._eager is None:
-                op = plan.collective.method
+            if steps and data.carries_data and self._eager is None:
                 if self.data_plane != "shm":
-                    run_rank(plan.data, rank, buffers, self.transport, steps=steps)
+                    run_rank(data, rank, buffers, self.transport, steps=steps)
                 else:
-                    bufs, _, _ = self._shared_buffers(rank, seq, plan, buffers, op)
-                    run_share(plan.data, bufs, rank, self.size, until=(rank, steps))
+                    bufs, _, _ = self._shared_buffers(rank, seq, data, buffers)
+                    run_share(data, bufs, rank, self.size, until=(rank, steps))
         except BaseException:   # noqa: BLE001 - it dies anyway: what it was doing then does not matter
             pass
         os._exit(CRASH_EXIT_STATUS)
 
-    def execute_lost(self, rank, seq, plan, buffers, redop, dead) -> None:
+    def execute_lost(self, rank, seq, data, buffers, dead) -> None:
         """This rank's part of an op in which `dead` dies: run as usual until the data plane finds
         it gone. On the peer planes every wait fails once `dead` is lost (watch_peer), whichever
         peer it waits for; on the shm plane every rank waits for `dead` in the control block,
@@ -73,11 +72,11 @@ class RayGroup(SharedPlane, PeerGroup):
         tr = self._raw_transport
         self.lost_world.add(tr.members[dead] if isinstance(tr, ScopedTransport) else dead)
         if self.data_plane == "shm":
-            self.execute(rank, seq, plan, buffers, redop)
+            self.execute(rank, seq, data, buffers)
             return
         self.transport.watch_peer(dead)
         try:
-            self.execute(rank, seq, plan, buffers, redop)
+            self.execute(rank, seq, data, buffers)
         finally:
             self.transport.unwatch_peer(dead)
 

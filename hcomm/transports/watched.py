@@ -1,14 +1,14 @@
-"""What a rank is waiting for, so the driver can tell a deadlock from a slow rank.
+"""What a rank is waiting for, so a driver can tell a deadlock from a slow rank.
 
-Ranks of the Ray engine live in separate processes, possibly on separate hosts, so no one of them
+Ranks that are processes (Ray actors) live apart, possibly on separate hosts, so no one of them
 sees every wait. Each rank records what it waits for and counts the waits it completes; the
-driver polls every rank (RankActor.status) and, when every rank that has not returned is waiting
+driver polls every rank and, when every rank that has not returned is waiting
 and no count has moved for STALL_S, tells each one (E_TIMEOUT, "deadlock: ..."), as the local
-engine's in-process watch does.
+in-process transport's watch does.
 """
 from __future__ import annotations
 
-from hcomm.transports.inprocess import STALL_S
+from .inprocess import STALL_S
 
 __all__ = ["RankWatch", "WatchedTransport", "STALL_S"]
 
