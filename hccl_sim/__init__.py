@@ -19,7 +19,7 @@ import numpy as np
 
 import topologies
 from topologies import Topology
-from topologies.errors import HCCL_RESULT, HcclError
+from topologies.errors import HCCL_RESULT, Cause, HcclError
 from topologies.validate import integer, is_integer
 
 from . import collectives
@@ -33,7 +33,7 @@ from .engines import registry as _registry
 
 __all__ = ["topology", "run", "init", "finalize", "simulate", "Cluster", "FaultPlan", "Communicator", "ReduceOp", "HcclError", "HCCL_RESULT",
            "Topology", "Estimate", "OpRecord", "ENGINES", "busbw_factor", "MAX_LOCAL_RANKS",
-           "MAX_ALLTOALL_RANKS"]
+           "MAX_ALLTOALL_RANKS", "Cause"]
 __version__ = "0.1.0"
 
 ENGINES = tuple(name for name, e in _registry.ENGINES.items() if {"run", "simulate"} & set(e.offers))

@@ -163,14 +163,58 @@ def test_classify_checks_each_error_against_its_fault(a2):
     assert "ranks disagree on the error" in classify(
         sc, twin, [[recs[0]._replace(code="E_TIMEOUT")] if r == 3 else recs for r, recs in enumerate(faulty)]).detail
     assert "link_down gave E_TIMEOUT" in classify(sc, twin, every(code="E_TIMEOUT")).detail
-    anonymous = message.replace("fault plan entry 0", "something")
-    assert "does not name a fault of the plan" in classify(sc, twin, every(message=anonymous)).detail
+    # judged by the error's fields, never its text: a message naming nothing changes nothing
+    anonymous = message.replace("fault plan entry 0", "something").replace("(L1)", "")
+    assert classify(sc, twin, every(message=anonymous)).outcome == "clean error"
+    error = faulty[0][0].error
+    assert error["cause"] == "LINK_FAILED" and error["level"] == "L1" and error["fault"] in message
+    assert "does not name a fault of the plan" in classify(sc, twin, every(error={**error, "fault": None})).detail
+    assert "does not name a fault of the plan" in classify(sc, twin, every(error=None)).detail
+    assert "names no failed link and level" in classify(sc, twin, every(error={**error, "level": None})).detail
+    aborted = every(error={**error, "cause": "ABORTED"})
+    assert "has cause ABORTED, expected LINK_FAILED" in classify(sc, twin, aborted).detail
     retry_on = dataclasses.replace(sc, env={**FAST, "HCCL_OP_RETRY_ENABLE": "L1:1"})
     assert "E_REMOTE although op retry is on for L1" in classify(retry_on, twin, faulty).detail
     straggling = dataclasses.replace(sc, plan=FaultPlan().straggler(1, delay=1e-3))
     assert "does not name a fault" in classify(straggling, twin, faulty).detail
     refused = every(code="E_NOT_SUPPORT")
     assert classify(sc, twin, refused).outcome == "skipped"
+
+
+@pytest.mark.local
+def test_classify_judges_lost_ranks_and_refusals_by_their_fields(a2):
+    """The lost rank, how and when it was found, the refusal and MaxCnt: read from the error's
+    fields (cause, peers, detail), whatever the message says."""
+    sc = hand_made(a2, allreduce(calls=2), FAST, FaultPlan().rank_crash(2, at_op=1), target=1)
+    twin, faulty = _records(a2, sc)
+    assert classify(sc, twin, faulty).outcome == "clean error"
+
+    def changed(**change):
+        """Every survivor's error in call 1 with fields changed (a callable: from the fields)."""
+        def new(err):
+            return {**err, **{k: v(err) if callable(v) else v for k, v in change.items()}}
+        return [None if recs is None else [recs[0], recs[1]._replace(error=new(recs[1].error))] for recs in faulty]
+    err = faulty[0][1].error
+    assert err["cause"] == "RANK_LOST" and err["peers"] == (2,) and err["detail"]["detected_by"] == "HCCL_EXEC_TIMEOUT"
+    assert "does not name rank 2" in classify(sc, twin, changed(peers=(5,))).detail
+    assert "expected E_TIMEOUT" in classify(sc, twin, changed(cause="TIMEOUT")).detail
+    assert "expected detection by HCCL_EXEC_TIMEOUT" in classify(
+        sc, twin, changed(detail=lambda e: {**e["detail"], "detected_by": "heartbeat"})).detail
+    assert "before the 10 s wait since the crash" in classify(
+        sc, twin, changed(detail=lambda e: {**e["detail"], "crashed_ns": e["detail"]["crashed_ns"] + 1})).detail
+
+    retry = {**FAST, "HCCL_OP_RETRY_ENABLE": "L1:1"}
+    sc = hand_made(a2, allreduce(out="inplace"), retry, FaultPlan().link_down(1, 6))
+    twin, faulty = _records(a2, sc)
+    assert classify(sc, twin, faulty).outcome == "clean error"
+    err = faulty[0][0].error
+    assert err["cause"] == "OPRETRY_FAIL" and err["detail"]["refused"] == "in-place" and err["detail"]["max_cnt"] == 1
+
+    def every(**detail):
+        return [[recs[0]._replace(error={**recs[0].error, "detail": {**recs[0].error["detail"], **detail}})]
+                for recs in faulty]
+    assert "does not match the call's out= mode" in classify(sc, twin, every(refused="exhausted")).detail
+    assert "refusal names MaxCnt=4, the environment set 1" in classify(sc, twin, every(max_cnt=4)).detail
 
 
 class _Blocking(LocalRunner):

@@ -10,24 +10,29 @@ both: hccl_sim.chaos.runners). Outcomes (docs/design.md, "Faults contract"):
   algorithm, no rank faster than in the twin, and at least HoldTime (+ IntervalTime per further
   try) lost per retried op (docs/references.md §10.4);
 - clean error: every survivor raised in the same call an HcclError that names a fault of the plan
-  (its `fault plan entry` label) with a code that fault can produce: E_REMOTE (an error CQE, op
-  retry off for the failed link's level), E_OPRETRY_FAIL (retry on but refused: in-place only
-  for an in-place call, MaxCnt as set), E_TIMEOUT for a lost rank (by the heartbeat's 30 s or
-  HCCL_EXEC_TIMEOUT, whichever the environment makes first, docs/references.md §10.3), the dead rank None;
+  (its `fault` field: the entry's label) with a code and cause that fault can produce: E_REMOTE
+  (an error CQE: LINK_FAILED, op retry off for the failed link's level), E_OPRETRY_FAIL (retry on
+  but refused: in-place only for an in-place call, MaxCnt as set), E_TIMEOUT for a lost rank
+  (RANK_LOST, naming the dead rank, by the heartbeat's 30 s or HCCL_EXEC_TIMEOUT, whichever the
+  environment makes first, docs/references.md §10.3, not before that wait since the crash), the
+  dead rank None;
 - skipped: the engine refuses the scenario (E_NOT_SUPPORT), counted and reported;
 - WRONG: anything else; HANG: a run did not end by the wall deadline; LEAK: /dev/shm segments,
   child processes, rank threads or device allocations left that were not there before.
+
+Errors are judged by their fields (HcclError.fields(): cause, peers, level, fault, detail, kept in
+each CallRecord), never by their message text; the message is only quoted.
 """
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 import numpy as np
 
-from topologies.errors import HcclError
+from topologies.errors import Cause, HcclError
+from topologies.model import seconds_to_ns
 
 from .. import collectives
 from ..config.env import Config
@@ -41,7 +46,8 @@ LINK_FAILING = ("link_flap", "link_down", "nic_down")      # kinds that take lin
 CQE_KINDS = LINK_FAILING + ("corrupt",)
 """Kinds an error CQE can name: a down link's, or a corrupted transfer's when its lost attempt was
 the one past HCCL_RDMA_RETRY_CNT (the others lost to a down link: alone, it is retransmitted)."""
-_LEVEL = re.compile(r"Cluster Exception Location\[link [^\]]*\((L[012])\)\]")
+CQE_CAUSES = {"E_REMOTE": Cause.LINK_FAILED, "E_OPRETRY_FAIL": Cause.OPRETRY_FAIL}
+"""The cause an error CQE's error carries, by its code."""
 
 
 class CallRecord(NamedTuple):
@@ -54,6 +60,7 @@ class CallRecord(NamedTuple):
     algo: str = ""
     code: Optional[str] = None
     message: str = ""
+    error: Optional[dict] = None   # the HcclError's fields (HcclError.fields()), what the checker judges
 
 
 def rank_input(call: Call, rank: int) -> np.ndarray:
@@ -91,7 +98,8 @@ def rank_program(comm, call: Call) -> list:
         try:
             y = method(x, **kwargs)
         except HcclError as exc:
-            records.append(CallRecord(False, None, start, comm.clock, code=exc.code, message=str(exc)))
+            records.append(CallRecord(False, None, start, comm.clock, code=exc.code, message=str(exc),
+                                      error=exc.fields()))
             break
         op = comm.last_op
         records.append(CallRecord(True, digest(y), op.start, op.end, op.retries, op.algo))
@@ -214,47 +222,55 @@ def _recovered(sc, twin, faulty, survivors, config) -> Verdict:
 
 
 def _error_problem(sc, rank, rec, config, dead) -> Optional[str]:
-    """Why rank's error is not one the scenario's faults can produce (None if it is)."""
-    named = [e for i, e in enumerate(sc.plan.entries) if entry_label(i, e) in rec.message]
+    """Why rank's error is not one the scenario's faults can produce (None if it is), from the
+    error's fields: the fault-plan entry it names, its cause, level, peers and details."""
+    fields = rec.error or {}
+    detail = fields.get("detail") or {}
+    named = [e for i, e in enumerate(sc.plan.entries) if fields.get("fault") == entry_label(i, e)]
     if not named:
         return f"rank {rank}: {rec.code} does not name a fault of the plan: {short(rec.message)}"
     entry = named[0]
     kind = entry["kind"]
+    cause = fields.get("cause")
     if kind == "corrupt" and not any(e["kind"] in LINK_FAILING for e in sc.plan.entries):
         return f"rank {rank}: a corrupted transfer alone is retransmitted, yet it got {rec.code}: {short(rec.message)}"
     if kind in CQE_KINDS:
-        if rec.code not in ("E_REMOTE", "E_OPRETRY_FAIL"):
+        if rec.code not in CQE_CAUSES:
             return f"rank {rank}: {kind} gave {rec.code}, expected E_REMOTE or E_OPRETRY_FAIL: {short(rec.message)}"
-        m = _LEVEL.search(rec.message)
-        if not m:
+        if cause != CQE_CAUSES[rec.code]:
+            return f"rank {rank}: {rec.code} from {kind} has cause {cause}, expected {CQE_CAUSES[rec.code]}"
+        level = fields.get("level")
+        if level is None or fields.get("link") is None:
             return f"rank {rank}: {rec.code} names no failed link and level: {short(rec.message)}"
-        level = m.group(1)
         enabled = dict(config.retry_enable).get(level, False)
         if rec.code == "E_REMOTE" and enabled:
             return f"rank {rank}: E_REMOTE although op retry is on for {level}: {short(rec.message)}"
         if rec.code == "E_OPRETRY_FAIL":
             if not enabled:
                 return f"rank {rank}: E_OPRETRY_FAIL although op retry is off for {level}"
-            if ("in-place" in rec.message) != (sc.call.out == "inplace"):
+            if (detail.get("refused") == "in-place") != (sc.call.out == "inplace"):
                 return f"rank {rank}: the refusal does not match the call's out= mode ({sc.call.out}): {short(rec.message)}"
-            cap = re.search(r"MaxCnt=(\d+)", rec.message)
-            if cap and int(cap.group(1)) != dict(config.retry_params)["MaxCnt"]:
-                return f"rank {rank}: refusal names MaxCnt={cap.group(1)}, the environment set another"
+            cap = dict(config.retry_params)["MaxCnt"]
+            if detail.get("max_cnt") != cap:
+                return f"rank {rank}: refusal names MaxCnt={detail.get('max_cnt')}, the environment set {cap}"
+            if detail.get("refused") == "exhausted" and detail.get("tries") != cap:
+                return f"rank {rank}: retries exhausted after {detail.get('tries')} tries, MaxCnt={cap}"
         return None
     if kind == "rank_crash":
-        if rec.code != "E_TIMEOUT":
-            return f"rank {rank}: a lost rank gave {rec.code}, expected E_TIMEOUT: {short(rec.message)}"
+        if rec.code != "E_TIMEOUT" or cause != Cause.RANK_LOST:
+            return f"rank {rank}: a lost rank gave {rec.code} ({cause}), expected E_TIMEOUT: {short(rec.message)}"
         if entry["rank"] not in dead:
             return f"rank {rank}: told rank {entry['rank']} was lost, but rank {entry['rank']} did not die"
-        if f"rank {entry['rank']}" not in rec.message:
+        if entry["rank"] not in (fields.get("peers") or ()):
             return f"rank {rank}: the E_TIMEOUT does not name rank {entry['rank']}"
         wait = HEARTBEAT_LOST_S if not config.exec_timeout_s else min(HEARTBEAT_LOST_S, config.exec_timeout_s)
-        how = "Heartbeat Lost Occurred" if wait == HEARTBEAT_LOST_S else "HCCL_EXEC_TIMEOUT"
-        if how not in rec.message:
+        how = "heartbeat" if wait == HEARTBEAT_LOST_S else "HCCL_EXEC_TIMEOUT"
+        if detail.get("detected_by") != how:
             return f"rank {rank}: expected detection by {how} (wait {wait} s): {short(rec.message)}"
-        crashed = re.search(r"crashed at ([0-9.]+) s", rec.message)
-        if crashed and rec.end / 1e9 < float(crashed.group(1)) + wait - 1e-6:
-            return f"rank {rank}: told at {rec.end / 1e9:.6f} s, before the {wait} s wait since the crash was over"
+        crashed = detail.get("crashed_ns")
+        if crashed is None or rec.end < crashed + seconds_to_ns(wait):
+            return (f"rank {rank}: told at {rec.end / 1e9:.6f} s, before the {wait} s wait since the crash "
+                    f"({'unknown' if crashed is None else f'{crashed / 1e9:.6f} s'}) was over")
         return None
     return f"rank {rank}: a {kind} fault cannot fail an op, yet it got {rec.code}: {short(rec.message)}"
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import numpy as np
 
-from topologies.errors import HcclError
+from topologies.errors import Cause, HcclError
 from topologies.validate import is_integer
 
 from .. import collectives as colls
@@ -28,10 +28,10 @@ from .record import OpRecord
 from ..engines.base import Call, RankBuffers
 from hcomm.link_state import LinkFailure
 
-from ..faults.plan import RankCrashed
+from ..faults.plan import RankCrashed, lost_fields
 from ..plan.costs import effective_cost
 from ..plan.planner import Signature
-from ..faults.retry import exception_location, level_of
+from ..faults.retry import exception_location, failure_fields, level_of
 from ..npu.device import Device, DeviceArray, Stream, Work
 from ..config.types import dtype_name, parse_reduce_op
 
@@ -91,45 +91,48 @@ class Communicator:
             try:
                 x = np.asarray(x)
             except Exception as exc:
-                raise HcclError("E_PARA", f"input is not an array: {exc}", rank=self.rank, op=opname)
+                raise HcclError("E_PARA", f"input is not an array: {exc}", rank=self.rank, op=opname,
+                                cause=Cause.BAD_INPUT)
         try:
             dtype_name(x.dtype)
         except HcclError as exc:
-            raise HcclError("E_PARA", exc.reason, rank=self.rank, op=opname)
+            raise HcclError("E_PARA", exc.reason, rank=self.rank, op=opname, cause=Cause.BAD_INPUT)
         if x.ndim < min_ndim:
             raise HcclError("E_PARA", f"input must have at least {min_ndim} dimension(s), got shape {x.shape}",
-                            rank=self.rank, op=opname)
+                            rank=self.rank, op=opname, cause=Cause.BAD_INPUT)
         return x
 
     def _root(self, root, opname):
         if not isinstance(root, (int, np.integer)) or isinstance(root, bool) or not 0 <= root < self.size:
-            raise HcclError("E_PARA", f"root must be a rank in [0, {self.size}), got {root!r}", rank=self.rank, op=opname)
+            raise HcclError("E_PARA", f"root must be a rank in [0, {self.size}), got {root!r}", rank=self.rank,
+                            op=opname, cause=Cause.BAD_INPUT)
         return int(root)
 
     def _redop(self, op, opname):
         try:
             return parse_reduce_op(op)
         except HcclError as exc:
-            raise HcclError("E_PARA", exc.reason, rank=self.rank, op=opname)
+            raise HcclError("E_PARA", exc.reason, rank=self.rank, op=opname, cause=Cause.BAD_INPUT)
 
     def _algo(self, algo, opname):
         # Checked before the rendezvous: signatures are compared (hashed) there, and a list
         # would fail as "unhashable" instead of naming the argument.
         if algo is not None and not isinstance(algo, str):
             raise HcclError("E_PARA", f"algo must be a string (an HCCL token such as 'ring' or an HCCL_ALGO "
-                            f"string), got {algo!r} ({type(algo).__name__})", rank=self.rank, op=opname)
+                            f"string), got {algo!r} ({type(algo).__name__})", rank=self.rank, op=opname,
+                            cause=Cause.BAD_INPUT)
         return algo
 
     def _tag(self, tag, opname):
         if not is_integer(tag) or not 0 <= tag <= MAX_TAG:
             raise HcclError("E_PARA", f"tag must be an integer in [0, {MAX_TAG}], got {tag!r} ({type(tag).__name__})",
-                            rank=self.rank, op=opname)
+                            rank=self.rank, op=opname, cause=Cause.BAD_INPUT)
         return int(tag)
 
     def _stream(self, stream, opname):
         if stream is not None and not isinstance(stream, Stream):
             raise HcclError("E_PARA", f"stream must be a Stream from comm.device.stream(), got {type(stream).__name__}",
-                            rank=self.rank, op=opname)
+                            rank=self.rank, op=opname, cause=Cause.BAD_INPUT)
         return stream
 
     # collectives ----------------------------------------------------------------------------------
@@ -147,12 +150,13 @@ class Communicator:
         target = out.data if isinstance(out, DeviceArray) else out
         if not isinstance(target, np.ndarray):
             raise HcclError("E_PARA", f"out must be a numpy array (or a device array), got {type(out).__name__}",
-                            rank=self.rank, op=opname)
+                            rank=self.rank, op=opname, cause=Cause.BAD_INPUT)
         if target.shape != tuple(shape) or target.dtype != dtype:
             raise HcclError("E_PARA", f"out must have the result's shape {tuple(shape)} and dtype {dtype}, got "
-                            f"shape {target.shape} and dtype {target.dtype}", rank=self.rank, op=opname)
+                            f"shape {target.shape} and dtype {target.dtype}", rank=self.rank, op=opname,
+                            cause=Cause.BAD_INPUT)
         if not target.flags.writeable:
-            raise HcclError("E_PARA", "out is read-only", rank=self.rank, op=opname)
+            raise HcclError("E_PARA", "out is read-only", rank=self.rank, op=opname, cause=Cause.BAD_INPUT)
         return target, bool(np.shares_memory(target, x))
 
     def _call(self, name, x, op=None, root=None, algo=None, stream=None, out=None):
@@ -185,11 +189,12 @@ class Communicator:
         if coll.max_ranks_with_data is not None and self.size > coll.max_ranks_with_data:
             raise HcclError("E_PARA", f"{self.size} ranks are over the limit of {coll.max_ranks_with_data} for "
                             f"{coll.method} on real data (collectives.{type(coll).__name__}.max_ranks_with_data); "
-                            "hccl_sim.simulate prices it without payload", rank=self.rank, op=coll.method)
+                            "hccl_sim.simulate prices it without payload", rank=self.rank, op=coll.method,
+                            cause=Cause.BAD_INPUT)
         x = self._array(x, coll.method)
         problem = coll.check_input(x.shape, self.size)
         if problem:
-            raise HcclError("E_PARA", problem, rank=self.rank, op=coll.method)
+            raise HcclError("E_PARA", problem, rank=self.rank, op=coll.method, cause=Cause.BAD_INPUT)
         redop = self._redop(op, coll.method) if coll.reducing else None
         root = self._root(root, coll.method) if coll.rooted else None
         out_shape = coll.output_shape(x.shape, self.size)
@@ -270,9 +275,10 @@ class Communicator:
     # point to point ------------------------------------------------------------------------------
     def _peer(self, peer, opname, what):
         if not isinstance(peer, (int, np.integer)) or isinstance(peer, bool) or not 0 <= peer < self.size:
-            raise HcclError("E_PARA", f"{what} must be a rank in [0, {self.size}), got {peer!r}", rank=self.rank, op=opname)
+            raise HcclError("E_PARA", f"{what} must be a rank in [0, {self.size}), got {peer!r}", rank=self.rank,
+                            op=opname, cause=Cause.BAD_INPUT)
         if peer == self.rank:
-            raise HcclError("E_PARA", f"{what} is this rank itself", rank=self.rank, op=opname)
+            raise HcclError("E_PARA", f"{what} is this rank itself", rank=self.rank, op=opname, cause=Cause.BAD_INPUT)
         return int(peer)
 
     def send(self, x, dst: int, tag: int = 0) -> None:
@@ -287,9 +293,9 @@ class Communicator:
         msg = self._transport.post_view(self.rank, dst, ("p2p", tag), np.ascontiguousarray(x), meta=start)
         reply = self._transport.wait_consumed(msg, self._transport.deadline(), "send")
         self._p2p_sent[dst] = self._p2p_sent.get(dst, 0) + 1
-        if isinstance(reply, (list, tuple)):             # [clock, reason]: the transfer failed
+        if isinstance(reply, (list, tuple)):             # [clock, reason, fields]: the transfer failed
             dev.clock = max(dev.clock, int(reply[0]))
-            raise HcclError("E_REMOTE", reply[1], rank=self.rank, op="send")
+            raise HcclError("E_REMOTE", reply[1], rank=self.rank, op="send", **(reply[2] if len(reply) > 2 else {}))
         dev.clock = reply
         self.last_op = OpRecord("send", "p2p", x.nbytes, x.size, dtype_name(x.dtype), start, dev.clock)
 
@@ -315,11 +321,12 @@ class Communicator:
         try:
             end, send_end = cost.p2p_ns(src, self.rank, data.nbytes, msg.meta, start, crc=crc)
         except LinkFailure as f:
-            reason = (f"{exception_location(f, 'send/recv', 'p2p', level_of(cost, src, self.rank))}; HCCL has no op "
-                      "retry for send/recv")
-            msg.consumed(reply=[f.time_ns, reason])
+            level = level_of(cost, src, self.rank)
+            reason = f"{exception_location(f, 'send/recv', 'p2p', level)}; HCCL has no op retry for send/recv"
+            facts = {"cause": Cause.LINK_FAILED, **failure_fields(f, level)}
+            msg.consumed(reply=[f.time_ns, reason, facts])        # plain values: every transport carries them
             self.device.clock = max(self.device.clock, f.time_ns)
-            raise HcclError("E_REMOTE", reason, rank=self.rank, op="recv") from None
+            raise HcclError("E_REMOTE", reason, rank=self.rank, op="recv", **facts) from None
         msg.consumed(reply=send_end)
         self.device.clock = end
         self.last_op = OpRecord("recv", "p2p", data.nbytes, data.size, dtype_name(data.dtype), start, end)
@@ -364,13 +371,14 @@ class Communicator:
         queue = dev.default_stream if stream is None else stream
         opname = colls.of(sig.name).method
         if queue.device is not dev:
-            raise HcclError("E_PARA", "stream belongs to another device", rank=self.rank, op=opname)
+            raise HcclError("E_PARA", "stream belongs to another device", rank=self.rank, op=opname,
+                            cause=Cause.BAD_INPUT)
         if self._aborted:
             self._check_usable(opname)
         if self._lost is not None:
             raise HcclError("E_TIMEOUT", f"rank {self._lost[0]} of this communicator was lost at "
                             f"{self._lost[1] / 1e9:.6f} s ({self._lost[2]}): no collective can complete on it",
-                            rank=self.rank, op=opname)
+                            rank=self.rank, op=opname, **lost_fields(self._lost))
         entry = queue.tail if queue.tail > dev.clock else dev.clock
         faults = self.config.faults
         if faults is not None:

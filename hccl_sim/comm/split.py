@@ -28,7 +28,7 @@ import zlib
 
 import numpy as np
 
-from topologies.errors import HcclError
+from topologies.errors import Cause, HcclError
 from topologies.subset import subset
 
 from ..plan.costs import effective_cost
@@ -39,7 +39,8 @@ def _int(value, what, opname, rank, minimum=None):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or \
             (minimum is not None and value < minimum):
         need = "an integer" if minimum is None else f"an integer >= {minimum}"
-        raise HcclError("E_PARA", f"{what} must be {need}, got {value!r}", rank=rank, op=opname)
+        raise HcclError("E_PARA", f"{what} must be {need}, got {value!r}", rank=rank, op=opname,
+                        cause=Cause.BAD_INPUT)
     return int(value)
 
 
@@ -63,15 +64,15 @@ def shrink(comm, exclude=None):
         exclude = ()
     if not isinstance(exclude, (list, tuple, set, frozenset, range)):
         raise HcclError("E_PARA", f"exclude must be a list of ranks, got {type(exclude).__name__}",
-                        rank=comm.rank, op="shrink")
+                        rank=comm.rank, op="shrink", cause=Cause.BAD_INPUT)
     gone = {_int(r, "exclude entry", "shrink", comm.rank, minimum=0) for r in exclude}
     bad = sorted(r for r in gone if r >= comm.size)
     if bad:
         raise HcclError("E_PARA", f"exclude names rank {bad[0]}, not a rank of this communicator (0..{comm.size - 1})",
-                        rank=comm.rank, op="shrink")
+                        rank=comm.rank, op="shrink", cause=Cause.BAD_INPUT)
     if comm.rank in gone:
         raise HcclError("E_PARA", f"rank {comm.rank} is in exclude: only the survivors call shrink",
-                        rank=comm.rank, op="shrink")
+                        rank=comm.rank, op="shrink", cause=Cause.BAD_INPUT)
     gone |= comm.lost_ranks
     members = tuple(r for r in range(comm.size) if r not in gone)
     k = comm._shrinks
@@ -99,6 +100,6 @@ def _derive(parent, members: tuple, scope: str, opname: str, start: int):
     if differ:
         raise HcclError("E_PARA", f"{opname}: ranks disagree on the members of the new communicator (world ranks "
                         f"{differ[:8]} see other members than this rank's {list(world)[:16]})",
-                        rank=comm.rank, op=opname)
+                        rank=comm.rank, op=opname, cause=Cause.MISMATCH, peers=differ)
     comm.last_op = OpRecord(opname, "init", 0, 0, "int64", start, comm.clock)
     return comm

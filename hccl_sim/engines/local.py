@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 
 from hcomm.transports.inprocess import InProcessTransport
-from topologies.errors import HcclError
+from topologies.errors import Cause, HcclError
 
 
 from ..faults.progress import FaultProgress
@@ -69,7 +70,8 @@ class LocalGroup(Group):
         self._cond = threading.Condition()
         self._slots = {}                  # (phase, seq) -> _Slot
         self._exited = set()
-        self._failure = None       # (rank, exception) of the first failure
+        self._failure = None       # (rank, exception) of the first failure (what waiting peers are told)
+        self._failures = []        # (rank, exception, time.time()) of every failure (the job's error: root_cause)
         self._aborted = None       # why, once a rank called comm.abort()
         self._workers = max(1, os.cpu_count() or 1)
         self._executor = None
@@ -94,7 +96,7 @@ class LocalGroup(Group):
         key = (phase, seq)
         with self._cond:
             if self._aborted is not None:
-                raise HcclError("E_REMOTE", f"aborted: {self._aborted}", rank=rank, op=op)
+                raise HcclError("E_REMOTE", f"aborted: {self._aborted}", rank=rank, op=op, cause=Cause.ABORTED)
             slot = self._slots.get(key)
             if slot is None:
                 slot = self._slots[key] = _Slot(self.size)
@@ -120,8 +122,7 @@ class LocalGroup(Group):
             if slot.taken == self.size:
                 del self._slots[key]
         if slot.error is not None:
-            raise HcclError(slot.error.code, slot.error.reason, rank=rank, op=op,
-                            time_ns=slot.error.time_ns)
+            raise slot.error.replace(rank=rank, op=op)
         return slot
 
     def _wait_slot(self, rank, seq, slot, op, limit, watch):
@@ -167,18 +168,19 @@ class LocalGroup(Group):
 
     def _check_waiting(self, rank, seq, slot, op):
         if self._aborted is not None:
-            raise HcclError("E_REMOTE", f"aborted: {self._aborted}", rank=rank, op=op)
+            raise HcclError("E_REMOTE", f"aborted: {self._aborted}", rank=rank, op=op, cause=Cause.ABORTED)
         if self._failure is not None:
             fr, exc = self._failure
             raise rdv.peer_failed_error(rank, op, seq, fr, rdv.describe_failure(exc))
         gone = [r for r in self._exited if slot.items[r] is None]
         if gone:
-            raise HcclError("E_PARA", rdv.returned_early_reason(op, seq, gone[0]), rank=rank, op=op)
+            raise rdv.returned_early_error(rank, op, seq, gone[0])
 
     def fail(self, rank, exc):
         with self._cond:
             if self._failure is None:
                 self._failure = (rank, exc)
+            self._failures.append((rank, exc, time.time()))
             self._cond.notify_all()
             children = list(self._children.values())
         self.transport.abort("E_REMOTE", f"rank {rank} failed: {rdv.describe_failure(exc)}")
@@ -218,12 +220,13 @@ class LocalGroup(Group):
         if child.members != members:
             raise HcclError("E_PARA", f"ranks disagree on the members of a new communicator: rank "
                             f"{child.members[0]}'s view is {list(child.members)[:16]}, this rank's is "
-                            f"{list(members)[:16]}", rank=rank)
+                            f"{list(members)[:16]}", rank=rank, cause=Cause.MISMATCH)
         return child
 
     @property
     def failure(self):
-        return self._failure
+        """(rank, exception) of the job's error (rdv.root_cause of every failure), or None."""
+        return rdv.root_cause(self._failures)[:2] if self._failures else None
 
 
 def run_local(fn, topo, config, args=(), kwargs=None, data_plane="central"):

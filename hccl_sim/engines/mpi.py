@@ -280,16 +280,17 @@ class MpiJob:
 # ---- hccl_sim.run(engine="mpi") --------------------------------------------------------------------
 
 def _outcome(rank, exc) -> dict:
+    """A failed rank's outcome as every process gets it: plain values, the HcclError's fields with them."""
     if isinstance(exc, HcclError):
-        return {"rank": rank, "ok": False, "code": exc.code, "reason": exc.reason, "op": exc.op, "at": time.time()}
+        return {"rank": rank, "ok": False, "code": exc.code, "reason": exc.reason, "op": exc.op, "at": time.time(),
+                "fields": exc.fields()}
     return {"rank": rank, "ok": False, "code": "E_INTERNAL", "reason": f"{type(exc).__name__}: {exc}", "op": None,
-            "at": time.time(), "traceback": traceback.format_exc(limit=8)}
+            "at": time.time(), "traceback": traceback.format_exc(limit=8), "fields": {}}
 
 
-def _secondary(o) -> bool:
-    """An error caused by another rank's failure (an abort, a peer that returned or failed)."""
-    r = o["reason"]
-    return o["code"] == "E_REMOTE" or r.startswith("aborted") or "returned without" in r
+def _error(o) -> HcclError:
+    """The HcclError of a failed rank's outcome (_outcome), every field of it."""
+    return HcclError(o["code"], o["reason"], rank=o["rank"], op=o["op"], **o.get("fields", {}))
 
 
 def run_mpi(fn, topo, config, args=(), kwargs=None, ranks_per_process: int = 1, data_plane: str | None = None):
@@ -336,8 +337,7 @@ def run_mpi(fn, topo, config, args=(), kwargs=None, ranks_per_process: int = 1, 
     every = [o for b in blobs for o in pickle.loads(b)]
     failed = [o for o in every if not o["ok"]]
     if failed:
-        root = min(failed, key=lambda o: (_secondary(o), o["at"], o["rank"]))
-        err = HcclError(root["code"], root["reason"], rank=root["rank"], op=root["op"])
+        _, err, _, root = rdv.root_cause([(o["rank"], _error(o), o["at"], o) for o in failed])
         if root.get("traceback"):
             err.remote_traceback = root["traceback"]
         cause = outcomes.get(root["rank"], {}).get("exc")

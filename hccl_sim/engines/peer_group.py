@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import pickle
-import re
 import struct
 
 
 from hcomm.transports.scoped import ScopedTransport
-from topologies.errors import HcclError
+from topologies.errors import Cause, HcclError
 
 from hcomm.control.transport import TransportControl  # noqa: F401 - a sub-communicator's control plane
 from hcomm.exec import OwnResult, run_rank
@@ -38,7 +37,6 @@ from ..plan.planner import Signature
 _NO_WATCH = contextlib.nullcontext()      # stateless: one serves every wait
 _CLOCK = struct.Struct("<q")
 INLINE_BYTES = 64 << 10            # inputs up to this size travel in the control plane (eager ops)
-RETURNED = re.compile(r"rank (\d+) returned without calling it")   # every control plane's wording
 
 
 class CallPayload:
@@ -160,11 +158,10 @@ class PeerGroup(Group):
         try:
             raws = self._allgather(payload, f"{op} (collective #{call.seq})", op)
         except HcclError as exc:
-            gone = RETURNED.search(exc.reason)
-            if gone is None:
+            # a control plane's "rank N returned without calling it": said as every engine says it
+            if exc.cause != Cause.PEER_RETURNED or exc.detail.get("missed") != "call" or exc.peer is None:
                 raise
-            raise HcclError("E_PARA", rdv.returned_early_reason(op, call.seq, int(gone.group(1))), rank=rank,
-                            op=op) from None
+            raise rdv.returned_early_error(rank, op, call.seq, exc.peer) from None
         try:
             agreed = CallPayload.agreed(raws, head[0], head[1])
             if agreed is not None:
@@ -177,7 +174,7 @@ class PeerGroup(Group):
                 plan = self._plans.plan([Call(call.seq, c.signature_object(Signature), c.clock, c.itemsize,
                                               sent=c.sent) for c in payloads])
         except HcclError as exc:
-            raise HcclError(exc.code, exc.reason, rank=rank, op=op, time_ns=exc.time_ns) from None
+            raise exc.replace(rank=rank, op=op) from None
         self._eager = eagers if eager is not None else None
         return plan
 

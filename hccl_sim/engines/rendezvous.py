@@ -5,12 +5,14 @@ Engines differ in how ranks meet (a condition variable among threads, a hub over
 memory among processes, MPI); what they decide when they meet, and what they tell a rank that
 waits in vain, is the same and lives here, so that every engine reports the same errors.
 The stall watch (every live rank waiting and nothing moving: a deadlock) is hcomm's Watch.
+Which of several ranks' errors is the job's error (`root_cause`) is decided here too, for every
+engine, from the errors' fields (topologies.errors.Cause).
 """
 from __future__ import annotations
 
 import time
 
-from topologies.errors import HcclError
+from topologies.errors import Cause, HcclError
 
 from .. import collectives as colls
 from ..faults.progress import FaultProgress
@@ -36,7 +38,7 @@ def plan_calls(calls: list, topo, config, progress: FaultProgress | None = None)
     progress (hccl_sim.faults.progress), read for this op and advanced by its plan."""
     problem = check_signatures([c.signature for c in calls])
     if problem:
-        raise HcclError("E_PARA", problem)
+        raise HcclError("E_PARA", problem, cause=Cause.MISMATCH)
     first = calls[0]
     now = None if progress is None else progress.before([c.sent for c in calls])
     plan = make_plan(first.signature, topo, config, [c.clock for c in calls], first.itemsize, faults_now=now)
@@ -49,12 +51,13 @@ def plan_calls(calls: list, topo, config, progress: FaultProgress | None = None)
 
 def missing_error(rank, op: str, seq, missing, config) -> HcclError:
     return HcclError("E_TIMEOUT", f"ranks {missing} did not call {op} (collective #{seq}) within "
-                     f"{config.wait_timeout_s} s (HCCL_EXEC_TIMEOUT)", rank=rank, op=op)
+                     f"{config.wait_timeout_s} s (HCCL_EXEC_TIMEOUT)", rank=rank, op=op, cause=Cause.TIMEOUT,
+                     peers=missing)
 
 
 def peer_failed_error(rank, op: str, seq, failed_rank, cause) -> HcclError:
     return HcclError("E_REMOTE", f"aborted while waiting in {op} (collective #{seq}): rank {failed_rank} failed: "
-                     f"{cause}", rank=rank, op=op)
+                     f"{cause}", rank=rank, op=op, cause=Cause.PEER_FAILED, peers=(failed_rank,))
 
 
 def returned_early_reason(op: str, seq, gone_rank) -> str:
@@ -62,8 +65,34 @@ def returned_early_reason(op: str, seq, gone_rank) -> str:
             "ranks made different sequences of collective calls")
 
 
+def returned_early_error(rank, op: str, seq, gone_rank) -> HcclError:
+    return HcclError("E_PARA", returned_early_reason(op, seq, gone_rank), rank=rank, op=op,
+                     cause=Cause.PEER_RETURNED, peers=(gone_rank,), detail={"missed": "call"})
+
+
 def describe_failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+# ---- the job's error -------------------------------------------------------------------------------
+
+def is_consequence(exc: BaseException) -> bool:
+    """Whether a rank's error is a consequence of another rank's (HcclError.consequence: told that
+    a peer failed, returned or was lost, or that the op was aborted); any other exception is not."""
+    return isinstance(exc, HcclError) and exc.consequence
+
+
+def root_cause(failures):
+    """The job's error among its failed ranks', every engine's rule: `failures` are (rank,
+    exception, at) with `at` the wall-clock time (time.time()) the rank caught it; returns the
+    entry chosen. The earliest error that is not a consequence of another's (is_consequence); only
+    when every error is one (a rank returned early, the communicator was aborted), the earliest of
+    them; ties by rank. A rank the fault plan crashed is no failure (its result is None): its
+    survivors' RANK_LOST errors are the job's error, not a peer's PEER_RETURNED or PEER_LOST."""
+    failures = list(failures)
+    if not failures:
+        raise ValueError("root_cause of no failures")
+    return min(failures, key=lambda f: (is_consequence(f[1]), f[2], f[0]))
 
 
 class PlanCache:

@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from hcomm.link_state import LinkState
-from topologies.errors import HcclError
+from topologies.errors import Cause, HcclError
 from topologies.model import seconds_to_ns
 
 RDMA_TIMEOUT_RANGE = {"910A": (5, 24)}     # HCCL_RDMA_TIMEOUT: [5, 20] on A2/A3 (910B, 910C), [5, 24] on 910A
@@ -100,7 +100,19 @@ class BoundFaults:
         at = max(t, plan.entry[rank]) + seconds_to_ns(wait)
         return at, HcclError("E_TIMEOUT", f"Cluster Exception Location[rank {dead}], op {plan.signature.name}, "
                              f"algorithm {plan.algo}, crashed at {t / 1e9:.6f} s, detected at {at / 1e9:.6f} s: "
-                             f"{why} ({label})", rank=rank, op=opname)
+                             f"{why} ({label})", rank=rank, op=opname, **lost_fields(crash, at, wait))
+
+
+def lost_fields(crash, at: int | None = None, wait: float | None = None) -> dict:
+    """HcclError fields of a rank lost to the crash (rank, ns, label) the fault plan put in an op:
+    the dead rank, the entry, when it crashed and (`at`) when this rank found it lost, by the
+    heartbeat's 30 s or a notify wait's HCCL_EXEC_TIMEOUT (`wait`, s)."""
+    dead, t, label = crash
+    detail = {"crashed_ns": t}
+    if wait is not None:
+        detail["detected_by"] = "heartbeat" if wait == HEARTBEAT_LOST_S else "HCCL_EXEC_TIMEOUT"
+        detail["wait_s"] = wait
+    return {"cause": Cause.RANK_LOST, "peers": (dead,), "fault": label, "time_ns": at, "detail": detail}
 
 
 # kind -> (required fields, optional fields with defaults)

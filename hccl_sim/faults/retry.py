@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 
 from hcomm.link_state import LinkFailure
-from topologies.errors import HcclError
+from topologies.errors import Cause, HcclError
 from topologies.presets import package_partner
 
 log = logging.getLogger("hccl_sim.faults.retry")
@@ -53,6 +53,13 @@ def exception_location(f: LinkFailure, sig, algo: str, level: str) -> str:
     return (f"Cluster Exception Location[link {where} ({level})], op {getattr(sig, 'name', sig)}, algorithm {algo}"
             f"{step}, simulated time {f.time_ns / 1e9:.6f} s: error CQE, rank {f.src} -> rank {f.dst} failed after "
             f"{f.attempts} attempts ({f.label})")
+
+
+def failure_fields(f: LinkFailure, level: str) -> dict:
+    """An error CQE's facts as HcclError fields: the failed transfer's link and level, the fault
+    plan entry that failed it, when, after how many attempts."""
+    return {"link": (f.src, f.dst), "level": level, "fault": f.label, "time_ns": f.time_ns,
+            "detail": {"attempts": f.attempts}}
 
 
 def _failed_nic(f: LinkFailure, cost):
@@ -116,21 +123,29 @@ def priced_with_retry(price, sig, algo: str, cost, config, entry: list, backup: 
             where = exception_location(f, sig, algo, level)
             switch, no_backup = backup_nic(f, cost, level, enabled.get(level, False), backup)
             why = f"; no backup NIC: {no_backup}" if no_backup else ""
+            facts = failure_fields(f, level)
+            if no_backup:
+                facts["detail"]["no_backup"] = no_backup
             if not enabled.get(level, False):
                 raise HcclError("E_REMOTE", f"{where}; op retry is off for {level} (HCCL_OP_RETRY_ENABLE){why}",
-                                op=sig.name, time_ns=f.time_ns) from None
+                                op=sig.name, cause=Cause.LINK_FAILED, **facts) from None
+            refused = {"max_cnt": params["MaxCnt"], "tries": tries}
             if sig.inplace:
+                facts["detail"].update(refused, refused="in-place")
                 raise HcclError("E_OPRETRY_FAIL", f"{where}; cannot retry an in-place op (out= aliases the input, "
                                 "HCCL's sendBuf == recvBuf): its input is overwritten", op=sig.name,
-                                time_ns=f.time_ns) from None
+                                cause=Cause.OPRETRY_FAIL, **facts) from None
             if f.finished:
                 left = ", ".join(f"rank {r}" for r in f.finished[:8]) + (", ..." if len(f.finished) > 8 else "")
+                facts["detail"].update(refused, refused="left", left=tuple(f.finished))
                 raise HcclError("E_OPRETRY_FAIL", f"{where}; cannot retry: {left} had already left the op (HCCL "
                                 "retries only when every rank is stopped in the same op)", op=sig.name,
-                                time_ns=f.time_ns) from None
+                                cause=Cause.OPRETRY_FAIL, **facts) from None
             if tries >= params["MaxCnt"]:
+                facts["detail"].update(refused, refused="exhausted")
                 raise HcclError("E_OPRETRY_FAIL", f"{where}; retries exhausted: {tries} of MaxCnt={params['MaxCnt']} "
-                                f"tried while the link stayed down{why}", op=sig.name, time_ns=f.time_ns) from None
+                                f"tried while the link stayed down{why}", op=sig.name, cause=Cause.OPRETRY_FAIL,
+                                **facts) from None
             tries += 1
             if cost.topology.device != "910C":
                 log.warning("op retry on %s: real HCCL retries ops only on A3 (910C); hccl-sim retries here too",

@@ -19,7 +19,7 @@ import struct
 import threading
 import time
 
-from topologies.errors import HcclError
+from topologies.errors import Cause, HcclError
 
 from ..transports.mpi.rounds import SLOT_BYTES
 
@@ -95,12 +95,12 @@ class MpiControl:
             while not lead and rnd.result is None and rnd.error is None:
                 got = None if rnd.running else self._stopped()   # a running round ends by the hub's rule
                 if got is not None:
-                    raise HcclError(got[0], f"aborted: {got[1]}", rank=self.base + local, op=op)
+                    raise HcclError(got[0], f"aborted: {got[1]}", rank=self.base + local, op=op, cause=Cause.ABORTED)
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise HcclError("E_TIMEOUT", f"ranks of this MPI process did not call collective round {seq} "
                                     f"within {self.wait_timeout_s} s (HCCL_EXEC_TIMEOUT)",
-                                    rank=self.base + local, op=op)
+                                    rank=self.base + local, op=op, cause=Cause.TIMEOUT)
                 self._cond.wait(0.05 if left is None else min(0.05, left))
         if lead:
             self._run(seq, rnd, deadline, op)
@@ -109,7 +109,7 @@ class MpiControl:
             if rnd.readers == sum(1 for kind, _ in rnd.items if kind == CALL):
                 self._rounds.pop(seq, None)
         if rnd.error is not None:
-            raise HcclError(rnd.error.code, rnd.error.reason, rank=self.base + local, op=op)
+            raise rnd.error.replace(rank=self.base + local, op=op)
         return self._decide(rnd.result, seq, self.base + local, op)
 
     def _alone(self, seq, payload, deadline, op=None) -> list:
@@ -118,12 +118,12 @@ class MpiControl:
         self._next = seq + 1
         got = self._stopped() if self._aborted is not None else None
         if got is not None:
-            raise HcclError(got[0], f"aborted: {got[1]}", rank=self.base, op=op)
+            raise HcclError(got[0], f"aborted: {got[1]}", rank=self.base, op=op, cause=Cause.ABORTED)
         try:
             blobs = self.hub.ctl_allgather(_LEN.pack(CALL, len(payload)) + payload, deadline,
                                            lambda: f"collective round {seq} ({op})")
         except HcclError as exc:
-            raise HcclError(exc.code, exc.reason, rank=self.base, op=op) from None
+            raise exc.replace(rank=self.base, op=op) from None
         bodies, at = [], _LEN.size
         for b in blobs:                  # one (kind, length) head and body per process
             if b is None:
@@ -164,13 +164,13 @@ class MpiControl:
         for r, (kind, body) in enumerate(items):
             if kind == LEFT:
                 raise HcclError("E_PARA", f"collective round {seq}: rank {r} returned without calling it",
-                                rank=rank, op=op)
+                                rank=rank, op=op, cause=Cause.PEER_RETURNED, peers=(r,), detail={"missed": "call"})
             if kind == FAILED:
                 raise HcclError("E_REMOTE", f"aborted: rank {r} failed: {body.decode(errors='replace')}",
-                                rank=rank, op=op)
+                                rank=rank, op=op, cause=Cause.PEER_FAILED, peers=(r,))
             if kind == LOST:
                 raise HcclError("E_REMOTE", f"collective round {seq}: lost rank {r}: {body.decode(errors='replace')}",
-                                rank=rank, op=op)
+                                rank=rank, op=op, cause=Cause.PEER_LOST, peers=(r,))
         return [body for _, body in items]
 
     def finish(self, local: int, failure: str | None, lost: str | None = None) -> None:

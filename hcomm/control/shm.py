@@ -41,7 +41,7 @@ import os
 import platform
 import time
 
-from topologies.errors import HCCL_RESULT, HcclError
+from topologies.errors import HCCL_RESULT, Cause, HcclError
 
 from .. import shm
 
@@ -281,7 +281,7 @@ class ControlBlock:
         if self._q[r + _R_ASEQ] >= 0:
             origin += f" in collective #{self._q[r + _R_ASEQ]}"
         return HcclError(_CODE_NAMES.get(self._q[r + _R_CODE], "E_INTERNAL"), f"aborted by {origin}: {raw}",
-                         rank=self.rank)
+                         rank=self.rank, cause=Cause.ABORTED, peers=() if who - 1 == self.size else (who - 1,))
 
     # ---- the rendezvous ------------------------------------------------------------------------
     def allgather(self, seq: int, payload: bytes, deadline: float | None, op: str | None = None) -> list:
@@ -362,7 +362,8 @@ class ControlBlock:
                                                    f"last at #{q[seq_at[k]] - 1}" if q[seq_at[k]] else "none yet")
                                   for k in missing[:8])
                 raise HcclError("E_TIMEOUT", f"collective #{seq}: ranks {missing} have not arrived by the deadline "
-                                             f"({where})", rank=self.rank, op=op)
+                                             f"({where})", rank=self.rank, op=op, cause=Cause.TIMEOUT,
+                                peers=missing)
             sleep = BLOCK_SLICE_S if deadline is None else min(BLOCK_SLICE_S, max(deadline - now, 0.0))
             if done & _BROKEN:       # a close (an abort raised above): report it if it concerns us
                 self._check_missing(target, seq, op)
@@ -398,10 +399,11 @@ class ControlBlock:
             state, pid = q[r + _R_STATE], q[r + _R_PID]
             if state in (_CLOSED, _LEFT):
                 raise HcclError("E_PARA", f"collective #{seq}: rank {k} returned without calling it (ranks made "
-                                          f"different sequences of collective calls)", rank=self.rank, op=op)
+                                          f"different sequences of collective calls)", rank=self.rank, op=op,
+                                cause=Cause.PEER_RETURNED, peers=(k,), detail={"missed": "call"})
             if state == _ATTACHED and _proc_start_time(pid) != q[r + _R_START]:
                 raise HcclError("E_REMOTE", f"collective #{seq}: rank {k} (pid {pid}) died before arriving",
-                                rank=self.rank, op=op)
+                                rank=self.rank, op=op, cause=Cause.PEER_LOST, peers=(k,))
 
     # ---- helpers -------------------------------------------------------------------------------
     def _rec(self, who: int) -> int:

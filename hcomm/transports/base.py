@@ -19,7 +19,7 @@ from typing import Any, Hashable, Optional, Protocol, runtime_checkable
 
 import numpy as np
 
-from topologies.errors import HcclError
+from topologies.errors import Cause, HcclError
 
 POLL_S = 0.05      # longest sleep of a waiter between checks; wake-ups on progress are immediate
 PROBE_AFTER_S = 0.5  # a wait this long starts asking (where a transport must ask) whether its peer lives
@@ -108,31 +108,31 @@ def waiting_for_consumer(dst, op=None) -> str:
 
 def take_timeout(src, dst, timeout_s, op) -> HcclError:
     return HcclError("E_TIMEOUT", f"no data from rank {src} within {timeout_s or 0:g} s (HCCL_EXEC_TIMEOUT)",
-                     rank=dst, op=op)
+                     rank=dst, op=op, cause=Cause.TIMEOUT, peers=(src,))
 
 
 def consume_timeout(src, dst, timeout_s, op) -> HcclError:
     return HcclError("E_TIMEOUT", f"rank {dst} did not consume the data sent to it within {timeout_s or 0:g} s "
-                     "(HCCL_EXEC_TIMEOUT)", rank=src, op=op)
+                     "(HCCL_EXEC_TIMEOUT)", rank=src, op=op, cause=Cause.TIMEOUT, peers=(dst,))
 
 
 def take_exited(src, dst, tag, op) -> HcclError:
     return HcclError("E_PARA", f"rank {src} returned without sending what this rank waits for (tag {tag!r})",
-                     rank=dst, op=op)
+                     rank=dst, op=op, cause=Cause.PEER_RETURNED, peers=(src,), detail={"missed": "send"})
 
 
 def consume_exited(src, dst, tag, op) -> HcclError:
     return HcclError("E_PARA", f"rank {dst} returned without receiving what this rank sent (tag {tag!r})",
-                     rank=src, op=op)
+                     rank=src, op=op, cause=Cause.PEER_RETURNED, peers=(dst,), detail={"missed": "receive"})
 
 
 def peer_lost(peer, me, reason, op) -> HcclError:
-    return HcclError("E_REMOTE", f"lost rank {peer}: {reason}", rank=me, op=op)
+    return HcclError("E_REMOTE", f"lost rank {peer}: {reason}", rank=me, op=op, cause=Cause.PEER_LOST, peers=(peer,))
 
 
 def connect_timeout(peer, me, timeout_s, reason) -> HcclError:
     return HcclError("E_TIMEOUT", f"could not connect to rank {peer} within {timeout_s:g} s "
-                     f"(HCCL_CONNECT_TIMEOUT): {reason}", rank=me)
+                     f"(HCCL_CONNECT_TIMEOUT): {reason}", rank=me, cause=Cause.TIMEOUT, peers=(peer,))
 
 
 def remaining(deadline) -> Optional[float]:
@@ -185,7 +185,7 @@ class AbortState:
             got = self._scopes.get(scope_of(tag))
         if got is not None:
             code, reason = got
-            raise HcclError(code, f"aborted: {reason}", rank=rank, op=op)
+            raise HcclError(code, f"aborted: {reason}", rank=rank, op=op, cause=Cause.ABORTED)
 
 
 class Registry:

@@ -12,7 +12,7 @@ import threading
 import time
 from collections import deque
 
-from topologies.errors import HcclError
+from topologies.errors import Cause, HcclError
 
 from .base import (POLL_S as _POLL_S, AbortState, Message as _MessageBase, Registry, consume_exited,
                    consume_timeout, remaining, take_exited, take_timeout, waiting_for_consumer, waiting_for_data)
@@ -65,7 +65,8 @@ class Watch:
             if now - self._stalled[1] < STALL_S:
                 return
             who = "; ".join(f"rank {r} waits for {w}" for r, w in sorted(self._waiting.items())[:8])
-        raise HcclError("E_TIMEOUT", f"deadlock: every rank is waiting and none can proceed ({who})", rank=rank, op=op)
+        raise HcclError("E_TIMEOUT", f"deadlock: every rank is waiting and none can proceed ({who})", rank=rank, op=op,
+                        cause=Cause.TIMEOUT)
 
 
 class Message(_MessageBase):

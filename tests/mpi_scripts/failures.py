@@ -1,8 +1,10 @@
 """Under mpiexec: a mismatched call, a rank that raises and a rank that returns early are each an
-HcclError on every process, never a hang; a fault plan's rank_crash (on entry, mid-op, on both
-data planes, in an eager op) equals the local engine's run: the dead rank's result None on every
-process, the survivors' errors and clocks, their shrunk communicator's results and times; the
-survivors are woken by the dead rank's loss, not their deadline (argv: ranks per process)."""
+HcclError on every process, never a hang, with its fields (cause, peers); of a peer's early return
+and a later rank's own exception, the exception is the job's error (the root cause); a fault
+plan's rank_crash (on entry, mid-op, on both data planes, in an eager op) equals the local
+engine's run: the dead rank's result None on every process, the survivors' errors and clocks,
+their shrunk communicator's results and times; the survivors are woken by the dead rank's loss,
+not their deadline (argv: ranks per process)."""
 import sys
 import time
 
@@ -27,6 +29,17 @@ def raising(comm):
 def early(comm):
     if comm.rank != 0:
         comm.all_reduce(np.ones(3))
+
+
+def own_bug(comm):
+    """Rank 1 returns at once (rank 0's error, PEER_RETURNED, comes first: a consequence); rank 2's
+    own exception, a second later, is the job's error."""
+    if comm.rank == 1:
+        return None
+    if comm.rank == 2:
+        time.sleep(1.0)
+        raise ZeroDivisionError("rank 2's own bug")
+    comm.all_reduce(np.ones(4))
 
 
 def aborting(comm):
@@ -95,6 +108,7 @@ def crashes(topo, env):
     except hccl_sim.HcclError as exc:
         assert exc.code == "E_TIMEOUT" and f"Cluster Exception Location[rank {p - 1}]" in exc.reason, exc
         assert exc.rank != p - 1, exc
+        assert exc.cause == "RANK_LOST" and exc.peers == (p - 1,) and exc.fault in exc.reason, exc.fields()
     else:
         raise AssertionError("escaping: no error")
 
@@ -105,13 +119,16 @@ def main():
     p = MPI.COMM_WORLD.Get_size() * K
     topo = hccl_sim.topology("fullmesh", ranks=p)
     env = {"HCCL_EXEC_TIMEOUT": "60"}
-    for fn, code, words in ((mismatched, "E_PARA", "mismatched"), (raising, "E_INTERNAL", "ValueError: boom on rank 1"),
-                            (early, "E_PARA", "rank 0 returned without calling")):
+    for fn, code, words, cause in ((mismatched, "E_PARA", "mismatched", "MISMATCH"),
+                                   (raising, "E_INTERNAL", "ValueError: boom on rank 1", None),
+                                   (early, "E_PARA", "rank 0 returned without calling", "PEER_RETURNED"),
+                                   (own_bug, "E_INTERNAL", "ZeroDivisionError: rank 2's own bug", None)):
         t0 = time.monotonic()
         try:
             hccl_sim.run(fn, topology=topo, engine="mpi", ranks_per_process=K, env=env)
         except hccl_sim.HcclError as exc:
-            assert exc.code == code and words in exc.reason, (fn.__name__, exc)
+            assert exc.code == code and words in exc.reason and exc.cause == cause, (fn.__name__, exc, exc.fields())
+            assert fn is not early or exc.peers == (0,), exc.fields()
         else:
             raise AssertionError(f"{fn.__name__}: no error")
         took = time.monotonic() - t0

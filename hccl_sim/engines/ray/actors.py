@@ -120,8 +120,7 @@ class RankActorBase(RayMailbox):
                     pass            # the control plane is already closed or aborted: peers know
             self._finish(transport)
             if isinstance(exc, HcclError):
-                return Outcome(self.rank, False, code=exc.code, reason=exc.reason, op=exc.op, at=at,
-                               lost=_lost(group))
+                return Outcome.failed(self.rank, exc, at, lost=_lost(group))
             return Outcome(self.rank, False, reason=str(exc), error_type=type(exc).__name__,
                            traceback=traceback.format_exc(limit=8), at=at, lost=_lost(group))
         group.exit(self.rank)

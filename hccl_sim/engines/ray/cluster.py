@@ -26,8 +26,9 @@ import os
 import time
 
 from hcomm import shm
-from topologies.errors import HcclError
+from topologies.errors import Cause, HcclError
 
+from .. import rendezvous as rdv
 from .actors import rank_actor_class
 from .protocol import RunSpec
 from hcomm.transports.watched import STALL_S
@@ -156,8 +157,7 @@ class RayCluster:
             self._replace(dead)
         errors = [o for o in outcomes if not o.ok and o.rank not in crashed]
         if errors:
-            primary = [e for e in errors if not e.secondary] or errors
-            raise min(primary, key=lambda e: (e.at, e.rank)).error()
+            raise rdv.root_cause([(o.rank, o.error(), o.at) for o in errors])[1]
         return [None if o.rank in crashed else o.value for o in outcomes]
 
     def _crashed(self, outcomes, config) -> set:
@@ -235,13 +235,12 @@ class RayCluster:
         return [done[r] for r in range(p)]
 
     def _outcome(self, rank, ref):
-        from .protocol import Outcome
+        from .protocol import Outcome, died_outcome
         ray = self._ray
         try:
             return ray.get(ref)
         except ray.exceptions.RayActorError as exc:
-            return Outcome(rank, False, code="E_REMOTE", reason=f"its actor died: {str(exc).splitlines()[0]}",
-                           at=time.time(), died=True)
+            return died_outcome(rank, f"its actor died: {str(exc).splitlines()[0]}", time.time())
         except ray.exceptions.RayError as exc:      # e.g. a result that does not pickle
             return Outcome(rank, False, code="E_INTERNAL", reason=f"{type(exc).__name__}: {exc}", at=time.time())
 
@@ -302,4 +301,5 @@ class RayCluster:
 
 def _timeout_outcome(rank):
     from .protocol import Outcome
-    return Outcome(rank, False, code="E_TIMEOUT", reason="did not finish in time", at=time.time())
+    return Outcome(rank, False, code="E_TIMEOUT", reason="did not finish in time", at=time.time(),
+                   fields={"cause": Cause.TIMEOUT})

@@ -43,7 +43,7 @@ import time
 
 import numpy as np
 
-from topologies.errors import HcclError
+from topologies.errors import Cause, HcclError
 
 from .rounds import SLOT_BYTES, ControlRounds, _BUSY_S, _POLL_S, _oversubscribed, _pause, _tightened
 from ..peer import json_plain as _plain, json_tuples as _tuples
@@ -288,7 +288,8 @@ class MpiHub(ControlRounds):
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 raise HcclError("E_TIMEOUT", f"process {self.proc}: the job's last messages did not arrive within "
-                                f"{self.timeout_s or 0:g} s (received {self.received_from}, expected {expect})")
+                                f"{self.timeout_s or 0:g} s (received {self.received_from}, expected {expect})",
+                                cause=Cause.TIMEOUT)
             time.sleep(1e-4)
         self.closed = True
         self.endpoints.clear()
@@ -321,5 +322,6 @@ class MpiHub(ControlRounds):
             self.progress()
             if deadline is not None and time.monotonic() >= deadline:
                 raise HcclError("E_TIMEOUT", f"process {self.proc}: {what} did not complete within "
-                                f"{self.timeout_s or 0:g} s: a process of the job is stuck or gone")
+                                f"{self.timeout_s or 0:g} s: a process of the job is stuck or gone",
+                                cause=Cause.TIMEOUT)
             time.sleep(1e-4)

@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from topologies.errors import HcclError
+from topologies.errors import Cause, HcclError
 
 SLOT_BYTES = 1024                   # one process's share of a control allgather round
 _I64 = struct.Struct("<q")
@@ -114,13 +114,13 @@ class ControlRounds:
                 if self.aborted is not None or self.ctl_aborted is not None:
                     got = self.abort_stops(index) if index is not None else (self.aborted or self.ctl_aborted)
                     if got is not None:
-                        raise HcclError(got[0], f"aborted: {got[1]}")
+                        raise HcclError(got[0], f"aborted: {got[1]}", cause=Cause.ABORTED)
                 now = time.monotonic()
                 if start is None:
                     start = now
                 if deadline is not None and now >= deadline:
                     raise HcclError("E_TIMEOUT", f"{_label(what)} did not complete within {self.timeout_s or 0:g} s "
-                                    "(HCCL_EXEC_TIMEOUT)")
+                                    "(HCCL_EXEC_TIMEOUT)", cause=Cause.TIMEOUT)
                 self.progress()
                 if now - start >= _SPIN_S:
                     time.sleep(min(_MAX_SLEEP_S, (now - start) / 10))
