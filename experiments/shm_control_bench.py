@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from local_vs_mpich import mpich_walls  # noqa: E402
 
-from hcomm import shm  # noqa: E402
+from hcomm.memory import segments as shm  # noqa: E402
 from hcomm.control import shm as shm_control  # noqa: E402
 
 

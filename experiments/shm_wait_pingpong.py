@@ -11,7 +11,7 @@ import os
 import statistics
 import time
 
-from hcomm import shm
+from hcomm.memory import segments as shm
 from hcomm.control.shm import _FUTEX_WAIT, _FUTEX_WAKE, _L, _SYS_FUTEX, _Mapping, _syscall
 
 

@@ -378,10 +378,10 @@ def test_ray_runner_keeps_the_pools_working_set_and_no_more():
     negative slice once dropped all but one of them: a false LEAK), one holding more is reported
     for its oldest; other sessions' and other kinds' names are not the runner's."""
     from types import SimpleNamespace
-    from hcomm.shm import PREFIX
+    from hcomm.memory.segments import PREFIX
     from hccl_sim.chaos.runners import RayRunner
     from hccl_sim.chaos.scenarios import MAX_CALLS
-    from hccl_sim.engines.shm_plane import RESULT_POOL_SPARE
+    from hcomm.memory.segment_provider import RESULT_POOL_SPARE
     runner = RayRunner.__new__(RayRunner)
     runner.cluster = SimpleNamespace(_ray=SimpleNamespace(session="vm-1-ab"))
     allowed = RESULT_POOL_SPARE + MAX_CALLS

@@ -10,7 +10,7 @@ import pytest
 
 import hccl_sim
 from hccl_sim import HcclError
-from hcomm import shm
+from hcomm.memory import segments as shm
 
 from test_collectives import all_collectives, check
 
@@ -407,7 +407,7 @@ def test_result_pool_stays_bounded_over_many_shapes(cluster8):
     """(Found by `hccl-sim chaos --engine ray`.) Ops of ever new shapes on the shared-memory plane:
     each rank keeps at most RESULT_POOL_SPARE free result segments, the least recently used
     unlinked, instead of one per shape for the cluster's life."""
-    from hccl_sim.engines.shm_plane import RESULT_POOL_SPARE
+    from hcomm.memory.segment_provider import RESULT_POOL_SPARE
     stem = f"{shm.PREFIX}{cluster8._ray.session}_0_result_"
 
     def fn(comm, n):

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from hcomm import shm
+from hcomm.memory import segments as shm
 from hcomm.control.shm import ControlBlock, segment_name
 from topologies.errors import HcclError
 

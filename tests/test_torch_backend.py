@@ -237,7 +237,7 @@ def test_torchrun_script_on_the_backend():
     new_group and DDP as in one process on the whole batch."""
     import json
     import os
-    from hcomm import shm
+    from hcomm.memory import segments as shm
     steps = 3
     before = set(os.listdir("/dev/shm"))
     done = _torchrun(3, [str(steps)], {"HCCL_SIM_TOPOLOGY": "atlas800t-a2"})

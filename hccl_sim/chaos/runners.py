@@ -83,13 +83,13 @@ class RayRunner:
         self.cluster = Cluster(self.topo, engine="ray", address=self.address)
 
     def kept(self, names) -> set:
-        """The actors' working set between runs (hccl_sim.engines.shm_plane): per rank its newest
+        """The actors' working set between runs (hcomm.memory.segment_provider): per rank its newest
         CCL input, output and scratch segment and RESULT_POOL_SPARE pooled results, plus the results
         of the last run's calls (held until it returned: the pool trims at its next allocation);
         anything beyond that (an old generation, a device allocation, a pool that keeps growing) is
         left behind."""
-        from hcomm.shm import PREFIX
-        from ..engines.shm_plane import RESULT_POOL_SPARE
+        from hcomm.memory.segments import PREFIX
+        from hcomm.memory.segment_provider import RESULT_POOL_SPARE
         from .scenarios import MAX_CALLS
         stem = f"{PREFIX}{self.cluster._ray.session}_"
         by_rank = {}
@@ -105,7 +105,7 @@ class RayRunner:
 
     def close(self) -> list:
         """Close the cluster; what it left behind (segments of its session, live actor processes)."""
-        from hcomm import shm
+        from hcomm.memory import segments as shm
         ray_cluster = self.cluster._ray
         session, pids = ray_cluster.session, list(getattr(ray_cluster, "pids", []))
         self.cluster.close()

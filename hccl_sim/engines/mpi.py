@@ -11,7 +11,7 @@ one MPI allgather per op (hcomm.control.mpi), every rank plans the op itself, sm
 eager (their inputs travel in that allgather), larger ones run the per-rank executor over the
 MPI transport (hcomm.transports.mpi: Isend/Irecv on numpy buffers; data plane "p2p") or the
 central data program on MPI-3 shared-memory windows among the ranks of one node
-(engines/mpi_window.py; data plane "window"); split/shrink sub-communicators run over scoped views
+(hcomm.exec.shared_plane over hcomm.memory.window_provider; data plane "window"); split/shrink sub-communicators run over scoped views
 of the transport ("p2p"). With no `data_plane` given the job picks, as the Ray engine does from
 where its actors landed: "window" when every process of the job is on one node, else "p2p"
 (`default_plane`, the same answer on every process); `data_plane=` forces either.
@@ -35,14 +35,11 @@ process; under `init` its call raises RankCrashed (a BaseException) as on the lo
 from __future__ import annotations
 
 import atexit
-import math
 import pickle
-import sys
 import threading
 import time
 import traceback
 
-import numpy as np
 
 from hcomm.control.mpi import MpiControl
 from hcomm.transports.mpi import MpiHub, MpiTransport, require_thread_level
@@ -52,9 +49,9 @@ from hcomm.transports.scoped import ScopedTransport
 
 from ..comm.communicator import Communicator  # noqa: F401 - the type MpiJob.communicator returns
 from ..faults.plan import RankCrashed
-from hcomm.exec import run_rank
+from hcomm.exec.shared_plane import SharedPlane
+from ..npu.device import storage_in_use
 from . import rendezvous as rdv
-from .mpi_window import RESULT_POOL_BYTES as WINDOW_RESULT_BYTES
 from .bootstrap import communicator, start_runtime
 from .peer_group import PeerGroup
 
@@ -95,49 +92,15 @@ def default_plane(comm=None) -> str:
 
 
 RESULT_POOL_BYTES = 1 << 20
-"""Results at least this large come from a per-rank pool of arrays, reused once user code has
-dropped them: a fresh 64 MiB array costs 16,384 page faults on its first write, every op."""
-RESULT_POOL_SPARE = 4
+"""Results at least this large come from a per-rank pool (the windows', or host arrays on the p2p
+plane), reused once user code has dropped them: a fresh 64 MiB array costs 16,384 page faults on
+its first write, every op."""
 
 
-class _Crashing:
-    """A fault plan's rank_crash on the MPI engine (engines/base.py's optional `die` and
-    `execute_lost`), for the world group and its sub-communicators' groups alike."""
-
-    def _world_rank(self, rank: int) -> int:
-        tr = self._raw_transport
-        return tr.members[rank] if isinstance(tr, ScopedTransport) else rank
-
-    def die(self, rank, seq, data, buffers, steps) -> None:
-        """This rank dies in this op: it moves the data of its first `steps` steps (its own
-        schedule over the transport, or its share of the data program up to its step `steps` on
-        the window plane), then stops taking part (MpiJob.crash); its process lives on."""
-        try:
-            if data.carries_data and self._eager is None:
-                if getattr(self, "data_plane", None) == "window" and self.job.window is not None:
-                    # the window's growth is collective: the dead rank's process takes part in it
-                    self.job.window.execute(self, rank, seq, data, buffers,
-                                            steps=steps)
-                elif steps:
-                    run_rank(data, rank, buffers, self.transport, steps=steps)
-        except HcclError:
-            pass                # it dies anyway: what it was waiting for then does not matter
-        self.job.crash(self._world_rank(rank), f"rank {self._world_rank(rank)} crashed (fault plan)")
-
-    def execute_lost(self, rank, seq, data, buffers, dead) -> None:
-        """This rank's part of an op in which `dead` dies: as usual, until its data plane finds
-        `dead` lost; every wait fails once it is (watch_peer), whichever peer it waits for, and a
-        control round fails on its LOST marker (the window plane)."""
-        self.transport.watch_peer(dead)
-        try:
-            self.execute(rank, seq, data, buffers)
-        finally:
-            self.transport.unwatch_peer(dead)
-
-
-class MpiSubGroup(_Crashing, PeerGroup):
-    """A sub-communicator's group on the MPI engine: PeerGroup's, with the fault plan's crash (its
-    data by the per-rank executor over a scoped view of the MPI transport, on either world plane)."""
+class MpiSubGroup(PeerGroup):
+    """A sub-communicator's group on the MPI engine: PeerGroup's, its data by the per-rank executor
+    over a scoped view of the MPI transport (on either world plane). A rank the fault plan crashes
+    stops taking part (MpiJob.crash); its process lives on."""
     engine = "mpi"
     data_plane = "p2p"
 
@@ -145,60 +108,36 @@ class MpiSubGroup(_Crashing, PeerGroup):
         super().__init__(rank, topo, config, control, transport)
         self.job = job
 
+    def _world_rank(self, rank: int) -> int:
+        tr = self._raw_transport
+        return tr.members[rank] if isinstance(tr, ScopedTransport) else rank
+
+    def _end_rank(self, rank) -> None:
+        world_rank = self._world_rank(rank)
+        self.job.crash(world_rank, f"rank {world_rank} crashed (fault plan)")
+
     def _subgroup(self, sub_rank, topo, config, control, transport):
         return MpiSubGroup(sub_rank, topo, config, control, transport, self.job)
 
 
-class MpiGroup(_Crashing, PeerGroup):
-    """One rank's world group on the MPI engine (data plane "p2p" or "window": the job's)."""
-    engine = "mpi"
+class MpiGroup(MpiSubGroup):
+    """One rank's world group on the MPI engine (data plane "p2p" or "window": the job's; on
+    "window", the shared plane over the job's WindowProvider)."""
 
-    plain_result_bytes = min(RESULT_POOL_BYTES, WINDOW_RESULT_BYTES)    # below both pools: np.empty
+    pooled_result_bytes = RESULT_POOL_BYTES
 
     def __init__(self, rank, topo, config, control, transport, job):
-        super().__init__(rank, topo, config, control, transport)
-        self.job, self.data_plane = job, job.data_plane
+        super().__init__(rank, topo, config, control, transport, job)
+        self.data_plane = job.data_plane
         self.ranks_per_process = job.k
-        self._results = {}             # (shape, dtype) -> arrays handed out before
-
-    def _subgroup(self, sub_rank, topo, config, control, transport):
-        return MpiSubGroup(sub_rank, topo, config, control, transport, self.job)
+        if job.memory is not None:
+            self.plane = SharedPlane(self.rounds, job.memory, rank, self.size, local=rank - job.memory.base)
 
     def abort(self, rank, reason) -> None:
         """comm.abort() on the world communicator: its control rounds fail on every process (its
         data waits by the scoped abort of PeerGroup); sub-communicators go on."""
         self.job.hub.abort_control("E_REMOTE", reason)
         super().abort(rank, reason)
-
-    def result_array(self, shape, dtype):
-        dtype = np.dtype(dtype)
-        if self.job.window is not None:       # in the shared windows: peers write it in place
-            arr = self.job.window.result_array(self.rank, shape, dtype)
-            if arr is not None:
-                return arr
-        if math.prod(shape) * dtype.itemsize < RESULT_POOL_BYTES:
-            return np.empty(shape, dtype=dtype)
-        pool = self._results.setdefault((tuple(shape), dtype.str), [])
-        for arr in pool:
-            if sys.getrefcount(arr) <= 3:      # the pool's list, the loop variable, getrefcount's argument
-                return arr
-        if len(pool) >= RESULT_POOL_SPARE:     # user code holds them all: forget the oldest
-            pool.pop(0)
-        pool.append(np.empty(shape, dtype=dtype))
-        return pool[-1]
-
-    def writes_in_place(self, out) -> bool:
-        """Whether an op may write its result straight into the user's `out=`: on the window plane,
-        an array in the shared windows (a device array's data, a pooled result) of an op larger
-        than the eager size (peers write it in place; smaller ones are computed here anyway)."""
-        return self.job.window is not None and out.nbytes > self.eager_bytes \
-            and self.job.window.windows.locate(out) is not None
-
-    def _execute_data(self, rank, seq, data, buffers):
-        if self.data_plane == "window" and self.job.window is not None:
-            self.job.window.execute(self, rank, seq, data, buffers)
-        else:
-            super()._execute_data(rank, seq, data, buffers)
 
 
 class MpiJob:
@@ -216,11 +155,11 @@ class MpiJob:
         self.topo, self.config, self.data_plane = topo, config, plane
         self.hub = MpiHub(comm, topo.num_ranks, self.k, config.wait_timeout_s)
         self.control = MpiControl(self.hub, config.wait_timeout_s)
-        self.window = None
+        self.memory = None             # the window plane's WindowProvider
         if plane == "window":
-            from .mpi_window import WindowPlane
+            from hcomm.memory.window_provider import WindowProvider
             try:
-                self.window = WindowPlane(self.hub, topo, config)
+                self.memory = WindowProvider(self.hub, topo.device_model.hbm_bytes)
             except HcclError:          # every process fails alike (the windows are collective): end the job's MPI
                 self.hub.close(rdv.deadline(config))
                 raise
@@ -234,7 +173,7 @@ class MpiJob:
 
     def communicator(self, rank: int) -> Communicator:
         # device arrays in the HBM window (window plane): collectives on them copy nothing in
-        storage = None if self.window is None else self.window.device_storage(rank)
+        storage = None if self.memory is None else self.memory.device_storage(rank)
         runtime = self.runtimes[rank] = start_runtime(rank, self.topo, storage)
         return communicator(rank, self.groups[rank], runtime)
 
@@ -271,8 +210,9 @@ class MpiJob:
         process's `blob`, in process order."""
         for r in self.groups:
             self.finish(r)
-        if self.window is not None:
-            self.window.close(rdv.deadline(self.config), list(self.runtimes.values()))
+        if self.memory is not None:
+            held = storage_in_use(self.memory.hbm_arrays(), list(self.runtimes.values()))
+            self.memory.close(rdv.deadline(self.config), held)
         self.closed = True
         return self.hub.close(rdv.deadline(self.config), blob)
 

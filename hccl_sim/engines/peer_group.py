@@ -10,8 +10,13 @@ Execution: an op whose input is at most `eager_bytes` is eager (MPI's eager prot
 travelled with the call, and every rank computes its own result from all inputs by the moves of
 the op's data program that decide it (hcomm.exec.own_result), so a small op costs one
 allgather. Larger ops run on the engine's data plane: by default the per-rank executor over the
-peer transport (each rank runs its own schedule; no rank touches another's data); an engine with
-a shared-memory plane overrides `_execute_data`.
+peer transport (each rank runs its own schedule; no rank touches another's data); ranks that
+share memory set `plane` (hcomm.exec.shared_plane: every rank runs its share of the central data
+program on every rank's buffers in place), whose results come from its memory's pool.
+
+A fault plan's rank_crash (engines/base.py) is one hook for every engine: the dead rank moves the
+data of the steps it runs before it dies on its plane, then ends as its engine ends a rank
+(`_end_rank`); its peers run their part until their plane finds it gone.
 
 A sub-communicator's group (split, shrink: `subgroup`) is its members' scoped view of the job's
 peer transport (hcomm.transports.scoped): its control plane a dissemination allgather over that
@@ -19,24 +24,28 @@ view (TransportControl), its data the per-rank executor.
 """
 from __future__ import annotations
 
-import contextlib
+import math
 import pickle
 import struct
+
+import numpy as np
 
 
 from hcomm.transports.scoped import ScopedTransport
 from topologies.errors import Cause, HcclError
 
+from hcomm.control.rounds import ControlRounds
 from hcomm.control.transport import TransportControl  # noqa: F401 - a sub-communicator's control plane
 from hcomm.exec import OwnResult, run_rank
+from hcomm.memory.pool import ResultPool
 
 from . import rendezvous as rdv
 from .base import Call, Group, RankBuffers
 from ..plan.planner import Signature
 
-_NO_WATCH = contextlib.nullcontext()      # stateless: one serves every wait
 _CLOCK = struct.Struct("<q")
 INLINE_BYTES = 64 << 10            # inputs up to this size travel in the control plane (eager ops)
+HOST_RESULT_SPARE = 4              # pooled host results per rank (results off a shared plane)
 
 
 class CallPayload:
@@ -108,16 +117,20 @@ class PeerGroup(Group):
 
     engine = "peer"                        # subclasses name theirs
     data_plane = "peer"
+    pooled_result_bytes = None             # results at least this large come from a pool (None: never)
 
-    def __init__(self, rank, topo, config, control, transport, raw_transport=None):
+    def __init__(self, rank, topo, config, control, transport, raw_transport=None, watch=None):
         self.rank, self.topo, self.config, self.size = rank, topo, config, topo.num_ranks
         self.control = control
+        self.rounds = ControlRounds(control, config.wait_timeout_s, watch)
+        self.plane = None                  # a SharedPlane, where the ranks share memory
+        self._host_results = None          # the ResultPool of results off a shared plane
+        self.plain_result_bytes = self.pooled_result_bytes or 0
         self.transport = transport
         self._raw_transport = transport if raw_transport is None else raw_transport
         self.scope = ""                    # this communicator's scope of the job's transport
         self._plans = rdv.PlanCache(topo, config)
         self.fault_progress = self._plans.progress     # this rank's copy, advanced by its own plans
-        self._seq = 0                      # the control plane's own sequence (several per collective)
         self.inline_bytes = min(INLINE_BYTES, control.max_payload)
         self.eager_bytes = self.inline_bytes       # MPI's eager protocol on every plane
         self._eager = None                 # every rank's eager input of the op being executed
@@ -125,15 +138,8 @@ class PeerGroup(Group):
         self._own = {}                     # (id(data program), shape, dtype) -> (it, its compiled OwnResult)
 
     # ---- the control plane -----------------------------------------------------------------------
-    def _waiting(self, what: str):
-        """A context around every blocking wait (the Ray engine records it for its stall watch)."""
-        return _NO_WATCH
-
     def _allgather(self, payload: bytes, what: str, op: str) -> list:
-        seq = self._seq
-        self._seq += 1
-        with self._waiting(what):
-            return self.control.allgather(seq, payload, rdv.deadline(self.config), op)
+        return self.rounds.allgather(payload, what, op)
 
     # ---- the contract ------------------------------------------------------------------------------
     def rendezvous(self, rank, call: Call):
@@ -188,9 +194,70 @@ class PeerGroup(Group):
             self._execute_data(rank, seq, data, buffers)
 
     def _execute_data(self, rank, seq, data, buffers) -> None:
-        """A larger op's data: this rank's own schedule over the peer transport."""
-        with self._waiting(f"{data.name} (collective #{seq}) data"):
+        """A larger op's data: on the shared plane, or this rank's own schedule over the peer
+        transport."""
+        if self.plane is not None:
+            self.plane.run(seq, data, buffers)
+            return
+        with self.rounds.waiting(f"{data.name} (collective #{seq}) data"):
             run_rank(data, rank, buffers, self.transport)
+
+    def result_array(self, shape, dtype):
+        """Results at least `pooled_result_bytes`: the shared plane's pool (peers write them in
+        place), else a pool of host arrays; smaller ones, and past a full pool, plain arrays."""
+        limit = self.pooled_result_bytes
+        if limit is not None and math.prod(shape) * np.dtype(dtype).itemsize >= limit:
+            if self.plane is not None:
+                arr = self.plane.result(shape, dtype)
+            else:
+                if self._host_results is None:
+                    self._host_results = ResultPool(HOST_RESULT_SPARE,
+                                                    lambda n, sh, dt: (None, np.empty(sh, dtype=dt)))
+                arr = self._host_results.get(shape, dtype)
+            if arr is not None:
+                return arr
+        return np.empty(shape, dtype=dtype)
+
+    def writes_in_place(self, out) -> bool:
+        """On the shared plane, an op larger than the eager size writes an `out=` that lies in the
+        shared memory (a device array's data, a pooled result) in place: peers write it there."""
+        return self.plane is not None and out.nbytes > self.eager_bytes and self.plane.holds(out)
+
+    # ---- a fault plan's rank_crash (engines/base.py) -------------------------------------------------
+    def die(self, rank, seq, data, buffers, steps) -> None:
+        """This rank dies in this op: it moves the data of its first `steps` steps (its share of
+        the data program up to its step `steps` on the shared plane, its own schedule over the
+        transport otherwise), then ends as its engine ends a rank (`_end_rank`)."""
+        try:
+            if data.carries_data and self._eager is None:
+                if self.plane is not None:
+                    self.plane.run(seq, data, buffers, steps=steps)
+                elif steps:
+                    run_rank(data, rank, buffers, self.transport, steps=steps)
+        except HcclError:
+            pass                # it dies anyway: what it was waiting for then does not matter
+        self._end_rank(rank)
+
+    def _end_rank(self, rank) -> None:
+        """How the engine ends a rank the fault plan crashes."""
+        raise self._not_offered("rank_crash")
+
+    def execute_lost(self, rank, seq, data, buffers, dead) -> None:
+        """This rank's part of an op in which `dead` dies: as usual, until its plane finds `dead`
+        gone: a control round meets its LOST marker (the shared plane), or every wait fails once
+        it is lost (watch_peer), whichever peer it waits for."""
+        self._lost(dead)
+        if self.plane is not None:
+            self.execute(rank, seq, data, buffers)
+            return
+        self.transport.watch_peer(dead)
+        try:
+            self.execute(rank, seq, data, buffers)
+        finally:
+            self.transport.unwatch_peer(dead)
+
+    def _lost(self, dead) -> None:
+        """`dead` (a rank of this group) dies in this op (the Ray engine tells its driver)."""
 
     def _own_result(self, rank, data, buffers, raws):
         """This rank's output from every rank's (eager) input: the moves that decide it, compiled

@@ -10,8 +10,8 @@ publishes its address under hccl_sim/<session>/<rank> and reads every peer's; re
 dissemination allgather over that transport (hcomm.control.transport), data the
 per-rank executor, every wait bounded by HCCL_EXEC_TIMEOUT / HCCL_CONNECT_TIMEOUT. When every
 rank is on one host (LOCAL_WORLD_SIZE == WORLD_SIZE) the world communicator's larger ops run on the
-shared-memory plane instead (engines/shm_plane.py: each rank its share of the data program on
-every rank's segments, under a session rank 0 names in the store); control and point to point stay
+shared-memory plane instead (hcomm.exec.shared_plane over hcomm.memory's segments: each rank its
+share of the data program on every rank's segments, under a session rank 0 names in the store); control and point to point stay
 on loopback TCP, sub-communicators (new_group) on the per-rank executor.
 """
 from __future__ import annotations
@@ -22,8 +22,9 @@ import socket
 
 from topologies.errors import HcclError
 
+from hcomm.exec.shared_plane import SharedPlane
+
 from .peer_group import PeerGroup
-from .shm_plane import SharedPlane
 
 DEFAULT_TOPOLOGY = "atlas800t-a2"
 ENV = "HCCL_SIM_TOPOLOGY"
@@ -58,27 +59,24 @@ def topology_from_env(world_size: int):
     return topo
 
 
-class LaunchedGroup(SharedPlane, PeerGroup):
-    """A launched script's world group whose ranks share a host: the shared-memory data plane."""
+class LaunchedGroup(PeerGroup):
+    """A launched script's world group whose ranks share a host: the shared-memory data plane
+    over the rank's segments (`memory`, a SegmentProvider)."""
     engine = "torchrun"
     data_plane = "shm"
 
-    def __init__(self, rank, topo, config, control, transport, shared):
+    def __init__(self, rank, topo, config, control, transport, memory):
         super().__init__(rank, topo, config, control, transport)
-        self.shared = shared
-
-    def _execute_data(self, rank, seq, data, buffers):
-        self._shared_shares(rank, seq, data, buffers)
-
-    def result_array(self, shape, dtype):
-        return self._shared_result(shape, dtype)
+        self.memory = memory
+        self.plane = SharedPlane(self.rounds, memory, rank, self.size)
+        self.pooled_result_bytes = self.plain_result_bytes = self.inline_bytes + 1   # larger ones are not eager
 
     def close(self):
         """Unlink this rank's segments (its peers have left the last op: destroy_process_group,
         or the interpreter's exit); once."""
-        if self.shared is not None:
-            self.shared.close()
-            self.shared = None
+        if self.memory is not None:
+            self.memory.close()
+            self.memory = None
 
 
 def connect(store, rank: int, size: int, topo, env=None, timeout_s: float | None = None):
@@ -103,12 +101,12 @@ def connect(store, rank: int, size: int, topo, env=None, timeout_s: float | None
     transport.start(peers, eager=False)
     control = TransportControl(transport, rank, size)
     if local:
-        from hcomm import shm
-        from .shm_plane import SharedArea
+        from hcomm.memory import segments as shm
+        from hcomm.memory.segment_provider import SegmentProvider
         if rank == 0:
             store.set("hccl_sim/shm_session", shm.new_session())
         group = LaunchedGroup(rank, topo, config, control, transport,
-                              SharedArea(store.get("hccl_sim/shm_session").decode(), rank))
+                              SegmentProvider(store.get("hccl_sim/shm_session").decode(), rank))
         import atexit
         atexit.register(group.close)       # a script that raised never reaches destroy_process_group
     else:

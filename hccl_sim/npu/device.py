@@ -312,3 +312,46 @@ class Runtime:
         self.state = "finalised"
         return [(a.tag, a.nbytes, a.ptr) for a in leaks]
 
+
+
+def storage_in_use(storage: list, runtimes: list) -> bool:
+    """Whether user code may still reach the bytes of any of `storage` (device arrays' storage
+    arrays an engine handed out, still alive), before the engine frees the memory under them: a
+    storage array (or a view of it) referred to by more than its DeviceArray; a live DeviceArray
+    with data referred to by more than its device; or such a device reachable by more than its own
+    bookkeeping (a communicator, a runtime, a stream, an event user code holds). `runtimes` are the
+    ranks' runtimes, held by the engine in one dict. Counts are sys.getrefcount's, less the
+    references this function (and its caller's two lists) make."""
+    import sys
+    if not storage:
+        return False
+    ids = {id(a) for a in storage}
+    owners = {}                      # id(storage) -> its live DeviceArray
+    for rt in runtimes:
+        dev = rt.device
+        if dev is None:
+            continue
+        for da in dev._arrays.values():
+            if da._data is not None and id(da._data) in ids:
+                owners[id(da._data)] = da
+    for a in storage:                # refs: `storage`, the loop variable, the argument, its DeviceArray
+        if sys.getrefcount(a) > 3 + (id(a) in owners):
+            return True
+    if not owners:
+        return False
+    for da in owners.values():       # refs: the device's dict, `owners`, the loop variable, the argument
+        if sys.getrefcount(da) > 4:
+            return True
+    for rt in runtimes:              # refs: the engine's dict of runtimes, `runtimes`, the loop variable, the argument
+        dev = rt.device
+        if sys.getrefcount(rt) > 4:
+            return True
+        if dev is None or not any(da.device is dev for da in owners.values()):
+            continue
+        for st in dev._streams:      # refs: the device's list (and default_stream), the loop variable, the argument
+            if sys.getrefcount(st) > 3 + (st is dev.default_stream):
+                return True
+        # refs: the runtime, its streams, its arrays, the local variable, the argument
+        if sys.getrefcount(dev) > 3 + len(dev._streams) + len(dev._arrays):
+            return True
+    return False

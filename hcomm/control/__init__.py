@@ -8,4 +8,7 @@ and close. One shape, three implementations:
 | `transport` | anything with a peer transport          | a dissemination allgather, ceil(log2 p) rounds        |
 
 Every wait takes a deadline and fails with the HcclError the waiting rank should see.
+
+`rounds.ControlRounds` numbers a group's rounds over any of them (the rendezvous and a data
+plane's rounds take numbers from one sequence) and gives each its deadline.
 """

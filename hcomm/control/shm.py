@@ -43,7 +43,7 @@ import time
 
 from topologies.errors import HCCL_RESULT, Cause, HcclError
 
-from .. import shm
+from ..memory import segments as shm
 
 DEFAULT_SLOT_BYTES = 4096
 MAGIC = 0x6863636c63746c31          # "hcclctl1"

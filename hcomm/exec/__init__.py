@@ -3,6 +3,7 @@
 - `data_program`: the DataProgram a plan is lowered to (loops, buffer layout, scratch shape,
   reduction) and the LoopBody of each loop program;
 - `central`: a share of the serial data program over every rank's buffers (ranks that share memory);
+- `shared_plane`: the central share for ranks that are processes, over shared memory (hcomm.memory);
 - `per_rank`: one rank's own schedule over a Transport (ranks that share no memory);
 - `own_result`: one rank's output from every rank's input (the small-op eager path).
 """

@@ -75,10 +75,10 @@ def device_ops(comm, n):
 def hbm_regions(comm):
     """Device arrays at both ends of each rank's HBM region in the window (the middle only
     allocated, never written) and one just past it (host memory: the region is capped by
-    engines/mpi_window.hbm_share): each intact after every rank of the process wrote its own,
+    hcomm.memory.window_provider.hbm_share): each intact after every rank of the process wrote its own,
     the first two in the window, the last not; the region's span (addresses here)."""
     dev = comm.device
-    plane = comm._group.job.window
+    plane = comm._group.job.memory
     region = plane.hbm_bytes
     first = dev.empty(1000, np.int64)                  # after the communicator's CCL buffer
     middle = dev.malloc(region - 8192 - (first.ptr + 8192))
@@ -97,7 +97,7 @@ def hbm_regions(comm):
 
 
 def held(comm):
-    """Results come from a pool (engines/mpi.py): one that user code still holds is never reused."""
+    """Results come from a pool (hcomm.memory.pool): one that user code still holds is never reused."""
     x = np.arange(300_000, dtype=np.int64) + comm.rank
     a, b = comm.all_reduce(x), comm.all_reduce(x + 1)
     keep = b.copy()

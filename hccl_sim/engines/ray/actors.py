@@ -13,7 +13,7 @@ import sys
 import time
 import traceback
 
-from hcomm import shm
+from hcomm.memory import segments as shm
 from hcomm.transports.ray_object import RayMailbox
 
 from topologies.errors import HcclError
@@ -23,7 +23,7 @@ from hcomm.control.transport import TransportControl
 from ..bootstrap import communicator, start_runtime
 from .group import RayGroup
 from .protocol import Outcome, RankInfo, RankStatus
-from ..shm_plane import SharedArea
+from hcomm.memory.segment_provider import SegmentProvider
 from hcomm.transports.watched import RankWatch
 
 CONTROL_SLOT_BYTES = 68 << 10
@@ -47,7 +47,7 @@ class RankActorBase(RayMailbox):
         # a predecessor that crashed (a fault plan's rank_crash) left its segments on this host:
         # this actor replaces it in the same placement bundle, so it is the one that can remove them
         shm.cleanup_rank(session, rank)
-        self.shared = SharedArea(session, rank)
+        self.shared = SegmentProvider(session, rank)
         self.runtime = start_runtime(rank, topo, self.shared.device_storage)
         self.device = self.runtime.device
         self.hcomm_transport = None        # this run's endpoint (RayMailbox delivers into it)

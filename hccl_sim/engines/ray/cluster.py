@@ -25,7 +25,7 @@ import logging
 import os
 import time
 
-from hcomm import shm
+from hcomm.memory import segments as shm
 from topologies.errors import Cause, HcclError
 
 from .. import rendezvous as rdv

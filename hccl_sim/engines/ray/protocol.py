@@ -10,7 +10,6 @@ control plane. Nothing positional: every message is a small frozen dataclass.
 - RankStatus    what a rank is waiting for, for the driver's stall watch.
 - CallPayload   a rank's side of a collective's rendezvous (signature, entry clock, item size,
                 an eager op's input), the bytes the control plane's allgather carries.
-- SharedBuffers a rank's buffers on the shared-memory data plane (engines/shm_plane.py).
 """
 from __future__ import annotations
 
@@ -20,7 +19,6 @@ from typing import Any, Optional
 from topologies.errors import Cause, HcclError
 
 from ..peer_group import CallPayload  # noqa: F401 - the control plane's payload, engine-neutral
-from ..shm_plane import SharedBuffers  # noqa: F401 - the shared plane's buffer names, engine-neutral
 
 
 @dataclass(frozen=True)

@@ -270,7 +270,7 @@ class MpiHub(ControlRounds):
         every = np.empty(mine.size * self.nprocs, dtype=np.int64)
         with self.lock:
             req = self.comm.Iallgather([mine, MPI.INT64_T], [every, MPI.INT64_T])
-        self._wait_closing(req, deadline, "the job's closing exchange")
+        self.wait_closing(req, deadline, "the job's closing exchange")
         every = every.reshape(self.nprocs, -1)
         while self._ctl_posted < every[:, 0].max():     # rounds the others posted and this process did not
             with self.lock:
@@ -304,16 +304,16 @@ class MpiHub(ControlRounds):
         sizes = np.empty(self.nprocs, dtype=np.int64)
         with self.lock:
             req = self.comm.Iallgather([n, MPI.INT64_T], [sizes, MPI.INT64_T])
-        self._wait_closing(req, deadline, "the job's closing exchange")
+        self.wait_closing(req, deadline, "the job's closing exchange")
         mine = np.frombuffer(blob, dtype=np.uint8) if blob else np.zeros(0, dtype=np.uint8)
         every = np.empty(int(sizes.sum()), dtype=np.uint8)
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         with self.lock:
             req = self.comm.Iallgatherv([mine, MPI.BYTE], [every, (sizes.tolist(), offsets.tolist()), MPI.BYTE])
-        self._wait_closing(req, deadline, "the job's closing exchange")
+        self.wait_closing(req, deadline, "the job's closing exchange")
         return [every[o:o + k].tobytes() for o, k in zip(offsets, sizes)]
 
-    def _wait_closing(self, req, deadline, what):
+    def wait_closing(self, req, deadline, what):
         """_wait without the abort check: a job closes whether or not it was aborted."""
         while True:
             with self.lock:

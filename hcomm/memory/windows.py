@@ -39,7 +39,7 @@ _ALIGN = 4096          # a page: each array starts on its own page (no false sha
 HBM = -2               # the window index of the HBM window in places (-1 is nowhere)
 
 
-def _aligned(n: int) -> int:
+def aligned(n: int) -> int:
     return -(-int(n) // _ALIGN) * _ALIGN
 
 
@@ -85,9 +85,9 @@ class NodeWindows:
             raise HcclError("E_INTERNAL", "the HBM window is reserved once per job")
         if self.node.Get_size() > 1:
             try:
-                self.hbm = self._window(_aligned(nbytes))
+                self.hbm = self._window(aligned(nbytes))
             except self.MPI.Exception as exc:
-                total = self.node.Get_size() * _aligned(nbytes)
+                total = self.node.Get_size() * aligned(nbytes)
                 raise HcclError("E_MEMORY", f"cannot map the shared HBM window: {total / 2**40:.2f} TiB of address "
                                 f"space in every process ({self.node.Get_size()} processes x {nbytes / 2**30:.0f} GiB "
                                 f"of HBM each; MPI: {str(exc).splitlines()[-1].strip()}); use data_plane 'p2p' or fewer "
@@ -98,8 +98,8 @@ class NodeWindows:
         # it, so a memfd (sparse shmem, in no file system) gives the same lazily committed bytes.
         fd = os.memfd_create("hccl-sim-hbm", os.MFD_CLOEXEC)
         try:
-            os.ftruncate(fd, _aligned(nbytes))
-            buf = mmap.mmap(fd, _aligned(nbytes))
+            os.ftruncate(fd, aligned(nbytes))
+            buf = mmap.mmap(fd, aligned(nbytes))
         except OSError as exc:
             raise HcclError("E_MEMORY", f"cannot map the HBM window: {nbytes / 2**30:.0f} GiB of address space "
                             f"({exc}); use data_plane 'p2p' or fewer ranks per process") from None
@@ -118,7 +118,7 @@ class NodeWindows:
     def alloc(self, nbytes: int):
         """(window, offset) of `nbytes` of this process's own region, or None when nothing fits
         (the caller then agrees with its peers to `grow`). Not collective."""
-        need = _aligned(max(int(nbytes), 1))
+        need = aligned(max(int(nbytes), 1))
         for g, gen in reversed(list(enumerate(self.gens))):
             if gen.sizes[self.me] - gen.top >= need:
                 at = gen.top
@@ -130,7 +130,7 @@ class NodeWindows:
         """A new window, this process's region at least `nbytes` and at least what it has so far
         (the arena doubles: ops of growing sizes grow it a few times); nothing for 0.
         Collective: every process of the node calls it at the same point."""
-        size = 0 if nbytes <= 0 else _aligned(max(int(nbytes), self.capacity))
+        size = 0 if nbytes <= 0 else aligned(max(int(nbytes), self.capacity))
         self.gens.append(self._window(size))
 
     def array(self, g: int, proc: int, offset: int, shape, dtype) -> np.ndarray:

@@ -1,0 +1,32 @@
+"""A group's numbered control rounds: the sequence every round of its control plane takes a
+number from (the rendezvous and a data plane's rounds alike), the deadline of each
+(HCCL_EXEC_TIMEOUT), and the record of every wait for a stall watch (the Ray engine's).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+_NO_WATCH = contextlib.nullcontext()      # stateless: one serves every wait
+
+
+class ControlRounds:
+    """`allgather(payload, what, op)`: every rank's payload of the group's next round, in rank
+    order. `control` is the group's control plane (hcomm.control); `wait_timeout_s` bounds each
+    round (0: no deadline); `watch`, if given, records each wait (`with watch.waiting(what)`)."""
+
+    def __init__(self, control, wait_timeout_s: float, watch=None):
+        self.control, self.wait_timeout_s, self.watch = control, wait_timeout_s, watch
+        self.seq = 0
+
+    def deadline(self):
+        return None if not self.wait_timeout_s else time.monotonic() + self.wait_timeout_s
+
+    def waiting(self, what: str):
+        return _NO_WATCH if self.watch is None else self.watch.waiting(what)
+
+    def allgather(self, payload: bytes, what: str, op: str | None) -> list:
+        seq = self.seq
+        self.seq += 1
+        with self.waiting(what):
+            return self.control.allgather(seq, payload, self.deadline(), op)

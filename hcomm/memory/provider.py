@@ -1,0 +1,48 @@
+"""The interface the shared-memory data plane (hcomm.exec.shared_plane) uses over one process's
+shared memory, whichever kind it is (`SegmentProvider`: POSIX segments; `WindowProvider`: MPI-3
+windows).
+
+A place is a small tuple naming bytes every process of the node can map (a segment's name; a
+window, process and offset). Places travel in the plane's control rounds.
+"""
+from __future__ import annotations
+
+
+class MemoryProvider:
+    """One process's shared memory, for the plane's ranks there (`local`: a rank's index among
+    the process's ranks). Every method but `grow` is local to the process."""
+
+    def locate(self, arr):
+        """The place of an array that already lies in shared memory (a device array, a pooled
+        result), or None."""
+        raise NotImplementedError
+
+    def stage(self, local: int, kind: str, nbytes: int):
+        """The place of `local`'s staging area for `kind` ("input", "output", "scratch"), at
+        least `nbytes` (reused while big enough), or None when there is no room."""
+        raise NotImplementedError
+
+    def view(self, place, shape, dtype):
+        """The array of `shape` and `dtype` at `place` (any process's), mapped here."""
+        raise NotImplementedError
+
+    def result(self, local: int, shape, dtype):
+        """A pooled result array in shared memory (hcomm.memory.pool), or None."""
+        raise NotImplementedError
+
+    def footprint(self, nbytes: int) -> int:
+        """The bytes `nbytes` of staging take, as a growth must count them."""
+        return nbytes
+
+    def grow(self, seq: int, shorts: list) -> None:
+        """Collective among the node's processes: more room, at least the sum of `shorts` (the
+        bytes each of this process's ranks lacked in op `seq`). Called by each of the process's
+        ranks; the first to call it for `seq` grows for all. Memory that never runs short
+        (segments) never needs it."""
+
+    def ranks_here(self, size: int) -> range:
+        """The ranks (of `size`) whose memory this process's provider holds."""
+        raise NotImplementedError
+
+    def forget(self, live: set) -> None:
+        """Drop mappings of peers' memory not among the `live` places (replaced or freed buffers)."""
