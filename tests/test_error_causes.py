@@ -116,17 +116,8 @@ def test_root_cause_is_the_earliest_error_that_is_no_consequence():
 def test_local_engine_reports_the_root_cause_not_the_first_error():
     """Rank 1 returns at once, so rank 0's AllReduce fails first (a consequence: PEER_RETURNED);
     rank 2's own exception comes later and is the job's error."""
-    import time
-
-    def fn(comm):
-        if comm.rank == 1:
-            return None
-        if comm.rank == 2:
-            time.sleep(0.3)
-            raise ZeroDivisionError("rank 2's own bug")
-        comm.all_reduce(np.ones(4))
     with pytest.raises(HcclError) as info:
-        hccl_sim.run(fn, topology=hccl_sim.topology("fullmesh", ranks=3))
+        hccl_sim.run(own_bug_after_a_peer_returned, topology=hccl_sim.topology("fullmesh", ranks=3))
     assert info.value.rank == 2 and "ZeroDivisionError: rank 2's own bug" in str(info.value)
     # with nothing else wrong, the consequence is the error
     with pytest.raises(HcclError, match="rank 1 returned without calling all_reduce") as info:

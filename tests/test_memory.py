@@ -183,3 +183,18 @@ def test_shared_plane_sends_unchanged_places_after_the_first_op_and_full_ones_wh
     assert all(raw != UNCHANGED for raw in places[0])       # the first op: every rank's places
     assert all(raw == UNCHANGED for op in places[1:3] for raw in op)
     assert all(raw != UNCHANGED for raw in places[3])       # a new shape
+
+
+def test_pool_slot_stages_in_a_free_entry_or_a_new_one_that_the_next_get_hands_out():
+    pool, made = _host_pool(2, refit=lambda handle, shape, dtype: np.empty(shape, dtype=dtype))
+    h = pool.slot(400)                                   # no entry yet: a new one
+    assert h == 1 and len(pool) == 1
+    got = pool.get((100,), np.float32)                   # that entry, refitted
+    assert got.shape == (100,) and len(made) == 1
+    assert pool.slot(400) == 2                           # the first is held: a second entry
+    other = pool.get((100,), np.float32)
+    assert not pool.all_held() or len(pool) == 2
+    assert pool.all_held() and pool.slot(400) is None    # full, every one held
+    del got
+    assert pool.slot(100) == 1 and len(made) == 2        # the free one, large enough
+    del other

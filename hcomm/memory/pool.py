@@ -75,6 +75,30 @@ class ResultPool:
         entries.append([nbytes, arr, handle])
         return arr
 
+    def all_held(self) -> bool:
+        """Whether the pool is full and user code holds every entry."""
+        return len(self._entries) >= self.spare and not any(is_free(e) for e in self._entries)
+
+    def slot(self, nbytes: int):
+        """The handle of pool memory of at least `nbytes` an op may stage its output in (a host
+        output, copied out after the op): a free entry at least as large, else a new entry, which
+        a later `get` hands out as a result; None when there is no room. With `refit` only."""
+        entries = self._entries
+        for i, entry in enumerate(entries):
+            if entry[0] >= nbytes and is_free(entry):
+                entries.append(entries.pop(i))
+                return entry[2]
+        if len(entries) >= self.spare:
+            free = next((i for i, e in enumerate(entries) if is_free(e)), None)
+            if free is None:
+                return None
+            del entries[free]
+        got = self._alloc(nbytes, (nbytes,), np.dtype(np.uint8))
+        if got is None:
+            return None
+        entries.append([nbytes, got[1], got[0]])
+        return got[0]
+
     def handles(self, held_only: bool = False) -> list:
         """The handles of the pool's entries (only those user code still holds, with `held_only`)."""
         return [e[2] for e in self._entries if not (held_only and is_free(e))]

@@ -4,7 +4,8 @@ the ranks each runs (`k` per process, threads).
 - Staging: a place per (rank, kind) in the process's window regions, reused while big enough.
 - Results: a pool per rank (hcomm.memory.pool) of slots in the windows, so peers write a rank's
   output where user code then reads it. A free slot at least as large is reused for another
-  shape: window memory is never freed piece by piece.
+  shape: window memory is never freed piece by piece. A large host output is staged in a pooled
+  slot, which the next op then hands out as its result.
 - Device arrays: a rank's simulated HBM is its region of the HBM window, reserved at job start
   and committed only where written (`hbm_share` caps it), a device array's bytes at its own HBM
   address there (`device_storage`); past the region, host memory.
@@ -125,14 +126,21 @@ class WindowProvider(MemoryProvider):
 
     def stage(self, local, kind, nbytes):
         with self._lock:
+            me, pool = self.windows.me, self._pools[local]
+            if kind == "output" and nbytes >= RESULT_POOL_BYTES and not pool.all_held():
+                # a host output is staged in a pooled slot (a new one while the pool has room), so
+                # the next op's result is pooled there: a loop that holds its last result while
+                # the next is made then has two
+                got = pool.slot(nbytes)
+                return None if got is None else (got[0], me, got[1])
             got = self._staging.get((local, kind))
             if got is not None and got[2] >= nbytes:
-                return got[0], self.windows.me, got[1]
+                return got[0], me, got[1]
             place = self.windows.alloc(nbytes)
             if place is None:
                 return None
             self._staging[(local, kind)] = (place[0], place[1], aligned(nbytes))
-            return place[0], self.windows.me, place[1]
+            return place[0], me, place[1]
 
     def view(self, place, shape, dtype):
         return self.windows.array(place[0], place[1], place[2], shape, dtype)
