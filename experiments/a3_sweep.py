@@ -3,8 +3,8 @@
 HCCL_INTER_HCCS_DISABLE=TRUE (RoCE between a superpod's servers).
 
 Simulated time only (`hccl_sim.simulate`, no payload), plus the wall time each row took. The A3
-preset is UNVALIDATED: no published measurement of HCCL on A3 was found; its link figures are
-vendor specifications and HCCL model constants (topologies/presets/atlas900-a3.yaml).
+preset is calibrated on one server only (AllGather, ReduceScatter; calibration_points.yaml); across
+servers and superpods it is unvalidated (topologies/presets/atlas900-a3.yaml).
 
     python experiments/a3_sweep.py                  # prints a markdown table
     python experiments/a3_sweep.py --servers 4      # smaller superpods

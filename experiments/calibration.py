@@ -1,8 +1,9 @@
-"""Simulated times against published measurements of HCCL on Ascend 910B.
+"""Simulated times against published measurements of HCCL on Ascend 910B and A3.
 
 Reads every point of `calibration_points.yaml` (beside this script: source, hardware, what the
-figure means, confidence), simulates the same op on the `atlas800t-a2` preset with as many NPUs
-and the same HCCL_BUFFSIZE, and prints published vs simulated and their ratio (simulated /
+figure means, confidence), simulates the same op on the point's preset (`atlas800t-a2` unless it
+names another: `atlas900-a3`) with as many NPUs (A3: dies) and the same HCCL_BUFFSIZE and dtype,
+and prints published vs simulated and their ratio (simulated /
 published, for durations and bandwidths alike: > 1 means the model is slow). Goals: 0.9-1.1 for
 large-message points, +-25 % for small-message floors; mid-size points are reported only. Writes
 `out/calibration.json` and a plot `out/calibration.png`.
@@ -33,8 +34,8 @@ def load(path=POINTS) -> list:
 
 
 def simulated_seconds(point) -> float:
-    """Rank 0's simulated duration of the point's op on `npus` NPUs of one 910B server."""
-    topo = hardware("atlas800t-a2", devices_per_server=[max(point["npus"], 1)])
+    """Rank 0's simulated duration of the point's op on `npus` NPUs (dies) of one server of its preset."""
+    topo = hardware(point.get("preset", "atlas800t-a2"), devices_per_server=[max(point["npus"], 1)])
     env = {} if point.get("hccl_buffsize_mb") is None else {"HCCL_BUFFSIZE": str(point["hccl_buffsize_mb"])}
     op, nbytes = point["op"], int(point["bytes"])
     if op == "local_copy":
@@ -42,7 +43,7 @@ def simulated_seconds(point) -> float:
     if op == "send":                    # staged through the CCL buffer as the preset says
         _, send_end = CostModel.of(topo).p2p_ns(0, 1, nbytes, 0, 0)
         return send_end / 1e9
-    return hccl_sim.simulate(op, nbytes, topology=topo, env=env).times[0]
+    return hccl_sim.simulate(op, nbytes, topology=topo, env=env, dtype=point.get("dtype", "float32")).times[0]
 
 
 def compare(point) -> dict:
@@ -83,7 +84,7 @@ def plot(rows, path):
     ax.set_xscale("log", base=2)
     ax.set_xlabel("bytes (hccl_test -b)")
     ax.set_ylabel("simulated / published (time)")
-    ax.set_title("atlas800t-a2 against published 910B measurements")
+    ax.set_title("atlas800t-a2 and atlas900-a3 against published 910B and A3 measurements")
     for op in ops:
         ax.scatter([], [], color=colors[op], label=op)
     for regime, m in markers.items():
@@ -98,13 +99,13 @@ def main():
     ap.add_argument("--check", action="store_true", help="exit 1 if a point misses its goal")
     args = ap.parse_args()
     rows = [compare(p) for p in load()]
-    print(f"# {'point':32s} {'op':13s} {'NPUs':>4s} {'size':>9s} {'published':>13s} {'simulated':>13s} "
+    print(f"# {'point':32s} {'preset':12s} {'op':13s} {'NPUs':>4s} {'size':>9s} {'published':>13s} {'simulated':>13s} "
           f"{'ratio':>6s} {'goal':>9s}  confidence")
     for r in rows:
         lo, hi = GOALS.get(r["regime"], (None, None))
         goal = "-" if lo is None else f"{lo:.2f}-{hi:.2f}"
-        mark = "" if r["within"] is not False else "  MISSED"
-        print(f"  {r['id']:32s} {r['op']:13s} {r['npus']:4d} {size(r['bytes']):>9s} "
+        mark = "" if r["within"] is not False else "  MISSED" + (" (AIV kernels: not modelled)" if r.get("path") == "AIV" else "")
+        print(f"  {r['id']:32s} {r.get('preset', 'atlas800t-a2'):12s} {r['op']:13s} {r['npus']:4d} {size(r['bytes']):>9s} "
               f"{r['figure']:>8.4g} {r['unit']:4s} {r['simulated']:>8.4g} {r['unit']:4s} {r['ratio']:6.3f} "
               f"{goal:>9s}  {r['confidence']}{mark}")
     missed = [r["id"] for r in rows if r["within"] is False]

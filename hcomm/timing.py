@@ -184,7 +184,7 @@ def replay(schedules, entry_ns, cost, dtype: str = "float32", redop: str | None 
             raise HcclError("E_INTERNAL", f"schedule mismatch: rank {tr.src} sends {sop.nbytes} B to rank {tr.dst}, "
                             f"which expects {rop.nbytes} B", op=op_name)
         route = tr.route
-        ready = max(tr.send_post, tr.recv_post) + model.notify_ns(tr.src, tr.dst)
+        ready = max(tr.send_post, tr.recv_post) + model.notify_ns(tr.src, tr.dst) + dm.dispatch_ns
         wire = transfer_ns(sop.nbytes, dm.wire_bandwidth(route.bandwidth, rop.reduce_with is not None, dtype,
                                                          redop or "sum"))
         start = max(ready, port_free.get(tr.egress, 0), port_free.get(tr.ingress, 0))

@@ -121,7 +121,7 @@ def _prep(view, cost, dtype, redop, p, compact=True) -> _Prep:
         pr.wire = transfer_ns_array(view.t_bytes, bw)
         pr.lat = lat
         pr.eport, pr.iport = eport, iport
-        pr.nf = cost.notify_arrays(src, dst)
+        pr.nf = cost.notify_arrays(src, dst) + dm.dispatch_ns      # ready: notify and the step's dispatch
         pr.nb = cost.notify_arrays(dst, src)
         pr.red = np.where(pr.rflag, dm.reduce_ns_array(view.t_bytes, dtype, redop or "sum"), 0)
         if count is not None:

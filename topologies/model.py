@@ -120,6 +120,10 @@ class DeviceModel:
     p2p_overhead_ns: int = 0
     # Fixed cost of every CCL-buffer loop of an op after its first (HCCL re-launches the schedule).
     loop_overhead_ns: int = 0
+    # Fixed cost of every transfer of a schedule before it can start, beyond the sender's notify:
+    # the device-side dispatch of an op's step (A3 expands ops on the AI CPU, which launches each
+    # step's tasks); zero where expansion happens on the host ahead of the schedule.
+    dispatch_ns: int = 0
 
     def kernel_ns(self, flops: float = 0.0, nbytes: int = 0) -> int:
         """A kernel's duration on the roofline: launch + max(compute time, memory time)."""
@@ -328,6 +332,7 @@ class Topology:
     def summary(self) -> str:
         lines = [f"topology   : {self.name}" + (f" ({self.description})" if self.description else ""),
                  f"device     : {self.device}",
+                 *([f"calibrated : {self.params['calibration']}"] if self.params.get("calibration") else []),
                  f"ranks      : {self.num_ranks}",
                  f"servers    : {self.num_servers}"]
         per_server = [n for _, n in sorted(Counter(self.server_of).items())]

@@ -72,6 +72,7 @@ def device_model_from(data: dict) -> DeviceModel:
         op_overhead_ns={str(k): seconds_to_ns(v) for k, v in d["op_overhead"].items()},
         p2p_overhead_ns=seconds_to_ns(d["p2p_overhead"]),
         loop_overhead_ns=seconds_to_ns(d["loop_overhead"]),
+        dispatch_ns=seconds_to_ns(d.get("dispatch", 0.0)),
     )
 
 
@@ -227,7 +228,8 @@ def hardware(name: str, servers=None, devices_per_server: list | None = None,
                                              pod_of_server, pod),
                     server_of=server_of, device_of=device_of, device=data["device"],
                     device_model=device_model_from(data), description=data.get("description", ""),
-                    server_ids=server_ids, device_ips=device_ips, params=params)
+                    server_ids=server_ids, device_ips=device_ips,
+                    params=dict(params, calibration=data.get("calibration", "unvalidated")))
 
 
 def filled(name: str, ranks: int) -> Topology:
