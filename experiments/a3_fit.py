@@ -9,7 +9,10 @@ in the model's own structure (HCCL's level0 double ring, staging, fixed costs):
 2. the inline-reduce rate from the slope of the one-loop ReduceScatters, likewise;
 3. the per-step dispatch and the AllGather call's fixed cost from the AllGather intercepts on 16
    and 8 dies (15 and 7 ring steps);
-4. the ReduceScatter call's fixed cost from the one-loop ReduceScatters on 16 dies.
+4. the ReduceScatter call's fixed cost from the one-loop ReduceScatters on 16 dies;
+5. with HCCL_OP_EXPANSION_MODE=AIV, each AIV kernel call's fixed cost from the smallest kernel
+   time of its collective (AllGather 1 KiB and ReduceScatter 14 KiB per rank on 8 dies, AllReduce
+   160 KiB on 16).
 
 It prints each constant and every point's ratio with them; atlas900-a3.yaml holds the values
 (rounded). Simulations replace the preset's constants in this process only.
@@ -28,6 +31,8 @@ POINTS = Path(__file__).resolve().parent / "calibration_points.yaml"
 AG_16 = ["a3-16d-ag-1.26MiB", "a3-16d-ag-3.77MiB", "a3-16d-ag-5.02MiB", "a3-16d-ag-8.76MiB"]
 RS_16 = ["a3-16d-rs-1.26MiB", "a3-16d-rs-3.77MiB", "a3-16d-rs-8.76MiB"]
 AG_8 = ["a3-8d-ag-3.5MiB"]
+AIV_FLOORS = {"allgather": "a3-8d-ag-1KiB", "reducescatter": "a3-8d-rs-14KiB", "allreduce": "a3-16d-ar-160KiB"}
+AIV = {"HCCL_OP_EXPANSION_MODE": "AIV"}
 
 
 def points() -> dict:
@@ -44,14 +49,16 @@ class Model:
                      "irb": self.data["device_model"]["inline_reduce_bandwidth"],
                      "ovh": dict(self.data["device_model"]["op_overhead"])}
 
-    def seconds(self, pid, ub, irb, dispatch, ag, rs) -> float:
+    def seconds(self, pid, ub, irb, dispatch, ag, rs, aiv) -> float:
         p, d = self.pts[pid], self.data
         d["superpod"]["bandwidth"] = ub
         d["device_model"]["inline_reduce_bandwidth"] = irb
         d["device_model"]["dispatch"] = dispatch
         d["device_model"]["op_overhead"] = dict(self.base["ovh"], allgather=ag, reducescatter=rs)
+        d["device_model"]["aiv_op_overhead"] = dict(aiv)
         topo = topologies.hardware("atlas900-a3", devices_per_server=[p["npus"]])
-        return hccl_sim.simulate(p["op"], p["bytes"], topology=topo, dtype=p["dtype"]).times[0]
+        env = AIV if p["path"] == "AIV" else None
+        return hccl_sim.simulate(p["op"], p["bytes"], topology=topo, dtype=p["dtype"], env=env).times[0]
 
 
 def line(pts, ids, time):
@@ -65,11 +72,12 @@ def main():
     pts = points()
     m = Model(pts)
     published = lambda i: pts[i]["figure"] * 1e-6          # noqa: E731 - the points' own figure
-    const = {"ub": 100e9, "irb": 1e15, "dispatch": 0.0, "ag": 0.0, "rs": 0.0}
+    const = {"ub": 100e9, "irb": 1e15, "dispatch": 0.0, "ag": 0.0, "rs": 0.0,
+             "aiv": {"allgather": 0.0, "reducescatter": 0.0, "allreduce": 0.0}}
 
     def sim(i, **kw):
         c = dict(const, **kw)
-        return m.seconds(i, c["ub"], c["irb"], c["dispatch"], c["ag"], c["rs"])
+        return m.seconds(i, c["ub"], c["irb"], c["dispatch"], c["ag"], c["rs"], c["aiv"])
 
     # 1, 2: the model's rate rises with the link's (not quite in proportion: staging copies add
     # their own time per byte): scale the link to the published slope until they agree
@@ -91,12 +99,15 @@ def main():
     const["dispatch"], const["ag"] = np.linalg.solve(a, [g for _, g in rows])
     # 4: the ReduceScatter call, with that dispatch
     const["rs"] = gap(RS_16)
+    # 5: each AIV kernel's call, from its floor (the links and dispatch do not enter an AIV call's fixed part)
+    const["aiv"] = {op: gap([pid]) for op, pid in AIV_FLOORS.items()}
     print(f"UB per ring {const['ub'] / 1e9:.1f} GB/s (published one-loop AllGather slope {want / 1e9:.1f} GB/s per die)")
     print(f"inline reduce {const['irb'] / 1e9:.1f} GB/s (published one-loop ReduceScatter slope {want_rs / 1e9:.1f})")
     print(f"dispatch {const['dispatch'] * 1e6:.2f} us per step; AllGather call {const['ag'] * 1e6:.1f} us; "
           f"ReduceScatter call {const['rs'] * 1e6:.1f} us")
+    print("AIV calls: " + ", ".join(f"{op} {v * 1e6:.2f} us" for op, v in const["aiv"].items()))
     for i, p in pts.items():
-        if p["regime"] == "large":
+        if p["regime"] == "large" or p["path"] == "AIV":
             print(f"  {i:22s} published {p['figure']:8.1f} us  fitted {sim(i) * 1e6:8.1f} us  "
                   f"ratio {sim(i) / published(i):.3f}")
 

@@ -124,6 +124,10 @@ class DeviceModel:
     # the device-side dispatch of an op's step (A3 expands ops on the AI CPU, which launches each
     # step's tasks); zero where expansion happens on the host ahead of the schedule.
     dispatch_ns: int = 0
+    # The call's fixed cost by collective when HCCL runs the op as one AIV kernel (A3 with
+    # HCCL_OP_EXPANSION_MODE=AIV, small ops): the kernel does its own steps, so no dispatch per
+    # step either (topologies.presets.with_aiv). Empty: the preset has no AIV path.
+    aiv_op_overhead_ns: dict = field(default_factory=dict)
 
     def kernel_ns(self, flops: float = 0.0, nbytes: int = 0) -> int:
         """A kernel's duration on the roofline: launch + max(compute time, memory time)."""

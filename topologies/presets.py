@@ -73,6 +73,7 @@ def device_model_from(data: dict) -> DeviceModel:
         p2p_overhead_ns=seconds_to_ns(d["p2p_overhead"]),
         loop_overhead_ns=seconds_to_ns(d["loop_overhead"]),
         dispatch_ns=seconds_to_ns(d.get("dispatch", 0.0)),
+        aiv_op_overhead_ns={k: seconds_to_ns(v) for k, v in d.get("aiv_op_overhead", {}).items()},
     )
 
 
@@ -267,6 +268,25 @@ def without_inter_hccs(topo: Topology) -> Topology:
         got = dataclasses.replace(topo, graph=graph, params={**topo.params, "router": router, "inter_hccs": False,
                                                              "links": links})
         _ROCE_VARIANTS[topo] = got
+    return got
+
+
+_AIV_VARIANTS = weakref.WeakKeyDictionary()
+
+
+def with_aiv(topo: Topology) -> Topology:
+    """The topology as an op HCCL runs as one AIV kernel prices on it (one variant per topology):
+    the preset's AIV call costs (`aiv_op_overhead`) instead of its expansion's, and no dispatch per
+    step (the kernel runs its own). The links are the same."""
+    got = _AIV_VARIANTS.get(topo)
+    if got is None:
+        dm = topo.device_model
+        if not dm.aiv_op_overhead_ns:
+            raise HcclError("E_NOT_SUPPORT", f"{topo.name}: no AIV kernels are modelled on this preset")
+        aiv = dataclasses.replace(dm, dispatch_ns=0, op_overhead_ns={**dm.op_overhead_ns, **dm.aiv_op_overhead_ns})
+        got = dataclasses.replace(topo, graph=topo.__dict__["graph"], device_model=aiv,
+                                  params={**topo.params, "expansion": "AIV"})
+        _AIV_VARIANTS[topo] = got
     return got
 
 

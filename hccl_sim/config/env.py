@@ -10,6 +10,7 @@ import difflib
 import os
 import re
 import warnings
+from typing import Optional
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -64,9 +65,11 @@ def parse_retry_params(value: str) -> dict:
     return out
 
 
+EXPANSION_MODES = ("AI_CPU", "AIV", "HOST", "AICPU_TS")
+"""HCCL_OP_EXPANSION_MODE's values (defaults: A2 HOST, A3 AI_CPU, 950 AICPU_TS)."""
 MODELLED = ("HCCL_ALGO", "HCCL_BUFFSIZE", "HCCL_EXEC_TIMEOUT", "HCCL_CONNECT_TIMEOUT", "HCCL_OP_RETRY_ENABLE",
             "HCCL_OP_RETRY_PARAMS", "HCCL_DETERMINISTIC", "HCCL_INTER_HCCS_DISABLE",
-            "HCCL_RDMA_TIMEOUT", "HCCL_RDMA_RETRY_CNT")
+            "HCCL_RDMA_TIMEOUT", "HCCL_RDMA_RETRY_CNT", "HCCL_OP_EXPANSION_MODE")
 """The HCCL variables hccl-sim reads."""
 NOT_MODELLED = (
     "HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO", "HCCL_ASYNC_ERROR_HANDLING", "HCCL_BLOCKING_WAIT",
@@ -74,7 +77,7 @@ NOT_MODELLED = (
     "HCCL_EVENT_TIMEOUT", "HCCL_FFTS_CAPACITY", "HCCL_HOST_SOCKET_PORT_RANGE", "HCCL_IF_BASE_PORT", "HCCL_IF_IP",
     "HCCL_INTER_SERVER_RING_ALGO_MAX_SUPPORT_SERVER_NUM", "HCCL_INTRA_PCIE_ENABLE",
     "HCCL_INTRA_ROCE_ENABLE", "HCCL_LOGIC_SUPERPOD_ID", "HCCL_LOST_THRESHOLD", "HCCL_MEMSIZE_HD_FACTOR",
-    "HCCL_MULTI_QP_THRESHOLD", "HCCL_NPU_SOCKET_PORT_RANGE", "HCCL_OP_EXPANSION_MODE", "HCCL_RDMA_QPS_PER_CONNECTION",
+    "HCCL_MULTI_QP_THRESHOLD", "HCCL_NPU_SOCKET_PORT_RANGE", "HCCL_RDMA_QPS_PER_CONNECTION",
     "HCCL_RDMA_SL", "HCCL_RDMA_TC", "HCCL_SOCKET_FAMILY",
     "HCCL_SOCKET_IFNAME", "HCCL_WHITELIST_DISABLE", "HCCL_WHITELIST_FILE")
 """HCCL variables of the real library (docs/references.md §7.3) that hccl-sim accepts and ignores."""
@@ -132,6 +135,7 @@ class Config:
     rdma_retry_cnt: int = 7            # retransmissions before an error CQE
     faults: object = None              # hccl_sim.faults.plan.BoundFaults of the run, or None
     inter_hccs_disable: bool = False   # A3: RoCE instead of the UB (HCCS) fabric between a superpod's servers
+    expansion: Optional[str] = None    # HCCL_OP_EXPANSION_MODE (AI_CPU, AIV, HOST); None: the device's default
     policy: str = "hccl"          # algorithm selection: "hccl" (HCCL's rules) or "model" (fastest modelled)
 
     @property
@@ -178,6 +182,12 @@ class Config:
             if v not in ("TRUE", "FALSE"):
                 raise _bad("HCCL_INTER_HCCS_DISABLE", merged["HCCL_INTER_HCCS_DISABLE"], "TRUE or FALSE")
             kw["inter_hccs_disable"] = v == "TRUE"
+        if "HCCL_OP_EXPANSION_MODE" in merged:
+            # where HCCL expands an op (docs/references.md §7.3); the A3 preset models AIV's kernels
+            v = merged["HCCL_OP_EXPANSION_MODE"].strip().upper()
+            if v not in EXPANSION_MODES:
+                raise _bad("HCCL_OP_EXPANSION_MODE", merged["HCCL_OP_EXPANSION_MODE"], ", ".join(EXPANSION_MODES))
+            kw["expansion"] = v
         if policy is not None:
             if not isinstance(policy, str) or policy not in ("hccl", "model"):
                 raise HcclError("E_PARA", f"policy {policy!r} is invalid; expected hccl or model")

@@ -3,7 +3,7 @@ faults change it (HCCL_INTER_HCCS_DISABLE's routes, a borrowed backup NIC, a fau
 from __future__ import annotations
 
 from hcomm.cost import CostModel, as_cost
-from topologies.presets import with_backup_nics, without_inter_hccs
+from topologies.presets import with_aiv, with_backup_nics, without_inter_hccs
 
 
 def effective_cost(topo, config, backup: tuple = ()):
@@ -21,3 +21,11 @@ def effective_cost(topo, config, backup: tuple = ()):
     if faults is not None and (faults.link_state or faults.corrupt) and cost.link_state != faults.link_state:
         cost = CostModel.of(cost.topology, faults.link_state)
     return cost
+
+
+def with_expansion(cost, expansion):
+    """`cost` as an op HCCL expands this way prices on: "AIV" (one AIV kernel) on the preset's AIV
+    variant (topologies.presets.with_aiv), in the same link state; otherwise `cost` itself."""
+    if expansion != "AIV" or cost.topology.params.get("expansion") == "AIV":
+        return cost
+    return CostModel.of(with_aiv(cost.topology), cost.link_state)

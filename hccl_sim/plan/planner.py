@@ -36,7 +36,7 @@ from topologies.errors import HcclError
 from .. import collectives as colls
 from ..faults.progress import NO_FAULTS, OpFaults
 from ..faults.retry import priced_with_retry
-from .costs import effective_cost
+from .costs import effective_cost, with_expansion
 from .loop_programs import loop_parts, pods_of, servers_of
 from .replay import LOOPS_REPLAYED, replayed_exits, sends, trace_events
 from ..selection import Choice, Context, select
@@ -268,6 +268,7 @@ def plan_times(sig, cost, config, itemsize, choice, entry, faults: bool = True, 
     corrupted transfer (`corrupt`, {(src, dst, k): label}, consumed as they are transmitted), is
     re-priced by the event-driven replay from its absolute clocks, which retransmits over down
     links and may raise hcomm.link_state.LinkFailure; an op no fault meets is exactly its fault-free self."""
+    cost = with_expansion(cost, choice.expansion)
     loops, programs, parts = op_programs(sig, cost, config, itemsize, choice)
     cache = cost.cache("timings")
     base = min(entry) if len(entry) else 0
@@ -338,7 +339,7 @@ def make_plan(sig: Signature, topo, config, entry: list, itemsize: int, trace: b
         exits = [max(exits)] * p
     events = None
     if trace:
-        events = trace_events(sig, loops, programs, topo, config, history, corrupt)
+        events = trace_events(sig, loops, programs, topo, config, history, corrupt, choice.expansion)
     nbytes = 0 if sig.name == "barrier" else colls.of(sig.name).op_bytes(sig.count, p, itemsize)
     tries = [(list(at), dies) for at, _, dies in history] if config.faults is not None else None
     return OpPlan(sig, choice, loops, programs, list(entry), exits, nbytes, events, parts, retries, transfers,

@@ -10,7 +10,7 @@ from hcomm.link_state import LinkFailure
 from hcomm.steps import Send
 from topologies.errors import HcclError
 
-from .costs import effective_cost
+from .costs import effective_cost, with_expansion
 from .loop_programs import program_rank_steps
 
 LOOPS_REPLAYED = 4096
@@ -53,7 +53,7 @@ def replayed_exits(sig, loops, programs, entry, cost, marks=None, events=None, c
     return [int(t) for t in clock]
 
 
-def trace_events(sig, loops, programs, topo, config, history, corrupt) -> list:
+def trace_events(sig, loops, programs, topo, config, history, corrupt, expansion=None) -> list:
     """Chrome-trace events of the op from the event-driven replay, loop by loop with the op's fixed
     costs: every try of `history` (one, without faults): a failed try up to its error CQE, the wait
     before the next try (an event on every rank), then the try that succeeded; each try on the
@@ -61,7 +61,7 @@ def trace_events(sig, loops, programs, topo, config, history, corrupt) -> list:
     events = []
     remaining = dict(corrupt or {})
     for k, (at, failure, backup) in enumerate(history):
-        cost = effective_cost(topo, config, backup)
+        cost = with_expansion(effective_cost(topo, config, backup), expansion)
         try:
             replayed_exits(sig, loops, programs, at, cost, events=events, corrupt=remaining)
         except LinkFailure:

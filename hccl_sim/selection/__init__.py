@@ -11,6 +11,7 @@ model, selection/model.py).
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional
 
@@ -36,6 +37,7 @@ class Choice(NamedTuple):
     level1: Optional[str]
     note: Optional[str] = None
     level2: Optional[str] = None
+    expansion: Optional[str] = None       # "AIV": HCCL runs the op as one AIV kernel (priced on with_aiv)
 
     @property
     def structure(self) -> tuple:
@@ -54,6 +56,8 @@ class Choice(NamedTuple):
             text = f"level0:{self.level0};level1:{self.level1}"
         if self.level2 is not None and not self.flat:
             text = f"{text};level2:{self.level2}"
+        if self.expansion is not None:
+            text = f"{text} [{self.expansion}]"
         return text if self.note is None else f"{text} ({self.note})"
 
 
@@ -104,7 +108,24 @@ def _log_note(name, token, choice):
         log.warning("%s: %s", name, choice.label)
 
 
+def _check_expansion(ctx) -> None:
+    """HCCL_OP_EXPANSION_MODE is modelled where the preset has that path: AI_CPU and AIV on A3
+    (its device model has AIV kernels), HOST on 910B and 910A; any other pairing is priced as the
+    preset's own expansion, and said once."""
+    mode, dm = ctx.config.expansion, ctx.topo.device_model
+    if mode is None or ctx.flat:
+        return
+    modelled = ("AI_CPU", "AIV") if dm.aiv_op_overhead_ns else ("HOST",)
+    key = ("expansion", ctx.topo.name, mode)
+    if mode not in modelled and key not in _logged:
+        _logged.add(key)
+        warnings.warn(f"HCCL_OP_EXPANSION_MODE={mode} is not modelled on {ctx.topo.name} (it models "
+                      f"{' and '.join(modelled)}): ops are priced with its {modelled[0]} expansion", UserWarning,
+                      stacklevel=2)
+
+
 def select(ctx: Context) -> Choice:
+    _check_expansion(ctx)
     name = ctx.name
     if name == "barrier":
         return Choice(True, None, "dissemination")

@@ -21,6 +21,12 @@ the level switches of the *_for_910_93 executors.
   on one superpod (<= 16 KiB x dies per server across superpods or with HCCS disabled between
   servers), when no algorithm was asked for. HCCL's other small- and mid-count executors (AIV,
   mesh small-count, MidCount, the A3 pipelines) are not modelled.
+- HCCL_OP_EXPANSION_MODE=AIV on one server, no algorithm asked for: AllGather up to 512 KiB per
+  rank, ReduceScatter up to 1 MiB per rank and AllReduce up to 1 MiB per die (sum, max, min) run
+  as one AIV mesh kernel (hccl_aiv.h's A3 entry sizes; the AllGather/ReduceScatter/AllReduce
+  SelectAlgfor91093 AIV branches): the full mesh over the server's dies, priced with the preset's
+  AIV call costs and no per-step dispatch (topologies.presets.with_aiv). HCCL's other AIV
+  kernels (Broadcast, AlltoAll, graph mode's larger entries) are not modelled.
 - Servers of unequal die counts (HCCL's ARS executors) are not modelled: they run flat, named.
 Every replacement is named in the label (`last_op.algo`).
 """
@@ -42,6 +48,10 @@ LEVEL2_RUNS = {"allreduce": (("NB", "NHR", "ring"), "H-D_R"), "allgather": (("NB
                "reduce": (("ring",), "H-D_R")}
 SMALL_ONE_POD = 1 << 20            # bytes per die of the server (HCCL_SMALL_COUNT_1_MB x N0)
 SMALL_MULTI_POD = 16 << 10         # HCCL_SMALL_COUNT_16_KB x N0 ("A3打平ROCE")
+AIV_ENTRY = {"allgather": 512 << 10,      # AIV_ALL_GATHER_A3_ENTRY_SIZE: per-rank input bytes
+             "reducescatter": 1 << 20,    # AIV_REDUCE_SCATTER_A3_ENTRY_SIZE: per-rank output bytes
+             "allreduce": 1 << 20}        # AIV_ALL_REDUCE_A3_ENTRY_SIZE: the buffer's bytes per die
+AIV_REDOPS = ("sum", "max", "min")
 
 
 def _choice(level0, level1, level2, notes, flat=False):
@@ -115,11 +125,29 @@ def _small_allreduce(ctx) -> bool:
     return srv.m > 1 and per_rank <= (SMALL_ONE_POD if one_pod else SMALL_MULTI_POD) * srv.K
 
 
+def _aiv(ctx, token, token2) -> bool:
+    """Whether HCCL runs this call as one AIV kernel (see the module docstring)."""
+    limit = AIV_ENTRY.get(ctx.name)
+    if ctx.config.expansion != "AIV" or limit is None or token is not None or token2 is not None:
+        return False
+    if ctx.pods.shape[0] > 1 or ctx.pods.shape[1] > 1 or not ctx.topo.device_model.aiv_op_overhead_ns:
+        return False
+    sig = ctx.signature
+    if sig.redop is not None and sig.redop not in AIV_REDOPS:
+        return False
+    nbytes = math.prod(sig.shape) * ctx.itemsize
+    per_rank = nbytes if ctx.name == "allgather" else nbytes / ctx.topo.num_ranks
+    return per_rank <= limit
+
+
 def choose(ctx, token, token2):
     """HCCL's A3 choice for one call; `token`, `token2`: the level1 and level2 tokens asked for."""
     name, srv, pods = ctx.name, ctx.servers, ctx.pods
     if token in ("NA", "null"):
         token = None
+    if _aiv(ctx, token, token2):
+        from . import Choice
+        return Choice(True, None, "fullmesh", None, None, "AIV")
     if name == "alltoall":
         note = None if token is None and token2 is None else "A3 AlltoAll is the grouped full mesh whatever HCCL_ALGO says"
         if not pods.equal:
