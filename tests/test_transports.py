@@ -483,3 +483,24 @@ def test_scoped_abort_fails_only_its_scope_here_and_at_the_peer():
         view.take(0, 1, "coll", view.deadline(), "recv")
     inproc.post_view(0, 1, "coll", np.ones(1))
     assert inproc.take(0, 1, "coll", inproc.deadline(), "recv").data.tolist() == [1.0]
+
+
+@pytest.mark.unit
+def test_a_scoped_abort_spares_the_control_rounds_the_aborting_rank_had_finished():
+    """comm.abort() after a rank's last op: its peers still finish that op's control round (as
+    ranks that are threads all do), the next round and every data wait of the scope fail."""
+    from hcomm.transports.base import SCOPED, AbortState
+    state = AbortState()
+    state.set_scope("", "E_REMOTE", "rank 5 aborted", after=3)
+    state.check(0, "all_reduce", ("ctl", 2, 1))                 # round 2: rank 5 had finished it
+    for tag in (("ctl", 3, 0), ("data", 2)):
+        with pytest.raises(HcclError, match="rank 5 aborted"):
+            state.check(0, "all_reduce", tag)
+    state.set_scope("sub", "E_REMOTE", "rank 1 aborted", after=1)
+    state.check(0, "all_reduce", (SCOPED, "sub", ("ctl", 0, 0)))
+    with pytest.raises(HcclError, match="rank 1 aborted"):
+        state.check(0, "all_reduce", (SCOPED, "sub", ("ctl", 1, 0)))
+    plain = AbortState()
+    plain.set_scope("", "E_REMOTE", "no round given")
+    with pytest.raises(HcclError, match="no round given"):
+        plain.check(0, "all_reduce", ("ctl", 0, 0))

@@ -277,7 +277,8 @@ class PeerGroup(Group):
     def abort(self, rank, reason) -> None:
         """comm.abort(): this communicator's waits fail here and at every peer (its scope of the
         job's transport)."""
-        self.transport.abort_scope(self.scope, "E_REMOTE", reason)
+        # the control rounds this rank finished are not failed at its peers (AbortState)
+        self.transport.abort_scope(self.scope, "E_REMOTE", reason, after=self.rounds.seq)
 
     def subgroup(self, rank, members, scope, topo, config):
         """This rank's group of a sub-communicator: its members' view of the job's peer transport

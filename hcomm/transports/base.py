@@ -150,7 +150,7 @@ SCOPED = "sub"
 parent's transport (hcomm.transports.scoped). Every other tag belongs to the scope WORLD."""
 WORLD = ""
 ABORT_NOTICE = "abort-notice"
-"""Tag of the frame `abort_scope` sends every peer: (ABORT_NOTICE, scope); its meta is (code, reason)."""
+"""Tag of the frame `abort_scope` sends every peer: (ABORT_NOTICE, scope); its meta is (code, reason, after)."""
 
 
 def scope_of(tag) -> str:
@@ -160,9 +160,21 @@ def scope_of(tag) -> str:
     return WORLD
 
 
+def control_round(tag):
+    """The control round a tag belongs to (hcomm.control.transport's ("ctl", round, step)), or None."""
+    if type(tag) is tuple and len(tag) == 3 and tag[0] == SCOPED:
+        tag = tag[2]
+    if type(tag) is tuple and len(tag) == 3 and tag[0] == "ctl":
+        return tag[1]
+    return None
+
+
 class AbortState:
     """The abort every transport carries: first (code, reason) wins; `check` raises it. A scoped
-    abort (one communicator's, `set_scope`) fails only the waits on that scope's tags."""
+    abort (one communicator's, `set_scope`) fails only the waits on that scope's tags, and, when
+    the aborting rank says how many of the scope's control rounds it had finished (`after`), not
+    the waits of those rounds: every rank finishes a round the aborter finished (as ranks that
+    are threads do), and the abort meets the next."""
 
     def __init__(self):
         self._abort = None
@@ -172,8 +184,8 @@ class AbortState:
         if self._abort is None:
             self._abort = (code, reason)
 
-    def set_scope(self, scope: str, code: str, reason: str) -> None:
-        self._scopes.setdefault(scope, (code, reason))
+    def set_scope(self, scope: str, code: str, reason: str, after=None) -> None:
+        self._scopes.setdefault(scope, (code, reason, after))
 
     @property
     def aborted(self):
@@ -183,8 +195,12 @@ class AbortState:
         got = self._abort
         if got is None and self._scopes and tag is not None:      # a wait on a tag: its scope's abort too
             got = self._scopes.get(scope_of(tag))
+            if got is not None and got[2] is not None:
+                ctl = control_round(tag)
+                if ctl is not None and ctl < got[2]:
+                    return                      # a round the aborting rank had finished
         if got is not None:
-            code, reason = got
+            code, reason = got[:2]
             raise HcclError(code, f"aborted: {reason}", rank=rank, op=op, cause=Cause.ABORTED)
 
 

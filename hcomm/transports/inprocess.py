@@ -124,9 +124,10 @@ class InProcessTransport:
         self._abort.set(code, reason)
         self.abort_wake()
 
-    def abort_scope(self, scope: str, code: str, reason: str) -> None:
-        """Fail every wait on `scope`'s tags (base.scope_of); every rank shares this object."""
-        self._abort.set_scope(scope, code, reason)
+    def abort_scope(self, scope: str, code: str, reason: str, after=None) -> None:
+        """Fail every wait on `scope`'s tags (base.scope_of) but its control rounds before `after`
+        (base.AbortState); every rank shares this object."""
+        self._abort.set_scope(scope, code, reason, after)
         self.abort_wake()
 
     def mark_exited(self, rank: int) -> None:

@@ -130,10 +130,11 @@ class PeerEndpoint(abc.ABC):
         with self._cond:
             self._cond.notify_all()
 
-    def abort_scope(self, scope: str, code: str, reason: str) -> None:
+    def abort_scope(self, scope: str, code: str, reason: str, after=None) -> None:
         """Fail every wait on `scope`'s tags, here and at every peer (one notice frame each, best
-        effort: a peer already gone needs none). Other scopes' traffic goes on."""
-        self._abort.set_scope(scope, code, reason)
+        effort: a peer already gone needs none), but those of the scope's control rounds before
+        `after` (the rounds this rank had finished: AbortState). Other scopes' traffic goes on."""
+        self._abort.set_scope(scope, code, reason, after)
         with self._cond:
             self._cond.notify_all()
             peers = [q for q in range(self.size) if q != self.rank and q not in self._down
@@ -141,7 +142,7 @@ class PeerEndpoint(abc.ABC):
         for q in peers:
             try:
                 self._send_data(SendHandle(self.rank, q, (ABORT_NOTICE, scope), -1), _EMPTY_NOTICE,
-                                (code, reason))
+                                (code, reason, after))
             except (HcclError, OSError):
                 pass
 
@@ -266,8 +267,8 @@ class PeerEndpoint(abc.ABC):
         """Queue an arrived message (lock held); an abort notice aborts its scope instead."""
         tag = msg.tag
         if type(tag) is tuple and len(tag) == 2 and tag[0] == ABORT_NOTICE:
-            code, reason = msg.meta
-            self._abort.set_scope(tag[1], code, reason)
+            code, reason, after = msg.meta
+            self._abort.set_scope(tag[1], code, reason, after)
             self._cond.notify_all()
             return
         self._inbox.setdefault((msg.src, msg.tag), deque()).append(msg)

@@ -60,8 +60,8 @@ class ScopedTransport:
         """This communicator's abort: its waits fail, here and at its peers; the parent's go on."""
         self.parent.abort_scope(self.scope, code, reason)
 
-    def abort_scope(self, scope: str, code: str, reason: str) -> None:
-        self.parent.abort_scope(scope, code, reason)
+    def abort_scope(self, scope: str, code: str, reason: str, after=None) -> None:
+        self.parent.abort_scope(scope, code, reason, after)
 
     def watch_peer(self, peer: int) -> None:
         self.parent.watch_peer(self.members[peer])
