@@ -83,6 +83,12 @@ def main():
     diff = [k for k in base.keys() | got.keys() if base.get(k) != got.get(k)]
     for k in sorted(diff)[:20]:
         print("DIFF", k, "\n  base", str(base.get(k))[:300], "\n  now ", str(got.get(k))[:300])
+    where = {}
+    for k in diff:                             # which topologies moved: a change should name its presets
+        name, params = json.loads(k)[:2]
+        where[(name, json.dumps(params))] = where.get((name, json.dumps(params)), 0) + 1
+    for (name, params), n in sorted(where.items()):
+        print(f"  {n:5d} differences on {name} {params}")
     print(f"{len(got)} cases, {len(diff)} differences")
     sys.exit(1 if diff else 0)
 

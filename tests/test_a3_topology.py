@@ -14,7 +14,7 @@ def test_superpods_of_unequal_server_counts():
     t = hccl_sim.topology("atlas900-a3", superpods=3, servers=[1, 3, 2])
     assert (t.num_ranks, t.num_servers, t.device) == (96, 6, "910C")
     assert t.params["superpod_of_server"] == [0, 1, 1, 1, 2, 2] and t.params["superpods"] == 3
-    assert t.links_by_kind() == {"SIO": (48, {158.8e9}), "HCCS": (96, {125.3e9}), "RoCE": (96, {20e9})}
+    assert t.links_by_kind() == {"SIO": (48, {158.8e9}), "HCCS": (96, {125.3e9}), "RoCE": (96, {23.05e9})}
     one = hccl_sim.topology("atlas900-a3")
     assert one.num_ranks == 16 and "RoCE" not in one.links_by_kind()      # one superpod: no RoCE fabric
     assert "superpods  : 3 (servers each: [1, 3, 2])" in t.summary()
@@ -27,7 +27,7 @@ def test_routes_sio_ub_roce():
     assert sio.kinds == ("SIO",) and sio.egress == (4, "sio") and sio.bandwidth == 158.8e9 and sio.latency_ns == 600
     assert in_server.hops == (4, "ub:0", 6) and in_server.kinds == ("HCCS", "HCCS") and in_server.bandwidth == 125.3e9
     assert in_pod.hops == (4, "ub:0", 20) and in_pod.egress == in_server.egress == (4, "ub")   # one UB port per die
-    assert across.hops == (4, "roce", 40) and across.latency_ns == 7000 and across.bandwidth == 20e9
+    assert across.hops == (4, "roce", 40) and across.latency_ns == 7000 and across.bandwidth == 23.05e9
     assert t.route(33, 60).hops == (33, "ub:1", 60)
     # the vectorised routes agree with the scalar ones, and share a port exactly when the names do
     rng = np.random.default_rng(3)

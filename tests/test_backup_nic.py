@@ -31,9 +31,9 @@ def test_borrowed_routes_cross_sio_to_the_partner_nic_at_half_bandwidth():
     borrowed = with_backup_nics(topo, [3])
     r = borrowed.route(3, 19)
     assert r.hops == (3, 2, "roce", 19) and r.kinds == ("SIO", "RoCE", "RoCE")
-    assert r.bandwidth == 10e9 and r.latency_ns == topo.route(3, 19).latency_ns + topo.route(3, 2).latency_ns
+    assert r.bandwidth == topo.route(3, 19).bandwidth / 2 and r.latency_ns == topo.route(3, 19).latency_ns + topo.route(3, 2).latency_ns
     assert borrowed.route(19, 3).hops == (19, "roce", 2, 3)                  # its peers send to the backup NIC
-    assert borrowed.route(2, 18).bandwidth == 10e9 and borrowed.route(2, 18).hops == (2, "roce", 18)   # shared
+    assert borrowed.route(2, 18).bandwidth == topo.route(2, 18).bandwidth / 2 and borrowed.route(2, 18).hops == (2, "roce", 18)   # shared
     assert borrowed.route(5, 21) == topo.route(5, 21) and borrowed.route(3, 4) == topo.route(3, 4)
     assert with_backup_nics(topo, [3]) is borrowed and with_backup_nics(topo, []) is topo
     with pytest.raises(HcclError, match="a backup NIC is an A3 SuperPoD") as e:
@@ -80,7 +80,7 @@ def test_l2_retry_switches_to_the_backup_nic_and_succeeds():
 def test_backup_nic_on_the_local_engine_result_time_and_later_ops():
     """Integer data bit-identical; the switching op's times equal simulate's; later ops and sends
     run on the borrowed routes without retry: a 1 MiB send from die 3 (borrower) or die 2 (lender)
-    pays the halved NIC (52,429 ns more at 10 instead of 20 GB/s), die 3 the SIO hop too."""
+    pays the halved NIC (1 MiB at half the NIC's rate instead of all of it), die 3 the SIO hop too."""
     topo = a3()
     n = 1 << 16
 
@@ -109,7 +109,10 @@ def test_backup_nic_on_the_local_engine_result_time_and_later_ops():
         assert first.end - first.start == round(est.times[r] * 1e9)
         assert second.end - second.start == round(later.times[r] * 1e9)
     sio = topo.route(3, 2).latency_ns
-    assert got[2][3] - got[5][3] == 52_429 and got[3][3] - got[5][3] == 52_429 + sio
+    from topologies.model import transfer_ns
+    nic = topo.route(3, 19).bandwidth
+    halved = transfer_ns(1 << 20, nic / 2) - transfer_ns(1 << 20, nic)
+    assert got[2][3] - got[5][3] == halved and got[3][3] - got[5][3] == halved + sio
 
 
 @pytest.mark.local

@@ -127,7 +127,7 @@ def test_topo_command(capsys, tmp_path):
     assert main(["topo", "atlas800t-a2", "--servers", "2", "--ranktable", str(path)]) == 0
     out = capsys.readouterr().out
     assert "ranks      : 16" in out and "HCCS" in out and "RoCE" in out
-    assert "route 0 -> 8: 0 -> roce -> 8 over RoCE, latency 7 us, bottleneck 20 GB/s" in out
+    assert "route 0 -> 8: 0 -> roce -> 8 over RoCE, latency 7 us, bottleneck 20.73 GB/s" in out
     assert main(["topo", str(path), "--route", "3", "4"]) == 0
     assert "route 3 -> 4: 3 -> 4 over HCCS" in capsys.readouterr().out
 

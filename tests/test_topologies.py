@@ -18,12 +18,12 @@ def test_atlas800t_a2_structure():
     assert (t.num_ranks, t.num_servers, t.device) == (16, 2, "910B")
     kinds = t.links_by_kind()
     assert kinds["HCCS"][0] == 2 * 28 and kinds["RoCE"][0] == 16
-    assert kinds["HCCS"][1] == {19.5e9} and kinds["RoCE"][1] == {20e9}
+    assert kinds["HCCS"][1] == {19.5e9} and kinds["RoCE"][1] == {20.73e9}
     intra, inter = t.route(0, 7), t.route(3, 12)
     # every HCCS peer link has ports of its own: rank 0's towards device 7, rank 7's from device 0
     assert intra.kinds == ("HCCS",) and intra.latency_ns == 600 and intra.egress == (0, "hccs:7")
     assert intra.ingress == (7, "hccs:0") and t.route(0, 6).egress == (0, "hccs:6")
-    assert inter.hops == (3, "roce", 12) and inter.latency_ns == 7000 and inter.bandwidth == 20e9
+    assert inter.hops == (3, "roce", 12) and inter.latency_ns == 7000 and inter.bandwidth == 20.73e9
     assert inter.egress == (3, "roce") and inter.ingress == (12, "roce")
     assert t.device_model.hbm_bytes == 64 << 30 and t.device_model.staging
 
@@ -59,7 +59,9 @@ def test_route_errors():
 def test_incast_serialises_on_the_receivers_port():
     """Seven senders into one RoCE port take as long as the port needs: 7 x bytes / bandwidth."""
     t = hccl_sim.topology("atlas800t-a2", servers=2)
-    n = 20_000_000  # 1 ms at 20 GB/s
+    n = 20_000_000  # about 1 ms at the RoCE rate
+    from topologies.model import transfer_ns
+    wire = transfer_ns(n, t.route(0, 8).bandwidth)
     s = Slice("input", 0, 1)
     scheds = [[] for _ in range(16)]
     for r in range(7):
@@ -67,10 +69,10 @@ def test_incast_serialises_on_the_receivers_port():
     scheds[8] = [tuple(Recv(r, s, n) for r in range(7))]
     exits = replay(scheds, [0] * 16, t)
     notify = t.device_model.notify_inter_ns
-    assert exits[8] == notify + 7 * 1_000_000 + 7000
+    assert exits[8] == notify + 7 * wire + 7000
     # one sender alone takes a seventh of that
     single = [[(Send(8, s, n),)]] + [[] for _ in range(7)] + [[(Recv(0, s, n),)]] + [[] for _ in range(7)]
-    assert replay(single, [0] * 16, t)[8] == notify + 1_000_000 + 7000
+    assert replay(single, [0] * 16, t)[8] == notify + wire + 7000
 
 
 @pytest.mark.unit
