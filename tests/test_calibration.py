@@ -161,15 +161,15 @@ def _a3_algo(op, nbytes, npus=8, env=AIV, **kw):
 def test_a3_aiv_kernels_run_within_hccls_entry_sizes_on_one_server_only():
     """HCCL_OP_EXPANSION_MODE=AIV: AllGather up to 512 KiB per rank, ReduceScatter up to 1 MiB per
     rank, AllReduce up to 1 MiB per die run as one AIV mesh kernel; one byte more (a bf16 element),
-    two servers, an algorithm asked for, prod, or the default expansion run the AI CPU double ring."""
+    two servers, an algorithm asked for or prod run the AI CPU's executors."""
     assert _a3_algo("allgather", 8 * (512 << 10)) == "fullmesh [AIV]"
     assert _a3_algo("allgather", 8 * ((512 << 10) + 2)) == "level0:double_ring"
     assert _a3_algo("reducescatter", 8 * (1 << 20)) == "fullmesh [AIV]"
     assert _a3_algo("reducescatter", 8 * ((1 << 20) + 2)) == "level0:double_ring"
     assert _a3_algo("allreduce", 8 * (1 << 20)) == "fullmesh [AIV]"
     assert _a3_algo("allreduce", 8 * ((1 << 20) + 2)) == "level0:double_ring"
-    assert _a3_algo("allgather", 1024, env=None) == "level0:double_ring"
-    assert _a3_algo("allgather", 1024, env={"HCCL_OP_EXPANSION_MODE": "AI_CPU"}) == "level0:double_ring"
+    assert "AIV" not in _a3_algo("allgather", 1024, env=None)
+    assert "AIV" not in _a3_algo("allgather", 1024, env={"HCCL_OP_EXPANSION_MODE": "AI_CPU"})
     assert _a3_algo("allreduce", 1024, redop="prod").startswith("level0:double_ring")
     assert "AIV" not in _a3_algo("allgather", 1024, algo="ring")
     two = hccl_sim.simulate("allgather", 1024, topology=hardware("atlas900-a3", devices_per_server=[16, 16]),
@@ -198,3 +198,23 @@ def test_expansion_mode_is_checked_and_said_where_it_is_not_modelled():
         Config.from_env({"HCCL_OP_EXPANSION_MODE": "GPU"})
     with pytest.warns(UserWarning, match="HCCL_OP_EXPANSION_MODE=AIV is not modelled on atlas800t-a2"):
         hccl_sim.simulate("allreduce", 1024, topology=hardware("atlas800t-a2", devices_per_server=[3]), env=AIV)
+
+
+def test_a3_small_counts_without_aiv_run_hccls_small_count_mesh_on_the_ai_cpu():
+    """The default expansion (AI CPU): AllGather up to 512 KiB per rank and AllReduce up to 512 KiB
+    per die of one server run HCCL's small-count mesh, with the AI CPU's per-step dispatch; larger
+    ones, ReduceScatter, and two servers run the double ring and its levels."""
+    mesh = "fullmesh (small count: HCCL's "
+    assert _a3_algo("allgather", 8 * (512 << 10), env=None) == mesh + "AllGatherSmallCount)"
+    assert _a3_algo("allgather", 8 * ((512 << 10) + 2), env=None) == "level0:double_ring"
+    assert _a3_algo("allreduce", 8 * (512 << 10), env=None) == mesh + "AllReduceMeshSmallCount)"
+    assert _a3_algo("allreduce", 8 * ((512 << 10) + 2), env=None) == "level0:double_ring"
+    assert _a3_algo("reducescatter", 8 * 1024, env=None) == "level0:double_ring"
+    two = hccl_sim.simulate("allgather", 1024, topology=hardware("atlas900-a3", devices_per_server=[16, 16])).algo
+    assert "small count" not in two
+    topo = hardware("atlas900-a3", devices_per_server=[8])
+    twin = hardware("atlas900-a3", devices_per_server=[8])
+    twin.device_model = dataclasses.replace(topo.device_model, dispatch_ns=0)
+    one_step = np.subtract(hccl_sim.simulate("allgather", 8 * 1024, topology=topo).times,
+                           hccl_sim.simulate("allgather", 8 * 1024, topology=twin).times)
+    assert np.allclose(one_step, topo.device_model.dispatch_ns / 1e9, atol=1e-12, rtol=0)   # one mesh step

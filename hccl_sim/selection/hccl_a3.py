@@ -27,6 +27,11 @@ the level switches of the *_for_910_93 executors.
   SelectAlgfor91093 AIV branches): the full mesh over the server's dies, priced with the preset's
   AIV call costs and no per-step dispatch (topologies.presets.with_aiv). HCCL's other AIV
   kernels (Broadcast, AlltoAll, graph mode's larger entries) are not modelled.
+- Without AIV, on one server, no algorithm asked for: AllGather up to 512 KiB per rank
+  (AllGatherSmallCount, SmallCountOptimSinglePod) and AllReduce up to 512 KiB x the server's dies
+  (AllReduceMeshSmallCount) run the full mesh, expanded on the AI CPU as the double ring is
+  (its per-step dispatch and call costs). ReduceScatter's small-count executor (ReduceScatterDeter)
+  is not modelled: it runs the double ring.
 - Servers of unequal die counts (HCCL's ARS executors) are not modelled: they run flat, named.
 Every replacement is named in the label (`last_op.algo`).
 """
@@ -52,6 +57,8 @@ AIV_ENTRY = {"allgather": 512 << 10,      # AIV_ALL_GATHER_A3_ENTRY_SIZE: per-ra
              "reducescatter": 1 << 20,    # AIV_REDUCE_SCATTER_A3_ENTRY_SIZE: per-rank output bytes
              "allreduce": 1 << 20}        # AIV_ALL_REDUCE_A3_ENTRY_SIZE: the buffer's bytes per die
 AIV_REDOPS = ("sum", "max", "min")
+SMALL_COUNT = {"allgather": 512 << 10,    # AllGatherSmallCount: per-rank input bytes
+               "allreduce": 512 << 10}    # AllReduceMeshSmallCount: the buffer's bytes per die of the server
 
 
 def _choice(level0, level1, level2, notes, flat=False):
@@ -140,6 +147,20 @@ def _aiv(ctx, token, token2) -> bool:
     return per_rank <= limit
 
 
+def _small_count(ctx, token, token2) -> bool:
+    """Whether HCCL runs this call, expanded on the AI CPU, as its small-count mesh (see the
+    module docstring)."""
+    limit = SMALL_COUNT.get(ctx.name)
+    if ctx.config.expansion == "AIV" or limit is None or token is not None or token2 is not None:
+        return False
+    if ctx.pods.shape[0] > 1 or ctx.pods.shape[1] > 1:
+        return False
+    nbytes = math.prod(ctx.signature.shape) * ctx.itemsize
+    per_rank = nbytes if ctx.name == "allgather" else nbytes / ctx.topo.num_ranks
+    return per_rank <= limit and nbytes * (ctx.topo.num_ranks if ctx.name == "allgather" else 1) <= \
+        ctx.config.buffsize_bytes
+
+
 def choose(ctx, token, token2):
     """HCCL's A3 choice for one call; `token`, `token2`: the level1 and level2 tokens asked for."""
     name, srv, pods = ctx.name, ctx.servers, ctx.pods
@@ -148,6 +169,8 @@ def choose(ctx, token, token2):
     if _aiv(ctx, token, token2):
         from . import Choice
         return Choice(True, None, "fullmesh", None, None, "AIV")
+    if _small_count(ctx, token, token2):
+        return _choice(None, "fullmesh", None, [f"small count: HCCL's {'AllGatherSmallCount' if name == 'allgather' else 'AllReduceMeshSmallCount'}"], flat=True)
     if name == "alltoall":
         note = None if token is None and token2 is None else "A3 AlltoAll is the grouped full mesh whatever HCCL_ALGO says"
         if not pods.equal:
