@@ -81,7 +81,7 @@ class MpiControl:
         """The abort that fails a round not yet posted, or None: a local one, or one from a process
         that had posted no more control rounds than this one has (it will not post the next)."""
         got = self._aborted
-        if got is not None and (got[2] is None or self.hub._ctl_posted >= got[2]):
+        if got is not None and (got[2] is None or self.hub.rounds_posted >= got[2]):
             return got
         return None
 

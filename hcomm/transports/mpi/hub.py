@@ -103,6 +103,11 @@ class MpiHub(ControlRounds):
         self.on_abort = []                     # callbacks(code, reason): the control plane's waiters
         self.closed = False
 
+    @property
+    def rounds_posted(self) -> int:
+        """Control rounds this process has posted so far (an abort names how many its sender had)."""
+        return self._ctl_posted
+
     def local_ranks(self):
         return range(self.proc * self.k, (self.proc + 1) * self.k)
 
