@@ -184,6 +184,21 @@ def test_double_ring_step_takes_half_a_chunk_over_the_slower_link():
 
 
 @pytest.mark.unit
+def test_double_ring_reduce_scatter_runs_at_the_inline_reduce_rate():
+    """Closed form: a ReduceScatter of S bytes on one 16-die server is 15 steps, each reducing S/32
+    inline over the die's UB hop at the inline-reducing rate (105.4 GB/s, below UB's 125.3), after
+    the step's dispatch. The per-step notifies are within the tolerance."""
+    from topologies.model import transfer_ns
+    topo = a3(1, 1)
+    S = 1 << 30
+    dm, ub = topo.device_model, topo.route(1, 2)
+    assert dm.inline_reduce_bandwidth < ub.bandwidth
+    phase = _link_phase_ns(topo, "reducescatter", Choice(False, "double_ring", None), S)
+    closed = 15 * (ub.latency_ns + transfer_ns(S // 32, dm.inline_reduce_bandwidth) + dm.dispatch_ns)
+    assert 0 <= phase - closed < 0.01 * closed
+
+
+@pytest.mark.unit
 def test_a3_selection_defaults_and_level2_tokens():
     topo = a3(2, 2)
     p = topo.num_ranks
