@@ -9,7 +9,7 @@ import pytest
 import hccl_sim
 from hccl_sim.config.env import Config
 from hccl_sim.plan import planner
-from hcomm.control.rounds import ControlRounds
+from hcomm.control.rounds import GroupRounds
 from hcomm.exec.shared_plane import UNCHANGED, SharedPlane
 from hcomm.memory import segments
 from hcomm.memory.pool import ResultPool, is_free
@@ -153,7 +153,7 @@ def test_shared_plane_sends_unchanged_places_after_the_first_op_and_full_ones_wh
 
     def rank(r):
         try:
-            plane = SharedPlane(ControlRounds(control.view(r), 20), providers[r], r, p)
+            plane = SharedPlane(GroupRounds(control.view(r), 20), providers[r], r, p)
             x = providers[r].result(0, (n,), np.int32)
             for it in range(3):
                 x[:] = np.arange(n, dtype=np.int32) + r + it

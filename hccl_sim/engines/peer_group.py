@@ -34,7 +34,7 @@ import numpy as np
 from hcomm.transports.scoped import ScopedTransport
 from topologies.errors import Cause, HcclError
 
-from hcomm.control.rounds import ControlRounds
+from hcomm.control.rounds import GroupRounds
 from hcomm.control.transport import TransportControl  # noqa: F401 - a sub-communicator's control plane
 from hcomm.exec import OwnResult, run_rank
 from hcomm.memory.pool import ResultPool
@@ -122,7 +122,7 @@ class PeerGroup(Group):
     def __init__(self, rank, topo, config, control, transport, raw_transport=None, watch=None):
         self.rank, self.topo, self.config, self.size = rank, topo, config, topo.num_ranks
         self.control = control
-        self.rounds = ControlRounds(control, config.wait_timeout_s, watch)
+        self.rounds = GroupRounds(control, config.wait_timeout_s, watch)
         self.plane = None                  # a SharedPlane, where the ranks share memory
         self._host_results = None          # the ResultPool of results off a shared plane
         self.plain_result_bytes = self.pooled_result_bytes or 0

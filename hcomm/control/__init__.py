@@ -9,6 +9,6 @@ and close. One shape, three implementations:
 
 Every wait takes a deadline and fails with the HcclError the waiting rank should see.
 
-`rounds.ControlRounds` numbers a group's rounds over any of them (the rendezvous and a data
+`rounds.GroupRounds` numbers a group's rounds over any of them (the rendezvous and a data
 plane's rounds take numbers from one sequence) and gives each its deadline.
 """

@@ -10,7 +10,7 @@ import time
 _NO_WATCH = contextlib.nullcontext()      # stateless: one serves every wait
 
 
-class ControlRounds:
+class GroupRounds:
     """`allgather(payload, what, op)`: every rank's payload of the group's next round, in rank
     order. `control` is the group's control plane (hcomm.control); `wait_timeout_s` bounds each
     round (0: no deadline); `watch`, if given, records each wait (`with watch.waiting(what)`)."""

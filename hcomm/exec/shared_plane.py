@@ -41,7 +41,7 @@ _KINDS = ("input", "output", "scratch")
 
 class SharedPlane:
     """One rank's use of the plane (see the module docstring), over `memory` (a MemoryProvider)
-    and `rounds` (its group's ControlRounds); `local` is the rank's index among the ranks of its
+    and `rounds` (its group's GroupRounds); `local` is the rank's index among the ranks of its
     process, which share `memory`."""
 
     def __init__(self, rounds, memory, rank: int, size: int, local: int = 0):
