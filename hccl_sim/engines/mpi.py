@@ -49,7 +49,6 @@ from hcomm.transports.scoped import ScopedTransport
 
 from ..comm.communicator import Communicator  # noqa: F401 - the type MpiJob.communicator returns
 from ..faults.plan import RankCrashed
-from hcomm.exec.shared_plane import SharedPlane
 from ..npu.device import storage_in_use
 from . import rendezvous as rdv
 from .bootstrap import communicator, start_runtime
@@ -131,7 +130,7 @@ class MpiGroup(MpiSubGroup):
         self.data_plane = job.data_plane
         self.ranks_per_process = job.k
         if job.memory is not None:
-            self.plane = SharedPlane(self.rounds, job.memory, rank, self.size, local=rank - job.memory.base)
+            self._use_shared_plane(job.memory, local=rank - job.memory.base, pooled_result_bytes=RESULT_POOL_BYTES)
 
     def abort(self, rank, reason) -> None:
         """comm.abort() on the world communicator: its control rounds fail on every process (its

@@ -37,6 +37,7 @@ from topologies.errors import Cause, HcclError
 from hcomm.control.rounds import GroupRounds
 from hcomm.control.transport import TransportControl  # noqa: F401 - a sub-communicator's control plane
 from hcomm.exec import OwnResult, run_rank
+from hcomm.exec.shared_plane import SharedPlane
 from hcomm.memory.pool import ResultPool
 
 from . import rendezvous as rdv
@@ -136,6 +137,14 @@ class PeerGroup(Group):
         self._eager = None                 # every rank's eager input of the op being executed
         self._heads = {}                   # id(signature) -> CallPayload.head + (signature, its shape key)
         self._own = {}                     # (id(data program), shape, dtype) -> (it, its compiled OwnResult)
+
+    def _use_shared_plane(self, memory, local: int = 0, pooled_result_bytes=None) -> None:
+        """Run larger ops on the shared-memory plane over `memory` (a MemoryProvider; `local`: this
+        rank among its process's); results of at least `pooled_result_bytes` come from its pool
+        (default: every result past the eager size, which peers then write in place)."""
+        self.plane = SharedPlane(self.rounds, memory, self.rank, self.size, local)
+        self.pooled_result_bytes = self.plain_result_bytes = (
+            self.inline_bytes + 1 if pooled_result_bytes is None else pooled_result_bytes)
 
     # ---- the control plane -----------------------------------------------------------------------
     def _allgather(self, payload: bytes, what: str, op: str) -> list:

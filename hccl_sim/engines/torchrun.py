@@ -22,8 +22,6 @@ import socket
 
 from topologies.errors import HcclError
 
-from hcomm.exec.shared_plane import SharedPlane
-
 from .peer_group import PeerGroup
 
 DEFAULT_TOPOLOGY = "atlas800t-a2"
@@ -68,8 +66,7 @@ class LaunchedGroup(PeerGroup):
     def __init__(self, rank, topo, config, control, transport, memory):
         super().__init__(rank, topo, config, control, transport)
         self.memory = memory
-        self.plane = SharedPlane(self.rounds, memory, rank, self.size)
-        self.pooled_result_bytes = self.plain_result_bytes = self.inline_bytes + 1   # larger ones are not eager
+        self._use_shared_plane(memory)
 
     def close(self):
         """Unlink this rank's segments (its peers have left the last op: destroy_process_group,

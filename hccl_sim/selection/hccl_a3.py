@@ -132,6 +132,13 @@ def _small_allreduce(ctx) -> bool:
     return srv.m > 1 and per_rank <= (SMALL_ONE_POD if one_pod else SMALL_MULTI_POD) * srv.K
 
 
+def _per_rank_bytes(ctx) -> float:
+    """The size HCCL's A3 entry limits compare: AllGather's per-rank input, ReduceScatter's
+    per-rank output, AllReduce's buffer per die."""
+    nbytes = math.prod(ctx.signature.shape) * ctx.itemsize
+    return nbytes if ctx.name == "allgather" else nbytes / ctx.topo.num_ranks
+
+
 def _aiv(ctx, token, token2) -> bool:
     """Whether HCCL runs this call as one AIV kernel (see the module docstring)."""
     limit = AIV_ENTRY.get(ctx.name)
@@ -139,12 +146,9 @@ def _aiv(ctx, token, token2) -> bool:
         return False
     if ctx.pods.shape[0] > 1 or ctx.pods.shape[1] > 1 or not ctx.topo.device_model.aiv_op_overhead_ns:
         return False
-    sig = ctx.signature
-    if sig.redop is not None and sig.redop not in AIV_REDOPS:
+    if ctx.signature.redop is not None and ctx.signature.redop not in AIV_REDOPS:
         return False
-    nbytes = math.prod(sig.shape) * ctx.itemsize
-    per_rank = nbytes if ctx.name == "allgather" else nbytes / ctx.topo.num_ranks
-    return per_rank <= limit
+    return _per_rank_bytes(ctx) <= limit
 
 
 def _small_count(ctx, token, token2) -> bool:
@@ -155,10 +159,8 @@ def _small_count(ctx, token, token2) -> bool:
         return False
     if ctx.pods.shape[0] > 1 or ctx.pods.shape[1] > 1:
         return False
-    nbytes = math.prod(ctx.signature.shape) * ctx.itemsize
-    per_rank = nbytes if ctx.name == "allgather" else nbytes / ctx.topo.num_ranks
-    return per_rank <= limit and nbytes * (ctx.topo.num_ranks if ctx.name == "allgather" else 1) <= \
-        ctx.config.buffsize_bytes
+    total = math.prod(ctx.signature.shape) * ctx.itemsize * (ctx.topo.num_ranks if ctx.name == "allgather" else 1)
+    return _per_rank_bytes(ctx) <= limit and total <= ctx.config.buffsize_bytes
 
 
 def choose(ctx, token, token2):

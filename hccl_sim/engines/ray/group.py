@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 
 from hcomm.control.shm import ShmControl
-from hcomm.exec.shared_plane import SharedPlane
 from hcomm.transports.scoped import ScopedTransport
 from hcomm.transports.watched import WatchedTransport
 
@@ -33,8 +32,7 @@ class RayGroup(PeerGroup):
                          watch=watch)
         self.data_plane, self.watch = data_plane, watch
         if data_plane == "shm":
-            self.plane = SharedPlane(self.rounds, memory, rank, self.size)
-            self.pooled_result_bytes = self.plain_result_bytes = self.inline_bytes + 1   # larger ones are not eager
+            self._use_shared_plane(memory)
         # the job's ranks a fault plan crashed in an op of this rank's communicators (shared with
         # its sub-communicators' groups): the driver takes those deaths for the plan's
         self.lost_world = set() if lost_world is None else lost_world
