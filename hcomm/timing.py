@@ -7,8 +7,11 @@ Rules (docs/design.md, "Simulated time and the cost model"):
   "ready" handshake). Each port serves its step's transfers in the order the algorithm issues
   them (a mesh issues peer i+1 first, then i+2, ...; then sender, receiver): a transfer is
   granted when it heads the queues of both its ports and starts at max(ready, egress port free,
-  ingress port free); the ports are then busy for bytes / bottleneck bandwidth; data arrives route
-  latency later.
+  ingress port free); the ports are then busy for bytes / the route's port bandwidth, and the data
+  arrives bytes / its bottleneck bandwidth plus the route latency later. Where one pair cannot fill
+  a port (port bandwidth above bandwidth: A3's UB) a port's next transfer starts before its last
+  has arrived, and a pair's next transfer still waits for the pair's last (one pair at a time runs
+  at one pair's rate).
 - Reducing receives from one sender in one step are a batch (HCCL writes them to the peer's
   scratch and notifies once); once a step's reducing receives have all arrived, the receiver's
   device engine reduces the batches in issue order, each starting no earlier than its last
@@ -90,6 +93,7 @@ def replay(schedules, entry_ns, cost, dtype: str = "float32", redop: str | None 
     dm = model.device_model
     engine_free = [0] * p
     port_free = {}
+    pair_free = {}              # (egress, ingress) -> the pair's last wire end, where ports outrun a pair
     queues = {}                 # port -> pending transfers, in issue order
     pending_sends, pending_recvs = {}, {}
     inboxes = [None] * p
@@ -185,9 +189,14 @@ def replay(schedules, entry_ns, cost, dtype: str = "float32", redop: str | None 
                             f"which expects {rop.nbytes} B", op=op_name)
         route = tr.route
         ready = max(tr.send_post, tr.recv_post) + model.notify_ns(tr.src, tr.dst) + dm.dispatch_ns
-        wire = transfer_ns(sop.nbytes, dm.wire_bandwidth(route.bandwidth, rop.reduce_with is not None, dtype,
-                                                         redop or "sum"))
+        reducing = rop.reduce_with is not None
+        wire = transfer_ns(sop.nbytes, dm.wire_bandwidth(route.bandwidth, reducing, dtype, redop or "sum"))
+        held = wire
         start = max(ready, port_free.get(tr.egress, 0), port_free.get(tr.ingress, 0))
+        outrun = route.port_bandwidth != route.bandwidth
+        if outrun:
+            held = transfer_ns(sop.nbytes, dm.wire_bandwidth(route.port_bandwidth, reducing, dtype, redop or "sum"))
+            start = max(start, pair_free.get((tr.egress, tr.ingress), 0))
         end = start + wire
         crc = corrupt.pop((tr.src, tr.dst, tr.index), None) if corrupt else None
         if links or crc is not None:
@@ -205,7 +214,9 @@ def replay(schedules, entry_ns, cost, dtype: str = "float32", redop: str | None 
                 raise
             if lost:
                 lost_attempts(tr, sop, route, lost)
-        port_free[tr.egress] = port_free[tr.ingress] = end
+        port_free[tr.egress] = port_free[tr.ingress] = end - (wire - held)    # a slowed or retried attempt holds them
+        if outrun:
+            pair_free[(tr.egress, tr.ingress)] = end
         tr.arrive = end + route.latency_ns
         if events is not None:
             events.append((tr.src, f"send->{tr.dst}", start, tr.arrive, {"bytes": sop.nbytes, "link": route.kind}))

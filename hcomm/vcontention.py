@@ -3,7 +3,10 @@
 Ports serve a step's transfers in the algorithm's issue order (a transfer still starts no earlier
 than it is ready), so the service order is structural: each transfer's predecessor on its egress
 and ingress port is found once per step structure, the transfers are levelled along those chains,
-and each level is one vectorised update. Then every receiver's reductions run one batch per
+and each level is one vectorised update. A port is free once its last transfer has held it (bytes /
+the port's rate); where that is shorter than the transfer's wire time (a port one pair cannot fill),
+a transfer also waits for the wire end of its pair's last transfer, which is earlier on its egress
+chain and so already priced. Then every receiver's reductions run one batch per
 sender, in the order the batches' last transfers were served, exactly as the event-driven
 reference (hcomm.timing) serves them.
 """
@@ -55,7 +58,7 @@ def _levels(p_out, p_in) -> list:
 
 class _Order:
     """The service order of a contended step and everything derived from it."""
-    __slots__ = ("order", "pos", "p_out", "p_in", "levels", "unit", "units", "udst", "chains")
+    __slots__ = ("order", "pos", "p_out", "p_in", "p_pair", "levels", "unit", "units", "udst", "chains")
 
 
 def _struct_rank(pr):
@@ -81,10 +84,18 @@ def _order_for(pr, ready):
     od.pos[od.order] = np.arange(n)
     od.p_out = _predecessor(pr.eport, od.pos)
     od.p_in = _predecessor(pr.iport, od.pos)
+    od.p_pair = None
+    if pr.outrun:
+        od.p_pair = _predecessor(pr.eport * (int(pr.iport.max()) + 1) + pr.iport, od.pos)
     od.levels = []
     for e in _levels(od.p_out, od.p_in):
         preds = [(pred[e], pred[e] >= 0) for pred in (od.p_out, od.p_in)]
-        od.levels.append((e, [(pe[has], has) for pe, has in preds]))
+        pair = None
+        if od.p_pair is not None:
+            pe = od.p_pair[e]
+            has = pe >= 0
+            pair = (pe[has], has) if has.any() else None
+        od.levels.append((e, [(pe[has], has) for pe, has in preds], pair))
     reducing = np.flatnonzero(pr.rflag)
     od.unit = None
     if len(reducing):
@@ -118,12 +129,18 @@ def contended(pr, ready, engine, clock):
     reductions: one batch per sender, in the order the batches' last transfers were served."""
     od = _order_for(pr, ready)
     wire_end = np.zeros(pr.n, dtype=_I64)
-    for e, preds in od.levels:
+    held_end = np.zeros(pr.n, dtype=_I64) if pr.outrun else wire_end    # when each transfer frees its ports
+    for e, preds, pair in od.levels:
         start = ready[e]                   # a copy (fancy indexing)
         for pe, has in preds:
             if len(pe):
-                start[has] = np.maximum(start[has], wire_end[pe])
+                start[has] = np.maximum(start[has], held_end[pe])
+        if pair is not None:
+            pe, has = pair
+            start[has] = np.maximum(start[has], wire_end[pe])
         wire_end[e] = start + pr.wire[e]
+        if pr.outrun:
+            held_end[e] = start + pr.occ[e]
     done = wire_end + pr.lat
     if od.unit is None:
         return done

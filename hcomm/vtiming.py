@@ -37,7 +37,7 @@ _CACHE_LIMIT = 20000
 
 class _Prep:
     """Per-step arrays that depend only on the step's structure and the topology."""
-    __slots__ = ("src", "dst", "nf", "nb", "wire", "lat", "red", "rflag", "eport", "iport", "l_rank", "l_cost", "fast",
+    __slots__ = ("src", "dst", "nf", "nb", "wire", "occ", "outrun", "_pbw", "lat", "red", "rflag", "eport", "iport", "l_rank", "l_cost", "fast",
                  "perm", "inv", "src_unique", "dst_unique", "cost_fwd", "n", "_struct", "_order", "listing", "_bw",
                  "shift", "nb_zero", "ports_free", "rollable", "key", "pieces")
 
@@ -85,9 +85,11 @@ def _aggregate_pairs(pr) -> bool:
     np.add.at(wire, inv, pr.wire)
     red = np.zeros(len(uniq), dtype=_I64)
     np.add.at(red, inv, pr.red)
+    # the pair's ports are free once its last transfer has held them (its wire before that ran back to back)
+    occ = wire - (pr.wire[last] - pr.occ[last]) if pr.outrun else wire
     for name in ("src", "dst", "nf", "nb", "lat", "eport", "iport", "rflag", "listing"):
         setattr(pr, name, getattr(pr, name)[first])
-    pr.wire, pr.red, pr.n = wire, red, len(uniq)
+    pr.wire, pr.occ, pr.red, pr.n = wire, occ, red, len(uniq)
     return True
 
 
@@ -105,7 +107,8 @@ def _prep(view, cost, dtype, redop, p, compact=True) -> _Prep:
     count = counts(view)
     pr = _Prep()
     pr._struct = pr._order = pr._bw = pr.shift = pr.key = None
-    pr.nb_zero = pr.ports_free = pr.rollable = False
+    pr.nb_zero = pr.ports_free = pr.rollable = pr.outrun = False
+    pr.occ = pr._pbw = None
     src = np.asarray(view.t_src, dtype=_I64)
     dst = np.asarray(view.t_dst, dtype=_I64)
     pr.src, pr.dst, pr.n = src, dst, len(src)
@@ -113,19 +116,26 @@ def _prep(view, cost, dtype, redop, p, compact=True) -> _Prep:
     pr.listing = np.arange(len(src), dtype=_I64)
     dm = cost.device_model
     if len(src):
-        lat, bw, eport, iport = cost.route_arrays(src, dst)
+        lat, bw, pbw, eport, iport = cost.route_arrays(src, dst)
         from topologies.model import transfer_ns_array
         pr.rflag = np.asarray(view.t_rbuf) >= 0
+        pr.outrun = bool((pbw != bw).any())       # some port carries more than its pair's rate
         bw = dm.wire_bandwidth(bw, pr.rflag, dtype, redop or "sum")
         pr._bw = bw
         pr.wire = transfer_ns_array(view.t_bytes, bw)
+        pr._pbw = dm.wire_bandwidth(pbw, pr.rflag, dtype, redop or "sum") if pr.outrun else bw
+        pr.occ = transfer_ns_array(view.t_bytes, pr._pbw) if pr.outrun else pr.wire
         pr.lat = lat
         pr.eport, pr.iport = eport, iport
         pr.nf = cost.notify_arrays(src, dst) + dm.dispatch_ns      # ready: notify and the step's dispatch
         pr.nb = cost.notify_arrays(dst, src)
         pr.red = np.where(pr.rflag, dm.reduce_ns_array(view.t_bytes, dtype, redop or "sum"), 0)
         if count is not None:
-            pr.wire = pr.wire * count      # a run's transfers back to back: the sum of their wire times
+            # a run's transfers back to back: the sum of their wire times; its ports are free once
+            # the last has held them
+            one = pr.wire
+            pr.wire = one * count
+            pr.occ = pr.wire - (one - pr.occ) if pr.outrun else pr.wire
             pr.red = pr.red * count
         if not _aggregate_pairs(pr) and count is not None:
             return _prep(expand_timing(view), cost, dtype, redop, p, compact=False)
@@ -144,7 +154,7 @@ def _prep(view, cost, dtype, redop, p, compact=True) -> _Prep:
         pr.nb_zero = not pr.nb.any()
         # the byte-dependent costs are functions of the bytes alone: a rotated pattern's are rotated
         pr.rollable = (pr.n == pr.pieces and not len(pr.l_rank) and bool((pr._bw == pr._bw[0]).all())
-                       and bool((pr.rflag == pr.rflag[0]).all()))
+                       and bool((pr._pbw == pr._pbw[0]).all()) and bool((pr.rflag == pr.rflag[0]).all()))
         # every rank sends once and receives once: the cheapest update
         pr.perm = pr.src_unique and pr.dst_unique and len(src) == p
         if pr.perm:
@@ -188,6 +198,7 @@ def _reprice(base, view, cost, dtype, redop):
     from topologies.model import transfer_ns_array
     nbytes = np.asarray(view.t_bytes, dtype=_I64)
     pr.wire = transfer_ns_array(nbytes, base._bw)
+    pr.occ = transfer_ns_array(nbytes, base._pbw) if base.outrun else pr.wire
     pr.red = np.where(pr.rflag, dm.reduce_ns_array(nbytes, dtype, redop or "sum"), 0)
     pr.cost_fwd = pr.nf + pr.wire + pr.lat + pr.red
     if len(pr.l_rank) or len(np.asarray(view.c_rank)) or len(np.asarray(view.g_rank)):
@@ -212,16 +223,19 @@ def _rolled(base, view, cost, dtype, redop, cache, ck):
         from topologies.model import transfer_ns_array
         nbytes = np.asarray(pattern, dtype=_I64)
         wire = transfer_ns_array(nbytes, base._bw[:1])
+        occ = transfer_ns_array(nbytes, base._pbw[:1]) if base.outrun else wire
         red = np.where(base.rflag[0], dm.reduce_ns_array(nbytes, dtype, redop or "sum"), 0).astype(_I64)
-        alike = bool(wire.min() == wire.max() and red.min() == red.max())
-        key = ("priced", ck, int(wire[0]), int(red[0])) if alike else None
-        got = cache[pk] = (pattern, np.concatenate([wire, wire]), np.concatenate([red, red]), key)
+        alike = bool(wire.min() == wire.max() and occ.min() == occ.max() and red.min() == red.max())
+        key = ("priced", ck, int(wire[0]), int(occ[0]), int(red[0])) if alike else None
+        got = cache[pk] = (pattern, np.concatenate([wire, wire]), np.concatenate([red, red]), key,
+                           np.concatenate([occ, occ]))
     n = len(pattern)
     k = view.shift % n
     pr = _Prep()
     for name in _Prep.__slots__:
         setattr(pr, name, getattr(base, name, None))
     pr.wire, pr.red = got[1][n - k:2 * n - k], got[2][n - k:2 * n - k]     # np.roll(prices, shift)
+    pr.occ = got[4][n - k:2 * n - k] if base.outrun else pr.wire
     pr.cost_fwd = pr.nf + pr.wire + pr.lat + pr.red
     pr.fast = pr.ports_free and (pr.dst_unique or _distinct(pr.dst[pr.red > 0]))
     pr._order = None

@@ -33,11 +33,11 @@ def test_routes_sio_ub_roce():
     rng = np.random.default_rng(3)
     src = rng.integers(0, 64, 400)
     dst = (src + rng.integers(1, 64, 400)) % 64
-    lat, bw, eport, iport = t.route_arrays(src, dst)
+    lat, bw, pbw, eport, iport = t.route_arrays(src, dst)
     names_e, names_i = {}, {}
     for k, (a, b) in enumerate(zip(src.tolist(), dst.tolist())):
         r = t.route(a, b)
-        assert (lat[k], bw[k]) == (r.latency_ns, r.bandwidth)
+        assert (lat[k], bw[k], pbw[k]) == (r.latency_ns, r.bandwidth, r.port_bandwidth)
         assert names_e.setdefault(r.egress, eport[k]) == eport[k] and names_i.setdefault(r.ingress, iport[k]) == iport[k]
     assert len(set(names_e.values())) == len(names_e) and len(set(names_i.values())) == len(names_i)
 

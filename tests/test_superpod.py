@@ -293,3 +293,75 @@ def test_double_ring_halves_are_128_byte_aligned():
     assert double_ring.halves(10, 4) == [(0, 10)]
     assert double_ring.halves(0, 4) == [(0, 0)]
     assert list(double_ring.order(5, 1)) == [0, 4, 3, 2, 1] and list(double_ring.order(4, 0, first=2)) == [2, 3, 0, 1]
+
+
+def _one_step_events(topo, sends):
+    """The event-driven replay's transfer events of one step in which die 0 sends `sends` (peer,
+    bytes) in that order and each peer receives them."""
+    from hcomm.steps import Recv, Send
+    from hcomm.timing import replay
+    p = topo.num_ranks
+    steps = [[] for _ in range(p)]
+    steps[0] = [tuple(Send(peer, None, n, order=k) for k, (peer, n) in enumerate(sends))]
+    for peer in {peer for peer, _ in sends}:
+        steps[peer] = [tuple(Recv(0, None, n, order=k) for k, (q, n) in enumerate(sends) if q == peer)]
+    events = []
+    replay(steps, [0] * p, topo, events=events)
+    return [(start, end) for r, name, start, end, _ in events if r == 0 and name.startswith("send->")]
+
+
+@pytest.mark.unit
+def test_a_ub_port_carries_more_than_one_pair_and_a_pair_runs_at_its_own_rate():
+    """Pricing rule 9: a die's UB port is held for bytes / its port rate (178 GB/s) while each
+    pair's transfer runs at one pair's rate (125.3 GB/s): sends to two UB peers overlap, the second
+    starting one port time after the first; two sends to one peer run back to back; over SIO
+    (port = pair) the second waits for the whole first, as before."""
+    from topologies.model import transfer_ns
+    topo = a3(1, 1)
+    b = 1 << 20
+    ub = topo.route(0, 2)
+    assert ub.port_bandwidth == 178.0e9 and ub.bandwidth == 125.3e9
+    wire, held = transfer_ns(b, ub.bandwidth), transfer_ns(b, ub.port_bandwidth)
+    (s1, e1), (s2, e2) = _one_step_events(topo, [(2, b), (4, b)])
+    assert s2 - s1 == held and e1 - s1 == e2 - s2 == wire + ub.latency_ns
+    (s1, e1), (s2, e2) = _one_step_events(topo, [(2, b), (2, b)])
+    assert s2 - s1 == wire
+    sio = topo.route(0, 1)
+    assert sio.port_bandwidth == sio.bandwidth
+    (s1, _), (s2, _) = _one_step_events(topo, [(1, b), (1, b)])
+    assert s2 - s1 == transfer_ns(b, sio.bandwidth)
+    # the rate a die reaches over many UB peers at once: its port's, not the pair's
+    (first, _), *_, (_, last) = _one_step_events(topo, [(peer, b) for peer in range(2, 16)])
+    assert last - first == 13 * held + wire + ub.latency_ns
+
+
+@pytest.mark.parametrize("case", [pytest.param((1, 1), marks=pytest.mark.unit),
+                                  pytest.param((1, 1, 8), marks=pytest.mark.unit),
+                                  pytest.param((1, 2), marks=pytest.mark.unit)], ids=str)
+def test_vectorised_timing_equals_event_driven_reference_on_mesh_steps(case):
+    """Steps where a die drives many UB peers at once (AIV mesh kernels, the AI CPU's small-count
+    mesh, AlltoAll's and the mesh's transfers between servers of a superpod) price alike in both
+    engines, ports held shorter than their transfers."""
+    from hccl_sim.algorithms.common import side_by_side
+    from hccl_sim.plan.costs import with_expansion
+    from hcomm.cost import CostModel
+    topo = a3(*case)
+    p = topo.num_ranks
+    rng = np.random.default_rng(p)
+    labels = set()
+    for env in ({"HCCL_OP_EXPANSION_MODE": "AIV"}, {}):
+        config = Config.from_env(env)
+        for coll in collectives.DATA_COLLECTIVES:
+            for algo in (None, "level0:NA;level1:ring"):
+                s = sig(coll, p, p * 40, algo)
+                choice = choose(s, topo, config, 4)
+                labels.add(choice.label.split(" ")[0])
+                cost = with_expansion(CostModel.of(topo), choice.expansion)
+                for length in ((40 * p, 3) if coll not in collectives.BLOCK else (40, 3)):
+                    parts = build_parts(coll, choice, cost.topology, length, 4, s.root)
+                    program = side_by_side(*[pg for _, _, pg in parts])
+                    for entry in (np.zeros(p, dtype=np.int64), rng.integers(0, 50_000, p)):
+                        want = des_times(program, entry, cost, s.dtype, s.redop or "sum")
+                        got = program_times(program, entry, cost, s.dtype, s.redop or "sum")
+                        assert list(got) == list(want), f"{case} {env} {coll} {choice.label} len={length}"
+    assert "grouped_fullmesh" in labels and ("fullmesh" in labels) == (topo.num_servers == 1)

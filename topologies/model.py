@@ -82,6 +82,14 @@ class Route:
     bandwidth: float       # bottleneck bandwidth, bytes/s
     egress: tuple          # (node, port) the transfer leaves by
     ingress: tuple         # (node, port) the transfer arrives by
+    # What its ports carry, bytes/s: a port is held for bytes / this, while the transfer itself runs
+    # at `bandwidth` (one pair's rate). Above `bandwidth` only where one pair cannot fill a port
+    # (A3's UB); None: `bandwidth`.
+    port_bandwidth: float = None
+
+    def __post_init__(self):
+        if self.port_bandwidth is None or self.port_bandwidth < self.bandwidth:
+            object.__setattr__(self, "port_bandwidth", self.bandwidth)
 
     @property
     def kind(self) -> str:
@@ -264,9 +272,9 @@ class Topology:
             raise HcclError("E_PARA", f"route {src}->{dst}: a rank has no route to itself")
         router = self.params.get("router")
         if router is not None:
-            lat, bw, eport, iport, hops, kinds = router.one(src, dst)
+            lat, bw, pbw, eport, iport, hops, kinds = router.one(src, dst)
             return Route(src=src, dst=dst, hops=hops, kinds=kinds, latency_ns=lat, bandwidth=bw,
-                         egress=(src, eport), ingress=(dst, iport))
+                         egress=(src, eport), ingress=(dst, iport), port_bandwidth=pbw)
         g = self.graph
         if g.has_edge(src, dst):
             path = [src, dst]
@@ -289,7 +297,8 @@ class Topology:
         )
 
     def route_arrays(self, src, dst):
-        """Vectorised routes: (latency_ns, bandwidth, egress port id, ingress port id) arrays.
+        """Vectorised routes: (latency_ns, bandwidth, port bandwidth, egress port id, ingress port
+        id) arrays (Route's fields).
 
         Port ids are integers that are equal exactly when two transfers share a port."""
         router = self.params.get("router")
@@ -301,6 +310,7 @@ class Topology:
             return ports.setdefault(port, len(ports))
         return (np.array([r.latency_ns for r in routes], dtype=np.int64),
                 np.array([r.bandwidth for r in routes], dtype=np.float64),
+                np.array([r.port_bandwidth for r in routes], dtype=np.float64),
                 np.array([pid(r.egress) for r in routes], dtype=np.int64),
                 np.array([pid(("in",) + r.ingress) for r in routes], dtype=np.int64))
 

@@ -39,15 +39,16 @@ class HardwareRouter:
         self.server_of = np.asarray(server_of, dtype=np.int64)
         self.device_of = np.asarray(device_of, dtype=np.int64)
         self.superpod_of = None if superpod_of is None else np.asarray(superpod_of, dtype=np.int64)
+        # a die's UB port carries more than one pair's rate (`port_bandwidth`, docs/design.md rule 9)
         self.ub = None if pod is None else (2 * seconds_to_ns(pod["latency_per_hop"]), float(pod["bandwidth"]),
-                                            pod["kind"])
+                                            pod["kind"], float(pod.get("port_bandwidth", pod["bandwidth"])))
         self.group_size = int(intra.get("group_size", 1 << 30)) if intra["layout"] == "groups" else 1 << 30
         self.per_link = intra.get("ports", "shared") == "per_link"
-        self.hccs = (seconds_to_ns(intra["latency"]), float(intra["bandwidth"]), intra["kind"])
+        self.hccs = _spec(seconds_to_ns(intra["latency"]), intra["bandwidth"], intra["kind"])
         cross = intra.get("cross_group")
-        self.pcie = None if cross is None else (2 * seconds_to_ns(cross["latency_per_hop"]), float(cross["bandwidth"]),
-                                                cross["kind"])
-        self.roce = (2 * seconds_to_ns(inter["latency_per_hop"]), float(inter["bandwidth"]), inter["kind"])
+        self.pcie = None if cross is None else _spec(2 * seconds_to_ns(cross["latency_per_hop"]), cross["bandwidth"],
+                                                     cross["kind"])
+        self.roce = _spec(2 * seconds_to_ns(inter["latency_per_hop"]), inter["bandwidth"], inter["kind"])
         self.backup = ()                  # dies on their partner's NIC (with_backup)
         self._borrower = self._shared = self._partner = None
 
@@ -96,39 +97,42 @@ class HardwareRouter:
         cls = self._class(src, dst)
         lat = np.empty(len(src), dtype=np.int64)
         bw = np.empty(len(src), dtype=np.float64)
+        pbw = np.empty(len(src), dtype=np.float64)
         for code, spec in self._specs():
             if spec is None:
                 continue
             sel = cls == code
-            lat[sel], bw[sel] = spec[0], spec[1]
+            lat[sel], bw[sel], pbw[sel] = spec[0], spec[1], spec[3]
         if self.backup:
-            lat, bw = self._backup_routes(cls == ROCE, src, dst, lat, bw)
+            roce = cls == ROCE
+            lat, bw = self._backup_routes(roce, src, dst, lat, bw)
+            pbw = np.where(roce, bw, pbw)         # a NIC: one pair fills it
         eport, iport = src * PORTS + cls, dst * PORTS + cls
         if self.per_link:
             hccs = cls == HCCS
             eport = np.where(hccs, src * PORTS + PER_LINK + self.device_of[dst], eport)
             iport = np.where(hccs, dst * PORTS + PER_LINK + self.device_of[src], iport)
-        return lat, bw, eport, iport
+        return lat, bw, pbw, eport, iport
 
     def _backup_routes(self, roce, src, dst, lat, bw):
         """Latency and bandwidth of RoCE routes with backup NICs in use: one SIO hop more per
         borrowing end; NIC_SHARE of the bandwidth where either end's NIC is shared (and no more
         than SIO carries, for a borrower)."""
-        sio_lat, sio_bw, _ = self.hccs
+        sio_lat, sio_bw = self.hccs[:2]
         borrowing = self._borrower[src].astype(np.int64) + self._borrower[dst]
         lat = np.where(roce, lat + borrowing * sio_lat, lat)
         bw = np.where(roce & (self._shared[src] | self._shared[dst]), bw * NIC_SHARE, bw)
         return lat, np.where(roce & (borrowing > 0), np.minimum(bw, sio_bw), bw)
 
     def _specs(self):
-        """(class code, (latency ns, bandwidth, kind) or None) of every link class."""
+        """(class code, (latency ns, bandwidth, kind, port bandwidth) or None) of every link class."""
         if self.superpod_of is not None:     # SIO is the intra-server spec of a superpod preset
             return ((SIO, self.hccs), (UB, self.ub), (ROCE, self.roce))
         return ((HCCS, self.hccs), (PCIE, self.pcie), (ROCE, self.roce))
 
     def one(self, src, dst):
         code = int(self._class(np.array([src]), np.array([dst]))[0])
-        lat, bw, kind = dict(self._specs())[code]
+        lat, bw, kind, pbw = dict(self._specs())[code]
         via = {HCCS: (), SIO: (), PCIE: (f"pcie:{int(self.server_of[src])}",), ROCE: ("roce",),
                UB: (f"ub:{int(self.superpod_of[src])}",) if self.superpod_of is not None else ()}[code]
         eport = iport = _PORT_NAMES[code]
@@ -139,12 +143,18 @@ class HardwareRouter:
             got = self._backup_routes(np.array([True]), np.array([src]), np.array([dst]), np.array([lat]),
                                       np.array([bw]))
             lat, bw = int(got[0][0]), float(got[1][0])
+            pbw = bw
             sio = self.hccs[2]
             if self._borrower[src]:
                 hops, kinds = (src, int(self._partner[src])) + hops[1:], (sio,) + kinds
             if self._borrower[dst]:
                 hops, kinds = hops[:-1] + (int(self._partner[dst]), dst), kinds + (sio,)
-        return lat, bw, eport, iport, hops, kinds
+        return lat, bw, pbw, eport, iport, hops, kinds
+
+
+def _spec(latency_ns: int, bandwidth, kind: str) -> tuple:
+    """A link class whose ports one pair fills: (latency ns, bandwidth, kind, port bandwidth)."""
+    return latency_ns, float(bandwidth), kind, float(bandwidth)
 
 
 def hccs_port(peer_device: int) -> str:
@@ -160,11 +170,11 @@ class FullMeshRouter:
 
     def many(self, src, dst):
         n = len(src)
-        return (np.full(n, self.lat, dtype=np.int64), np.full(n, self.bw), src * self.p + dst,
+        return (np.full(n, self.lat, dtype=np.int64), np.full(n, self.bw), np.full(n, self.bw), src * self.p + dst,
                 self.p * self.p + dst * self.p + src)
 
     def one(self, src, dst):
-        return self.lat, self.bw, f"link:{dst}", f"link:{src}", (src, dst), ("link",)
+        return self.lat, self.bw, self.bw, f"link:{dst}", f"link:{src}", (src, dst), ("link",)
 
 
 class RingRouter:
@@ -182,7 +192,7 @@ class RingRouter:
     def many(self, src, dst):
         hops, clockwise = self._hops(src, dst)
         n = len(src)
-        return (hops * self.lat, np.full(n, self.bw), src * PORTS + np.where(clockwise, RIGHT, LEFT),
+        return (hops * self.lat, np.full(n, self.bw), np.full(n, self.bw), src * PORTS + np.where(clockwise, RIGHT, LEFT),
                 dst * PORTS + np.where(clockwise, LEFT, RIGHT))
 
     def one(self, src, dst):
@@ -190,4 +200,4 @@ class RingRouter:
         h, cw = int(hops[0]), bool(clockwise[0])
         step = 1 if cw else -1
         path = tuple((src + step * i) % self.p for i in range(h + 1))
-        return h * self.lat, self.bw, "right" if cw else "left", "left" if cw else "right", path, ("link",) * h
+        return h * self.lat, self.bw, self.bw, "right" if cw else "left", "left" if cw else "right", path, ("link",) * h

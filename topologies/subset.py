@@ -35,7 +35,7 @@ class SubsetRouter:
 
     def one(self, src, dst):
         r = self.parent.route(self.members[src], self.members[dst])
-        return r.latency_ns, r.bandwidth, r.egress[1], r.ingress[1], r.hops, r.kinds
+        return r.latency_ns, r.bandwidth, r.port_bandwidth, r.egress[1], r.ingress[1], r.hops, r.kinds
 
 
 def _first_seen(values) -> dict:

@@ -332,6 +332,8 @@ def cmd_topo(args) -> int:
     print(topo.summary())
     for (src, dst), route in zip(pairs, routes):
         bw = "inf" if math.isinf(route.bandwidth) else f"{route.bandwidth / 1e9:g} GB/s"
+        if route.port_bandwidth != route.bandwidth:          # one pair does not fill the port
+            bw += f" per pair (its ports {route.port_bandwidth / 1e9:g} GB/s)"
         print(f"route {src} -> {dst}: {' -> '.join(map(str, route.hops))} over {route.kind}, "
               f"latency {route.latency_ns / 1000:g} us, bottleneck {bw}, ports {route.egress[1]} -> {route.ingress[1]}")
     if args.ranktable:
