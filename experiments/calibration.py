@@ -1,10 +1,11 @@
-"""Simulated times against published measurements of HCCL on Ascend 910B and A3.
+"""Simulated times against published measurements of HCCL on Ascend 910B and A3; 910A has none.
 
 Reads every point of `calibration_points.yaml` (beside this script: source, hardware, what the
 figure means, confidence), simulates the same op on the point's preset (`atlas800t-a2` unless it
 names another: `atlas900-a3`) with as many NPUs (A3: dies) and the same HCCL_BUFFSIZE and dtype,
 and prints published vs simulated and their ratio (simulated /
-published, for durations and bandwidths alike: > 1 means the model is slow). Goals: 0.9-1.1 for
+published, for durations and bandwidths alike: > 1 means the model is slow), then for each of the
+three hardware presets its points and what its preset file says is calibrated. Goals: 0.9-1.1 for
 large-message points, +-25 % for small-message floors; mid-size points are reported only. Writes
 `out/calibration.json` and a plot `out/calibration.png`.
 
@@ -19,7 +20,7 @@ import yaml
 
 import hccl_sim
 from hcomm.cost import CostModel
-from topologies.presets import hardware
+from topologies.presets import HARDWARE_PRESETS, hardware, preset_data
 
 HERE = Path(__file__).resolve().parent
 POINTS = HERE / "calibration_points.yaml"
@@ -111,6 +112,11 @@ def main():
               f"{r['figure']:>8.4g} {r['unit']:4s} {r['simulated']:>8.4g} {r['unit']:4s} {r['ratio']:6.3f} "
               f"{goal:>9s}  {r['confidence']}{mark}")
     missed = [r["id"] for r in rows if r["within"] is False]
+    for name in HARDWARE_PRESETS:                    # every preset, those with no published point too
+        mine = [r for r in rows if r.get("preset", "atlas800t-a2") == name]
+        goals = [r for r in mine if r["within"] is not None]
+        print(f"# {name}: {len(mine)} points, {sum(r['within'] is True for r in goals)} of {len(goals)} with a goal "
+              f"meet it; calibrated: {preset_data(name).get('calibration', 'unvalidated')}")
     print(f"# {sum(r['within'] is True for r in rows)} of {sum(r['within'] is not None for r in rows)} points "
           f"with a goal meet it" + (f"; missed: {', '.join(missed)}" if missed else ""))
     OUT.mkdir(exist_ok=True)
