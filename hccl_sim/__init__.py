@@ -234,8 +234,9 @@ def op_count(op: str, nbytes: int, p: int, itemsize: int) -> int:
     return collectives.get(op).count_for_bytes(nbytes, p, itemsize)
 
 
-def simulate(op: str, nbytes: int, topology=None, algo: str | None = None, dtype="float32", redop="sum",
-             root: int = 0, env: dict | None = None, trace: bool = False, policy: str | None = None, faults=None):
+def simulate(op: str, nbytes: int | None = None, topology=None, algo: str | None = None, dtype="float32", redop="sum",
+             root: int = 0, env: dict | None = None, trace: bool = False, policy: str | None = None, faults=None,
+             counts=None):
     """Replay `op` on `nbytes` without payload and return an Estimate (`.time`, `.algo`, `.busbw`).
 
     The replay is vectorised over ranks (hcomm.vtiming): a 1 GiB AllReduce on 16,384 ranks takes
@@ -245,12 +246,19 @@ def simulate(op: str, nbytes: int, topology=None, algo: str | None = None, dtype
     `nbytes` is the op's size as nccl-tests counts it: the AllReduce/Broadcast/Reduce buffer, the
     whole AllGather output, the whole ReduceScatter input, the whole AlltoAll send buffer.
     `faults`: a FaultPlan; the op is the job's first (op index 0), entered at time 0.
+
+    Variable-size ops (alltoallv, alltoallvc) take `counts` instead of `nbytes`: the p x p matrix
+    of elements rank i sends to rank j (blocks laid out in rank order); their size is the largest
+    send buffer.
     """
     topo = _topology(topology)
     name = canonical_op(op)
     dname = dtype_name(dtype)
     itemsize = numpy_dtype(dname).itemsize
     p = topo.num_ranks
+    coll = collectives.get(name)
+    if coll.variable or counts is not None:
+        return _simulate_variable(coll, nbytes, counts, topo, algo, dname, itemsize, env, trace, policy, faults)
     nbytes = integer(nbytes, "nbytes", 0, where="simulate")
     if name == "alltoall" and p > MAX_ALLTOALL_RANKS:
         raise HcclError("E_PARA", f"simulate alltoall: {p} ranks are over the limit of {MAX_ALLTOALL_RANKS} "
@@ -264,7 +272,6 @@ def simulate(op: str, nbytes: int, topology=None, algo: str | None = None, dtype
                         f"got {algo!r} ({type(algo).__name__})")
     if not isinstance(trace, (bool, np.bool_)):
         raise HcclError("E_PARA", f"simulate: trace must be True or False, got {trace!r}")
-    coll = collectives.get(name)
     count = coll.count_for_bytes(nbytes, p, itemsize)
     shape = coll.input_shape_for_bytes(nbytes, p, itemsize)
     red = parse_reduce_op(redop).value if coll.reducing else None
@@ -279,5 +286,42 @@ def simulate(op: str, nbytes: int, topology=None, algo: str | None = None, dtype
             survivor = next(r for r in range(p) if r != crash[0]) if p > 1 else crash[0]
             raise config.faults.lost_error(crash, plan, config, survivor, name)[1]
     est = Estimate(name, count * itemsize, count, dname, plan.algo, p,
+                   tuple((e - s) / 1e9 for s, e in zip(plan.entry, plan.exits)), plan.retries, plan.notes)
+    return (est, plan) if trace else est
+
+
+def _simulate_variable(coll, nbytes, counts, topo, algo, dname, itemsize, env, trace, policy, faults):
+    """simulate() of a variable-size op from its count matrix (elements)."""
+    p = topo.num_ranks
+    if not coll.variable:
+        raise HcclError("E_PARA", f"simulate {coll.name}: counts= is for the variable-size ops "
+                        f"({', '.join(collectives.VARIABLE)}); give nbytes")
+    if nbytes is not None:
+        raise HcclError("E_PARA", f"simulate {coll.name}: give counts= (the p x p matrix of elements), not nbytes")
+    try:
+        matrix = np.asarray(counts)
+        ok = matrix.shape == (p, p) and matrix.dtype.kind in "iu" and not (matrix < 0).any()
+    except Exception:
+        ok = False
+    if not ok:
+        raise HcclError("E_PARA", f"simulate {coll.name}: counts must be a {p} x {p} matrix of non-negative "
+                        f"integers (elements rank i sends to rank j), got {counts!r}")
+    if algo is not None and not isinstance(algo, str):
+        raise HcclError("E_PARA", f"simulate: algo must be a string (an HCCL token or HCCL_ALGO string), "
+                        f"got {algo!r} ({type(algo).__name__})")
+    if not isinstance(trace, (bool, np.bool_)):
+        raise HcclError("E_PARA", f"simulate: trace must be True or False, got {trace!r}")
+    from .collectives.variable import VCounts
+    sig = Signature(coll.name, (), dname, None, None, algo, False, VCounts.contiguous(matrix))
+    config = with_faults(topo, Config.from_env(env, policy), faults)
+    entry = [0] * p if config.faults is None else [config.faults.straggle_ns(r, 0) for r in range(p)]
+    now = None if config.faults is None else FaultProgress(config.faults).before()
+    plan = make_plan(sig, topo, config, entry, itemsize, trace=trace, faults_now=now)
+    if config.faults is not None and config.faults.crashes:
+        crash = config.faults.crash_in(plan, 0, topo, config)
+        if crash is not None:
+            survivor = next(r for r in range(p) if r != crash[0]) if p > 1 else crash[0]
+            raise config.faults.lost_error(crash, plan, config, survivor, coll.name)[1]
+    est = Estimate(coll.name, plan.nbytes, plan.nbytes // itemsize, dname, plan.algo, p,
                    tuple((e - s) / 1e9 for s, e in zip(plan.entry, plan.exits)), plan.retries, plan.notes)
     return (est, plan) if trace else est

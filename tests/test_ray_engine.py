@@ -37,6 +37,15 @@ def timeline(comm, count):
                lambda: comm.reduce_scatter(np.tile(x, comm.size)), lambda: comm.all_to_all(np.tile(x, comm.size))):
         op()
         records.append((comm.last_op.algo, comm.last_op.start, comm.last_op.end))
+    p, r = comm.size, comm.rank                   # AlltoAllV: uneven rows per pair, rank 1 sends none
+    C = ((np.arange(p * p).reshape(p, p) * 7 + 3) % 5) * (count // 4 + 1)
+    C[1] = 0
+    xs = [np.arange(C[i].sum(), dtype=np.float32) + 1000 * i for i in range(p)]
+    want = np.concatenate([np.split(xs[i], np.cumsum(C[i])[:-1])[r] for i in range(p)])
+    got = comm.all_to_all_v(xs[r], C[r], C[:, r])
+    if not np.array_equal(got, want):
+        raise AssertionError(f"rank {r}: all_to_all_v's rows differ from numpy's")
+    records.append((comm.last_op.algo, comm.last_op.start, comm.last_op.end))
     comm.barrier()
     return records, comm.clock
 

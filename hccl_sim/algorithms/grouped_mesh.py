@@ -40,14 +40,7 @@ def sdma_distances(G: int) -> list:
 def alltoall(group_of, unit: int, src=INPUT, dst=OUTPUT) -> list:
     group_of = np.asarray(group_of, dtype=np.int64)
     p = len(group_of)
-    ranks = np.argsort(group_of, kind="stable")
-    groups = int(group_of.max()) + 1 if p else 0
-    G = p // groups if groups else 0
-    members = ranks.reshape(groups, G)            # members[g, i]: rank i of group g
-    g_of = np.empty(p, dtype=np.int64)
-    i_of = np.empty(p, dtype=np.int64)
-    g_of[members.reshape(-1)] = np.repeat(np.arange(groups), G)
-    i_of[members.reshape(-1)] = np.tile(np.arange(G), groups)
+    members, g_of, i_of, G, groups = _groups(group_of)      # members[g, i]: rank i of group g
     r = np.arange(p)
     dist = sdma_distances(G)
     rounds = [dist[k:k + SDMA_CONCURRENT] for k in range(0, len(dist), SDMA_CONCURRENT)]
@@ -65,3 +58,48 @@ def alltoall(group_of, unit: int, src=INPUT, dst=OUTPUT) -> list:
             b.transfers(r, to, unit, src, to, to + 1, dst, r)
         steps.append(b.build())
     return steps
+
+
+def alltoallv(group_of, blocks, itemsize: int, src=INPUT, dst=OUTPUT) -> list:
+    """The grouped full mesh with a count per pair (what alltoallv_direct_fullmesh.cc is written
+    for): the same peers in the same rounds, each pair moving its own block; `blocks` as
+    pairwise.alltoallv's. A pair with nothing to move has no transfer."""
+    lengths, soff, doff = blocks
+    group_of = np.asarray(group_of, dtype=np.int64)
+    p = len(group_of)
+    members, g_of, i_of, G, groups = _groups(group_of)
+    r = np.arange(p)
+    dist = sdma_distances(G)
+    rounds = [dist[k:k + SDMA_CONCURRENT] for k in range(0, len(dist), SDMA_CONCURRENT)]
+    remote = p - G
+    steps = []
+
+    def send(b, to):
+        length = lengths[r, to]
+        go = length > 0
+        b.transfers(r[go], to[go], itemsize, src, soff[r, to][go], (soff[r, to] + length)[go], dst, doff[r, to][go])
+    for k in range(max(len(rounds), remote, 1)):
+        b = StepBuilder()
+        if k == 0:
+            own = lengths[r, r] > 0
+            b.copies(r[own], itemsize, src, soff[r, r][own], (soff[r, r] + lengths[r, r])[own], dst, doff[r, r][own])
+        for d in (rounds[k] if k < len(rounds) else ()):
+            send(b, members[g_of, (i_of + d) % G])
+        if k < remote:
+            send(b, members[(g_of + 1 + k // G) % groups, (i_of + k) % G])
+        steps.append(b.build())
+    return steps
+
+
+def _groups(group_of):
+    """(members[g, i], every rank's group, its index in it, group size, groups)."""
+    p = len(group_of)
+    ranks = np.argsort(group_of, kind="stable")
+    groups = int(group_of.max()) + 1 if p else 0
+    G = p // groups if groups else 0
+    members = ranks.reshape(groups, G)
+    g_of = np.empty(p, dtype=np.int64)
+    i_of = np.empty(p, dtype=np.int64)
+    g_of[members.reshape(-1)] = np.repeat(np.arange(groups), G)
+    i_of[members.reshape(-1)] = np.tile(np.arange(G), groups)
+    return members, g_of, i_of, G, groups

@@ -218,3 +218,61 @@ def alltoall(srv: Servers, unit: int) -> list:
     ranks = np.stack([srv.group(i) for i in range(K)])
     phase2 = tile(pairwise.alltoall(m, unit, SCRATCH, OUTPUT, rows=K), ranks)
     return sequence(phase1, phase2)
+
+
+def alltoallv(srv: Servers, blocks, itemsize: int) -> list:
+    """AlltoAll's hierarchy with a count per pair (`blocks`: (lengths, send offsets, receive
+    offsets), [sender, receiver], elements of flat buffers). One server: one mesh step straight
+    into the outputs. Equal servers: card c hands local card i its blocks for card i of every
+    server, bundled in i's scratch by destination server (then source card); then pairwise among
+    same-index cards, each bundle's blocks one after another to their places in the receiver's
+    output (the own server's bundle copied locally). Unequal servers: pairwise over every rank."""
+    lengths, soff, doff = blocks
+    if srv.m <= 1:
+        return mesh.alltoallv(blocks, itemsize)
+    if not srv.equal:
+        return pairwise.alltoallv(blocks, itemsize)
+    K, m, p = srv.K, srv.m, srv.p
+    ranks = srv.matrix()                                   # ranks[s, c]
+    # relay[(s, i)]: blocks from cards c of server s to (t, i), ordered (t, c), at offsets in scratch
+    s_of, c_of = np.divmod(np.arange(p), K)
+    t, c = np.divmod(np.arange(m * K), K)
+    src = ranks[s_of[:, None], c[None, :]]                 # [relay rank, (t, c)] -> the block's sender
+    dest = ranks[t[None, :], c_of[:, None]]                # [relay rank, (t, c)] -> its receiver (t, i)
+    size = lengths[src, dest]
+    scr = np.zeros_like(size)
+    np.cumsum(size[:, :-1], axis=1, out=scr[:, 1:])
+    relay_rank = np.repeat(np.arange(p), m * K)
+    src, dest, size, scr = src.reshape(-1), dest.reshape(-1), size.reshape(-1), scr.reshape(-1)
+    go = size > 0
+    local = go & (src == relay_rank)
+    b = StepBuilder()
+    b.copies(src[local], itemsize, INPUT, soff[src, dest][local], (soff[src, dest] + size)[local], SCRATCH,
+             scr[local])
+    remote = go & (src != relay_rank)
+    order = np.flatnonzero(remote)
+    order = order[np.lexsort((dest[order], relay_rank[order], src[order]))]       # sender-major, as AlltoAll's
+    b.transfers(src[order], relay_rank[order], itemsize, INPUT, soff[src, dest][order],
+                (soff[src, dest] + size)[order], SCRATCH, scr[order])
+    steps = [b.build()]
+    own_server = go & (s_of[relay_rank] == s_of[dest])
+    for k in range(1, m):
+        b = StepBuilder()
+        if k == 1:                         # the own server's bundle, during the first exchange (as pairwise)
+            sel = own_server
+            b.copies(relay_rank[sel], itemsize, SCRATCH, scr[sel], scr[sel] + size[sel], OUTPUT, doff[src, dest][sel])
+        sel = np.flatnonzero(go & (s_of[dest] == (s_of[relay_rank] + k) % m))
+        frm, to, lo, n, at = _joined(relay_rank[sel], dest[sel], scr[sel], size[sel], doff[src, dest][sel])
+        b.transfers(frm, to, itemsize, SCRATCH, lo, lo + n, OUTPUT, at)
+        steps.append(b.build())
+    return steps
+
+
+def _joined(frm, to, lo, n, at):
+    """Consecutive transfers of one pair whose blocks follow each other on both sides, as one
+    (a bundle whose blocks land in order: the usual rank-order layout)."""
+    if len(frm) < 2:
+        return frm, to, lo, n, at
+    cont = (frm[1:] == frm[:-1]) & (to[1:] == to[:-1]) & (lo[1:] == lo[:-1] + n[:-1]) & (at[1:] == at[:-1] + n[:-1])
+    starts = np.flatnonzero(np.concatenate(([True], ~cont)))
+    return frm[starts], to[starts], lo[starts], np.add.reduceat(n, starts), at[starts]

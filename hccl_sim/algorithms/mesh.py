@@ -133,3 +133,22 @@ def alltoall(n: int, unit: int, src=INPUT, dst=OUTPUT) -> list:
     b = StepBuilder().copies(r, unit, src, r, r + 1, dst, r)
     b.transfers(i, j, unit, src, j, j + 1, dst, i)
     return [b.build()]
+
+
+def alltoallv(blocks, itemsize: int, src=INPUT, dst=OUTPUT) -> list:
+    """AlltoAllV in one step: every rank's block for rank j goes straight to j, each of its own
+    length, in the mesh's issue order (own block copied locally; empty blocks move nothing).
+    `blocks`: (lengths, send offsets, receive offsets), each [sender, receiver], in elements."""
+    lengths, soff, doff = blocks
+    n = len(lengths)
+    r = np.arange(n)
+    i, j = np.divmod(np.arange(n * n), n)
+    keep = (i != j) & (lengths[i, j] > 0)
+    i, j = i[keep], j[keep]
+    o = round_robin(i, j, n)
+    i, j = i[o], j[o]
+    own = lengths[r, r] > 0
+    b = StepBuilder().copies(r[own], itemsize, src, soff[r, r][own], (soff[r, r] + lengths[r, r])[own], dst,
+                             doff[r, r][own])
+    b.transfers(i, j, itemsize, src, soff[i, j], soff[i, j] + lengths[i, j], dst, doff[i, j])
+    return [b.build()]

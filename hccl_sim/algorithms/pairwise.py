@@ -13,7 +13,7 @@ import numpy as np
 from .common import INPUT, OUTPUT, StepBuilder
 
 NAME = "pairwise"
-COLLECTIVES = ("alltoall",)
+COLLECTIVES = ("alltoall",)             # and its variable-size variants (alltoallv)
 LEVELS = ("flat", "level1")
 DESCRIPTION = "AlltoAll in p-1 steps, one peer per step (no incast)"
 
@@ -28,5 +28,27 @@ def alltoall(n: int, unit: int, src=INPUT, dst=OUTPUT, rows: int = 1, src_lo=0, 
         if n > 1:
             to = (r + k) % n
             b.transfers(r, to, unit, src, src_lo + to * rows, src_lo + (to + 1) * rows, dst, dst_lo + r * rows)
+        steps.append(b.build())
+    return steps
+
+
+def alltoallv(blocks, itemsize: int, src=INPUT, dst=OUTPUT) -> list:
+    """AlltoAllV pairwise: step k moves block (i, i+k) of every rank i, each of its own length.
+    `blocks`: (lengths, send offsets, receive offsets), each [sender, receiver], in elements of
+    flat buffers; a pair with nothing to move has no transfer."""
+    lengths, soff, doff = blocks
+    n = len(lengths)
+    r = np.arange(n)
+    steps = []
+    for k in range(1, max(n, 2)):
+        b = StepBuilder()
+        if k == 1:
+            own = lengths[r, r] > 0
+            b.copies(r[own], itemsize, src, soff[r, r][own], (soff[r, r] + lengths[r, r])[own], dst, doff[r, r][own])
+        if n > 1:
+            to = (r + k) % n
+            length = lengths[r, to]
+            go = length > 0
+            b.transfers(r[go], to[go], itemsize, src, soff[r, to][go], (soff[r, to] + length)[go], dst, doff[r, to][go])
         steps.append(b.build())
     return steps

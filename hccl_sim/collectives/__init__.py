@@ -82,6 +82,8 @@ class Collective:
     has_scratch: bool = False   # its schedules use the communicator's scratch area
     carries_data: bool = True
     max_ranks_with_data = None  # most ranks it may run on with real data (None: no limit of its own)
+    variable: bool = False      # every pair moves a count of its own (collectives.variable)
+    selects_as: Optional[str] = None    # the collective whose selection and HCCL_ALGO setting it follows
 
     def __repr__(self):
         return f"<collective {self.name}>"
@@ -119,6 +121,23 @@ class Collective:
     def busbw_factor(self, p: int) -> float:
         """nccl-tests' bus-bandwidth factor (PERFORMANCE.md)."""
         return 1.0
+
+    # ---- what a call's signature implies (variable-size collectives override these) -------------
+    def loops_of(self, sig, p: int, itemsize: int, buffsize: int) -> "Loops":
+        """The CCL-buffer loops of the call `sig` (a planner.Signature)."""
+        return self.loops(sig.count if self.carries_data else 0, p, itemsize, buffsize)
+
+    def bytes_of(self, sig, p: int, itemsize: int) -> int:
+        """The call's size as nccl-tests counts it."""
+        return self.op_bytes(sig.count, p, itemsize) if self.carries_data else 0
+
+    def scratch_shape_of(self, sig, p: int, loops: "Loops"):
+        return self.scratch_shape(p, loops)
+
+    def selection_name(self) -> str:
+        """The collective whose selection (and HCCL_ALGO setting) this one follows: its own, or
+        HCCL's parser's choice for a variant (AlltoAllV follows `alltoall`)."""
+        return self.selects_as or self.name
 
     # ---- layout of a schedule's buffers ----------------------------------------------------------
     def loops(self, count: int, p: int, itemsize: int, buffsize: int) -> Loops:
@@ -337,15 +356,21 @@ class Barrier(Collective):
         return [None for _ in inputs]
 
 
+from .variable import AllToAllV, AllToAllVC  # noqa: E402 - they build on the classes above
+
 COLLECTIVES = {c.name: c for c in (AllReduce(), AllGather(), ReduceScatter(), Broadcast(), Reduce(), AllToAll(),
-                                   Barrier())}
-"""name -> Collective, in nccl-tests' order; `barrier` last (it carries no data)."""
-DATA_COLLECTIVES = tuple(n for n, c in COLLECTIVES.items() if c.carries_data)
+                                   AllToAllV(), AllToAllVC(), Barrier())}
+"""name -> Collective, in nccl-tests' order, the variable-size ones after the six; `barrier` last
+(it carries no data)."""
+DATA_COLLECTIVES = tuple(n for n, c in COLLECTIVES.items() if c.carries_data and not c.variable)
+"""The collectives of one count per rank (what most sweeps run)."""
+VARIABLE = tuple(n for n, c in COLLECTIVES.items() if c.variable)
 BLOCK = tuple(n for n, c in COLLECTIVES.items() if c.block)
-VECTOR = tuple(n for n, c in COLLECTIVES.items() if c.carries_data and not c.block)
+VECTOR = tuple(n for n, c in COLLECTIVES.items() if c.carries_data and not c.block and not c.variable)
 _ALIASES = {c.method: c.name for c in COLLECTIVES.values()}
 _ALIASES.update({"bcast": "broadcast", "all-reduce": "allreduce", "all-gather": "allgather",
-                 "reduce-scatter": "reducescatter", "all-to-all": "alltoall", "all_to_all": "alltoall"})
+                 "reduce-scatter": "reducescatter", "all-to-all": "alltoall", "all_to_all": "alltoall",
+                 "all-to-all-v": "alltoallv", "all-to-all-vc": "alltoallvc"})
 
 
 def get(name) -> Collective:
@@ -353,7 +378,8 @@ def get(name) -> Collective:
     key = name.lower() if isinstance(name, str) else None
     c = COLLECTIVES.get(_ALIASES.get(key, key)) if key is not None else None
     if c is None or not c.carries_data:
-        raise HcclError("E_PARA", f"unknown collective {name!r}; expected one of {', '.join(DATA_COLLECTIVES)}")
+        raise HcclError("E_PARA", f"unknown collective {name!r}; expected one of "
+                        f"{', '.join(DATA_COLLECTIVES + VARIABLE)}")
     return c
 
 

@@ -240,6 +240,31 @@ class Communicator:
         """Block j of x goes to rank j; received blocks concatenated in rank order."""
         return self._call("alltoall", x, algo=algo, stream=stream, out=out)
 
+    def all_to_all_v(self, x, send_counts, recv_counts, send_displs=None, recv_displs=None, algo=None, stream=None,
+                     out=None):
+        """HcclAlltoAllV: send_counts[j] rows of x (from send_displs[j]) go to rank j; the result
+        holds recv_counts[i] rows from each rank i at recv_displs[i] (default: end to end in rank
+        order). Counts that disagree across ranks fail on every rank."""
+        return self._variable("alltoallv", x, algo, stream, out, send_counts, recv_counts, send_displs, recv_displs)
+
+    def all_to_all_vc(self, x, count_matrix, algo=None, stream=None, out=None):
+        """HcclAlltoAllVC: count_matrix[i][j] rows go from rank i to rank j, blocks in rank order
+        on both sides; every rank gives the same matrix."""
+        return self._variable("alltoallvc", x, algo, stream, out, count_matrix)
+
+    def _variable(self, name, x, algo, stream, out, *counts):
+        from . import variable_calls as vc
+        coll = colls.of(name)
+        x = self._array(x, coll.method, coll.min_ndim)
+        algo, stream = self._algo(algo, coll.method), self._stream(stream, coll.method)
+        build = vc.alltoallv if name == "alltoallv" else vc.alltoallvc
+        call = build(self, name, x, *counts, algo)
+        res, target = vc.result_arrays(self, call, x, out, coll.method)
+        done = self._collective(call.signature, x, res, None, stream, res if target is None else target)
+        if target is not None:
+            np.copyto(target, res)
+        return done
+
     def barrier(self) -> None:
         self._collective(Signature("barrier", (), "uint8", None, None, None), None, None, None, None, None)
 
@@ -388,7 +413,8 @@ class Communicator:
             itemsize, eager = 1, None
         else:
             itemsize = x.dtype.itemsize
-            eager = x if x.nbytes <= group.eager_bytes else None
+            # inputs of one shape travel with the calls (each rank then computes its own result)
+            eager = x if x.nbytes <= group.eager_bytes and sig.v is None and sig.local is None else None
         progress = group.fault_progress if faults is not None else None
         sent = progress.sent_by(self.rank, self._p2p_sent) if progress is not None and progress.pairs else ()
         try:

@@ -16,7 +16,7 @@ from topologies.errors import Cause, HcclError
 
 from .. import collectives as colls
 from ..faults.progress import FaultProgress
-from ..plan.planner import ShiftedPlan, check_signatures, make_plan
+from ..plan.planner import ShiftedPlan, check_signatures, make_plan, merge_signatures
 
 
 def deadline(config):
@@ -36,6 +36,7 @@ def plan_calls(calls: list, topo, config, progress: FaultProgress | None = None)
     """The shared plan of one collective from every rank's Call (rank order), or an HcclError
     (E_PARA) naming who called what when the calls differ. `progress`: the communicator's fault
     progress (hccl_sim.faults.progress), read for this op and advanced by its plan."""
+    calls = merged_calls(calls)
     problem = check_signatures([c.signature for c in calls])
     if problem:
         raise HcclError("E_PARA", problem, cause=Cause.MISMATCH)
@@ -45,6 +46,14 @@ def plan_calls(calls: list, topo, config, progress: FaultProgress | None = None)
     if progress is not None:
         progress.after(plan)
     return plan
+
+
+def merged_calls(calls: list) -> list:
+    """The calls with a variable-size op's rows of counts merged (planner.merge_signatures)."""
+    if calls[0].signature.local is None:
+        return calls
+    sigs = merge_signatures([c.signature for c in calls])
+    return [c._replace(signature=s) for c, s in zip(calls, sigs)]
 
 
 # ---- what a waiting rank is told -------------------------------------------------------------------
@@ -107,6 +116,7 @@ class PlanCache:
         self.progress = FaultProgress(config.faults)
 
     def plan(self, calls: list):
+        calls = merged_calls(calls)
         first = calls[0]
         if any(c.signature != first.signature or c.itemsize != first.itemsize for c in calls):
             return plan_calls(calls, self.topo, self.config)     # raises the mismatch error
@@ -116,6 +126,9 @@ class PlanCache:
         """The plan when every rank made the same call (`sig`), entered at `clocks`, having sent
         `sent` (every rank's Call.sent). `key`: a hashable standing for (sig, itemsize) alone, if
         the caller has one (bytes cache their hash; a signature tuple is hashed anew each time)."""
+        if sig.local is not None:            # the same rows of counts on every rank
+            sig = merge_signatures([sig] * len(clocks))[0]
+            key = None
         faults = self.config.faults
         now = self.progress.before(sent)
         if (faults is not None and faults.link_state) or now.corrupt:

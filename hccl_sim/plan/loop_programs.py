@@ -103,16 +103,44 @@ def build_program(name: str, choice: Choice, topo, length: int, itemsize: int, r
     return hierarchy.alltoall(srv, unit)
 
 
+def build_variable(name: str, choice: Choice, topo, v, a: int, b: int, itemsize: int) -> list:
+    """The unstaged program of loop [a, b) of a variable-size op with counts `v` (VCounts): the
+    algorithm selection chose for the collective it follows, each pair moving its own count."""
+    cost = as_cost(topo)
+    lengths, soff, doff = colls.of(name).round_blocks(v, a, b)
+    blocks = (lengths, soff, doff)
+    if choice.flat:
+        if choice.level1 == "grouped_fullmesh":
+            inter_hccs = cost.topology.params.get("inter_hccs", True)
+            group_of = pods_of(cost).pod_of_rank if inter_hccs else np.asarray(cost.server_of)
+            return grouped_mesh.alltoallv(group_of, blocks, itemsize)
+        if choice.level1 == "fullmesh":
+            return algorithms.mesh.alltoallv(blocks, itemsize)
+        return algorithms.pairwise.alltoallv(blocks, itemsize)
+    return hierarchy.alltoallv(servers_of(cost), blocks, itemsize)
+
+
 def loop_program(cost, name, choice, length, itemsize, root) -> list:
     """The program of one loop, staged on hardware presets that stage (cached in the cost model)."""
     return loop_parts(cost, name, choice, length, itemsize, root)[0]
 
 
-def loop_parts(cost, name, choice, length, itemsize, root) -> tuple:
-    """(the timing program of one loop, its data parts or None when it is one part), cached."""
+def loop_parts(cost, name, choice, length, itemsize, root, v=None) -> tuple:
+    """(the timing program of one loop, its data parts or None when it is one part), cached.
+    `v`: a variable-size op's (VCounts, the loop's first element of every block)."""
     cache = cost.cache("programs")
-    key = (name, choice.structure, length, itemsize, root)
+    key = (name, choice.structure, length, itemsize, root, v)
     got = cache.get(key)
+    if got is None and v is not None:
+        counts, a = v
+        program = build_variable(name, choice, cost, counts, a, a + length, itemsize)
+        if cost.device_model.staging:
+            p = cost.num_ranks
+            ins, outs = colls.of(name).stage_bytes_v(counts, a, a + length, itemsize)
+            r = np.arange(p)
+            program = ([prog.StepBuilder().stages(r[ins > 0], ins[ins > 0], "in").build()] + list(program)
+                       + [prog.StepBuilder().stages(r[outs > 0], outs[outs > 0], "out").build()])
+        got = cache[key] = (program, None)
     if got is None:
         if name == "barrier":
             parts = [(0, length, build_program(name, choice, cost, length, itemsize, root))]
@@ -132,3 +160,16 @@ def loop_parts(cost, name, choice, length, itemsize, root) -> tuple:
 def program_rank_steps(program, p) -> list:
     """Each rank's step list of a program (kept with the program's lowering, hcomm.exec.LoopBody)."""
     return LoopBody.of(program).rank_steps(p)
+
+
+def op_overhead_ns(dm, name: str) -> int:
+    """The preset's fixed cost of one call of `name` (a variant without one of its own: the cost
+    of the collective it follows, AlltoAll for AlltoAllV)."""
+    got = dm.op_overhead_ns.get(name)
+    return got if got is not None else dm.op_overhead_ns.get(colls.of(name).selection_name(), 0)
+
+
+def program_of(programs: dict, a: int, b: int):
+    """The program of loop [a, b): by its length, or for a variable-size op by the loop itself."""
+    got = programs.get((a, b))
+    return programs[b - a] if got is None else got

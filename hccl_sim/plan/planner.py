@@ -37,7 +37,7 @@ from .. import collectives as colls
 from ..faults.progress import NO_FAULTS, OpFaults
 from ..faults.retry import priced_with_retry
 from .costs import effective_cost, with_expansion
-from .loop_programs import loop_parts, pods_of, servers_of
+from .loop_programs import loop_parts, op_overhead_ns, pods_of, program_of, servers_of
 from .replay import LOOPS_REPLAYED, replayed_exits, sends, trace_events
 from ..selection import Choice, Context, select
 
@@ -52,6 +52,11 @@ class Signature(NamedTuple):
     root: Optional[int]
     algo: Optional[str]       # the algo= argument as given
     inplace: bool = False     # out= aliases the input (HCCL's sendBuf == recvBuf): no op retry
+    # variable-size ops (collectives.variable): the op's per-pair counts once the rendezvous has
+    # merged every rank's `local` (its own rows of counts and displacements, which differ by rank;
+    # `shape` is then the row shape)
+    v: object = None
+    local: Optional[tuple] = None
 
     def describe(self) -> str:
         parts = [f"shape={self.shape}", f"dtype={self.dtype}"]
@@ -63,7 +68,15 @@ class Signature(NamedTuple):
             parts.append(f"algo={self.algo!r}")
         if self.inplace:
             parts.append("out=input")
+        if self.local is not None:
+            parts.append(f"send_counts={list(self.local[0])}, recv_counts={list(self.local[2])}")
+        elif self.v is not None:
+            parts.append(f"{int(self.v.counts.sum())} elements between {self.v.size} ranks")
         return f"{colls.of(self.name).method}({', '.join(parts)})"
+
+    def common(self) -> "Signature":
+        """What every rank's call must have in common: all but its own rows of counts."""
+        return self if self.local is None else self._replace(local=None)
 
     @property
     def count(self) -> int:
@@ -123,7 +136,7 @@ class OpPlan:
         for a, b in self.loops:
             split = parts.get(b - a) if parts else None
             if split is None:
-                yield (a, b), self.programs[b - a]
+                yield (a, b), program_of(self.programs, a, b)
             else:
                 for lo, hi, program in split:
                     yield (a + lo, a + hi), program
@@ -181,9 +194,9 @@ class ShiftedPlan:
 
 def op_loops(sig: Signature, p: int, itemsize: int, config) -> colls.Loops:
     coll = colls.of(sig.name)
-    count = sig.count if coll.carries_data else 0
-    colls.check_op_bytes(count * itemsize)
-    return coll.loops(count, p, itemsize, config.buffsize_bytes)
+    colls.check_op_bytes(coll.bytes_of(sig, p, itemsize) if coll.variable else
+                         (sig.count if coll.carries_data else 0) * itemsize)
+    return coll.loops_of(sig, p, itemsize, config.buffsize_bytes)
 
 
 def _time_loops(loops, programs, rel, cost, dtype, redop) -> np.ndarray:
@@ -198,6 +211,10 @@ def _time_loops(loops, programs, rel, cost, dtype, redop) -> np.ndarray:
     The search starts after the first loop, so that every loop it compares pays the same fixed cost."""
     clock = np.asarray(rel, dtype=np.int64)
     again = cost.device_model.loop_overhead_ns
+    if (0, loops.extent) in programs:      # a variable-size op: every loop a program of its own
+        for k, (a, b) in enumerate(loops):
+            clock = program_times(programs[(a, b)], clock + (again if k else 0), cost, dtype, redop)
+        return clock
     full = programs.get(loops.cap)
     done = 0
     if loops.full:
@@ -251,6 +268,13 @@ def _check_overflow(clock, step: int, remaining: int):
 def op_programs(sig, cost, config, itemsize, choice):
     """(loops, programs by loop length, data parts or None) of the op (programs cached in the cost model)."""
     loops = op_loops(sig, cost.num_ranks, itemsize, config)
+    if sig.v is not None:
+        if len(loops) > LOOPS_REPLAYED:
+            raise HcclError("E_NOT_SUPPORT", f"{sig.describe()}: {len(loops)} buffer loops, over the "
+                            f"{LOOPS_REPLAYED} a variable-size op is priced loop by loop; use a larger HCCL_BUFFSIZE")
+        programs = {(a, b): loop_parts(cost, sig.name, choice, b - a, itemsize, sig.root, (sig.v, a))[0]
+                    for a, b in loops}
+        return loops, programs or {(0, 0): []}, None
     lengths = [n for n in {loops.cap if loops.full else None, loops.tail or None} if n]
     if sig.name == "barrier":
         lengths = [1]
@@ -273,11 +297,12 @@ def plan_times(sig, cost, config, itemsize, choice, entry, faults: bool = True, 
     cache = cost.cache("timings")
     base = min(entry) if len(entry) else 0
     rel = tuple(int(t) - base for t in entry)
-    key = (sig.name, sig.shape, sig.dtype, sig.redop, sig.root, choice.structure, config.buffsize_bytes, itemsize, rel)
+    key = (sig.name, sig.shape, sig.dtype, sig.redop, sig.root, choice.structure, config.buffsize_bytes, itemsize, rel,
+           sig.v)
     rel_exits = cache.get(key)
     if rel_exits is None:
         # the op's fixed host-side cost (expansion and launch) delays every rank before its first step
-        start = np.asarray(rel, dtype=np.int64) + cost.device_model.op_overhead_ns.get(sig.name, 0)
+        start = np.asarray(rel, dtype=np.int64) + op_overhead_ns(cost.device_model, sig.name)
         clock = _time_loops(loops, programs, start, cost, sig.dtype, sig.redop or "sum")
         rel_exits = cache[key] = tuple(int(t) for t in clock)
     exits = [base + t for t in rel_exits]
@@ -294,6 +319,9 @@ def op_transfers(sig, loops, programs, p: int, pairs) -> dict:
         if sig.name == "barrier":
             out[(src, dst)] = sends(programs[1], p, src, dst)
             continue
+        if sig.v is not None:
+            out[(src, dst)] = sum(sends(programs[(a, b)], p, src, dst) for a, b in loops)
+            continue
         n = loops.full * sends(programs[loops.cap], p, src, dst) if loops.full else 0
         out[(src, dst)] = n + (sends(programs[loops.tail], p, src, dst) if loops.tail else 0)
     return out
@@ -307,7 +335,7 @@ def choose(sig: Signature, topo, config, itemsize: int) -> Choice:
     def price(choice):
         return int(max(plan_times(sig, cost, config, itemsize, choice, [0] * p, faults=False)[2]))
     pods = pods_of(cost) if cost.topology.params.get("superpod_of_server") is not None else None
-    return select(Context(sig.name, sig, cost.topology, config, itemsize, servers_of(cost), price,
+    return select(Context(colls.of(sig.name).selection_name(), sig, cost.topology, config, itemsize, servers_of(cost), price,
                           cost.cache("selection"), pods))
 
 
@@ -340,10 +368,27 @@ def make_plan(sig: Signature, topo, config, entry: list, itemsize: int, trace: b
     events = None
     if trace:
         events = trace_events(sig, loops, programs, topo, config, history, corrupt, choice.expansion)
-    nbytes = 0 if sig.name == "barrier" else colls.of(sig.name).op_bytes(sig.count, p, itemsize)
+    nbytes = colls.of(sig.name).bytes_of(sig, p, itemsize)
     tries = [(list(at), dies) for at, _, dies in history] if config.faults is not None else None
     return OpPlan(sig, choice, loops, programs, list(entry), exits, nbytes, events, parts, retries, transfers,
                   backup, notes, corrupt or None, tries)
+
+
+def merge_signatures(signatures: list) -> list:
+    """Every rank's signature as the op is planned: a variable-size op's rows of counts (each
+    rank's `local`) merged into the op's VCounts (collectives.variable.merge: E_PARA naming both
+    ranks and both counts where a pair disagrees); other signatures as they are. Calls that
+    differ otherwise are left for check_signatures to name."""
+    first = signatures[0]
+    if first.local is None or any(s.local is None for s in signatures):
+        return signatures
+    common = [s.common() for s in signatures]
+    if check_signatures(common):
+        return common
+    from ..collectives.variable import merge
+    v = merge([s.local for s in signatures], math.prod(first.shape), colls.of(first.name).method)
+    sig = common[0]._replace(v=v)
+    return [sig] * len(signatures)
 
 
 def check_signatures(signatures: list) -> Optional[str]:

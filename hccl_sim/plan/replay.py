@@ -11,7 +11,7 @@ from hcomm.steps import Send
 from topologies.errors import HcclError
 
 from .costs import effective_cost, with_expansion
-from .loop_programs import program_rank_steps
+from .loop_programs import op_overhead_ns, program_of, program_rank_steps
 
 LOOPS_REPLAYED = 4096
 """Most buffer loops an op may have to be replayed loop by loop (traced, under link faults or
@@ -38,13 +38,13 @@ def replayed_exits(sig, loops, programs, entry, cost, marks=None, events=None, c
                         "HCCL_BUFFSIZE")
     p = cost.num_ranks
     dm = cost.device_model
-    clock = [int(t) + dm.op_overhead_ns.get(sig.name, 0) for t in entry]
+    clock = [int(t) + op_overhead_ns(dm, sig.name) for t in entry]
     spans = [(0, 1)] if sig.name == "barrier" else list(loops)
     before = dict.fromkeys({(a, b) for a, b, _ in corrupt}, 0) if corrupt else None   # the pairs' earlier transfers
     for k, (a, b) in enumerate(spans):
         if k:
             clock = [t + dm.loop_overhead_ns for t in clock]
-        program = programs[b - a]
+        program = program_of(programs, a, b)
         clock = replay(program_rank_steps(program, p), clock, cost, dtype=sig.dtype,
                        redop=sig.redop or "sum", op_name=sig.name, links=cost.link_state, marks=marks,
                        events=events, corrupt=corrupt, first=before)

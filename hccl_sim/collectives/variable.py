@@ -1,0 +1,214 @@
+"""Variable-size collectives: every pair of ranks moves a count of its own (HCCL's AlltoAllV and
+AlltoAllVC), with HCCL's count and displacement semantics.
+
+A call gives counts and displacements in rows along axis 0 (a row is x.shape[1:]); the op moves
+elements. Every rank knows only its own row of the count matrix (what it sends to each peer, what
+it expects from each): the rendezvous stacks the rows (`merge`) into the op's `VCounts`, which the
+plan, its programs and its caches key on, and finds a pair whose counts disagree there, on every
+rank. AlltoAllVC gives the whole matrix on every rank, so its calls agree as they are.
+
+Loops: as HCCL's AlltoAll in op-base mode, every pair's block is moved through the CCL buffer in
+slices of at most HCCL_BUFFSIZE / (p x itemsize) elements; loop k moves elements [a, b) of every
+block that still has them. Programs address each rank's buffers at absolute offsets (flat layout,
+a loop's view is the whole buffer), so a loop's program depends on where it starts, not only on
+its length.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from topologies.errors import Cause, HcclError
+
+from . import Collective, Loops
+
+_I64 = np.int64
+
+
+class VCounts:
+    """Per-pair element counts and displacements of a variable-size op, hashable by content.
+
+    counts[i, j]: elements rank i sends to rank j; sdispls[i, j]: where they start in rank i's
+    input; rdispls[j, i]: where they land in rank j's output (element offsets)."""
+    __slots__ = ("counts", "sdispls", "rdispls", "_key", "_hash")
+
+    def __init__(self, counts, sdispls, rdispls):
+        self.counts = np.ascontiguousarray(counts, dtype=_I64)
+        self.sdispls = np.ascontiguousarray(sdispls, dtype=_I64)
+        self.rdispls = np.ascontiguousarray(rdispls, dtype=_I64)
+        for a in (self.counts, self.sdispls, self.rdispls):
+            a.setflags(write=False)
+        self._key = self.counts.tobytes() + self.sdispls.tobytes() + self.rdispls.tobytes()
+        self._hash = hash((len(self.counts), self._key))
+
+    @classmethod
+    def contiguous(cls, counts) -> "VCounts":
+        """Blocks laid out in rank order on both sides (HCCL's default displacements)."""
+        counts = np.asarray(counts, dtype=_I64)
+        return cls(counts, exclusive_sums(counts), exclusive_sums(counts.T))
+
+    @property
+    def size(self) -> int:
+        return len(self.counts)
+
+    def __eq__(self, other):
+        return isinstance(other, VCounts) and other._key == self._key
+
+    def __hash__(self):
+        return self._hash
+
+    def __reduce__(self):
+        return VCounts, (self.counts, self.sdispls, self.rdispls)
+
+    def __repr__(self):
+        return f"VCounts(p={self.size}, {int(self.counts.sum())} elements)"
+
+    def input_elements(self) -> np.ndarray:
+        """Elements each rank's input must hold (the end of its last send block)."""
+        return _ends(self.sdispls, self.counts)
+
+    def output_elements(self) -> np.ndarray:
+        """Elements of each rank's output (the end of its last receive block)."""
+        return _ends(self.rdispls, self.counts.T)
+
+    def sent(self) -> np.ndarray:
+        """Elements each rank sends, its own block included."""
+        return self.counts.sum(axis=1)
+
+
+def exclusive_sums(counts) -> np.ndarray:
+    """Row-wise exclusive prefix sums: the displacements of blocks laid end to end in rank order."""
+    counts = np.asarray(counts, dtype=_I64)
+    out = np.zeros_like(counts)
+    if counts.size:
+        np.cumsum(counts[..., :-1], axis=-1, out=out[..., 1:])
+    return out
+
+
+def _ends(displs, counts) -> np.ndarray:
+    ends = np.where(counts > 0, displs + counts, 0)
+    return ends.max(axis=1) if ends.size else np.zeros(len(counts), dtype=_I64)
+
+
+# ---- a rank's own counts, checked as HCCL checks them ---------------------------------------------
+
+def _vector(values, p: int, what: str, rank: int, op: str) -> np.ndarray:
+    try:
+        arr = np.asarray(values)
+    except Exception:
+        arr = None
+    if arr is None or arr.ndim != 1 or len(arr) != p or not (arr.dtype.kind in "iu" or arr.dtype == bool) \
+            and not (arr.dtype.kind == "O" and all(isinstance(v, (int, np.integer)) for v in arr)):
+        raise HcclError("E_PARA", f"{what} must be {p} integers (one per rank), got {values!r}", rank=rank, op=op,
+                        cause=Cause.BAD_INPUT)
+    arr = arr.astype(_I64)
+    bad = np.flatnonzero(arr < 0)
+    if len(bad):
+        raise HcclError("E_PARA", f"{what}[{int(bad[0])}] = {int(arr[bad[0]])} is negative", rank=rank, op=op,
+                        cause=Cause.BAD_INPUT)
+    return arr
+
+
+def blocks(counts, displs, p: int, side: str, rank: int, op: str, rows=None) -> tuple:
+    """(counts, displacements) of one rank's blocks on one side ("send" or "recv"), checked:
+    p non-negative integers each, blocks that do not overlap and, with `rows`, that end within
+    the buffer's rows. Default displacements lay the blocks end to end in rank order."""
+    counts = _vector(counts, p, f"{side}_counts", rank, op)
+    if displs is None:
+        displs = exclusive_sums(counts)
+    else:
+        displs = _vector(displs, p, f"{side}_displs", rank, op)
+        used = np.flatnonzero(counts > 0)
+        order = used[np.argsort(displs[used], kind="stable")]
+        ends = displs[order] + counts[order]
+        clash = np.flatnonzero(displs[order][1:] < ends[:-1])
+        if len(clash):
+            a, b = int(order[clash[0]]), int(order[clash[0] + 1])
+            raise HcclError("E_PARA", f"{side}_displs: the block for rank {b} ({side}_displs[{b}] = {int(displs[b])}) "
+                            f"overlaps the block for rank {a} (rows {int(displs[a])}..{int(displs[a] + counts[a]) - 1})",
+                            rank=rank, op=op, cause=Cause.BAD_INPUT)
+    if rows is not None:
+        over = np.flatnonzero((counts > 0) & (displs + counts > rows))
+        if len(over):
+            j = int(over[0])
+            raise HcclError("E_PARA", f"{side}_displs[{j}] + {side}_counts[{j}] = {int(displs[j] + counts[j])} rows "
+                            f"is past the {'input' if side == 'send' else 'output'}'s {rows} rows", rank=rank, op=op,
+                            cause=Cause.BAD_INPUT)
+    return counts, displs
+
+
+def merge(locals_: list, row_elems: int, what: str) -> VCounts:
+    """The op's VCounts from every rank's own (send counts, send displacements, receive counts,
+    receive displacements), in rows, rank order; E_PARA naming both ranks and both counts when a
+    rank sends a peer other than what the peer expects from it."""
+    send = np.array([l[0] for l in locals_], dtype=_I64)
+    recv = np.array([l[2] for l in locals_], dtype=_I64)
+    wrong = np.argwhere(send != recv.T)
+    if len(wrong):
+        i, j = (int(v) for v in wrong[0])
+        raise HcclError("E_PARA", f"{what}: rank {i} sends {int(send[i, j])} rows to rank {j}, which expects "
+                        f"{int(recv[j, i])} rows from rank {i} (send_counts and recv_counts disagree)",
+                        cause=Cause.MISMATCH, peers=(i, j))
+    sd = np.array([l[1] for l in locals_], dtype=_I64)
+    rd = np.array([l[3] for l in locals_], dtype=_I64)
+    return VCounts(send * row_elems, sd * row_elems, rd * row_elems)
+
+
+class AllToAllV(Collective):
+    """HcclAlltoAllV: rank i sends send_counts[j] rows, from send_displs[j], to rank j, which
+    receives them at its recv_displs[i]. The result holds the received rows in rank order (at
+    the receive displacements)."""
+    name, method = "alltoallv", "all_to_all_v"
+    variable, min_ndim = True, 1
+    selects_as = "alltoall"
+
+    def loops_of(self, sig, p, itemsize, buffsize):
+        per = int(sig.v.counts.max()) if sig.v.counts.size else 0
+        return Loops(per, max(1, buffsize // (p * itemsize)))
+
+    def bytes_of(self, sig, p, itemsize):
+        return int(sig.v.counts.sum(axis=1).max()) * itemsize if p else 0     # the largest send buffer
+
+    def layout(self, p):
+        return (0, 0, 0)
+
+    def scratch_shape_of(self, sig, p, loops):
+        return None
+
+    def whole(self, sig) -> int:  # noqa: D401
+        """Elements a loop's view spans: every rank's whole buffers."""
+        v = sig.v
+        return int(max(v.input_elements().max(initial=0), v.output_elements().max(initial=0), 1))
+
+    def round_blocks(self, v: VCounts, a: int, b: int) -> tuple:
+        """(lengths, send offsets, receive offsets) of every pair's part of loop [a, b): element
+        [a, b) of each block that has them; lengths[i, j] and send offsets [i, j] by sender,
+        receive offsets [i, j] by sender too (rank j's output)."""
+        lengths = np.clip(v.counts - a, 0, b - a)
+        return lengths, v.sdispls + a, v.rdispls.T + a
+
+    def stage_bytes_v(self, v: VCounts, a: int, b: int, itemsize: int) -> tuple:
+        """(in, out) bytes each rank stages for loop [a, b), as AlltoAll's trace shows it: the
+        loop's whole send data copied in, its own block into the output."""
+        lengths, _, _ = self.round_blocks(v, a, b)
+        return lengths.sum(axis=1) * itemsize, np.diagonal(lengths).copy() * itemsize
+
+    def busbw_factor(self, p):
+        return (p - 1) / p
+
+    def reference_v(self, inputs, v: VCounts, out_rows: list, row_shape: tuple):
+        """Every rank's expected result (numpy, rows) from every rank's input."""
+        p = len(inputs)
+        outs = []
+        for j in range(p):
+            flat = np.zeros(int(out_rows[j]) * int(np.prod(row_shape, dtype=_I64)), dtype=inputs[0].dtype)
+            for i in range(p):
+                n, s, d = v.counts[i, j], v.sdispls[i, j], v.rdispls[j, i]
+                flat[d:d + n] = inputs[i].reshape(-1)[s:s + n]
+            outs.append(flat.reshape((int(out_rows[j]),) + tuple(row_shape)))
+        return outs
+
+
+class AllToAllVC(AllToAllV):
+    """HcclAlltoAllVC: every rank gives the whole count matrix (count_matrix[i][j]: rows rank i
+    sends to rank j); blocks are laid out in rank order on both sides."""
+    name, method = "alltoallvc", "all_to_all_vc"
