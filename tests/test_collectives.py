@@ -187,7 +187,7 @@ def test_registry_reference_matches_every_collective(p):
     def every(comm):
         x = (np.arange(n, dtype=np.int64) * (comm.rank + 3)) % 13
         return x, {name: getattr(comm, c.method)(x, **({"root": p - 1} if c.rooted else {}))
-                   for name, c in collectives.COLLECTIVES.items() if c.carries_data}
+                   for name, c in collectives.COLLECTIVES.items() if name in collectives.DATA_COLLECTIVES}
     results = hccl_sim.run(every, topology=topo)
     inputs = [x for x, _ in results]
     for name in collectives.DATA_COLLECTIVES:

@@ -58,6 +58,14 @@ def _collectives(comm):
     a2a = torch.zeros(p)
     dist.all_to_all_single(a2a, torch.arange(float(p)) + 10 * r)
     out["alltoall"] = a2a.tolist()
+    send, recv = _splits(r, p)
+    xv = torch.arange(float(sum(send) * 2)).reshape(-1, 2) + 100 * r
+    yv = torch.zeros(sum(recv), 2)
+    dist.all_to_all_single(yv, xv, output_split_sizes=recv, input_split_sizes=send)    # HCCL's AlltoAllV
+    out["alltoallv"] = yv.tolist()
+    outs = [torch.zeros(recv[q]) for q in range(p)]
+    dist.all_to_all(outs, [torch.full((send[q],), float(r)) for q in range(p)])
+    out["alltoall_list"] = [t.tolist() for t in outs]
     dist.barrier()
     sub = dist.new_group([0, 2])
     s = torch.ones(1)
@@ -83,10 +91,22 @@ def test_collectives_match_torch_semantics(cluster):
         assert out["broadcast"] == [0.0, 1.0, 2.0, 3.0]
         assert out["reduce_scatter"] == [sum(2 * r + k + q for q in range(p)) for k in range(2)]
         assert out["alltoall"] == [r + 10.0 * q for q in range(p)]
+        want = []
+        for q in range(p):
+            send_q, _ = _splits(q, p)
+            rows = (np.arange(sum(send_q) * 2.0).reshape(-1, 2) + 100 * q)
+            want += rows[sum(send_q[:r]):sum(send_q[:r + 1])].tolist()
+        assert out["alltoallv"] == want
+        assert out["alltoall_list"] == [[float(q)] * _splits(r, p)[1][q] for q in range(p)]
         assert out["sub"] == ([2.0] if r in (0, 2) else [1.0])
         assert out["ops"][:2] == ["all_reduce", "all_reduce"] and all(t > 0 for t in out["times"])
     twin = hccl_sim.run(_same_ops, topology=topologies.hardware("atlas800t-a2", devices_per_server=[p]))
     assert [out["times"] for out in res] == twin      # each collective's simulated time is the Communicator's
+
+
+def _splits(r, p):
+    """(rows rank r sends each rank, rows it receives from each): uneven, some zero."""
+    return [(r + q) % 3 for q in range(p)], [(q + r) % 3 for q in range(p)]
 
 
 def _same_ops(comm):
@@ -97,7 +117,10 @@ def _same_ops(comm):
                  lambda: comm.all_reduce(np.zeros(3, f32)), lambda: comm.all_reduce(np.zeros(4, np.int64)),
                  lambda: comm.all_gather(np.zeros((1, 2), f32)), lambda: comm.all_gather(np.zeros((1, 2), f32)),
                  lambda: comm.broadcast(np.zeros(4, f32), root=1), lambda: comm.reduce_scatter(np.zeros(2 * p, f32)),
-                 lambda: comm.all_to_all(np.zeros((p, 1), f32)), comm.barrier):
+                 lambda: comm.all_to_all(np.zeros((p, 1), f32)),
+                 lambda: comm.all_to_all_v(np.zeros((sum(_splits(comm.rank, p)[0]), 2), f32), *_splits(comm.rank, p)),
+                 lambda: comm.all_to_all_v(np.zeros(sum(_splits(comm.rank, p)[0]), f32), *_splits(comm.rank, p)),
+                 comm.barrier):
         call()
         times.append(comm.last_op.time)
     return times

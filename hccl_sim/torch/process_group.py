@@ -202,16 +202,35 @@ class ProcessGroupHcclSim(dist.ProcessGroup):
         return self._run(body, outputs)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):   # noqa: A002
-        if output_split_sizes or input_split_sizes:
-            raise HcclError("E_NOT_SUPPORT", "all_to_all_single with uneven splits (HCCL's AlltoAllV) is not "
-                            "modelled: give equal splits")
+        """all_to_all_single: equal splits run AlltoAll; split sizes (rows along dim 0, either side
+        may be left empty for equal rows) run HCCL's AlltoAllV."""
+        p = self.comm.size
+        if not output_split_sizes and not input_split_sizes:
+            def body():
+                x = as_numpy(input).reshape(p, -1)
+                self.comm.all_to_all(x, out=as_numpy(output).reshape(p, -1))
+                self._record()
+            return self._run(body, [output])
 
-        def body():
-            p = self.comm.size
-            x = as_numpy(input).reshape(p, -1)
-            self.comm.all_to_all(x, out=as_numpy(output).reshape(p, -1))
+        def body_v():
+            x = as_numpy(input).reshape(input.shape[0] if input.dim() else 1, -1)
+            out = as_numpy(output).reshape(output.shape[0] if output.dim() else 1, x.shape[1])
+            send = list(input_split_sizes) or [x.shape[0] // p] * p
+            recv = list(output_split_sizes) or [out.shape[0] // p] * p
+            self.comm.all_to_all_v(x, send, recv, out=out)
             self._record()
-        return self._run(body, [output])
+        return self._run(body_v, [output])
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        """all_to_all over lists of tensors, any sizes: HCCL's AlltoAllV on their elements."""
+        def body():
+            x = np.concatenate([as_numpy(t).reshape(-1) for t in input_tensors]) if input_tensors else np.empty(0)
+            recv = [t.numel() for t in output_tensors]
+            y = self.comm.all_to_all_v(x, [t.numel() for t in input_tensors], recv)
+            self._record()
+            for t, part in zip(output_tensors, np.split(y, np.cumsum(recv)[:-1])):
+                as_numpy(t).reshape(-1)[...] = part
+        return self._run(body, output_tensors)
 
     def barrier(self, opts=None):
         def body():
