@@ -210,3 +210,39 @@ def test_simulate_counts_are_checked():
     with pytest.raises(HcclError, match="counts= is for the variable-size ops"):
         hccl_sim.simulate("alltoall", counts=np.ones((3, 3), dtype=int), topology=topo)
     assert collectives.get("all_to_all_v").name == "alltoallv"
+
+
+@pytest.mark.unit
+def test_count_distributions_split_each_send_buffer_exactly(tmp_path):
+    from hccl_sim.tools.counts import parse
+    for text in ("uniform", "zipf:1.2", "zipf:0.5"):
+        m = parse(text).matrix(6, 1001)
+        assert m.shape == (6, 6) and (m >= 0).all() and (m.sum(axis=1) == 1001).all(), text
+        assert np.array_equal(m, parse(text).matrix(6, 1001))                     # seeded: the same every run
+    hot = parse("zipf:1.2").matrix(8, 100_000).sum(axis=0)
+    assert hot.max() > 3 * hot.min()                                               # a few experts take most
+    f = tmp_path / "w.json"
+    f.write_text('{"counts": [[0, 1, 1], [2, 0, 0], [1, 1, 1]]}')
+    m = parse(str(f)).matrix(3, 10)
+    assert m.tolist() == [[0, 5, 5], [10, 0, 0], [4, 3, 3]]
+    for bad, match in (("zipf:0", "exponent must be > 0"), ("zipf", "expected zipf:S"), ("lognormal", "expected uniform"),
+                       (str(tmp_path / "none.json"), "No such file")):
+        with pytest.raises(HcclError, match=match):
+            parse(bad)
+    with pytest.raises(HcclError, match="a 3 x 3 matrix for 4 ranks"):
+        parse(str(f)).matrix(4, 10)
+
+
+@pytest.mark.local
+@pytest.mark.parametrize("op", ["alltoallv", "alltoallvc"])
+def test_bench_alltoallv_zipf_on_real_data_equals_the_timing_engine(capsys, op):
+    from hccl_sim.tools.cli import main
+    args = ["bench", "--op", op, "--counts", "zipf:1.2", "-b", "4K", "-e", "1M", "-f", "16", "--servers", "2", "-n", "2"]
+    assert main(args) == 0
+    real = [line.split() for line in capsys.readouterr().out.splitlines() if line and not line.startswith("#")]
+    assert main(args + ["--engine", "timing"]) == 0
+    timed = [line.split() for line in capsys.readouterr().out.splitlines() if line and not line.startswith("#")]
+    assert [r[:8] + r[10:] for r in real] == [r[:8] + r[10:] for r in timed]   # all but #wrong and wall time
+    assert all(r[8] == "0" for r in real) and all(r[8] == "N/A" for r in timed)
+    assert main(["bench", "--op", "allreduce", "--counts", "uniform"]) == 2
+    assert "--counts is for the variable-size ops" in capsys.readouterr().err
