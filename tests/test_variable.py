@@ -210,3 +210,92 @@ def test_simulate_counts_are_checked():
     with pytest.raises(HcclError, match="counts= is for the variable-size ops"):
         hccl_sim.simulate("alltoall", counts=np.ones((3, 3), dtype=int), topology=topo)
     assert collectives.get("all_to_all_v").name == "alltoallv"
+
+
+@pytest.mark.unit
+def test_count_distributions_split_each_send_buffer_exactly(tmp_path):
+    from hccl_sim.tools.counts import parse
+    for text in ("uniform", "zipf:1.2", "zipf:0.5"):
+        m = parse(text).matrix(6, 1001)
+        assert m.shape == (6, 6) and (m >= 0).all() and (m.sum(axis=1) == 1001).all(), text
+        assert np.array_equal(m, parse(text).matrix(6, 1001))                     # seeded: the same every run
+    hot = parse("zipf:1.2").matrix(8, 100_000).sum(axis=0)
+    assert hot.max() > 3 * hot.min()                                               # a few experts take most
+    f = tmp_path / "w.json"
+    f.write_text('{"counts": [[0, 1, 1], [2, 0, 0], [1, 1, 1]]}')
+    m = parse(str(f)).matrix(3, 10)
+    assert m.tolist() == [[0, 5, 5], [10, 0, 0], [4, 3, 3]]
+    for bad, match in (("zipf:0", "exponent must be > 0"), ("zipf", "expected zipf:S"), ("lognormal", "expected uniform"),
+                       (str(tmp_path / "none.json"), "No such file")):
+        with pytest.raises(HcclError, match=match):
+            parse(bad)
+    with pytest.raises(HcclError, match="a 3 x 3 matrix for 4 ranks"):
+        parse(str(f)).matrix(4, 10)
+
+
+@pytest.mark.local
+@pytest.mark.parametrize("op", ["alltoallv", "alltoallvc"])
+def test_bench_alltoallv_zipf_on_real_data_equals_the_timing_engine(capsys, op):
+    from hccl_sim.tools.cli import main
+    args = ["bench", "--op", op, "--counts", "zipf:1.2", "-b", "4K", "-e", "1M", "-f", "16", "--servers", "2", "-n", "2"]
+    assert main(args) == 0
+    real = [line.split() for line in capsys.readouterr().out.splitlines() if line and not line.startswith("#")]
+    assert main(args + ["--engine", "timing"]) == 0
+    timed = [line.split() for line in capsys.readouterr().out.splitlines() if line and not line.startswith("#")]
+    assert [r[:8] + r[10:] for r in real] == [r[:8] + r[10:] for r in timed]   # all but #wrong and wall time
+    assert all(r[8] == "0" for r in real) and all(r[8] == "N/A" for r in timed)
+    assert main(["bench", "--op", "allreduce", "--counts", "uniform"]) == 2
+    assert "--counts is for the variable-size ops" in capsys.readouterr().err
+
+
+@pytest.mark.local
+@pytest.mark.parametrize("build", [lambda f: f.corrupt(0, 8), lambda f: f.link_slow(1, 10, factor=0.25),
+                                   lambda f: f.straggler(3, delay=2e-5)], ids=["corrupt", "slow", "straggler"])
+def test_alltoallv_under_faults_moves_every_row_at_simulates_time(build):
+    """A corrupted transfer (retransmitted), a slowed link, a straggler: the rows are numpy's and
+    every rank's time is simulate()'s under the same plan."""
+    from hccl_sim import FaultPlan
+    topo = hccl_sim.topology("atlas800t-a2", servers=2)
+    p = topo.num_ranks
+    C = np.random.default_rng(5).integers(0, 40, (p, p))
+    xs = inputs_for(C)
+    plan = build(FaultPlan())
+    got = hccl_sim.run(_alltoallv, topology=topo, args=(C, xs, False), faults=plan)
+    for j, ((y, rec), want) in enumerate(zip(got, expected(C, xs))):
+        assert np.array_equal(y, want), j
+    est = hccl_sim.simulate("alltoallv", counts=C * 3, topology=topo, dtype="int64", faults=build(FaultPlan()))
+    assert [rec.end - rec.start for _, rec in got] == [round(t * 1e9) for t in est.times]
+    clean = hccl_sim.simulate("alltoallv", counts=C * 3, topology=topo, dtype="int64")
+    assert est.time > clean.time                  # the fault costs time
+
+
+@pytest.mark.local
+def test_a_rank_crash_in_alltoallv_is_an_error_on_every_survivor():
+    from hccl_sim import FaultPlan
+    topo = hccl_sim.topology("fullmesh", ranks=4)
+    C = np.full((4, 4), 3)
+    with pytest.raises(HcclError) as info:
+        hccl_sim.run(_alltoallv, topology=topo, args=(C, inputs_for(C), False), faults=FaultPlan().rank_crash(2, at_op=0))
+    assert "rank 2" in str(info.value)
+
+
+@pytest.mark.local
+def test_chaos_draws_the_variable_size_ops_and_their_scenarios_end_right():
+    """The campaign's draw holds AlltoAllV/VC calls (skewed counts, empty pairs, buffer loops), and
+    a few of them under faults end recovered or in a clean error, never WRONG, HANG or LEAK."""
+    from hccl_sim.chaos.check import count_matrix
+    from hccl_sim.chaos.runners import run_scenario, runner_for
+    from hccl_sim.chaos.scenarios import generate, space_for
+    topo = hccl_sim.topology("atlas800t-a2", servers=2)
+    space = space_for(topo)
+    drawn = [sc for sc in generate(11, 120, topo, space) if sc.call.op in collectives.VARIABLE]
+    assert {sc.call.op for sc in drawn} == set(collectives.VARIABLE)
+    for sc in drawn:
+        m = count_matrix(sc.call, topo.num_ranks)
+        assert (m.sum(axis=1) == sc.call.count).all() and sc.call.out != "inplace"
+    runner = runner_for("local", topo)
+    try:
+        outcomes = {run_scenario(sc, runner).verdict.outcome for sc in drawn[:6]}
+    finally:
+        assert runner.close() == []
+    assert outcomes <= {"recovered", "clean error"}, outcomes

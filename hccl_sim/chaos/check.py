@@ -82,6 +82,8 @@ def rank_program(comm, call: Call) -> list:
     """Runs on every rank: the call `call.calls` times; a CallRecord each, up to the first error."""
     coll = collectives.of(call.op)
     method = getattr(comm, coll.method)
+    if coll.variable:                    # its counts are its first arguments
+        method = _with_counts(method, call, comm.rank, comm.size)
     kwargs = {"algo": call.algo}
     if call.redop is not None:
         kwargs["op"] = call.redop
@@ -93,7 +95,9 @@ def rank_program(comm, call: Call) -> list:
         if call.out == "inplace":
             kwargs["out"] = x
         elif call.out == "out":
-            kwargs["out"] = np.empty(coll.output_shape(x.shape, comm.size), dtype=x.dtype)
+            shape = ((int(count_matrix(call, comm.size)[:, comm.rank].sum()),) if coll.variable
+                     else coll.output_shape(x.shape, comm.size))
+            kwargs["out"] = np.empty(shape, dtype=x.dtype)
         start = comm.clock
         try:
             y = method(x, **kwargs)
@@ -106,9 +110,32 @@ def rank_program(comm, call: Call) -> list:
     return records
 
 
+def count_matrix(call: Call, p: int) -> np.ndarray:
+    """A variable-size call's counts (elements rank i sends rank j), rows summing to the call's
+    count: skewed, some pairs empty, the same in the scenario and its twin."""
+    rng = np.random.default_rng([call.data_seed, p, 0xA2A])
+    weights = rng.random((p, p)) ** 3 * (rng.random((p, p)) > 0.2)
+    weights[weights.sum(axis=1) == 0, 0] = 1.0
+    return np.stack([rng.multinomial(call.count, w / w.sum()) for w in weights]).astype(np.int64)
+
+
+def _with_counts(method, call, rank, p):
+    matrix = count_matrix(call, p)
+    counts = (matrix,) if call.op == "alltoallvc" else (matrix[rank], matrix[:, rank])
+
+    def run(x, **kwargs):
+        return method(x, *counts, **kwargs)
+    return run
+
+
 def reference_digests(call: Call, p: int) -> list:
     """Every rank's expected result digest from numpy (hccl_sim.collectives' reference)."""
     inputs = [rank_input(call, r) for r in range(p)]
+    coll = collectives.of(call.op)
+    if coll.variable:
+        from ..collectives.variable import VCounts
+        v = VCounts.contiguous(count_matrix(call, p))
+        return [digest(y) for y in coll.reference_v(inputs, v, v.output_elements(), ())]
     redop = parse_reduce_op(call.redop) if call.redop is not None else None
     return [digest(y) for y in collectives.of(call.op).reference(inputs, redop, call.root or 0)]
 

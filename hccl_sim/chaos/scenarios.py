@@ -32,8 +32,8 @@ from ..faults.retry import level_of
 from ..config.types import numpy_dtype
 from .makers import MAKERS
 
-OPS = collectives.DATA_COLLECTIVES
-IN_PLACE_OPS = tuple(n for n in OPS if collectives.of(n).output_shape((4,), 2) == (4,))
+OPS = collectives.DATA_COLLECTIVES + collectives.VARIABLE
+IN_PLACE_OPS = tuple(n for n in collectives.DATA_COLLECTIVES if collectives.of(n).output_shape((4,), 2) == (4,))
 """Collectives whose result has the input's shape, so out=x (in place) is possible."""
 EXEC_TIMEOUTS_S = (10, 20, 45)
 """HCCL_EXEC_TIMEOUT values a scenario runs with: below and above the heartbeat's 30 s LOST
@@ -162,6 +162,9 @@ def _algos_for(topo, op: str) -> tuple:
 
 def _simulate_label(topo, op, token):
     from .. import simulate
+    if collectives.of(op).variable:
+        p = topo.num_ranks
+        return simulate(op, topology=topo, algo=token, dtype="int64", counts=np.full((p, p), max(1, 512 // p))).algo
     return simulate(op, 4096, topology=topo, algo=token, dtype="int64").algo
 
 
@@ -268,8 +271,11 @@ def _draw_count(rng, size_class, coll, p, itemsize) -> int:
         return int(rng.integers(4, 5000)) // share // unit * unit + unit
     if size_class == "medium":
         return max(1, int(rng.integers(5000, 60000)) // share // unit) * unit
-    cap = collectives.of(coll.name).loops(1 << 40, p, itemsize, LOOP_BUFFSIZE_MB << 20).cap
     loops = int(rng.choice([2, 3], p=[0.8, 0.2]))
+    if coll.variable:                          # blocks of about `loops` buffer slices each
+        cap = max(1, (LOOP_BUFFSIZE_MB << 20) // (p * itemsize))
+        return cap * p * loops + int(rng.integers(1, cap // 8 + 2))
+    cap = collectives.of(coll.name).loops(1 << 40, p, itemsize, LOOP_BUFFSIZE_MB << 20).cap
     per = cap * (loops - 1) + int(rng.integers(1, cap // 8 + 2))    # per block for block collectives
     if coll.block and coll.name != "allgather":
         return per * p
@@ -301,6 +307,11 @@ def twin_spans(call: Call, env: dict, topo) -> list:
     if problem:
         raise HcclError("E_PARA", f"chaos drew an invalid call {call.describe()}: {problem}")
     sig = Signature(call.op, (call.count,), call.dtype, call.redop, call.root, call.algo, call.out == "inplace")
+    if coll.variable:                          # as the rendezvous merges the ranks' rows of counts
+        from ..collectives.variable import VCounts
+        from .check import count_matrix
+        sig = Signature(call.op, (), call.dtype, None, None, call.algo, False,
+                        VCounts.contiguous(count_matrix(call, topo.num_ranks)))
     entry = [0] * topo.num_ranks
     spans = []
     for _ in range(call.calls):

@@ -114,6 +114,28 @@ class BenchSpec:
     ranks_per_process: int = 1     # engine mpi: ranks (threads) per MPI process
     data_plane: str | None = None  # a real engine's plane (README, "Engines"; the CLI's --data-plane: mpi's);
                                    # None: the engine's default. Once the sweep runs, the plane it runs on
+    counts: object = None          # variable-size ops: how a send buffer splits among peers (tools.counts;
+                                   # None: uniform)
+
+
+def _variable(spec) -> bool:
+    return collectives.get(spec.op).variable
+
+
+def _matrix(spec, p: int, count: int):
+    """A variable-size op's count matrix for a size of `count` elements per rank (None otherwise)."""
+    if not _variable(spec):
+        return None
+    from .counts import parse
+    return (spec.counts or parse("uniform")).matrix(p, count)
+
+
+def _simulate(spec, topo, count: int, itemsize: int, **kw):
+    """simulate() of one row's op: by its bytes, or a variable-size op by its count matrix."""
+    matrix = _matrix(spec, topo.num_ranks, count)
+    size = {"counts": matrix} if matrix is not None else {"nbytes": count * itemsize}
+    return simulate(spec.op, topology=topo, algo=spec.algo, dtype=spec.dtype, redop=spec.redop, root=spec.root,
+                    env=spec.env, policy=spec.policy, **size, **kw)
 
 
 def run_bench(spec: BenchSpec, topo, progress=None) -> list:
@@ -131,8 +153,7 @@ def run_bench(spec: BenchSpec, topo, progress=None) -> list:
     def clean_time_s(count):
         """The fault-free twin's time per op (mean over ranks): timing is shift-invariant, so one
         payload-free replay from aligned clocks is every fault-free iteration's."""
-        est = simulate(spec.op, count * itemsize, topology=topo, algo=spec.algo, dtype=spec.dtype,
-                       redop=spec.redop, root=spec.root, env=spec.env, policy=spec.policy)
+        est = _simulate(spec, topo, count, itemsize)
         return sum(round(t * 1e9) for t in est.times) / p / 1e9
 
     def emit(size, count, time_s, wrong, wall_s, algo, retries=None):
@@ -151,14 +172,11 @@ def run_bench(spec: BenchSpec, topo, progress=None) -> list:
     for size in spec.sizes:
         count = op_count(spec.op, size, p, itemsize)
         if spec.trace:
-            est, plan = simulate(spec.op, count * itemsize, topology=topo, algo=spec.algo, dtype=spec.dtype,
-                                 redop=spec.redop, root=spec.root, env=spec.env, trace=True, policy=spec.policy,
-                                 faults=spec.faults)
+            est, plan = _simulate(spec, topo, count, itemsize, trace=True, faults=spec.faults)
             trace_sections.append((f"{spec.op} {count * itemsize} B ({plan.algo})", plan.events or []))
         if not _engine(spec).real_data:
             t0 = time.perf_counter()
-            est = simulate(spec.op, count * itemsize, topology=topo, algo=spec.algo, dtype=spec.dtype,
-                           redop=spec.redop, root=spec.root, env=spec.env, policy=spec.policy, faults=spec.faults)
+            est = _simulate(spec, topo, count, itemsize, faults=spec.faults)
             total_ns = sum(round(t * 1e9) for t in est.times)
             emit(size, count, total_ns / p / 1e9, None, time.perf_counter() - t0, est.algo, est.retries)
     if _engine(spec).real_data:
@@ -178,6 +196,9 @@ def check_spec(spec: BenchSpec, p: int) -> None:
         integer(size, "size", 0, where="bench")
     engine = _engine(spec)
     _check_local_size_of(p, engine)
+    if spec.counts is not None and not _variable(spec):
+        raise HcclError("E_PARA", f"--counts is for the variable-size ops ({', '.join(collectives.VARIABLE)}), "
+                        f"not {spec.op}")
     if not engine.real_data and canonical_op(spec.op) == "alltoall" and p > MAX_ALLTOALL_RANKS:
         raise HcclError("E_PARA", f"bench alltoall on engine timing: {p} ranks are over the limit of "
                         f"{MAX_ALLTOALL_RANKS} (hccl_sim.MAX_ALLTOALL_RANKS)")
@@ -221,6 +242,10 @@ def _sweep(comm, spec, emit=None):
         count = op_count(spec.op, size, p, itemsize)
         per_rank = collectives.of(spec.op).input_shape_for_bytes(count * itemsize, p, itemsize)[0]
         x = rank_input(rank, per_rank, spec.dtype, spec.redop)
+        matrix = _matrix(spec, p, count)
+        if matrix is not None:            # a variable-size op: its counts are its arguments
+            counts = (matrix,) if spec.op == "alltoallvc" else (matrix[rank], matrix[:, rank])
+            call = _bound(getattr(comm, collectives.of(spec.op).method), counts)
         for _ in range(spec.warmup):
             call(x, **kwargs)
         sim, wall = [], []
@@ -237,7 +262,8 @@ def _sweep(comm, spec, emit=None):
         algo = comm.last_op.algo if spec.iters else ""
         wrong = -1.0
         if spec.check and spec.iters:
-            want = expected(spec.op, rank, p, per_rank, spec.dtype, spec.redop, spec.root)
+            want = (expected(spec.op, rank, p, per_rank, spec.dtype, spec.redop, spec.root) if matrix is None
+                    else _expected_v(matrix, rank, spec.dtype))
             wrong = 0.0 if want is None else float(np.count_nonzero(y.reshape(-1) != want))
         stats = np.array([wrong, float(sum(sim)) if sim else 0.0] + wall, dtype=np.float64)
         gathered = comm.all_gather(stats).reshape(p, -1)
@@ -251,6 +277,21 @@ def _sweep(comm, spec, emit=None):
                 emit(*row)
             rows.append(row)
     return rows
+
+
+def _bound(method, counts):
+    def call(x, **kwargs):
+        return method(x, *counts, **kwargs)
+    return call
+
+
+def _expected_v(matrix, rank: int, dtype: str):
+    """Rank `rank`'s AlltoAllV result when every rank's input is the verifiable pattern: each
+    source's block for it, in rank order (blocks end to end on both sides)."""
+    from ..collectives.verifiable import values
+    start = np.concatenate([np.zeros((len(matrix), 1), dtype=np.int64), np.cumsum(matrix, axis=1)], axis=1)
+    return np.concatenate([values(np.arange(start[i, rank], start[i, rank + 1]), i, dtype)
+                           for i in range(len(matrix))]) if len(matrix) else np.empty(0)
 
 
 def _run_sweep(spec, topo, config, emit):

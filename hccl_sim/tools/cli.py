@@ -15,6 +15,8 @@ import topologies
 from topologies.errors import HcclError
 
 from .. import OPS, __version__
+from ..collectives import VARIABLE
+from .counts import parse as parse_counts
 from .bench import (BenchSpec, footer, format_row, hccl_test_header, hccl_test_row, hccl_test_sizes, header,
                     parse_size, run_bench, sizes, write_json)
 from ..engines import registry
@@ -90,7 +92,10 @@ def build_parser():
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     b = sub.add_parser("bench", help="size sweep of one collective (hccl_test / nccl-tests style)")
-    b.add_argument("--op", default="allreduce", help=f"one of {', '.join(OPS)} (default allreduce)")
+    b.add_argument("--op", default="allreduce", help=f"one of {', '.join(OPS + VARIABLE)} (default allreduce)")
+    b.add_argument("--counts", default=None, help="alltoallv / alltoallvc: how each rank's send buffer splits among "
+                   "its peers: uniform (the default), zipf:S (MoE expert loads, exponent S) or a JSON file of a "
+                   "p x p weight matrix")
     _add_topology_args(b)
     b.add_argument("-b", "--minbytes", default="16", help="smallest size, e.g. 8, 1K, 64M (default 16)")
     b.add_argument("-e", "--maxbytes", default="64M", help="largest size (default 64M)")
@@ -187,7 +192,8 @@ def cmd_bench(args) -> int:
                      dtype=args.datatype, redop=args.redop.lower(), root=args.root, algo=args.algo,
                      engine=args.engine, iters=args.iters, warmup=args.warmup_iters, check=bool(args.check),
                      env=_env_pairs(args.env), trace=args.trace, policy=args.policy,
-                     faults=None if args.faults is None else FaultPlan.load(args.faults))
+                     faults=None if args.faults is None else FaultPlan.load(args.faults),
+                     counts=None if args.counts is None else parse_counts(args.counts))
     from .bench import ROOTED
     from .. import canonical_op
     from ..config.types import parse_reduce_op, dtype_name
