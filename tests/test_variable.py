@@ -283,7 +283,7 @@ def test_a_rank_crash_in_alltoallv_is_an_error_on_every_survivor():
 def test_chaos_draws_the_variable_size_ops_and_their_scenarios_end_right():
     """The campaign's draw holds AlltoAllV/VC calls (skewed counts, empty pairs, buffer loops), and
     a few of them under faults end recovered or in a clean error, never WRONG, HANG or LEAK."""
-    from hccl_sim.chaos.check import count_matrix
+    from hccl_sim.chaos.scenarios import count_matrix
     from hccl_sim.chaos.runners import run_scenario, runner_for
     from hccl_sim.chaos.scenarios import generate, space_for
     topo = hccl_sim.topology("atlas800t-a2", servers=2)

@@ -38,7 +38,7 @@ from .. import collectives
 from ..config.env import Config
 from ..faults.plan import HEARTBEAT_LOST_S, _describe as entry_label
 from ..config.types import parse_reduce_op
-from .scenarios import Call, Scenario
+from .scenarios import Call, Scenario, count_matrix
 
 OUTCOMES = ("recovered", "clean error", "skipped", "WRONG", "HANG", "LEAK")
 FAILURES = ("WRONG", "HANG", "LEAK")
@@ -108,15 +108,6 @@ def rank_program(comm, call: Call) -> list:
         op = comm.last_op
         records.append(CallRecord(True, digest(y), op.start, op.end, op.retries, op.algo))
     return records
-
-
-def count_matrix(call: Call, p: int) -> np.ndarray:
-    """A variable-size call's counts (elements rank i sends rank j), rows summing to the call's
-    count: skewed, some pairs empty, the same in the scenario and its twin."""
-    rng = np.random.default_rng([call.data_seed, p, 0xA2A])
-    weights = rng.random((p, p)) ** 3 * (rng.random((p, p)) > 0.2)
-    weights[weights.sum(axis=1) == 0, 0] = 1.0
-    return np.stack([rng.multinomial(call.count, w / w.sum()) for w in weights]).astype(np.int64)
 
 
 def _with_counts(method, call, rank, p):

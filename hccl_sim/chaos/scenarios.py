@@ -102,6 +102,15 @@ class Scenario:
                 "rdma_retry_cnt": self.rdma[1]}
 
 
+def count_matrix(call: Call, p: int) -> np.ndarray:
+    """A variable-size call's counts (elements rank i sends rank j), rows summing to the call's
+    count: skewed, some pairs empty, the same in the scenario and its twin."""
+    rng = np.random.default_rng([call.data_seed, p, 0xA2A])
+    weights = rng.random((p, p)) ** 3 * (rng.random((p, p)) > 0.2)
+    weights[weights.sum(axis=1) == 0, 0] = 1.0
+    return np.stack([rng.multinomial(call.count, w / w.sum()) for w in weights]).astype(np.int64)
+
+
 # ---- what a topology offers ----------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -309,7 +318,6 @@ def twin_spans(call: Call, env: dict, topo) -> list:
     sig = Signature(call.op, (call.count,), call.dtype, call.redop, call.root, call.algo, call.out == "inplace")
     if coll.variable:                          # as the rendezvous merges the ranks' rows of counts
         from ..collectives.variable import VCounts
-        from .check import count_matrix
         sig = Signature(call.op, (), call.dtype, None, None, call.algo, False,
                         VCounts.contiguous(count_matrix(call, topo.num_ranks)))
     entry = [0] * topo.num_ranks
