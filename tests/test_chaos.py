@@ -15,6 +15,7 @@ import hccl_sim
 import topologies
 from hccl_sim import FaultPlan, HcclError
 from hccl_sim.chaos import Call, Scenario, classify, generate, run_campaign, run_scenario, scenario
+from hccl_sim.chaos.scenarios import OPS as CHAOS_OPS
 from hccl_sim.chaos import report
 from hccl_sim.chaos.check import Result, Verdict, reference_digests
 from hccl_sim.chaos.runners import LocalRunner
@@ -56,7 +57,7 @@ def test_campaign_of_100_scenarios_on_the_local_engine(a2):
     drawn = {e["kind"] for sc, _ in results for e in sc.plan.entries}
     assert drawn == set(space.kinds) == set(hccl_sim.faults.plan.MODELLED)      # a newly modelled kind needs a maker
     assert any(r.verdict.retries for _, r in results)           # some ops recovered by op retry
-    assert {sc.call.op for sc, _ in results} == set(hccl_sim.OPS)
+    assert {sc.call.op for sc, _ in results} == set(CHAOS_OPS)          # the variable-size ops too
     for sc, r in results:
         for k, (lo, hi) in enumerate(sc.spans):
             assert max(recs[k].end for recs in r.twin) == hi and min(recs[k].start for recs in r.twin) == lo
@@ -303,7 +304,7 @@ def test_cli_table_json_and_replay(tmp_path, capsys):
     data = json.loads(path.read_text())
     assert [s["index"] for s in data["scenarios"]] == [0, 1, 2, 3] and data["summary"]["scenarios"] == 4
     third = data["scenarios"][3]
-    assert third["plan"]["faults"] and third["env"]["HCCL_EXEC_TIMEOUT"] and third["call"]["op"] in hccl_sim.OPS
+    assert third["plan"]["faults"] and third["env"]["HCCL_EXEC_TIMEOUT"] and third["call"]["op"] in CHAOS_OPS
     assert third["outcome"] in ("recovered", "clean error") and len(third["twin_exit_ns"]) == 16
     assert main(["chaos", "--replay", "3", "--seed", "2", "--servers", "2"]) == 0
     replay = capsys.readouterr().out
