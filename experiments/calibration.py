@@ -16,6 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 import hccl_sim
@@ -46,7 +47,14 @@ def simulated_seconds(point) -> float:
     if op == "send":                    # staged through the CCL buffer as the preset says
         _, send_end = CostModel.of(topo).p2p_ns(0, 1, nbytes, 0, 0)
         return send_end / 1e9
-    return hccl_sim.simulate(op, nbytes, topology=topo, env=env, dtype=point.get("dtype", "float32")).times[0]
+    dtype = point.get("dtype", "float32")
+    if hccl_sim.collectives.get(op).variable:     # hccl_test's alltoallv_test: the send buffer split evenly
+        from hccl_sim.tools.counts import parse
+        p = topo.num_ranks
+        elements = nbytes // np.dtype(dtype).itemsize
+        return hccl_sim.simulate(op, topology=topo, env=env, dtype=dtype,
+                                 counts=parse("uniform").matrix(p, elements)).times[0]
+    return hccl_sim.simulate(op, nbytes, topology=topo, env=env, dtype=dtype).times[0]
 
 
 def compare(point) -> dict:
