@@ -299,3 +299,17 @@ def test_chaos_draws_the_variable_size_ops_and_their_scenarios_end_right():
     finally:
         assert runner.close() == []
     assert outcomes <= {"recovered", "clean error"}, outcomes
+
+
+@pytest.mark.unit
+def test_hccl_algo_alltoall_setting_applies_to_the_v_ops():
+    """As HCCL's parser (SetSpecificAlgType): `alltoall=` in HCCL_ALGO sets AlltoAllV and VC too."""
+    topo = hccl_sim.topology("fullmesh", ranks=5)
+    m = np.full((5, 5), 100)
+    for op in collectives.VARIABLE:
+        assert hccl_sim.simulate(op, counts=m, topology=topo).algo == "pairwise"
+        assert hccl_sim.simulate(op, counts=m, topology=topo,
+                                 env={"HCCL_ALGO": "alltoall=level0:NA;level1:fullmesh"}).algo == "fullmesh"
+        assert hccl_sim.simulate(op, counts=m, topology=topo,
+                                 env={"HCCL_ALGO": "allreduce=level0:NA;level1:fullmesh"}).algo == "pairwise"
+        assert hccl_sim.simulate(op, counts=m, topology=topo, algo="fullmesh").algo == "fullmesh"
