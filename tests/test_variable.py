@@ -313,3 +313,19 @@ def test_hccl_algo_alltoall_setting_applies_to_the_v_ops():
         assert hccl_sim.simulate(op, counts=m, topology=topo,
                                  env={"HCCL_ALGO": "allreduce=level0:NA;level1:fullmesh"}).algo == "pairwise"
         assert hccl_sim.simulate(op, counts=m, topology=topo, algo="fullmesh").algo == "fullmesh"
+
+
+@pytest.mark.local
+def test_alltoallv_on_a_sub_communicator_and_a_stream():
+    def fn(comm):
+        sub = comm.split(comm.rank % 2)
+        q, r = sub.size, sub.rank
+        C = (np.arange(q * q).reshape(q, q) % 3) + 1
+        xs = [np.arange(C[i].sum(), dtype=np.int32) + 100 * i for i in range(q)]
+        want = np.concatenate([np.split(xs[i], np.cumsum(C[i])[:-1])[r] for i in range(q)])
+        y = sub.all_to_all_v(xs[r], C[r], C[:, r])
+        work = sub.all_to_all_vc(xs[r], C, stream=comm.device.stream())
+        work.wait()
+        return np.array_equal(y, want) and np.array_equal(work.result, want), sub.last_op.algo
+    got = hccl_sim.run(fn, topology=hccl_sim.topology("atlas800t-a2", servers=2))
+    assert all(ok for ok, _ in got) and {algo for _, algo in got} == {"level0:fullmesh;level1:pairwise"}
