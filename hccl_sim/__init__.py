@@ -296,6 +296,9 @@ def _simulate_variable(coll, nbytes, counts, topo, algo, dname, itemsize, env, t
     if not coll.variable:
         raise HcclError("E_PARA", f"simulate {coll.name}: counts= is for the variable-size ops "
                         f"({', '.join(collectives.VARIABLE)}); give nbytes")
+    if p > MAX_ALLTOALL_RANKS:
+        raise HcclError("E_PARA", f"simulate {coll.name}: {p} ranks are over the limit of {MAX_ALLTOALL_RANKS} "
+                        "(hccl_sim.MAX_ALLTOALL_RANKS): its p(p-1) blocks are priced one by one")
     if nbytes is not None:
         raise HcclError("E_PARA", f"simulate {coll.name}: give counts= (the p x p matrix of elements), not nbytes")
     try:

@@ -218,6 +218,9 @@ def test_simulate_counts_are_checked():
     with pytest.raises(HcclError, match="counts= is for the variable-size ops"):
         hccl_sim.simulate("alltoall", counts=np.ones((3, 3), dtype=int), topology=topo)
     assert collectives.get("all_to_all_v").name == "alltoallv"
+    big = hccl_sim.topology("fullmesh", ranks=hccl_sim.MAX_ALLTOALL_RANKS + 1)
+    with pytest.raises(HcclError, match="over the limit of 2048"):
+        hccl_sim.simulate("alltoallv", counts=np.ones((big.num_ranks,) * 2, dtype=int), topology=big)
 
 
 @pytest.mark.unit

@@ -19,7 +19,7 @@ import numpy as np
 
 from topologies.errors import Cause, HcclError
 
-from . import Collective, Loops
+from . import AllToAll, Collective, Loops
 
 _I64 = np.int64
 
@@ -160,6 +160,7 @@ class AllToAllV(Collective):
     name, method = "alltoallv", "all_to_all_v"
     variable, min_ndim = True, 1
     selects_as = "alltoall"
+    max_ranks_with_data = AllToAll.max_ranks_with_data     # p(p-1) blocks moved one by one, as AlltoAll's
 
     def loops_of(self, sig, p, itemsize, buffsize):
         per = int(sig.v.counts.max()) if sig.v.counts.size else 0

@@ -159,6 +159,13 @@ class Communicator:
             raise HcclError("E_PARA", "out is read-only", rank=self.rank, op=opname, cause=Cause.BAD_INPUT)
         return target, bool(np.shares_memory(target, x))
 
+    def _check_ranks_with_data(self, coll):
+        if coll.max_ranks_with_data is not None and self.size > coll.max_ranks_with_data:
+            raise HcclError("E_PARA", f"{self.size} ranks are over the limit of {coll.max_ranks_with_data} for "
+                            f"{coll.method} on real data (collectives.{type(coll).__name__}.max_ranks_with_data); "
+                            "hccl_sim.simulate prices it without payload", rank=self.rank, op=coll.method,
+                            cause=Cause.BAD_INPUT)
+
     def _call(self, name, x, op=None, root=None, algo=None, stream=None, out=None):
         """Check one collective call locally, then run it (collectives.py says what each one is).
 
@@ -186,11 +193,7 @@ class Communicator:
             key = None
         coll = colls.of(name)
         algo, stream = self._algo(algo, coll.method), self._stream(stream, coll.method)
-        if coll.max_ranks_with_data is not None and self.size > coll.max_ranks_with_data:
-            raise HcclError("E_PARA", f"{self.size} ranks are over the limit of {coll.max_ranks_with_data} for "
-                            f"{coll.method} on real data (collectives.{type(coll).__name__}.max_ranks_with_data); "
-                            "hccl_sim.simulate prices it without payload", rank=self.rank, op=coll.method,
-                            cause=Cause.BAD_INPUT)
+        self._check_ranks_with_data(coll)
         x = self._array(x, coll.method)
         problem = coll.check_input(x.shape, self.size)
         if problem:
@@ -253,17 +256,8 @@ class Communicator:
         return self._variable("alltoallvc", x, algo, stream, out, count_matrix)
 
     def _variable(self, name, x, algo, stream, out, *counts):
-        from . import variable_calls as vc
-        coll = colls.of(name)
-        x = self._array(x, coll.method, coll.min_ndim)
-        algo, stream = self._algo(algo, coll.method), self._stream(stream, coll.method)
-        build = vc.alltoallv if name == "alltoallv" else vc.alltoallvc
-        call = build(self, name, x, *counts, algo)
-        res, target = vc.result_arrays(self, call, x, out, coll.method)
-        done = self._collective(call.signature, x, res, None, stream, res if target is None else target)
-        if target is not None:
-            np.copyto(target, res)
-        return done
+        from .variable_calls import run
+        return run(self, name, x, algo, stream, out, counts)
 
     def barrier(self) -> None:
         self._collective(Signature("barrier", (), "uint8", None, None, None), None, None, None, None, None)

@@ -27,6 +27,23 @@ class VariableCall:
         self.signature, self.out_shape, self.gaps = signature, out_shape, gaps
 
 
+def run(comm, name, x, algo, stream, out, counts):
+    """One variable-size call on `comm`: checked here, run on the Communicator's common path, its
+    result copied into `out` when given."""
+    from .. import collectives as colls
+    coll = colls.of(name)
+    comm._check_ranks_with_data(coll)
+    x = comm._array(x, coll.method, coll.min_ndim)
+    algo, stream = comm._algo(algo, coll.method), comm._stream(stream, coll.method)
+    build = alltoallv if name == "alltoallv" else alltoallvc
+    call = build(comm, name, x, *counts, algo)
+    res, target = result_arrays(comm, call, x, out, coll.method)
+    done = comm._collective(call.signature, x, res, None, stream, res if target is None else target)
+    if target is not None:
+        np.copyto(target, res)
+    return done
+
+
 def alltoallv(comm, name, x, send_counts, recv_counts, send_displs, recv_displs, algo) -> VariableCall:
     """AlltoAllV: this rank's send and receive blocks, checked; its signature carries them."""
     p, rank, op = comm.size, comm.rank, comm_method(name)
