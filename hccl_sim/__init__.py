@@ -304,7 +304,7 @@ def _simulate_variable(coll, nbytes, counts, topo, algo, dname, itemsize, env, t
     try:
         matrix = np.asarray(counts)
         ok = matrix.shape == (p, p) and matrix.dtype.kind in "iu" and not (matrix < 0).any()
-    except Exception:
+    except (TypeError, ValueError):      # ragged or not numbers: said below
         ok = False
     if not ok:
         raise HcclError("E_PARA", f"simulate {coll.name}: counts must be a {p} x {p} matrix of non-negative "

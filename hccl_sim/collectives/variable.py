@@ -94,10 +94,11 @@ def _ends(displs, counts) -> np.ndarray:
 def _vector(values, p: int, what: str, rank: int, op: str) -> np.ndarray:
     try:
         arr = np.asarray(values)
-    except Exception:
+    except (TypeError, ValueError):      # ragged or not a sequence: said below
         arr = None
-    if arr is None or arr.ndim != 1 or len(arr) != p or not (arr.dtype.kind in "iu" or arr.dtype == bool) \
-            and not (arr.dtype.kind == "O" and all(isinstance(v, (int, np.integer)) for v in arr)):
+    integers = arr is not None and (arr.dtype.kind in "iu" or (
+        arr.dtype.kind == "O" and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in arr)))
+    if arr is None or arr.ndim != 1 or len(arr) != p or not integers:
         raise HcclError("E_PARA", f"{what} must be {p} integers (one per rank), got {values!r}", rank=rank, op=op,
                         cause=Cause.BAD_INPUT)
     arr = arr.astype(_I64)

@@ -62,7 +62,7 @@ def alltoallvc(comm, name, x, count_matrix, algo) -> VariableCall:
     try:
         matrix = np.asarray(count_matrix)
         ok = matrix.shape == (p, p) and matrix.dtype.kind in "iu"
-    except Exception:
+    except (TypeError, ValueError):      # ragged or not numbers: said below
         ok = False
     if not ok:
         raise HcclError("E_PARA", f"count_matrix must be {p} x {p} integers (rows rank i sends to rank j), "
