@@ -247,9 +247,10 @@ def simulate(op: str, nbytes: int | None = None, topology=None, algo: str | None
     whole AllGather output, the whole ReduceScatter input, the whole AlltoAll send buffer.
     `faults`: a FaultPlan; the op is the job's first (op index 0), entered at time 0.
 
-    Variable-size ops (alltoallv, alltoallvc) take `counts` instead of `nbytes`: the p x p matrix
-    of elements rank i sends to rank j (blocks laid out in rank order); their size is the largest
-    send buffer.
+    Variable-size ops take `counts` instead of `nbytes`, in elements, blocks laid out in rank
+    order: alltoallv and alltoallvc the p x p matrix of what rank i sends rank j (their size: the
+    largest send buffer); allgatherv and reducescatterv the p block counts (their size: the whole
+    gathered output, the whole input).
     """
     topo = _topology(topology)
     name = canonical_op(op)
@@ -258,7 +259,7 @@ def simulate(op: str, nbytes: int | None = None, topology=None, algo: str | None
     p = topo.num_ranks
     coll = collectives.get(name)
     if coll.variable or counts is not None:
-        return _simulate_variable(coll, nbytes, counts, topo, algo, dname, itemsize, env, trace, policy, faults)
+        return _simulate_variable(coll, nbytes, counts, topo, algo, dname, itemsize, env, trace, policy, faults, redop)
     nbytes = integer(nbytes, "nbytes", 0, where="simulate")
     if name == "alltoall" and p > MAX_ALLTOALL_RANKS:
         raise HcclError("E_PARA", f"simulate alltoall: {p} ranks are over the limit of {MAX_ALLTOALL_RANKS} "
@@ -290,32 +291,33 @@ def simulate(op: str, nbytes: int | None = None, topology=None, algo: str | None
     return (est, plan) if trace else est
 
 
-def _simulate_variable(coll, nbytes, counts, topo, algo, dname, itemsize, env, trace, policy, faults):
-    """simulate() of a variable-size op from its count matrix (elements)."""
+def _simulate_variable(coll, nbytes, counts, topo, algo, dname, itemsize, env, trace, policy, faults, redop):
+    """simulate() of a variable-size op from its counts (elements)."""
     p = topo.num_ranks
     if not coll.variable:
         raise HcclError("E_PARA", f"simulate {coll.name}: counts= is for the variable-size ops "
                         f"({', '.join(collectives.VARIABLE)}); give nbytes")
     if p > MAX_ALLTOALL_RANKS:
         raise HcclError("E_PARA", f"simulate {coll.name}: {p} ranks are over the limit of {MAX_ALLTOALL_RANKS} "
-                        "(hccl_sim.MAX_ALLTOALL_RANKS): its p(p-1) blocks are priced one by one")
+                        "(hccl_sim.MAX_ALLTOALL_RANKS): its blocks are held as a p x p count matrix")
     if nbytes is not None:
-        raise HcclError("E_PARA", f"simulate {coll.name}: give counts= (the p x p matrix of elements), not nbytes")
+        raise HcclError("E_PARA", f"simulate {coll.name}: give counts= (elements), not nbytes")
+    shape, what = ((p, p), f"a {p} x {p} matrix of non-negative integers (elements rank i sends to rank j)") \
+        if coll.counts_ndim == 2 else ((p,), f"{p} non-negative integers (elements of each rank's block)")
     try:
         matrix = np.asarray(counts)
-        ok = matrix.shape == (p, p) and matrix.dtype.kind in "iu" and not (matrix < 0).any()
+        ok = matrix.shape == shape and matrix.dtype.kind in "iu" and not (matrix < 0).any()
     except (TypeError, ValueError):      # ragged or not numbers: said below
         ok = False
     if not ok:
-        raise HcclError("E_PARA", f"simulate {coll.name}: counts must be a {p} x {p} matrix of non-negative "
-                        f"integers (elements rank i sends to rank j), got {counts!r}")
+        raise HcclError("E_PARA", f"simulate {coll.name}: counts must be {what}, got {counts!r}")
     if algo is not None and not isinstance(algo, str):
         raise HcclError("E_PARA", f"simulate: algo must be a string (an HCCL token or HCCL_ALGO string), "
                         f"got {algo!r} ({type(algo).__name__})")
     if not isinstance(trace, (bool, np.bool_)):
         raise HcclError("E_PARA", f"simulate: trace must be True or False, got {trace!r}")
-    from .collectives.variable import VCounts
-    sig = Signature(coll.name, (), dname, None, None, algo, False, VCounts.contiguous(matrix))
+    red = parse_reduce_op(redop).value if coll.reducing else None
+    sig = Signature(coll.name, (), dname, red, None, algo, False, coll.vcounts_of(matrix.astype(np.int64)))
     config = with_faults(topo, Config.from_env(env, policy), faults)
     entry = [0] * p if config.faults is None else [config.faults.straggle_ns(r, 0) for r in range(p)]
     now = None if config.faults is None else FaultProgress(config.faults).before()

@@ -46,6 +46,16 @@ def timeline(comm, count):
     if not np.array_equal(got, want):
         raise AssertionError(f"rank {r}: all_to_all_v's rows differ from numpy's")
     records.append((comm.last_op.algo, comm.last_op.start, comm.last_op.end))
+    c = C.sum(axis=1)                             # AllGatherV / ReduceScatterV: rank 1's block is empty
+    got = comm.all_gather_v(xs[r], c)
+    if not np.array_equal(got, np.concatenate(xs)):
+        raise AssertionError(f"rank {r}: all_gather_v's rows differ from numpy's")
+    records.append((comm.last_op.algo, comm.last_op.start, comm.last_op.end))
+    whole = np.arange(c.sum(), dtype=np.float32) % 1000    # exact in float32 whatever the order
+    got = comm.reduce_scatter_v(whole * (r + 1), c)
+    if not np.array_equal(got, (whole * (p * (p + 1) // 2))[c[:r].sum():c[:r + 1].sum()]):
+        raise AssertionError(f"rank {r}: reduce_scatter_v's rows differ from numpy's")
+    records.append((comm.last_op.algo, comm.last_op.start, comm.last_op.end))
     comm.barrier()
     return records, comm.clock
 

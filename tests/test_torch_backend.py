@@ -104,6 +104,35 @@ def test_collectives_match_torch_semantics(cluster):
     assert [out["times"] for out in res] == twin      # each collective's simulated time is the Communicator's
 
 
+def _uneven_lists(comm):
+    """all_gather and reduce_scatter over lists of tensors of different sizes: HCCL's AllGatherV
+    and ReduceScatterV, as torch_npu runs them."""
+    import torch
+    import torch.distributed as dist
+    import hccl_sim.torch as ht
+    ht.init_process_group(comm)
+    r, p = comm.rank, comm.size
+    sizes = [(q % 3) + 1 for q in range(p)]
+    outs = [torch.zeros(n) for n in sizes]
+    dist.all_gather(outs, torch.full((sizes[r],), float(r)))
+    gathered = ([t.tolist() for t in outs], ht.records()[-1].algo)
+    y = torch.zeros(sizes[r])
+    dist.reduce_scatter(y, [torch.arange(float(n)) + 10 * q + r for q, n in enumerate(sizes)])
+    scattered = y.tolist()
+    ops = [rec.name for rec in ht.records()]
+    ht.destroy_process_group()
+    return gathered, scattered, ops
+
+
+def test_uneven_all_gather_and_reduce_scatter_lists_run_the_v_ops(cluster):
+    res = cluster.run(_uneven_lists)
+    sizes = [(q % 3) + 1 for q in range(P)]
+    for r, ((gathered, algo), scattered, ops) in enumerate(res):
+        assert gathered == [[float(q)] * n for q, n in enumerate(sizes)] and algo == "level0:fullmesh"
+        assert scattered == (np.arange(float(sizes[r])) * P + 10 * r * P + sum(range(P))).tolist()
+        assert ops[-2:] == ["all_gather_v", "reduce_scatter_v"]
+
+
 def _splits(r, p):
     """(rows rank r sends each rank, rows it receives from each): uneven, some zero."""
     return [(r + q) % 3 for q in range(p)], [(q + r) % 3 for q in range(p)]

@@ -156,6 +156,41 @@ def tile(program: list, ranks, shifts=None) -> list:
     return out
 
 
+def _rebuffer_full(st, frm: int, to: int, shift: int) -> Step:
+    new = Step()
+    for name in st.__slots__:
+        if name not in ("cache", "tview"):
+            setattr(new, name, getattr(st, name))
+    for prefix, parts in (("t", ("s", "d", "r")), ("c", ("s", "d"))):
+        for part in parts:
+            buf = getattr(st, f"{prefix}_{part}buf")
+            if not len(buf):
+                continue
+            hit = buf == frm
+            if hit.any():
+                setattr(new, f"{prefix}_{part}buf", np.where(hit, to, buf))
+                for end in ("lo", "hi"):
+                    name = f"{prefix}_{part}{end}"
+                    setattr(new, name, np.where(hit, getattr(st, name) + shift, getattr(st, name)))
+    new.cache = {}
+    return new
+
+
+def rebuffered(program: list, frm: int, to: int, shift: int) -> list:
+    """The program with every slice of buffer `frm` moved to buffer `to`, `shift` units on: how
+    a schedule built to read its input reads a copy of it in scratch, apart from the scratch
+    area it accumulates in. Timing is unchanged (it never looks at buffers)."""
+    out = []
+    for st in program:
+        if isinstance(st, Step):
+            new = _rebuffer_full(st, frm, to, shift)
+            new.tview = st.tview
+            out.append(new)
+        else:
+            out.append(LazyStep(lambda st=st: _rebuffer_full(st.full(), frm, to, shift), st.timing, st.tkey, st.skey))
+    return out
+
+
 def sequence(*programs) -> list:
     """Phases one after another."""
     out = []

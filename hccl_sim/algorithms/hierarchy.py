@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import mesh, nhr, pairwise, registry, ring
-from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, sequence, side_by_side, tile
+from . import mesh, nhr, pairwise, pipeline, registry, ring
+from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, blocks, bounds, sequence, side_by_side, tile
 
 LEVEL0 = {"fullmesh": mesh, "ring": ring}
 
@@ -276,3 +276,51 @@ def _joined(frm, to, lo, n, at):
     cont = (frm[1:] == frm[:-1]) & (to[1:] == to[:-1]) & (lo[1:] == lo[:-1] + n[:-1]) & (at[1:] == at[:-1] + n[:-1])
     starts = np.flatnonzero(np.concatenate(([True], ~cont)))
     return frm[starts], to[starts], lo[starts], np.add.reduceat(n, starts), at[starts]
+
+
+def allgather_blocks(srv: Servers, unit: int, l0: str, l1: str):
+    """AllGather's hierarchy on blocks of their own lengths, as HCCL's AllGatherVMesh runs it:
+    `gather(buf, offs)`, in place in buf, blocks end to end in rank order (bounds `offs`): level0
+    inside each server (`l0`: the mesh on 910B, the ring on A3), then level1 among same-index cards
+    over whole server regions (`l1`; pipeline: both levels at once)."""
+    def gather(buf, offs):
+        lo, hi = blocks(offs)           # bounds, or on one server (lo, hi) anywhere
+        if l1 == "pipeline" and srv.m > 1:
+            return pipeline.allgatherv(srv, (lo, hi), unit, buf)
+        phases = []
+        if srv.K > 1:
+            progs = [tile(LEVEL0[l0].allgather(len(ranks), (lo[ranks], hi[ranks]), unit, buf), ranks[None, :])
+                     for ranks in srv.ranks if len(ranks) > 1]
+            phases.append(side_by_side(*progs))
+        if srv.m > 1:
+            groups = np.stack([srv.group(i) for i in range(srv.K)])
+            regions = np.append(lo, hi[-1])[srv.start]
+            phases.append(tile(_level1(l1, "allgather").allgather(srv.m, regions, unit, buf), groups))
+        return sequence(*phases)
+    return gather
+
+
+def reducescatter_blocks(srv: Servers, unit: int, l0: str, l1: str):
+    """ReduceScatter's hierarchy on blocks of their own lengths, as HCCL's
+    ReduceScatterVMeshOpbase runs it (equal servers): `scatter(src, offs, acc, out, out_lo)`, blocks
+    end to end in rank order (bounds `offs`): level1 among same-index cards reduces whole server
+    regions into acc, then level0 inside each server reduces each rank's block into its output."""
+    def scatter(src, offs, acc, out, out_lo):
+        lo, hi = blocks(offs)           # bounds, or on one server (lo, hi) anywhere
+        if l1 == "pipeline" and srv.m > 1:
+            return pipeline.reducescatterv(srv, (lo, hi), unit, src, acc, out, out_lo)
+        phases = []
+        if srv.m > 1:
+            groups = np.stack([srv.group(i) for i in range(srv.K)])
+            first = srv.start[:-1]
+            regions = np.append(lo, hi[-1])[srv.start]
+            dst, dst_lo = (acc, regions[:-1]) if srv.K > 1 else (out, out_lo[first])
+            phases.append(tile(_level1(l1, "reducescatter").reducescatter(srv.m, regions, unit, src, acc, dst, dst_lo),
+                               groups))
+        if srv.K > 1:
+            level0_src = acc if srv.m > 1 else src
+            progs = [tile(LEVEL0[l0].reducescatter(len(ranks), (lo[ranks], hi[ranks]), unit, level0_src, acc, out,
+                                                   out_lo[ranks]), ranks[None, :]) for ranks in srv.ranks]
+            phases.append(side_by_side(*progs))
+        return sequence(*phases)
+    return scatter

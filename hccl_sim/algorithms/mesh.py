@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, local_copy
+from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, blocks, bounds, local_copy
 
 NAME = "fullmesh"
 COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall")
@@ -27,11 +27,10 @@ def round_robin(a, b, n):
     return order
 
 
-def _owned(n, offs, owner):
+def _owned(n, nblocks, owner):
     """Per (sender, block) pairs where the block's owner is another rank, in round-robin order."""
-    blocks = len(offs) - 1
-    owner = np.arange(blocks) % n if owner is None else np.asarray(owner, dtype=np.int64)
-    s, blk = np.divmod(np.arange(n * blocks), blocks)
+    owner = np.arange(nblocks) % n if owner is None else np.asarray(owner, dtype=np.int64)
+    s, blk = np.divmod(np.arange(n * nblocks), nblocks)
     keep = s != owner[blk]
     s, blk = s[keep], blk[keep]
     o = round_robin(s, owner[blk], n)
@@ -39,34 +38,36 @@ def _owned(n, offs, owner):
 
 
 def reducescatter(n: int, offs, unit: int, src=INPUT, acc=SCRATCH, out=OUTPUT, out_lo=None, owner=None) -> list:
-    """Block b of src is reduced at rank owner[b] (default b), into out[out_lo[b]]."""
-    offs = np.asarray(offs, dtype=np.int64)
-    blocks = len(offs) - 1
-    out_lo = offs[:-1] if out_lo is None and owner is not None else (
+    """Block b of src (`offs`: bounds, or (lo, hi) per block) is reduced at rank owner[b]
+    (default b), into out[out_lo[b]]."""
+    lo, hi = blocks(offs)
+    nblocks = len(lo)
+    out_lo = lo if out_lo is None and owner is not None else (
         np.zeros(n, dtype=np.int64) if out_lo is None else np.asarray(out_lo, dtype=np.int64))
-    s, blk, owner = _owned(n, offs, owner)
+    s, blk, owner = _owned(n, nblocks, owner)
     b = StepBuilder()
-    own = np.arange(blocks)
-    move = ~((src == out) & (offs[:-1] == out_lo[own]))
-    b.copies(owner[own][move], unit, src, offs[own][move], offs[own + 1][move], out, out_lo[own][move])
+    own = np.arange(nblocks)
+    move = ~((src == out) & (lo == out_lo[own]))
+    b.copies(owner[own][move], unit, src, lo[own][move], hi[own][move], out, out_lo[own][move])
     if n > 1:
-        b.transfers(s, owner[blk], unit, src, offs[blk], offs[blk + 1], out, out_lo[blk], rbuf=out, rlo=out_lo[blk])
+        b.transfers(s, owner[blk], unit, src, lo[blk], hi[blk], out, out_lo[blk], rbuf=out, rlo=out_lo[blk])
     return [] if b.empty() else [b.build()]
 
 
 def allgather(n: int, offs, unit: int, buf=OUTPUT, owner=None) -> list:
-    """In place: block b, already at its owner (default rank b), goes to every other rank."""
-    offs = np.asarray(offs, dtype=np.int64)
-    blocks = len(offs) - 1
-    owner = np.arange(blocks) % n if owner is None else np.asarray(owner, dtype=np.int64)
+    """In place: block b (`offs`: bounds, or (lo, hi) per block), already at its owner (default
+    rank b), goes to every other rank."""
+    lo, hi = blocks(offs)
+    nblocks = len(lo)
+    owner = np.arange(nblocks) % n if owner is None else np.asarray(owner, dtype=np.int64)
     if n == 1:
         return []
-    blk, dst = np.divmod(np.arange(blocks * n), n)
+    blk, dst = np.divmod(np.arange(nblocks * n), n)
     keep = dst != owner[blk]
     blk, dst = blk[keep], dst[keep]
     o = round_robin(owner[blk], dst, n)
     blk, dst = blk[o], dst[o]
-    return [StepBuilder().transfers(owner[blk], dst, unit, buf, offs[blk], offs[blk + 1], buf, offs[blk]).build()]
+    return [StepBuilder().transfers(owner[blk], dst, unit, buf, lo[blk], hi[blk], buf, lo[blk]).build()]
 
 
 def scatter(n: int, offs, unit: int, root: int, src=INPUT, dst=OUTPUT, owner=None) -> list:

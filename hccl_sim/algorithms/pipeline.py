@@ -156,3 +156,53 @@ def allreduce(srv, N: int, unit: int) -> list:
     def key(phase):
         return (lambda t: ("pipe-ar", phase, L.p, K, int(sizes[0]), min(t, 1), t < m - 1)) if uniform else (lambda t: None)
     return (_steps(m, rs_full, rs_timing, key("rs")) + _steps(m, ag_full, ag_timing, key("ag")))
+
+
+def allgatherv(srv, offs, unit: int, buf=OUTPUT) -> list:
+    """AllGather's pipeline on blocks of their own lengths, in place in `buf` (`offs`: (lo, hi) of
+    every rank's block, each already at its owner), as HCCL's AllGatherVMeshOpbasePipeline
+    forwards them: in step t card (s, i) passes block g(s - t, i) on around the ring and over
+    the mesh."""
+    L = _Layout(srv)
+    K, m = L.K, L.m
+    lo, hi = (np.asarray(a, dtype=np.int64) for a in offs)
+    steps = []
+    for t in range(m):
+        g = ((L.s - t) % m) * K + L.i
+        b = StepBuilder()
+        if t < m - 1:
+            b.transfers(L.r, L.next, unit, buf, lo[g], hi[g], buf, lo[g])
+        gm = g[L.ms]
+        b.transfers(L.ms, L.md, unit, buf, lo[gm], hi[gm], buf, lo[gm])
+        steps.append(b.build())
+    return steps
+
+
+def reducescatterv(srv, offs, unit: int, src=INPUT, acc=SCRATCH, out=OUTPUT, out_lo=None) -> list:
+    """ReduceScatter's pipeline on blocks of their own lengths (`offs`: (lo, hi) of every rank's
+    block in src; partials in acc at the same places; rank r's result at out[out_lo[r]]), as
+    HCCL's ReduceScatterVMeshOpbasePipeline accumulates them: in step t card (s, i) gathers block
+    g(s + t + 1, i) from its own input, every local card's and the partial from (s + 1, i)."""
+    L = _Layout(srv)
+    K, m = L.K, L.m
+    lo, hi = (np.asarray(a, dtype=np.int64) for a in offs)
+    out_lo = np.zeros(L.p, dtype=np.int64) if out_lo is None else np.asarray(out_lo, dtype=np.int64)
+
+    def acc_of(t, ranks):
+        g = ((L.s[ranks] + t + 1) % m) * K + L.i[ranks]
+        if t == m - 1:
+            return out, out_lo[ranks], g
+        return acc, lo[g], g
+
+    steps = []
+    for t in range(m):
+        tbuf, tlo, g = acc_of(t, L.r)
+        b = StepBuilder().copies(L.r, unit, src, lo[g], hi[g], tbuf, tlo)
+        if t > 0:
+            _, before, gb = acc_of(t - 1, L.r)
+            rbuf, rlo, _ = acc_of(t, L.prev)
+            b.transfers(L.r, L.prev, unit, acc, before, before + (hi[gb] - lo[gb]), rbuf, rlo, rbuf=rbuf, rlo=rlo)
+        gm = g[L.md]
+        b.transfers(L.ms, L.md, unit, src, lo[gm], hi[gm], tbuf, tlo[L.md], rbuf=tbuf, rlo=tlo[L.md])
+        steps.append(b.build())
+    return steps

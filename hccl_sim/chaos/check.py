@@ -63,12 +63,15 @@ class CallRecord(NamedTuple):
     error: Optional[dict] = None   # the HcclError's fields (HcclError.fields()), what the checker judges
 
 
-def rank_input(call: Call, rank: int) -> np.ndarray:
+def rank_input(call: Call, rank: int, p: int) -> np.ndarray:
     """Rank `rank`'s input: integers (exact under every reduction order), different on every rank
-    and element, the same in the scenario and its twin; 1 or 2 for prod (wraps, order-free)."""
+    and element, the same in the scenario and its twin; 1 or 2 for prod (wraps, order-free). A
+    variable-size op's is the rows its counts give the rank (AllGatherV's: its own block)."""
     rng = np.random.default_rng([call.data_seed, rank])
     lo, hi = (1, 3) if call.redop == "prod" else (0, 1000)
-    return rng.integers(lo, hi, size=call.count, dtype=np.dtype(call.dtype))
+    x = rng.integers(lo, hi, size=call.count, dtype=np.dtype(call.dtype))
+    coll = collectives.of(call.op)
+    return x[:coll.input_rows(count_matrix(call, p), rank)] if coll.variable else x
 
 
 def digest(y) -> Optional[str]:
@@ -91,11 +94,11 @@ def rank_program(comm, call: Call) -> list:
         kwargs["root"] = call.root
     records = []
     for _ in range(call.calls):
-        x = rank_input(call, comm.rank)
+        x = rank_input(call, comm.rank, comm.size)
         if call.out == "inplace":
             kwargs["out"] = x
         elif call.out == "out":
-            shape = ((int(count_matrix(call, comm.size)[:, comm.rank].sum()),) if coll.variable
+            shape = ((coll.output_rows(count_matrix(call, comm.size), comm.rank),) if coll.variable
                      else coll.output_shape(x.shape, comm.size))
             kwargs["out"] = np.empty(shape, dtype=x.dtype)
         start = comm.clock
@@ -111,8 +114,7 @@ def rank_program(comm, call: Call) -> list:
 
 
 def _with_counts(method, call, rank, p):
-    matrix = count_matrix(call, p)
-    counts = (matrix,) if call.op == "alltoallvc" else (matrix[rank], matrix[:, rank])
+    counts = collectives.of(call.op).call_counts(count_matrix(call, p), rank)
 
     def run(x, **kwargs):
         return method(x, *counts, **kwargs)
@@ -121,12 +123,13 @@ def _with_counts(method, call, rank, p):
 
 def reference_digests(call: Call, p: int) -> list:
     """Every rank's expected result digest from numpy (hccl_sim.collectives' reference)."""
-    inputs = [rank_input(call, r) for r in range(p)]
+    inputs = [rank_input(call, r, p) for r in range(p)]
     coll = collectives.of(call.op)
     if coll.variable:
-        from ..collectives.variable import VCounts
-        v = VCounts.contiguous(count_matrix(call, p))
-        return [digest(y) for y in coll.reference_v(inputs, v, v.output_elements(), ())]
+        counts = count_matrix(call, p)
+        rows = [coll.output_rows(counts, r) for r in range(p)]
+        redop = parse_reduce_op(call.redop) if call.redop is not None else None
+        return [digest(y) for y in coll.reference_v(inputs, coll.vcounts_of(counts), rows, (), redop)]
     redop = parse_reduce_op(call.redop) if call.redop is not None else None
     return [digest(y) for y in collectives.of(call.op).reference(inputs, redop, call.root or 0)]
 

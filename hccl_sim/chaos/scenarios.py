@@ -103,12 +103,15 @@ class Scenario:
 
 
 def count_matrix(call: Call, p: int) -> np.ndarray:
-    """A variable-size call's counts (elements rank i sends rank j), rows summing to the call's
-    count: skewed, some pairs empty, the same in the scenario and its twin."""
+    """A variable-size call's counts, skewed, some empty, the same in the scenario and its twin:
+    AlltoAllV's p x p matrix (elements rank i sends rank j), rows summing to the call's count;
+    AllGatherV's and ReduceScatterV's p block counts, summing to it."""
     rng = np.random.default_rng([call.data_seed, p, 0xA2A])
-    weights = rng.random((p, p)) ** 3 * (rng.random((p, p)) > 0.2)
+    rows = p if collectives.of(call.op).counts_ndim == 2 else 1
+    weights = rng.random((rows, p)) ** 3 * (rng.random((rows, p)) > 0.2)
     weights[weights.sum(axis=1) == 0, 0] = 1.0
-    return np.stack([rng.multinomial(call.count, w / w.sum()) for w in weights]).astype(np.int64)
+    counts = np.stack([rng.multinomial(call.count, w / w.sum()) for w in weights]).astype(np.int64)
+    return counts if rows == p else counts[0]
 
 
 # ---- what a topology offers ----------------------------------------------------------------------
@@ -129,7 +132,7 @@ def space_for(topo, crash_ok: bool = True) -> Space:
     p = topo.num_ranks
     if p < 2:
         raise HcclError("E_PARA", f"chaos needs at least 2 ranks (faults are between ranks); {topo.name} has {p}")
-    algos = {op: _algos_for(topo, op) for op in OPS}
+    algos = {op: got for op in OPS if (got := _algos_for(topo, op))}      # ops HCCL runs there
     nic = []
     for r in range(p):
         try:
@@ -151,13 +154,19 @@ def unmade_kinds() -> list:
 
 def _algos_for(topo, op: str) -> tuple:
     """algo= values that run `op` on `topo` (HCCL tokens and registry names), one per distinct
-    label of what runs (fallbacks included once), selection (None) first."""
+    label of what runs (fallbacks included once), selection (None) first; () where HCCL does not
+    run `op` at all (AllGatherV on 910A)."""
     plain = ("null", "NA")                  # "let HCCL choose" spelt as a token: tried last
     tokens = ([t for t in ALGO_TOKENS if t not in plain] + [n for n in registry.ALGORITHMS if n not in ALGO_TOKENS]
               + list(plain))
     out = [None]
     with quiet_logs():
-        seen = {_simulate_label(topo, op, None)}
+        try:
+            seen = {_simulate_label(topo, op, None)}
+        except HcclError as exc:
+            if exc.code == "E_NOT_SUPPORT":
+                return ()
+            raise
         for token in tokens:
             try:
                 label = _simulate_label(topo, op, token)
@@ -173,7 +182,10 @@ def _simulate_label(topo, op, token):
     from .. import simulate
     if collectives.of(op).variable:
         p = topo.num_ranks
-        return simulate(op, topology=topo, algo=token, dtype="int64", counts=np.full((p, p), max(1, 512 // p))).algo
+        coll = collectives.of(op)
+        shape = (p, p) if coll.counts_ndim == 2 else (p,)
+        dtype = "int32" if coll.reducing else "int64"        # what HCCL's ReduceScatterV reduces inline
+        return simulate(op, topology=topo, algo=token, dtype=dtype, counts=np.full(shape, max(1, 512 // p))).algo
     return simulate(op, 4096, topology=topo, algo=token, dtype="int64").algo
 
 
@@ -232,11 +244,15 @@ def scenario(seed: int, index: int, topo, space: Space | None = None) -> Scenari
 
 
 def _draw_call(rng, space: Space, p: int):
-    op = OPS[int(rng.integers(len(OPS)))]
+    ops = [op for op in OPS if op in space.algos]
+    op = ops[int(rng.integers(len(ops)))]
     coll = collectives.of(op)
     dtype = ("int32", "int64")[int(rng.integers(2))]
-    itemsize = numpy_dtype(dtype).itemsize
     redop = ("sum", "prod", "max", "min")[int(rng.choice(4, p=[0.55, 0.15, 0.15, 0.15]))] if coll.reducing else None
+    dm = space.topo.device_model
+    if coll.stages_itself and coll.reducing and space.topo.device != "synthetic" and not dm.inline(dtype, redop):
+        dtype, redop = "int32", ("sum", "max", "min")[int(rng.integers(3))]     # HCCL's ReduceScatterV: inline only
+    itemsize = numpy_dtype(dtype).itemsize
     root = int(rng.integers(p)) if coll.rooted else None
     env = {"HCCL_EXEC_TIMEOUT": str(EXEC_TIMEOUTS_S[int(rng.integers(len(EXEC_TIMEOUTS_S)))])}
     size_class = ("tiny", "small", "medium", "loops")[int(rng.choice(4, p=[0.25, 0.35, 0.25, 0.15]))]
@@ -317,9 +333,8 @@ def twin_spans(call: Call, env: dict, topo) -> list:
         raise HcclError("E_PARA", f"chaos drew an invalid call {call.describe()}: {problem}")
     sig = Signature(call.op, (call.count,), call.dtype, call.redop, call.root, call.algo, call.out == "inplace")
     if coll.variable:                          # as the rendezvous merges the ranks' rows of counts
-        from ..collectives.variable import VCounts
-        sig = Signature(call.op, (), call.dtype, None, None, call.algo, False,
-                        VCounts.contiguous(count_matrix(call, topo.num_ranks)))
+        sig = Signature(call.op, (), call.dtype, call.redop, None, call.algo, False,
+                        coll.vcounts_of(count_matrix(call, topo.num_ranks)))
     entry = [0] * topo.num_ranks
     spans = []
     for _ in range(call.calls):

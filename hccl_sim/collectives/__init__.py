@@ -84,6 +84,8 @@ class Collective:
     max_ranks_with_data = None  # most ranks it may run on with real data (None: no limit of its own)
     variable: bool = False      # every pair moves a count of its own (collectives.variable)
     selects_as: Optional[str] = None    # the collective whose selection and HCCL_ALGO setting it follows
+    stages_itself: bool = False     # its programs carry their own CCL-buffer staging (AllGatherV, ReduceScatterV)
+    not_on: tuple = ()              # devices HCCL does not run it on
 
     def __repr__(self):
         return f"<collective {self.name}>"
@@ -123,8 +125,8 @@ class Collective:
         return 1.0
 
     # ---- what a call's signature implies (variable-size collectives override these) -------------
-    def loops_of(self, sig, p: int, itemsize: int, buffsize: int) -> "Loops":
-        """The CCL-buffer loops of the call `sig` (a planner.Signature)."""
+    def loops_of(self, sig, p: int, itemsize: int, buffsize: int, modules: int = 1) -> "Loops":
+        """The CCL-buffer loops of the call `sig` (a planner.Signature) on `modules` servers."""
         return self.loops(sig.count if self.carries_data else 0, p, itemsize, buffsize)
 
     def bytes_of(self, sig, p: int, itemsize: int) -> int:
@@ -133,6 +135,10 @@ class Collective:
 
     def scratch_shape_of(self, sig, p: int, loops: "Loops"):
         return self.scratch_shape(p, loops)
+
+    def selection_signature(self, sig):
+        """The call as the selection of the collective it follows sizes it (itself, for most)."""
+        return sig
 
     def selection_name(self) -> str:
         """The collective whose selection (and HCCL_ALGO setting) this one follows: its own, or
@@ -357,9 +363,10 @@ class Barrier(Collective):
 
 
 from .variable import AllToAllV, AllToAllVC  # noqa: E402 - they build on the classes above
+from .gather_v import AllGatherV, ReduceScatterV  # noqa: E402
 
 COLLECTIVES = {c.name: c for c in (AllReduce(), AllGather(), ReduceScatter(), Broadcast(), Reduce(), AllToAll(),
-                                   AllToAllV(), AllToAllVC(), Barrier())}
+                                   AllToAllV(), AllToAllVC(), AllGatherV(), ReduceScatterV(), Barrier())}
 """name -> Collective, in nccl-tests' order, the variable-size ones after the six; `barrier` last
 (it carries no data)."""
 DATA_COLLECTIVES = tuple(n for n, c in COLLECTIVES.items() if c.carries_data and not c.variable)
@@ -370,7 +377,8 @@ VECTOR = tuple(n for n, c in COLLECTIVES.items() if c.carries_data and not c.blo
 _ALIASES = {c.method: c.name for c in COLLECTIVES.values()}
 _ALIASES.update({"bcast": "broadcast", "all-reduce": "allreduce", "all-gather": "allgather",
                  "reduce-scatter": "reducescatter", "all-to-all": "alltoall", "all_to_all": "alltoall",
-                 "all-to-all-v": "alltoallv", "all-to-all-vc": "alltoallvc"})
+                 "all-to-all-v": "alltoallv", "all-to-all-vc": "alltoallvc", "all-gather-v": "allgatherv",
+                 "reduce-scatter-v": "reducescatterv"})
 
 
 def get(name) -> Collective:

@@ -20,6 +20,7 @@ import numpy as np
 from topologies.errors import Cause, HcclError
 
 from . import AllToAll, Collective, Loops
+from . import verifiable as vf
 
 _I64 = np.int64
 
@@ -163,12 +164,39 @@ class AllToAllV(Collective):
     selects_as = "alltoall"
     max_ranks_with_data = AllToAll.max_ranks_with_data     # p(p-1) blocks moved one by one, as AlltoAll's
 
-    def loops_of(self, sig, p, itemsize, buffsize):
+    def loops_of(self, sig, p, itemsize, buffsize, modules=1):
         per = int(sig.v.counts.max()) if sig.v.counts.size else 0
         return Loops(per, max(1, buffsize // (p * itemsize)))
 
     def bytes_of(self, sig, p, itemsize):
         return int(sig.v.counts.sum(axis=1).max()) * itemsize if p else 0     # the largest send buffer
+
+    # ---- a call's counts in one array (simulate, bench, chaos): here the p x p matrix ----------
+    counts_ndim = 2
+
+    def vcounts_of(self, counts) -> VCounts:
+        """The op's VCounts from its counts in elements, blocks end to end (default displacements)."""
+        return VCounts.contiguous(counts)
+
+    def call_counts(self, counts, rank: int) -> tuple:
+        """The Communicator method's count arguments on `rank`."""
+        return (counts[rank], counts[:, rank])
+
+    def input_rows(self, counts, rank: int) -> int:
+        return int(counts[rank].sum())
+
+    def output_rows(self, counts, rank: int) -> int:
+        return int(counts[:, rank].sum())
+
+    def verifiable_v(self, counts, rank: int, dtype: str, redop="sum"):
+        """Rank `rank`'s result when every rank r's input is verifiable.rank_input(r, its rows)."""
+        start = exclusive_sums(counts)
+        return np.concatenate([vf.values(np.arange(start[i, rank], start[i, rank] + counts[i, rank]), i, dtype, redop)
+                               for i in range(len(counts))]) if len(counts) else np.empty(0)
+
+    def merged(self, locals_, row_elems) -> VCounts:
+        """The op's VCounts from every rank's `local` rows (see `merge`)."""
+        return merge(locals_, row_elems, self.method)
 
     def layout(self, p):
         return (0, 0, 0)
@@ -197,7 +225,7 @@ class AllToAllV(Collective):
     def busbw_factor(self, p):
         return (p - 1) / p
 
-    def reference_v(self, inputs, v: VCounts, out_rows: list, row_shape: tuple):
+    def reference_v(self, inputs, v: VCounts, out_rows: list, row_shape: tuple, redop=None):
         """Every rank's expected result (numpy, rows) from every rank's input."""
         p = len(inputs)
         outs = []
@@ -214,3 +242,6 @@ class AllToAllVC(AllToAllV):
     """HcclAlltoAllVC: every rank gives the whole count matrix (count_matrix[i][j]: rows rank i
     sends to rank j); blocks are laid out in rank order on both sides."""
     name, method = "alltoallvc", "all_to_all_vc"
+
+    def call_counts(self, counts, rank):
+        return (counts,)

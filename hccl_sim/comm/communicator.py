@@ -25,6 +25,7 @@ from topologies.validate import is_integer
 from .. import collectives as colls
 from . import split as subcomm
 from .record import OpRecord
+from .variable_calls import VariableSizeOps
 from ..engines.base import Call, RankBuffers
 from hcomm.link_state import LinkFailure
 
@@ -40,7 +41,7 @@ _new = tuple.__new__         # a NamedTuple from a tuple of its fields, without 
 MAX_TAG = 2**31 - 1          # point-to-point tags: non-negative 32-bit ints, as MPI_TAG_UB allows at least
 
 
-class Communicator:
+class Communicator(VariableSizeOps):
     """One rank's handle on a group of ranks."""
 
     def __init__(self, rank: int, group, device: Device | None = None):
@@ -242,22 +243,6 @@ class Communicator:
     def all_to_all(self, x, algo=None, stream=None, out=None):
         """Block j of x goes to rank j; received blocks concatenated in rank order."""
         return self._call("alltoall", x, algo=algo, stream=stream, out=out)
-
-    def all_to_all_v(self, x, send_counts, recv_counts, send_displs=None, recv_displs=None, algo=None, stream=None,
-                     out=None):
-        """HcclAlltoAllV: send_counts[j] rows of x (from send_displs[j]) go to rank j; the result
-        holds recv_counts[i] rows from each rank i at recv_displs[i] (default: end to end in rank
-        order). Counts that disagree across ranks fail on every rank."""
-        return self._variable("alltoallv", x, algo, stream, out, send_counts, recv_counts, send_displs, recv_displs)
-
-    def all_to_all_vc(self, x, count_matrix, algo=None, stream=None, out=None):
-        """HcclAlltoAllVC: count_matrix[i][j] rows go from rank i to rank j, blocks in rank order
-        on both sides; every rank gives the same matrix."""
-        return self._variable("alltoallvc", x, algo, stream, out, count_matrix)
-
-    def _variable(self, name, x, algo, stream, out, *counts):
-        from .variable_calls import run
-        return run(self, name, x, algo, stream, out, counts)
 
     def barrier(self) -> None:
         self._collective(Signature("barrier", (), "uint8", None, None, None), None, None, None, None, None)

@@ -1,9 +1,12 @@
-"""The Communicator's variable-size calls (AlltoAllV, AlltoAllVC): a call's counts and
-displacements checked as HCCL checks them, and the signature the rendezvous merges.
+"""The Communicator's variable-size calls (AlltoAllV, AlltoAllVC, AllGatherV, ReduceScatterV): a
+call's counts and displacements checked as HCCL checks them, and the signature the rendezvous
+merges.
 
-Counts and displacements are in rows along axis 0 (a row is x.shape[1:]); what this rank sends
-and expects goes into its signature's `local` part, which the rendezvous stacks into the op's
-count matrix (collectives.variable.merge) and checks pair by pair.
+Counts and displacements are in rows along axis 0 (a row is x.shape[1:]). What this rank gives
+goes into its signature's `local` part, which the rendezvous merges into the op's VCounts: an
+AlltoAllV's rows of sends and receives, stacked and checked pair by pair
+(collectives.variable.merge); an AllGatherV's or ReduceScatterV's counts and displacements,
+which must be the same on every rank (collectives.gather_v.agreed).
 """
 from __future__ import annotations
 
@@ -14,8 +17,34 @@ import numpy as np
 from topologies.errors import Cause, HcclError
 
 from ..collectives.variable import VCounts, blocks
-from ..config.types import dtype_name
+from ..config.types import dtype_name, parse_reduce_op
 from ..plan.planner import Signature
+
+
+class VariableSizeOps:
+    """The Communicator's variable-size collectives (its other ops are on the Communicator)."""
+
+    def all_to_all_v(self, x, send_counts, recv_counts, send_displs=None, recv_displs=None, algo=None, stream=None,
+                     out=None):
+        """HcclAlltoAllV: send_counts[j] rows of x (from send_displs[j]) go to rank j; the result
+        holds recv_counts[i] rows from each rank i at recv_displs[i] (default: end to end in rank
+        order). Counts that disagree across ranks fail on every rank."""
+        return run(self, "alltoallv", x, algo, stream, out, (send_counts, recv_counts, send_displs, recv_displs))
+
+    def all_to_all_vc(self, x, count_matrix, algo=None, stream=None, out=None):
+        """HcclAlltoAllVC: count_matrix[i][j] rows go from rank i to rank j, blocks in rank order
+        on both sides; every rank gives the same matrix."""
+        return run(self, "alltoallvc", x, algo, stream, out, (count_matrix,))
+
+    def all_gather_v(self, x, recv_counts, recv_displs=None, algo=None, stream=None, out=None):
+        """HcclAllGatherV: rank i's x (recv_counts[i] rows) lands at recv_displs[i] (default: end
+        to end in rank order) in every rank's result; every rank gives the same counts."""
+        return run(self, "allgatherv", x, algo, stream, out, (recv_counts, recv_displs))
+
+    def reduce_scatter_v(self, x, send_counts, op="sum", send_displs=None, algo=None, stream=None, out=None):
+        """HcclReduceScatterV: block j of x (send_counts[j] rows at send_displs[j], default end to
+        end) is reduced over every rank into rank j's result; every rank gives the same counts."""
+        return run(self, "reducescatterv", x, algo, stream, out, (send_counts, op, send_displs))
 
 
 class VariableCall:
@@ -35,10 +64,10 @@ def run(comm, name, x, algo, stream, out, counts):
     comm._check_ranks_with_data(coll)
     x = comm._array(x, coll.method, coll.min_ndim)
     algo, stream = comm._algo(algo, coll.method), comm._stream(stream, coll.method)
-    build = alltoallv if name == "alltoallv" else alltoallvc
-    call = build(comm, name, x, *counts, algo)
+    call = BUILDERS[name](comm, name, x, *counts, algo)
     res, target = result_arrays(comm, call, x, out, coll.method)
-    done = comm._collective(call.signature, x, res, None, stream, res if target is None else target)
+    redop = parse_reduce_op(call.signature.redop) if call.signature.redop is not None else None
+    done = comm._collective(call.signature, x, res, redop, stream, res if target is None else target)
     if target is not None:
         np.copyto(target, res)
     return done
@@ -78,6 +107,33 @@ def alltoallvc(comm, name, x, count_matrix, algo) -> VariableCall:
     sig = Signature(name, tuple(x.shape[1:]), dtype_name(x.dtype), None, None, algo, False,
                     VCounts.contiguous(matrix * row))
     return VariableCall(sig, (int(matrix[:, rank].sum()),) + tuple(x.shape[1:]), False)
+
+
+def allgatherv(comm, name, x, recv_counts, recv_displs, algo) -> VariableCall:
+    """AllGatherV: the blocks every rank receives, checked; x holds this rank's block."""
+    p, rank, op = comm.size, comm.rank, comm_method(name)
+    rc, rd = blocks(recv_counts, recv_displs, p, "recv", rank, op)
+    if x.shape[0] != rc[rank]:
+        raise HcclError("E_PARA", f"x has {x.shape[0]} rows but recv_counts[{rank}] = {int(rc[rank])} (this rank's "
+                        "block must be its whole input)", rank=rank, op=op, cause=Cause.BAD_INPUT)
+    out_rows = int(np.where(rc > 0, rd + rc, 0).max(initial=0))
+    sig = Signature(name, tuple(x.shape[1:]), dtype_name(x.dtype), None, None, algo, False, None,
+                    (tuple(rc.tolist()), tuple(rd.tolist())))
+    return VariableCall(sig, (out_rows,) + tuple(x.shape[1:]), int(rc.sum()) != out_rows)
+
+
+def reducescatterv(comm, name, x, send_counts, redop, send_displs, algo) -> VariableCall:
+    """ReduceScatterV: the blocks of x every rank reduces, checked; the result is this rank's."""
+    p, rank, op = comm.size, comm.rank, comm_method(name)
+    sc, sd = blocks(send_counts, send_displs, p, "send", rank, op, rows=x.shape[0])
+    redop = comm._redop(redop, op)
+    sig = Signature(name, tuple(x.shape[1:]), dtype_name(x.dtype), redop.value, None, algo, False, None,
+                    (tuple(sc.tolist()), tuple(sd.tolist())))
+    return VariableCall(sig, (int(sc[rank]),) + tuple(x.shape[1:]), False)
+
+
+BUILDERS = {"alltoallv": alltoallv, "alltoallvc": alltoallvc, "allgatherv": allgatherv,
+            "reducescatterv": reducescatterv}
 
 
 def result_arrays(comm, call: VariableCall, x, out, op):

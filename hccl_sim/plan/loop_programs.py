@@ -17,7 +17,7 @@ from hcomm.exec import LoopBody
 
 from .. import algorithms
 from .. import collectives as colls
-from ..algorithms import double_ring, grouped_mesh, hierarchy, pipeline, superpod
+from ..algorithms import double_ring, grouped_mesh, hierarchy, pipeline, registry, superpod, uneven
 from ..algorithms.common import side_by_side
 from ..selection import Choice
 
@@ -107,7 +107,10 @@ def build_variable(name: str, choice: Choice, topo, v, a: int, b: int, itemsize:
     """The unstaged program of loop [a, b) of a variable-size op with counts `v` (VCounts): the
     algorithm selection chose for the collective it follows, each pair moving its own count."""
     cost = as_cost(topo)
-    lengths, soff, doff = colls.of(name).round_blocks(v, a, b)
+    coll = colls.of(name)
+    if coll.stages_itself:
+        return _one_count_per_block(coll, choice, cost, v, a, b, itemsize)
+    lengths, soff, doff = coll.round_blocks(v, a, b)
     blocks = (lengths, soff, doff)
     if choice.flat:
         if choice.level1 == "grouped_fullmesh":
@@ -118,6 +121,43 @@ def build_variable(name: str, choice: Choice, topo, v, a: int, b: int, itemsize:
             return algorithms.mesh.alltoallv(blocks, itemsize)
         return algorithms.pairwise.alltoallv(blocks, itemsize)
     return hierarchy.alltoallv(servers_of(cost), blocks, itemsize)
+
+
+def _one_count_per_block(coll, choice, cost, v, a, b, itemsize) -> list:
+    """Loop [a, b) of AllGatherV or ReduceScatterV (one count per rank block): the block algorithm
+    selection chose, on the loop's blocks (algorithms.uneven), with HCCL's staging around it."""
+    lengths = np.clip(coll.block_counts(v) - a, 0, b - a)
+    user_lo = coll.block_displs(v) + a
+    p = len(lengths)
+    gathering = coll.selects_as == "allgather"
+    if choice.flat:
+        mod = registry.module(choice.level1)
+        anywhere = choice.level1 in ("ring", "fullmesh")        # they take blocks anywhere
+        if gathering:
+            def run(buf, offs):
+                return mod.allgather(p, offs, itemsize, buf)
+        else:
+            def run(src, offs, acc, out, out_lo):
+                return mod.reducescatter(p, offs, itemsize, src, acc, out, out_lo)
+    else:
+        srv = servers_of(cost)
+        l0, l1 = choice.level0 or "fullmesh", choice.level1 or "ring"
+        anywhere = srv.m <= 1                                    # level0 alone: the mesh or the ring
+        run = (hierarchy.allgather_blocks if gathering else hierarchy.reducescatter_blocks)(srv, itemsize, l0, l1)
+    build = uneven.allgatherv if gathering else uneven.reducescatterv
+    program, in_place = build(lengths, user_lo, a, itemsize, run, anywhere)
+    if cost.device_model.staging:
+        ins, outs = coll.stage_bytes_v(v, a, b, itemsize, servers_of(cost).m, in_place)
+        program = _staged(program, ins, outs)
+    return program
+
+
+def _staged(program, ins, outs) -> list:
+    """The program between its CCL-buffer copies: `ins` bytes per rank before, `outs` after."""
+    r = np.arange(len(ins))
+    before = [prog.StepBuilder().stages(r[ins > 0], ins[ins > 0], "in").build()] if (ins > 0).any() else []
+    after = [prog.StepBuilder().stages(r[outs > 0], outs[outs > 0], "out").build()] if (outs > 0).any() else []
+    return before + list(program) + after
 
 
 def loop_program(cost, name, choice, length, itemsize, root) -> list:
@@ -134,7 +174,7 @@ def loop_parts(cost, name, choice, length, itemsize, root, v=None) -> tuple:
     if got is None and v is not None:
         counts, a = v
         program = build_variable(name, choice, cost, counts, a, a + length, itemsize)
-        if cost.device_model.staging:
+        if cost.device_model.staging and not colls.of(name).stages_itself:
             p = cost.num_ranks
             ins, outs = colls.of(name).stage_bytes_v(counts, a, a + length, itemsize)
             r = np.arange(p)

@@ -192,14 +192,14 @@ class ShiftedPlan:
         return self.plan.loop_programs()
 
 
-def op_loops(sig: Signature, p: int, itemsize: int, config) -> colls.Loops:
+def op_loops(sig: Signature, p: int, itemsize: int, config, modules: int = 1) -> colls.Loops:
     coll = colls.of(sig.name)
     colls.check_op_bytes(coll.bytes_of(sig, p, itemsize) if coll.variable else
                          (sig.count if coll.carries_data else 0) * itemsize)
-    return coll.loops_of(sig, p, itemsize, config.buffsize_bytes)
+    return coll.loops_of(sig, p, itemsize, config.buffsize_bytes, modules)
 
 
-def _time_loops(loops, programs, rel, cost, dtype, redop) -> np.ndarray:
+def _time_loops(loops, programs, rel, cost, dtype, redop, variable=False) -> np.ndarray:
     """Exit clocks after every loop, full loops priced in closed form once they repeat.
 
     Every loop after the first starts with the preset's per-loop fixed cost (HCCL re-launches the
@@ -211,7 +211,7 @@ def _time_loops(loops, programs, rel, cost, dtype, redop) -> np.ndarray:
     The search starts after the first loop, so that every loop it compares pays the same fixed cost."""
     clock = np.asarray(rel, dtype=np.int64)
     again = cost.device_model.loop_overhead_ns
-    if (0, loops.extent) in programs:      # a variable-size op: every loop a program of its own
+    if variable:                           # a variable-size op: every loop a program of its own
         for k, (a, b) in enumerate(loops):
             clock = program_times(programs[(a, b)], clock + (again if k else 0), cost, dtype, redop)
         return clock
@@ -267,7 +267,8 @@ def _check_overflow(clock, step: int, remaining: int):
 
 def op_programs(sig, cost, config, itemsize, choice):
     """(loops, programs by loop length, data parts or None) of the op (programs cached in the cost model)."""
-    loops = op_loops(sig, cost.num_ranks, itemsize, config)
+    modules = servers_of(cost).m if sig.v is not None and cost.topology.device != "synthetic" else 1
+    loops = op_loops(sig, cost.num_ranks, itemsize, config, modules)
     if sig.v is not None:
         if len(loops) > LOOPS_REPLAYED:
             raise HcclError("E_NOT_SUPPORT", f"{sig.describe()}: {len(loops)} buffer loops, over the "
@@ -303,7 +304,7 @@ def plan_times(sig, cost, config, itemsize, choice, entry, faults: bool = True, 
     if rel_exits is None:
         # the op's fixed host-side cost (expansion and launch) delays every rank before its first step
         start = np.asarray(rel, dtype=np.int64) + op_overhead_ns(cost.device_model, sig.name)
-        clock = _time_loops(loops, programs, start, cost, sig.dtype, sig.redop or "sum")
+        clock = _time_loops(loops, programs, start, cost, sig.dtype, sig.redop or "sum", sig.v is not None)
         rel_exits = cache[key] = tuple(int(t) for t in clock)
     exits = [base + t for t in rel_exits]
     links = cost.link_state
@@ -335,8 +336,9 @@ def choose(sig: Signature, topo, config, itemsize: int) -> Choice:
     def price(choice):
         return int(max(plan_times(sig, cost, config, itemsize, choice, [0] * p, faults=False)[2]))
     pods = pods_of(cost) if cost.topology.params.get("superpod_of_server") is not None else None
-    return select(Context(colls.of(sig.name).selection_name(), sig, cost.topology, config, itemsize, servers_of(cost), price,
-                          cost.cache("selection"), pods))
+    coll = colls.of(sig.name)
+    return select(Context(coll.selection_name(), coll.selection_signature(sig), cost.topology, config, itemsize,
+                          servers_of(cost), price, cost.cache("selection"), pods))
 
 
 def make_plan(sig: Signature, topo, config, entry: list, itemsize: int, trace: bool = False,
@@ -385,8 +387,7 @@ def merge_signatures(signatures: list) -> list:
     common = [s.common() for s in signatures]
     if check_signatures(common):
         return common
-    from ..collectives.variable import merge
-    v = merge([s.local for s in signatures], math.prod(first.shape), colls.of(first.name).method)
+    v = colls.of(first.name).merged([s.local for s in signatures], math.prod(first.shape))
     sig = common[0]._replace(v=v)
     return [sig] * len(signatures)
 

@@ -19,7 +19,8 @@ from topologies.errors import HcclError
 
 from ..config.hccl_algo import ALGO_TOKENS, parse_hccl_algo
 from ..algorithms import registry
-from . import hccl, hccl_a3, model
+from .. import collectives as colls
+from . import hccl, hccl_a3, model, variable
 
 log = logging.getLogger("hccl_sim.selection")
 
@@ -125,6 +126,16 @@ def _check_expansion(ctx) -> None:
 
 
 def select(ctx: Context) -> Choice:
+    v_op = colls.of(ctx.signature.name).stages_itself       # AllGatherV, ReduceScatterV: their executors' rules
+    if v_op:
+        variable.check_device(ctx)
+    choice = _select(ctx, v_op)
+    if v_op and ctx.pods is None and not ctx.flat:
+        choice = _noted(ctx.name, None, variable.adjusted(ctx, choice))
+    return choice
+
+
+def _select(ctx: Context, v_op: bool) -> Choice:
     _check_expansion(ctx)
     name = ctx.name
     if name == "barrier":
@@ -134,6 +145,8 @@ def select(ctx: Context) -> Choice:
         token = None
     policy = POLICIES[ctx.config.policy]
     srv = ctx.servers
+    if ctx.pods is not None and v_op:
+        return _noted(name, token, variable.a3(ctx, token))
     if ctx.pods is not None:
         level2 = requested_token(name, ctx.signature.algo, ctx.config, "level2")
         choice = hccl_a3.choose(ctx, token, level2)

@@ -38,7 +38,7 @@ from ..collectives.verifiable import rank_input
 
 REAL_ENGINES = tuple(n for n in registry.offering("bench") if registry.ENGINES[n].real_data)
 ROOTED = tuple(n for n in collectives.DATA_COLLECTIVES if collectives.of(n).rooted)
-REDUCING = tuple(n for n in collectives.DATA_COLLECTIVES if collectives.of(n).reducing)
+REDUCING = tuple(n for n in collectives.DATA_COLLECTIVES + collectives.VARIABLE if collectives.of(n).reducing)
 
 
 def parse_size(text: str) -> int:
@@ -123,11 +123,14 @@ def _variable(spec) -> bool:
 
 
 def _matrix(spec, p: int, count: int):
-    """A variable-size op's count matrix for a size of `count` elements per rank (None otherwise)."""
+    """A variable-size op's counts for a size of `count` elements (None otherwise): AlltoAllV's
+    p x p matrix (count: each rank's send buffer), AllGatherV's and ReduceScatterV's p block
+    counts (count: the whole output, the whole input)."""
     if not _variable(spec):
         return None
     from .counts import parse
-    return (spec.counts or parse("uniform")).matrix(p, count)
+    counts = spec.counts or parse("uniform")
+    return counts.matrix(p, count) if collectives.get(spec.op).counts_ndim == 2 else counts.vector(p, count)
 
 
 def _simulate(spec, topo, count: int, itemsize: int, **kw):
@@ -244,8 +247,9 @@ def _sweep(comm, spec, emit=None):
         x = rank_input(rank, per_rank, spec.dtype, spec.redop)
         matrix = _matrix(spec, p, count)
         if matrix is not None:            # a variable-size op: its counts are its arguments
-            counts = (matrix,) if spec.op == "alltoallvc" else (matrix[rank], matrix[:, rank])
-            call = _bound(getattr(comm, collectives.of(spec.op).method), counts)
+            coll = collectives.get(spec.op)
+            x = rank_input(rank, coll.input_rows(matrix, rank), spec.dtype, spec.redop)
+            call = _bound(getattr(comm, coll.method), coll.call_counts(matrix, rank))
         for _ in range(spec.warmup):
             call(x, **kwargs)
         sim, wall = [], []
@@ -263,7 +267,7 @@ def _sweep(comm, spec, emit=None):
         wrong = -1.0
         if spec.check and spec.iters:
             want = (expected(spec.op, rank, p, per_rank, spec.dtype, spec.redop, spec.root) if matrix is None
-                    else _expected_v(matrix, rank, spec.dtype))
+                    else collectives.get(spec.op).verifiable_v(matrix, rank, spec.dtype, spec.redop))
             wrong = 0.0 if want is None else float(np.count_nonzero(y.reshape(-1) != want))
         stats = np.array([wrong, float(sum(sim)) if sim else 0.0] + wall, dtype=np.float64)
         gathered = comm.all_gather(stats).reshape(p, -1)
@@ -283,15 +287,6 @@ def _bound(method, counts):
     def call(x, **kwargs):
         return method(x, *counts, **kwargs)
     return call
-
-
-def _expected_v(matrix, rank: int, dtype: str):
-    """Rank `rank`'s AlltoAllV result when every rank's input is the verifiable pattern: each
-    source's block for it, in rank order (blocks end to end on both sides)."""
-    from ..collectives.verifiable import values
-    start = np.concatenate([np.zeros((len(matrix), 1), dtype=np.int64), np.cumsum(matrix, axis=1)], axis=1)
-    return np.concatenate([values(np.arange(start[i, rank], start[i, rank + 1]), i, dtype)
-                           for i in range(len(matrix))]) if len(matrix) else np.empty(0)
 
 
 def _run_sweep(spec, topo, config, emit):

@@ -93,9 +93,10 @@ def build_parser():
 
     b = sub.add_parser("bench", help="size sweep of one collective (hccl_test / nccl-tests style)")
     b.add_argument("--op", default="allreduce", help=f"one of {', '.join(OPS + VARIABLE)} (default allreduce)")
-    b.add_argument("--counts", default=None, help="alltoallv / alltoallvc: how each rank's send buffer splits among "
-                   "its peers: uniform (the default), zipf:S (MoE expert loads, exponent S) or a JSON file of a "
-                   "p x p weight matrix")
+    b.add_argument("--counts", default=None, help="variable-size ops: how alltoallv / alltoallvc split each rank's "
+                   "send buffer among its peers, or allgatherv / reducescatterv split the op into rank blocks: "
+                   "uniform (the default), zipf:S (MoE expert loads, exponent S) or a JSON file of weights (a p x p "
+                   "matrix; a list of p for allgatherv, reducescatterv)")
     _add_topology_args(b)
     b.add_argument("-b", "--minbytes", default="16", help="smallest size, e.g. 8, 1K, 64M (default 16)")
     b.add_argument("-e", "--maxbytes", default="64M", help="largest size (default 64M)")

@@ -1,14 +1,18 @@
-"""Count matrices for variable-size benches (`hccl-sim bench --op alltoallv --counts ...`): how
-each rank's send buffer splits among its peers.
+"""Counts for variable-size benches (`hccl-sim bench --op alltoallv --counts ...`): how each
+rank's send buffer splits among its peers (AlltoAllV, VC: a p x p matrix), or how an op's data
+splits into rank blocks (AllGatherV, ReduceScatterV: p counts, `vector`).
 
-- `uniform`: every peer the same share (the remainder to the first peers), AlltoAll's pattern;
+- `uniform`: every peer (block) the same share (the remainder to the first), AlltoAll's pattern;
 - `zipf:S`: mixture-of-experts routing, one expert per rank: expert popularity falls as
   1 / k^S over a fixed random ranking of the experts, and each rank's tokens go to experts drawn
-  from it (a multinomial of the rank's elements, seeded by the rank): hot experts receive most;
-- a JSON file: a p x p matrix of non-negative weights (or {"counts": matrix}); row i is scaled
-  to rank i's elements (largest remainders), so one file serves every size of the sweep.
+  from it (a multinomial of the rank's elements, seeded by the rank): hot experts receive most.
+  For p counts: the blocks' sizes are one such draw (uneven shards);
+- a JSON file: a p x p matrix of non-negative weights (or {"counts": matrix}), or for p counts
+  a list of p weights; row i is scaled to rank i's elements (largest remainders), so one file
+  serves every size of the sweep.
 
 Every matrix's row i sums to rank i's send elements exactly; entry [i][j] is what i sends j.
+Every vector sums to the op's elements exactly.
 """
 from __future__ import annotations
 
@@ -46,9 +50,25 @@ class Counts:
             return np.stack([np.random.default_rng((SEED, i)).multinomial(elements, w) for i in range(p)]).astype(np.int64)
         weights = self.weights
         if weights.shape != (p, p):
-            raise HcclError("E_PARA", f"--counts {self.text}: a {weights.shape[0]} x {weights.shape[1]} matrix for "
-                            f"{p} ranks; it must be {p} x {p}")
+            got = f"a {weights.shape[0]} x {weights.shape[1]} matrix" if weights.ndim == 2 else f"a list of {len(weights)}"
+            raise HcclError("E_PARA", f"--counts {self.text}: {got} for {p} ranks; it must be a {p} x {p} matrix")
         return np.stack([_scaled(weights[i], elements, f"--counts {self.text}: row {i}") for i in range(p)])
+
+    def vector(self, p: int, elements: int) -> np.ndarray:
+        """p block counts summing to `elements`."""
+        if self.kind == "uniform":
+            row = np.full(p, elements // p, dtype=np.int64)
+            row[:elements % p] += 1
+            return row
+        if self.kind == "zipf":
+            rng = np.random.default_rng(SEED)
+            w = 1.0 / (rng.permutation(p) + 1.0) ** self.s
+            return np.random.default_rng((SEED, p)).multinomial(elements, w / w.sum()).astype(np.int64)
+        weights = self.weights
+        if weights.shape != (p,):
+            raise HcclError("E_PARA", f"--counts {self.text}: {'a matrix' if weights.ndim == 2 else len(weights)} "
+                            f"for an op of {p} rank blocks; it must be a list of {p} weights")
+        return _scaled(weights, elements, f"--counts {self.text}")
 
 
 def _scaled(w, total: int, what: str) -> np.ndarray:
@@ -93,8 +113,8 @@ def parse(text: str) -> Counts:
         weights = np.asarray(data, dtype=np.float64)
     except (TypeError, ValueError):
         weights = None
-    if weights is None or weights.ndim != 2 or weights.shape[0] != weights.shape[1] or not np.isfinite(weights).all() \
-            or (weights < 0).any():
-        raise HcclError("E_PARA", f"--counts {text}: expected a square matrix of non-negative numbers "
-                        "(or {\"counts\": matrix})")
+    if weights is None or weights.ndim not in (1, 2) or (weights.ndim == 2 and weights.shape[0] != weights.shape[1]) \
+            or not np.isfinite(weights).all() or (weights < 0).any():
+        raise HcclError("E_PARA", f"--counts {text}: expected a square matrix (or a list, for allgatherv and "
+                        "reducescatterv) of non-negative numbers (or {\"counts\": ...})")
     return Counts("file", weights=weights, text=text)

@@ -143,12 +143,19 @@ class ProcessGroupHcclSim(dist.ProcessGroup):
         return self._run(body, tensors)
 
     def allgather(self, output_lists, inputs, opts=None):
+        """all_gather over lists of tensors: AllGather, or where the tensors differ in size
+        HCCL's AllGatherV on their elements (as torch_npu's ProcessGroupHCCL does)."""
         def body():
             for outs, t in zip(output_lists, inputs):
-                y = self.comm.all_gather(as_numpy(t).reshape(1, -1))
+                counts = [o.numel() for o in outs]
+                if len(set(counts)) > 1:
+                    y = self.comm.all_gather_v(as_numpy(t).reshape(-1), counts)
+                    parts = np.split(y, np.cumsum(counts)[:-1])
+                else:
+                    parts = self.comm.all_gather(as_numpy(t).reshape(1, -1))
                 self._record()
-                for r, o in enumerate(outs):
-                    as_numpy(o).reshape(-1)[...] = y[r]
+                for o, part in zip(outs, parts):
+                    as_numpy(o).reshape(-1)[...] = part
         return self._run(body, output_lists)
 
     def _allgather_base(self, output, input, opts=None):     # noqa: A002 - torch's name
@@ -195,7 +202,11 @@ class ProcessGroupHcclSim(dist.ProcessGroup):
             for out, ins in zip(outputs, input_lists):
                 x = np.concatenate([as_numpy(t).reshape(-1) for t in ins])
                 y = as_numpy(out).reshape(-1)
-                self.comm.reduce_scatter(x, op="sum" if redop == "avg" else redop, out=y)
+                counts = [t.numel() for t in ins]
+                if len(set(counts)) > 1:        # tensors of different sizes: HCCL's ReduceScatterV
+                    self.comm.reduce_scatter_v(x, counts, op="sum" if redop == "avg" else redop, out=y)
+                else:
+                    self.comm.reduce_scatter(x, op="sum" if redop == "avg" else redop, out=y)
                 self._record()
                 if redop == "avg":
                     out.div_(self.comm.size)

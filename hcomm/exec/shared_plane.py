@@ -47,6 +47,7 @@ class SharedPlane:
     def __init__(self, rounds, memory, rank: int, size: int, local: int = 0):
         self.rounds, self.memory, self.rank, self.size, self.local = rounds, memory, rank, size, local
         self._sent = None                   # what this rank's last places round said (its key)
+        self._heard = [None] * size         # per rank: the key its last places round said
         self._views = [None] * size         # per rank: (its key, its (input, output, scratch) views)
 
     def result(self, shape, dtype):
@@ -137,14 +138,17 @@ class SharedPlane:
         every, changed = [], False
         for r, raw in enumerate(raws):
             if raw == UNCHANGED:
-                got = self._views[r]
+                # what rank r said last, which may be newer than the views built for it: a round
+                # that found a rank short of room is said again after growing
+                got = self._heard[r]
                 if got is None:
                     raise HcclError("E_INTERNAL", f"{op}: rank {r} says its buffers are where they were, but this "
                                     f"rank never saw them (a communicator used after a failed op)",
                                     rank=self.rank, op=op)
-                every.append((0, got[0]))
+                every.append((0, got))
             else:
                 every.append(pickle.loads(raw))
+                self._heard[r] = every[-1][1]
                 changed = True
         self._sent = None if short else key
         if changed and not any(s for s, _ in every):

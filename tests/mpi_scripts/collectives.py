@@ -39,6 +39,11 @@ def fn(comm, n, device=False):
     want = np.concatenate([np.split(xs[i], np.cumsum(C[i])[:-1])[r] for i in range(p)])
     note("alltoallv", comm.all_to_all_v(xs[r], C[r], C[:, r]), want)
     note("alltoallvc", comm.all_to_all_vc(xs[r], C), want)
+    c = C.sum(axis=1)                                                            # rows of rank i's block
+    note("allgatherv", comm.all_gather_v(xs[r], c), np.concatenate(xs))
+    whole = (np.arange(c.sum(), dtype=np.int32) * 7) % 1009                      # int32: reduced inline on 910B
+    note("reducescatterv", comm.reduce_scatter_v(whole * (r + 1), c),
+         (whole * (p * (p + 1) // 2))[c[:r].sum():c[:r + 1].sum()])
     comm.barrier()
     if r == 0:
         comm.send(x.data[:5] if device else x[:5], dst=p - 1, tag=4)
