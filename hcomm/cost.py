@@ -102,7 +102,8 @@ class CostModel:
     def notify_arrays(self, src, dst):
         return self.topology.notify_arrays(src, dst)
 
-    def p2p_ns(self, src: int, dst: int, nbytes: int, send_clock: int, recv_clock: int, crc: str | None = None) -> tuple:
+    def p2p_ns(self, src: int, dst: int, nbytes: int, send_clock: int, recv_clock: int, crc: str | None = None,
+               call_ns: int | None = None) -> tuple:
         """(receiver's exit, sender's exit) clocks of one send/recv pair, priced as a one-transfer
         step: the transfer starts once both sides have posted and the sender's notify has arrived
         (HCCL's record/wait), crosses the route (latency + bytes / bottleneck bandwidth), and the
@@ -111,10 +112,11 @@ class CostModel:
 
         Under a link state the transfer is retransmitted over down links and slowed over slowed
         ones (hcomm.link_state.LinkState.transmit; `crc`: it is corrupted, and loses one attempt);
-        hcomm.link_state.LinkFailure when its retransmissions run out (src, dst and hops set)."""
+        hcomm.link_state.LinkFailure when its retransmissions run out (src, dst and hops set).
+        `call_ns`: each side's call cost, when not the preset's (a batch's items share one)."""
         dm = self.device_model
         stage = dm.copy_ns(nbytes) if dm.staging and nbytes else 0
-        call = dm.p2p_overhead_ns               # each side's call: expansion and launch
+        call = dm.p2p_overhead_ns if call_ns is None else call_ns   # each side's call: expansion and launch
         ready = max(send_clock + call + stage, recv_clock + call) + self.notify_ns(src, dst)
         route = self.route(src, dst)
         wire = transfer_ns(nbytes, route.bandwidth)

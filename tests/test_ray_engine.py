@@ -56,6 +56,10 @@ def timeline(comm, count):
     if not np.array_equal(got, (whole * (p * (p + 1) // 2))[c[:r].sum():c[:r + 1].sum()]):
         raise AssertionError(f"rank {r}: reduce_scatter_v's rows differ from numpy's")
     records.append((comm.last_op.algo, comm.last_op.start, comm.last_op.end))
+    got = comm.batch_send_recv([("send", (r + 1) % p, xs[r]), ("recv", (r - 1) % p, ((c[(r - 1) % p],), np.float32))])
+    if not np.array_equal(got[0], xs[(r - 1) % p]):
+        raise AssertionError(f"rank {r}: batch_send_recv's rows differ from numpy's")
+    records.append((comm.last_op.algo, comm.last_op.start, comm.last_op.end))
     comm.barrier()
     return records, comm.clock
 

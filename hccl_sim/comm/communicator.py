@@ -24,15 +24,14 @@ from topologies.validate import is_integer
 
 from .. import collectives as colls
 from . import split as subcomm
+from . import p2p
 from .record import OpRecord
 from .variable_calls import VariableSizeOps
 from ..engines.base import Call, RankBuffers
-from hcomm.link_state import LinkFailure
 
 from ..faults.plan import RankCrashed, lost_fields
 from ..plan.costs import effective_cost
 from ..plan.planner import Signature
-from ..faults.retry import exception_location, failure_fields, level_of
 from ..npu.device import Device, DeviceArray, Stream, Work
 from ..config.types import dtype_name, parse_reduce_op
 
@@ -297,10 +296,7 @@ class Communicator(VariableSizeOps):
         msg = self._transport.post_view(self.rank, dst, ("p2p", tag), np.ascontiguousarray(x), meta=start)
         reply = self._transport.wait_consumed(msg, self._transport.deadline(), "send")
         self._p2p_sent[dst] = self._p2p_sent.get(dst, 0) + 1
-        if isinstance(reply, (list, tuple)):             # [clock, reason, fields]: the transfer failed
-            dev.clock = max(dev.clock, int(reply[0]))
-            raise HcclError("E_REMOTE", reply[1], rank=self.rank, op="send", **(reply[2] if len(reply) > 2 else {}))
-        dev.clock = reply
+        dev.clock = p2p.sender_exit(self, reply, "send")
         self.last_op = OpRecord("send", "p2p", x.nbytes, x.size, dtype_name(x.dtype), start, dev.clock)
 
     def recv(self, src: int, tag: int = 0) -> np.ndarray:
@@ -314,27 +310,15 @@ class Communicator(VariableSizeOps):
         start = self.device.clock
         msg = self._transport.take(src, self.rank, ("p2p", tag), self._transport.deadline(), "recv")
         data = np.array(msg.data, copy=True)
-        before = self._p2p_received.get(src, 0)
-        self._p2p_received[src] = before + 1
-        progress = self._group.fault_progress
-        cost, crc = self.cost, None
-        if progress is not None:
-            crc = progress.p2p_crc(src, self.rank, before)
-            if progress.backup:
-                cost = effective_cost(self.topology, self.config, progress.backup)
-        try:
-            end, send_end = cost.p2p_ns(src, self.rank, data.nbytes, msg.meta, start, crc=crc)
-        except LinkFailure as f:
-            level = level_of(cost, src, self.rank)
-            reason = f"{exception_location(f, 'send/recv', 'p2p', level)}; HCCL has no op retry for send/recv"
-            facts = {"cause": Cause.LINK_FAILED, **failure_fields(f, level)}
-            msg.consumed(reply=[f.time_ns, reason, facts])        # plain values: every transport carries them
-            self.device.clock = max(self.device.clock, f.time_ns)
-            raise HcclError("E_REMOTE", reason, rank=self.rank, op="recv", **facts) from None
-        msg.consumed(reply=send_end)
-        self.device.clock = end
+        self.device.clock = end = p2p.priced_receive(self, src, msg, data.nbytes, start, "recv")
         self.last_op = OpRecord("recv", "p2p", data.nbytes, data.size, dtype_name(data.dtype), start, end)
         return data
+
+    def batch_send_recv(self, items) -> list:
+        """HcclBatchSendRecv: every ("send", peer, array) and ("recv", peer, array or (shape,
+        dtype)) item as one op, in HCCL's pairwise order; returns the received arrays in item
+        order. Each pair of ranks' sends and receives must match one to one (hccl_sim.comm.p2p)."""
+        return p2p.batch_send_recv(self, items)
 
     def _meet_crash(self, faults, plan, seq, opname, buffers, redop):
         """A crash the fault plan puts in this op: the dead rank stops, every other rank fails when

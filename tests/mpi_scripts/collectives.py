@@ -49,6 +49,11 @@ def fn(comm, n, device=False):
         comm.send(x.data[:5] if device else x[:5], dst=p - 1, tag=4)
     if r == p - 1:
         checks.append(("recv", bool(np.array_equal(comm.recv(0, tag=4), every[0, :5]))))
+    k, j = min(n, 7), min(n, 3)
+    got = comm.batch_send_recv([("send", (r + 1) % p, every[r, :k]), ("recv", (r - 1) % p, ((k,), np.int64)),
+                                ("send", r, every[r, :j]), ("recv", r, ((j,), np.int64))])
+    checks.append(("batch", bool(np.array_equal(got[0], every[(r - 1) % p, :k]) and np.array_equal(got[1], every[r, :j]))))
+    times.append(("batch", comm.last_op.algo, comm.last_op.start, comm.last_op.end))
     sub = comm.split(r % 2)                       # ranks of one parity, over the transport's scoped views
     members = [j for j in range(p) if j % 2 == r % 2]
     got = sub.all_reduce(x)
