@@ -136,6 +136,10 @@ class Collective:
     def scratch_shape_of(self, sig, p: int, loops: "Loops"):
         return self.scratch_shape(p, loops)
 
+    def group_volume(self, nbytes: int, p: int) -> int:
+        """The data volume a group sorts it by (HCCL's calcOpDataVolume), from its input's bytes."""
+        return nbytes
+
     def selection_signature(self, sig):
         """The call as the selection of the collective it follows sizes it (itself, for most)."""
         return sig
@@ -297,6 +301,9 @@ class ReduceScatter(Collective):
 
     def busbw_factor(self, p):
         return (p - 1) / p
+
+    def group_volume(self, nbytes, p):
+        return nbytes // max(p, 1)             # its output's bytes
 
     def layout(self, p):
         return (p, 1, p)

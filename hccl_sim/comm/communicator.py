@@ -24,7 +24,7 @@ from topologies.validate import is_integer
 
 from .. import collectives as colls
 from . import split as subcomm
-from . import p2p
+from . import group, p2p
 from .record import OpRecord
 from .variable_calls import VariableSizeOps
 from ..engines.base import Call, RankBuffers
@@ -176,6 +176,10 @@ class Communicator(VariableSizeOps):
         write there) and the result is copied into `out` once this rank's part is done: its input
         has then been read by every peer (zero-copy sends complete when consumed), so `out=x`
         (in place, HCCL's sendBuf == recvBuf) is safe. HCCL cannot retry an in-place op."""
+        if group.active():                  # held until the group ends (comm.group())
+            coll = colls.of(name)
+            return group.hold_collective(self, coll.method, lambda: self._call(name, x, op, root, algo, stream, out),
+                                         coll.group_volume(getattr(x, "nbytes", 0), self.size))
         data = x.data if isinstance(x, DeviceArray) else x
         if type(data) is np.ndarray and out is None:
             try:
@@ -243,7 +247,15 @@ class Communicator(VariableSizeOps):
         """Block j of x goes to rank j; received blocks concatenated in rank order."""
         return self._call("alltoall", x, algo=algo, stream=stream, out=out)
 
+    def group(self):
+        """`with comm.group():` HcclGroupStart / HcclGroupEnd: the sends, receives and collectives
+        issued inside it (on any communicator) are launched when the outermost group ends, each
+        call returning a Pending for its result (hccl_sim.comm.group)."""
+        return group.Group(self)
+
     def barrier(self) -> None:
+        if group.active():
+            group.refuse(self, "barrier", "HCCL's group launches no barrier")
         self._collective(Signature("barrier", (), "uint8", None, None, None), None, None, None, None, None)
 
     # communicators from communicators -----------------------------------------------------------------
@@ -251,11 +263,15 @@ class Communicator(VariableSizeOps):
         """The communicator of the ranks that gave the same `color` (None: opt out, get None), ordered
         by (key, rank); every rank calls it (ncclCommSplit; hccl_sim.comm.split)."""
         self._check_usable("split")
+        if group.active():
+            group.refuse(self, "split", "communicator management is not grouped with communication")
         return subcomm.split(self, color, key)
 
     def shrink(self, exclude=None):
         """The survivors' communicator: every rank but `exclude` and the ranks this communicator
         lost, renumbered in rank order; called by the survivors only (ncclCommShrink)."""
+        if group.active():
+            group.refuse(self, "shrink", "communicator management is not grouped with communication")
         return subcomm.shrink(self, exclude)
 
     def abort(self) -> None:
@@ -276,11 +292,11 @@ class Communicator(VariableSizeOps):
                             "with comm.shrink()", rank=self.rank, op=opname)
 
     # point to point ------------------------------------------------------------------------------
-    def _peer(self, peer, opname, what):
+    def _peer(self, peer, opname, what, self_ok=False):
         if not isinstance(peer, (int, np.integer)) or isinstance(peer, bool) or not 0 <= peer < self.size:
             raise HcclError("E_PARA", f"{what} must be a rank in [0, {self.size}), got {peer!r}", rank=self.rank,
                             op=opname, cause=Cause.BAD_INPUT)
-        if peer == self.rank:
+        if peer == self.rank and not self_ok:        # a group's may be (a local copy of its batch)
             raise HcclError("E_PARA", f"{what} is this rank itself", rank=self.rank, op=opname, cause=Cause.BAD_INPUT)
         return int(peer)
 
@@ -289,8 +305,10 @@ class Communicator(VariableSizeOps):
         replies with this rank's exit clock, or with the error CQE that ended the transfer)."""
         self._check_usable("send")
         x = self._array(x, "send")
-        dst = self._peer(dst, "send", "dst")
+        dst = self._peer(dst, "send", "dst", group.active())
         tag = self._tag(tag, "send")
+        if group.active():
+            return group.hold_p2p(self, "send", "send", dst, x, tag)
         dev = self.device
         start = dev.clock
         msg = self._transport.post_view(self.rank, dst, ("p2p", tag), np.ascontiguousarray(x), meta=start)
@@ -305,8 +323,10 @@ class Communicator(VariableSizeOps):
         entry names it, and runs over a backup NIC the communicator switched to; past the
         retransmission budget both ends get E_REMOTE (HCCL has no op retry for send/recv)."""
         self._check_usable("recv")
-        src = self._peer(src, "recv", "src")
+        src = self._peer(src, "recv", "src", group.active())
         tag = self._tag(tag, "recv")
+        if group.active():
+            return group.hold_p2p(self, "recv", "recv", src, None, tag)
         start = self.device.clock
         msg = self._transport.take(src, self.rank, ("p2p", tag), self._transport.deadline(), "recv")
         data = np.array(msg.data, copy=True)
@@ -318,6 +338,9 @@ class Communicator(VariableSizeOps):
         """HcclBatchSendRecv: every ("send", peer, array) and ("recv", peer, array or (shape,
         dtype)) item as one op, in HCCL's pairwise order; returns the received arrays in item
         order. Each pair of ranks' sends and receives must match one to one (hccl_sim.comm.p2p)."""
+        if group.active():
+            group.refuse(self, "batch_send_recv", "HCCL does not allow BatchSendRecv in a group (the group's sends "
+                         "and receives are one already)")
         return p2p.batch_send_recv(self, items)
 
     def _meet_crash(self, faults, plan, seq, opname, buffers, redop):

@@ -74,9 +74,10 @@ class Item:
         self.index, self.kind, self.peer, self.array = index, kind, peer, array
 
 
-def checked_items(comm, items) -> list:
+def checked_items(comm, items, any_size: bool = False) -> list:
     """The batch's items, each (kind, peer, array): "send" with the array to send, "recv" with the
-    array to receive into or (shape, dtype) of a fresh one; E_PARA naming the item otherwise."""
+    array to receive into or (shape, dtype) of a fresh one (`any_size`: or None, an array of what
+    arrives, as a group's receive); E_PARA naming the item otherwise."""
     op = "batch_send_recv"
     if isinstance(items, (str, bytes)) or not hasattr(items, "__iter__"):
         raise HcclError("E_PARA", f"items must be a list of (kind, peer, array) items, got {type(items).__name__}",
@@ -90,7 +91,9 @@ def checked_items(comm, items) -> list:
         if not isinstance(peer, (int, np.integer)) or isinstance(peer, bool) or not 0 <= peer < comm.size:
             raise HcclError("E_PARA", f"items[{k}]: peer must be a rank in [0, {comm.size}), got {peer!r}",
                             rank=comm.rank, op=op, cause=Cause.BAD_INPUT)
-        if kind == "recv" and isinstance(arr, tuple) and len(arr) == 2 and not isinstance(arr[0], np.ndarray):
+        if kind == "recv" and arr is None and any_size:
+            pass
+        elif kind == "recv" and isinstance(arr, tuple) and len(arr) == 2 and not isinstance(arr[0], np.ndarray):
             shape, dtype = arr
             try:
                 arr = np.empty(tuple(shape), dtype=numpy_dtype(dtype_name(np.dtype(dtype))))
@@ -112,7 +115,8 @@ def pairwise_order(items, rank: int, p: int) -> tuple:
     recvs = sorted((i for i in items if i.kind == "recv"), key=lambda i: (i.peer - rank) % p)
     own_s = [i for i in sends if i.peer == rank]
     own_r = [i for i in recvs if i.peer == rank]
-    if len(own_s) != len(own_r) or any(s.array.size != r.array.size or s.array.dtype != r.array.dtype
+    if len(own_s) != len(own_r) or any(r.array is not None and (s.array.size != r.array.size
+                                                                 or s.array.dtype != r.array.dtype)
                                        for s, r in zip(own_s, own_r)):
         raise HcclError("E_PARA", f"sends to rank {rank} itself ({len(own_s)}) and receives from it ({len(own_r)}) do "
                         "not pair one to one with equal counts and dtypes (HCCL: \"SendTask and Recv Task to rank "
@@ -120,15 +124,17 @@ def pairwise_order(items, rank: int, p: int) -> tuple:
     return ([i for i in sends if i.peer != rank], [i for i in recvs if i.peer != rank], list(zip(own_s, own_r)))
 
 
-def batch_send_recv(comm, items) -> list:
-    """HcclBatchSendRecv on `comm`: every item's transfer; the receive buffers, in item order."""
+def batch_send_recv(comm, items, any_size: bool = False) -> list:
+    """HcclBatchSendRecv on `comm`: every item's transfer; the receive buffers, in item order.
+    `any_size`: receives may be None, an array of whatever the peer sends (a group's)."""
     op = "batch_send_recv"
     comm._check_usable(op)
-    checked = checked_items(comm, items)
+    checked = checked_items(comm, items, any_size)
     sends, recvs, own = pairwise_order(checked, comm.rank, comm.size)
     dev, transport = comm.device, comm._transport
-    start = dev.clock
-    call = dev.clock + comm.cost.device_model.p2p_overhead_ns      # one launch for the whole batch
+    queue = dev.default_stream                  # HCCL launches the batch on a stream, after what it holds
+    start = max(dev.clock, queue.tail)
+    call = start + comm.cost.device_model.p2p_overhead_ns          # one launch for the whole batch
     posted, ready = [], call
     plain = as_cost(comm.topology)          # a send stream's estimate: the route as if nothing failed
     for item in sends:
@@ -138,11 +144,15 @@ def batch_send_recv(comm, items) -> list:
         comm._p2p_sent[item.peer] = comm._p2p_sent.get(item.peer, 0) + 1
         ready = plain.p2p_ns(comm.rank, item.peer, data.nbytes, ready, ready, call_ns=0)[1]
     for s, r in own:
+        if r.array is None:
+            r.array = s.array.copy()
         np.copyto(r.array.reshape(-1), s.array.reshape(-1))
     clock = call + sum(comm.cost.device_model.copy_ns(s.array.nbytes) for s, _ in own)
     for item in recvs:
         msg = transport.take(item.peer, comm.rank, BATCH_TAG, transport.deadline(), op)
         sent_at, index, dtype, size = msg.meta
+        if item.array is None:
+            item.array = np.empty(np.shape(msg.data), dtype=np.asarray(msg.data).dtype)
         if size != item.array.size or dtype != dtype_name(item.array.dtype):
             reason = (f"rank {comm.rank} receives {item.array.size} elements of {dtype_name(item.array.dtype)} from "
                       f"rank {item.peer} (items[{item.index}]), which sends {size} of {dtype} (its items[{index}])")
@@ -154,7 +164,8 @@ def batch_send_recv(comm, items) -> list:
     end = clock
     for item, msg in posted:
         end = max(end, sender_exit(comm, transport.wait_consumed(msg, transport.deadline(), op), op))
-    dev.clock = max(end, ready)
+    dev.clock = queue.tail = max(end, ready)
+    queue.tasks.append((op, start, dev.clock))
     nbytes = sum(i.array.nbytes for i in checked if i.kind == "send")
     comm.last_op = OpRecord(op, "pairwise", nbytes, sum(i.array.size for i in checked), "mixed" if len(
         {i.array.dtype for i in checked}) > 1 else (dtype_name(checked[0].array.dtype) if checked else "uint8"), start,

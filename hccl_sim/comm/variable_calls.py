@@ -60,7 +60,10 @@ def run(comm, name, x, algo, stream, out, counts):
     """One variable-size call on `comm`: checked here, run on the Communicator's common path, its
     result copied into `out` when given."""
     from .. import collectives as colls
+    from . import group
     coll = colls.of(name)
+    if group.active():                      # held until the group ends, launched after the fixed-size ops
+        return group.hold_collective(comm, coll.method, lambda: run(comm, name, x, algo, stream, out, counts), None)
     comm._check_ranks_with_data(coll)
     x = comm._array(x, coll.method, coll.min_ndim)
     algo, stream = comm._algo(algo, coll.method), comm._stream(stream, coll.method)
