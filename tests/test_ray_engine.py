@@ -34,7 +34,8 @@ def timeline(comm, count):
     x = np.arange(count, dtype=np.float32) + comm.rank
     records = []
     for op in (lambda: comm.all_reduce(x), lambda: comm.all_gather(x), lambda: comm.broadcast(x, root=3),
-               lambda: comm.reduce_scatter(np.tile(x, comm.size)), lambda: comm.all_to_all(np.tile(x, comm.size))):
+               lambda: comm.reduce_scatter(np.tile(x, comm.size)), lambda: comm.all_to_all(np.tile(x, comm.size)),
+               lambda: comm.scatter(np.tile(x, comm.size), root=5)):
         op()
         records.append((comm.last_op.algo, comm.last_op.start, comm.last_op.end))
     p, r = comm.size, comm.rank                   # AlltoAllV: uneven rows per pair, rank 1 sends none

@@ -30,9 +30,9 @@ def symbolic_buffers(coll, p, n, root):
     for r in range(p):
         if coll == "allgather":
             b = [onehot_input(r, p, 1, L, lambda i, j: j + 1), np.full((p, L, 2 * p), np.nan), None]
-        elif coll in ("reducescatter", "alltoall"):
+        elif coll in ("reducescatter", "alltoall", "scatter"):
             b = [onehot_input(r, p, p, L, lambda i, j: i * L + j + 1),
-                 np.full((1 if coll == "reducescatter" else p, L, 2 * p), np.nan), np.full((p, L, 2 * p), np.nan)]
+                 np.full((p if coll == "alltoall" else 1, L, 2 * p), np.nan), np.full((p, L, 2 * p), np.nan)]
         else:
             b = [onehot_input(r, p, n, 1, lambda i, j: i + 1), np.full((n, 1, 2 * p), np.nan), None]
         bufs.append(b)
@@ -56,6 +56,8 @@ def check_outputs(coll, bufs, p, n, root, label):
             want = np.zeros_like(got)
             want[..., :p] = 1
             want[..., p:] = (r * L + np.arange(L) + 1)[None, :, None]
+        elif coll == "scatter":
+            want = bufs[root][0][r:r + 1]
         else:
             want = np.stack([bufs[k][0][r] for k in range(p)])
         assert np.array_equal(got, want), f"{label}: rank {r} output wrong"

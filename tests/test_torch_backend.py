@@ -106,7 +106,7 @@ def test_collectives_match_torch_semantics(cluster):
 
 def _uneven_lists(comm):
     """all_gather and reduce_scatter over lists of tensors of different sizes: HCCL's AllGatherV
-    and ReduceScatterV, as torch_npu runs them."""
+    and ReduceScatterV, as torch_npu runs them; scatter: HCCL's Scatter."""
     import torch
     import torch.distributed as dist
     import hccl_sim.torch as ht
@@ -119,18 +119,21 @@ def _uneven_lists(comm):
     y = torch.zeros(sizes[r])
     dist.reduce_scatter(y, [torch.arange(float(n)) + 10 * q + r for q, n in enumerate(sizes)])
     scattered = y.tolist()
+    s = torch.zeros(3)
+    dist.scatter(s, [torch.full((3,), float(q)) for q in range(p)] if r == 1 else None, src=1)
+    scattered_from_1 = s.tolist()
     ops = [rec.name for rec in ht.records()]
     ht.destroy_process_group()
-    return gathered, scattered, ops
+    return gathered, scattered + scattered_from_1, ops
 
 
-def test_uneven_all_gather_and_reduce_scatter_lists_run_the_v_ops(cluster):
+def test_uneven_lists_run_the_v_ops_and_scatter_runs_hccls(cluster):
     res = cluster.run(_uneven_lists)
     sizes = [(q % 3) + 1 for q in range(P)]
     for r, ((gathered, algo), scattered, ops) in enumerate(res):
         assert gathered == [[float(q)] * n for q, n in enumerate(sizes)] and algo == "level0:fullmesh"
-        assert scattered == (np.arange(float(sizes[r])) * P + 10 * r * P + sum(range(P))).tolist()
-        assert ops[-2:] == ["all_gather_v", "reduce_scatter_v"]
+        assert scattered == (np.arange(float(sizes[r])) * P + 10 * r * P + sum(range(P))).tolist() + [float(r)] * 3
+        assert ops[-3:] == ["all_gather_v", "reduce_scatter_v", "scatter"]
 
 
 def _splits(r, p):

@@ -13,7 +13,7 @@ import numpy as np
 from topologies.errors import HcclError
 
 from . import registry
-from .common import INPUT, OUTPUT, SCRATCH, StepBuilder
+from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, relay_scatter
 
 
 def flat_program(collective: str, algo: str, p: int, n: int, unit: int, root: int = 0) -> list:
@@ -37,5 +37,7 @@ def flat_program(collective: str, algo: str, p: int, n: int, unit: int, root: in
         return mod.reducescatter(p, rows, unit, INPUT, SCRATCH, OUTPUT, np.zeros(p, dtype=np.int64))
     if collective == "alltoall":
         return mod.alltoall(p, unit)
+    if collective == "scatter":
+        return relay_scatter(mod.scatter_rounds(p, root), rows, unit, root, INPUT, SCRATCH, OUTPUT)
     raise HcclError("E_PARA", f"unknown collective {collective!r}")
 

@@ -14,6 +14,7 @@ from hcomm.program import (INPUT, NONE, OUTPUT, SCRATCH, LazyStep, Step, StepBui
                            counts, merge_parallel)
 
 __all__ = ["INPUT", "OUTPUT", "SCRATCH", "NONE", "Step", "StepBuilder", "compacted", "bounds", "fold", "tile",
+           "relay_scatter", "held_rounds",
            "merge_runs", "local_copy", "ceil_log2", "blocks", "spread", "single_rank_reducescatter"]
 
 
@@ -58,6 +59,52 @@ def relay_broadcast(rounds, N: int, unit: int, root: int, src, dst) -> list:
             b.copies([root], unit, src, 0, N, dst, 0)
         steps.append(b.build())
     return steps
+
+
+def relay_scatter(rounds, offs, unit: int, root: int, src, relay, dst=None, dst_lo=None) -> list:
+    """Scatter steps from (senders, receivers, blocks) rounds (participant indices; block b at
+    offs[b]..offs[b+1], b's owner participant b): the root sends from src, every other sender
+    forwards what it received; a block reaching its owner lands in dst at dst_lo[owner] (with
+    `dst`; else every block lands in relay at its own place, for a level above a level0 that
+    scatters further). The root's own block is copied into dst in the first step."""
+    offs = np.asarray(offs, dtype=np.int64)
+    n = len(offs) - 1
+    dst_lo = np.zeros(n, dtype=np.int64) if dst_lo is None else np.asarray(dst_lo, dtype=np.int64)
+    steps = []
+    for k, (senders, receivers, blks) in enumerate(rounds):
+        senders, receivers, blks = (np.asarray(a, dtype=np.int64) for a in (senders, receivers, blks))
+        final = (receivers == blks) if dst is not None else np.zeros(len(blks), dtype=bool)
+        b = StepBuilder().transfers(senders, receivers, unit, np.where(senders == root, src, relay), offs[blks],
+                                    offs[blks + 1], np.where(final, relay if dst is None else dst, relay),
+                                    np.where(final, dst_lo[blks], offs[blks]))
+        if k == 0 and dst is not None:
+            b.copies([root], unit, src, offs[root], offs[root + 1], dst, dst_lo[root])
+        steps.append(b.build())
+    if not rounds and dst is not None:
+        steps.append(StepBuilder().copies([root], unit, src, offs[root], offs[root + 1], dst, dst_lo[root]).build())
+    return steps
+
+
+def held_rounds(n: int, root: int, steps) -> list:
+    """Scatter rounds from `steps`: per step, (sender, receiver, candidate blocks) triples; a sender
+    passes on the candidates it holds (the root holds every block), which its receiver then holds."""
+    held = [set() for _ in range(n)]
+    held[root] = set(range(n))
+    rounds = []
+    for triples in steps:
+        s_, r_, b_ = [], [], []
+        moved = []
+        for snd, rcv, cands in triples:
+            for blk in cands:
+                if blk in held[snd] and blk != snd:
+                    s_.append(snd)
+                    r_.append(rcv)
+                    b_.append(blk)
+                    moved.append((rcv, blk))
+        for rcv, blk in moved:
+            held[rcv].add(blk)
+        rounds.append((s_, r_, b_))
+    return rounds
 
 
 def single_rank_reducescatter(offs, unit, src, out, out_lo, block: int = 0) -> list:

@@ -22,7 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import mesh, nhr, pairwise, pipeline, registry, ring
-from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, blocks, bounds, sequence, side_by_side, tile
+from .common import (INPUT, OUTPUT, SCRATCH, StepBuilder, blocks, bounds, relay_scatter, sequence, side_by_side,
+                     tile)
 
 LEVEL0 = {"fullmesh": mesh, "ring": ring}
 
@@ -149,6 +150,31 @@ def reducescatter(srv: Servers, unit: int, l0: str, l1: str) -> list:
             progs.append(tile(LEVEL0[l0].reducescatter(K, offs, unit, src, SCRATCH, OUTPUT, np.zeros(K, dtype=np.int64)),
                               srv.ranks[s][None, :]))
         phases.append(side_by_side(*progs))
+    return sequence(*phases)
+
+
+def scatter(srv: Servers, unit: int, root: int, l0: str, l1: str) -> list:
+    """Rows: the root's input and every scratch hold p blocks, each output one. As HCCL's
+    ScatterMesh / ScatterRing executors: level1 among the cards with the root's index, the root
+    sending each server its region (into that card's scratch), then inside every server that card
+    scattering the region's blocks to its cards (level0 `l0`). Equal servers."""
+    s0, i0 = _root_server(srv, root)
+    K, m = srv.K, srv.m
+    phases = []
+    if m > 1:
+        rounds = registry.module(l1).scatter_rounds(m, s0)
+        dst = OUTPUT if K == 1 else None
+        phases.append(tile(relay_scatter(rounds, srv.start, unit, s0, INPUT, SCRATCH, dst), srv.group(i0)[None, :]))
+    if K > 1:
+        rounds = registry.module(l0).scatter_rounds(K, i0)
+        progs = []
+        for s in range(m):
+            src = INPUT if s == s0 else SCRATCH
+            offs = srv.start[s] + np.arange(K + 1)
+            progs.append(tile(relay_scatter(rounds, offs, unit, i0, src, SCRATCH, OUTPUT), srv.ranks[s][None, :]))
+        phases.append(side_by_side(*progs))
+    if not phases:
+        return relay_scatter([], np.arange(2), unit, 0, INPUT, SCRATCH, OUTPUT)
     return sequence(*phases)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, blocks, bounds, local_copy
 
 NAME = "fullmesh"
-COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall")
+COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall", "scatter")
 LEVELS = ("flat", "level0")
 DESCRIPTION = "every rank exchanges with all peers at once"
 
@@ -153,3 +153,9 @@ def alltoallv(blocks, itemsize: int, src=INPUT, dst=OUTPUT) -> list:
                              doff[r, r][own])
     b.transfers(i, j, itemsize, src, soff[i, j], soff[i, j] + lengths[i, j], dst, doff[i, j])
     return [b.build()]
+
+
+def scatter_rounds(n: int, root: int) -> list:
+    """Scatter (HCCL scatter_mesh.cc): one step, the root writing every rank's block to it."""
+    others = np.array([b for b in range(n) if b != root], dtype=np.int64)
+    return [(np.full(len(others), root), others, others)] if len(others) else []

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, ceil_log2, local_copy
+from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, ceil_log2, held_rounds, local_copy
 from .nhr import _add, halving_reducescatter, row_chunks
 
 NAME = "NB"
-COLLECTIVES = ("allreduce", "reducescatter", "allgather")
+COLLECTIVES = ("allreduce", "reducescatter", "allgather", "scatter")
 LEVELS = ("flat", "level1")
 DESCRIPTION = "nonuniform Bruck: ceil(log2 p) steps, no extra volume for any p"
 RUN_BY_RUN = True     # AllGather steps from each rank's run of blocks (False: from the block matrix)
@@ -73,3 +73,24 @@ def allreduce(n: int, N: int, unit: int, src=INPUT, dst=OUTPUT) -> list:
         return local_copy(n, N, unit, src, dst) if src != dst else []
     offs = bounds(N, n)
     return reducescatter(n, offs, unit, src, dst, dst, offs[:-1]) + allgather(n, offs, unit, dst)
+
+
+def scatter_rounds(n: int, root: int) -> list:
+    """Scatter (HCCL scatter_nb.cc): ceil(log2 n) steps; in step s the ranks within 2^s above the
+    root (those below n - 2^s in the last step) each send to the rank 2^s above them the blocks of
+    it and of every 2^(s+1)-th rank above it, floor((n - 1 + 2^s) / 2^(s+1)) of them, as far as
+    they hold them."""
+    L = ceil_log2(n)
+    steps = []
+    for s in range(L):
+        d = 1 << s
+        cnt = (n - 1 + d) // (2 * d)
+        triples = []
+        for delta in range(min(d, n)):
+            if s == L - 1 and delta >= n - d:
+                continue
+            rank = (root + delta) % n
+            to = (rank + d) % n
+            triples.append((rank, to, [(to + k * 2 * d) % n for k in range(cnt)]))
+        steps.append(triples)
+    return held_rounds(n, root, steps)

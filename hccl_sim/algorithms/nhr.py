@@ -26,11 +26,11 @@ import numpy as np
 
 from hcomm.program import LazyStep, TimingView
 
-from .common import (INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, ceil_log2, compacted, local_copy, merge_runs,
+from .common import (INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, ceil_log2, compacted, held_rounds, local_copy, merge_runs,
                      single_rank_reducescatter)
 
 NAME = "NHR"
-COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast")
+COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast", "scatter")
 LEVELS = ("flat", "level1")
 DESCRIPTION = "nonuniform hierarchical ring: ceil(log2 p) steps for any p"
 ALLREDUCE_SMALL_BYTES = 256 * 1024
@@ -360,3 +360,23 @@ def broadcast(n: int, N: int, unit: int, root: int = 0, src=INPUT, dst=OUTPUT, o
              offs[blocks], -1)
         steps.append(b.build())
     return steps + allgather(n, offs, unit, dst, smap)
+
+
+def scatter_rounds(n: int, root: int) -> list:
+    """Scatter (HCCL scatter_nhr.cc GetStepInfo): ceil(log2 n) steps; in step s the ranks within
+    2^s below the root (n - 2^s in a last step of a non-power-of-two n) each send to the rank 2^s
+    below them the blocks of it and of every 2^(s+1)-th rank below it, floor((n - 1 + 2^s) /
+    2^(s+1)) of them, as far as they hold them."""
+    L = ceil_log2(n)
+    steps = []
+    for s in range(L):
+        d = 1 << s
+        ranks = n - d if (n & (n - 1)) and s == L - 1 else d
+        cnt = (n - 1 + d) // (2 * d)
+        triples = []
+        for delta in range(ranks):
+            rank = (root - delta) % n
+            to = (rank - d) % n
+            triples.append((rank, to, [(to - k * 2 * d) % n for k in range(cnt)]))
+        steps.append(triples)
+    return held_rounds(n, root, steps)

@@ -52,7 +52,7 @@ def _ring_steps(count, n, full, sizes, shift, reduce, tag):
     return [LazyStep(lambda s=s: full(s), lambda s=s: timing(s), key(s), skey) for s in range(count)]
 
 NAME = "ring"
-COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce")
+COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce", "scatter")
 LEVELS = ("flat", "level0", "level1")
 NOT_AT = {"level1": ("broadcast",)}    # HCCL: ring does not run inter-server Broadcast (falls back to H-D_R)
 DESCRIPTION = "each rank sends to its right neighbour, receives from its left"
@@ -128,3 +128,15 @@ def reduce(n: int, N: int, unit: int, root: int = 0, src=INPUT, dst=OUTPUT) -> l
         steps.append(StepBuilder().transfers([sender], [receiver], unit, src if k == 0 else dst, 0, N, dst, 0,
                                              rbuf=src, rlo=0).build())
     return steps
+
+
+def scatter_rounds(n: int, root: int) -> list:
+    """Scatter (HCCL scatter_ring.cc): n - 1 steps; in step t the root sends the block of the
+    rank n - t places on around the ring (the farthest first) to its right, and every rank that
+    received a block for a rank beyond it forwards it one place on. Cost (n-1)(a + n/p b)."""
+    rounds = []
+    for t in range(1, n):
+        d = np.arange(n - t, n)                       # blocks on their way: owner root + d
+        h = t - (n - d)                               # hops made so far
+        rounds.append(((root + h) % n, (root + h + 1) % n, (root + d) % n))
+    return rounds

@@ -351,6 +351,41 @@ class AllToAll(Collective):
         return [np.concatenate([blocks[src][dst] for src in range(p)], axis=0) for dst in range(p)]
 
 
+class Scatter(Collective):
+    """HcclScatter: block j of the root's x (x.shape[0] divisible by the rank count) goes to rank j;
+    every rank gives an x of that shape (the root's is read)."""
+    name, method, block, rooted = "scatter", "scatter", True, True
+    min_ndim, divisible, has_scratch = 1, True, True
+
+    def output_shape(self, shape, p):
+        return (shape[0] // p,) + tuple(shape[1:])
+
+    def busbw_factor(self, p):
+        return (p - 1) / p                     # nccl-tests' scatter_perf
+
+    def group_volume(self, nbytes, p):
+        return nbytes // max(p, 1)             # its output's bytes (calcOpDataVolume: recvCount)
+
+    def layout(self, p):
+        return (p, 1, p)
+
+    def stage_bytes(self, p, length, itemsize, root):
+        # coll_scatter_executor.cc RunLoopInner: the root copies the loop's p slices into the CCL
+        # buffer; every rank copies its slice within it (ScatterMesh's resultMem) and out to its
+        # output (no trace of a Scatter is published)
+        block = length * itemsize
+        ins, outs = np.zeros(p, dtype=np.int64), np.full(p, 2 * block, dtype=np.int64)
+        ins[root] = p * block
+        return ins, outs
+
+    def verifiable(self, rank, p, count, dtype, redop="sum", root=0):
+        m = count // p
+        return vf.values(np.arange(rank * m, (rank + 1) * m), root, dtype, redop)
+
+    def reference(self, inputs, redop=None, root=0):
+        return [b.copy() for b in np.split(inputs[root], len(inputs), axis=0)]
+
+
 class Barrier(Collective):
     """No data: every rank leaves once all have arrived."""
     name, method, carries_data = "barrier", "barrier", False
@@ -373,7 +408,7 @@ from .variable import AllToAllV, AllToAllVC  # noqa: E402 - they build on the cl
 from .gather_v import AllGatherV, ReduceScatterV  # noqa: E402
 
 COLLECTIVES = {c.name: c for c in (AllReduce(), AllGather(), ReduceScatter(), Broadcast(), Reduce(), AllToAll(),
-                                   AllToAllV(), AllToAllVC(), AllGatherV(), ReduceScatterV(), Barrier())}
+                                   Scatter(), AllToAllV(), AllToAllVC(), AllGatherV(), ReduceScatterV(), Barrier())}
 """name -> Collective, in nccl-tests' order, the variable-size ones after the six; `barrier` last
 (it carries no data)."""
 DATA_COLLECTIVES = tuple(n for n, c in COLLECTIVES.items() if c.carries_data and not c.variable)

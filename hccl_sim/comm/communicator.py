@@ -247,6 +247,11 @@ class Communicator(VariableSizeOps):
         """Block j of x goes to rank j; received blocks concatenated in rank order."""
         return self._call("alltoall", x, algo=algo, stream=stream, out=out)
 
+    def scatter(self, x, root: int = 0, algo=None, stream=None, out=None):
+        """HcclScatter: block j of the root's x (x.shape[0] divisible by the size) on rank j; x
+        gives the shape and dtype elsewhere."""
+        return self._call("scatter", x, root=root, algo=algo, stream=stream, out=out)
+
     def group(self):
         """`with comm.group():` HcclGroupStart / HcclGroupEnd: the sends, receives and collectives
         issued inside it (on any communicator) are launched when the outermost group ends, each

@@ -82,6 +82,8 @@ def build_program(name: str, choice: Choice, topo, length: int, itemsize: int, r
             inter_hccs = cost.topology.params.get("inter_hccs", True)
             return grouped_mesh.alltoall(pods_of(cost).pod_of_rank if inter_hccs else np.asarray(cost.server_of), unit)
         return algorithms.flat_program(name, choice.level1, p, length, unit, root)
+    if name == "scatter":                  # level0 and level1 of HCCL's Scatter executors, A3's too
+        return hierarchy.scatter(servers_of(cost), unit, root, choice.level0 or "fullmesh", choice.level1 or "ring")
     if cost.topology.params.get("superpod_of_server") is not None:
         return _superpod_program(name, choice, cost, length, unit, root, 0)
     srv = servers_of(cost)

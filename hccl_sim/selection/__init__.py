@@ -20,7 +20,7 @@ from topologies.errors import HcclError
 from ..config.hccl_algo import ALGO_TOKENS, parse_hccl_algo
 from ..algorithms import registry
 from .. import collectives as colls
-from . import hccl, hccl_a3, model, variable
+from . import hccl, hccl_a3, model, scatter, variable
 
 log = logging.getLogger("hccl_sim.selection")
 
@@ -145,6 +145,8 @@ def _select(ctx: Context, v_op: bool) -> Choice:
         token = None
     policy = POLICIES[ctx.config.policy]
     srv = ctx.servers
+    if name == "scatter":
+        return _noted(name, token, scatter.choose(ctx, token))
     if ctx.pods is not None and v_op:
         return _noted(name, token, variable.a3(ctx, token))
     if ctx.pods is not None:

@@ -212,6 +212,21 @@ class ProcessGroupHcclSim(dist.ProcessGroup):
                     out.div_(self.comm.size)
         return self._run(body, outputs)
 
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        """dist.scatter: HCCL's Scatter of the root's list (equal tensors) into each rank's output."""
+        root = opts.rootRank if opts is not None else 0
+
+        def body():
+            out = output_tensors[0]
+            n = out.numel()
+            if self.comm.rank == root:
+                x = np.concatenate([as_numpy(t).reshape(-1) for t in input_tensors[0]])
+            else:                                   # the shape and dtype; the root's data is scattered
+                x = np.zeros(n * self.comm.size, dtype=as_numpy(out).dtype)
+            self.comm.scatter(x.reshape(self.comm.size, n), root=root, out=as_numpy(out).reshape(1, n))
+            self._record()
+        return self._run(body, output_tensors)
+
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):   # noqa: A002
         """all_to_all_single: equal splits run AlltoAll; split sizes (rows along dim 0, either side
         may be left empty for equal rows) run HCCL's AlltoAllV."""

@@ -34,6 +34,7 @@ def fn(comm, n, device=False):
     note("broadcast", comm.broadcast(x, root=p - 1), every[p - 1])
     note("reduce", comm.reduce(x, root=1), every.sum(0) if r == 1 else None)
     note("alltoall", comm.all_to_all(x), every.reshape(p, p, -1)[:, r].reshape(-1))
+    note("scatter", comm.scatter(x, root=p - 1), every[p - 1].reshape(p, -1)[r])
     C = ((np.arange(p * p).reshape(p, p) * 7 + 3) % 5) * max(1, n // 12)        # rows rank i sends rank j
     xs = [(np.arange(C[i].sum(), dtype=np.int64) * (i + 3)) % 1009 for i in range(p)]
     want = np.concatenate([np.split(xs[i], np.cumsum(C[i])[:-1])[r] for i in range(p)])
