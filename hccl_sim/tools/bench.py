@@ -386,9 +386,16 @@ Reduce: size / t; AllGather: whole output / t; ReduceScatter: whole input / t; A
 send buffer / t; docs/references.md §11.2) is nccl-tests' algbw exactly."""
 
 
-def hccl_test_sizes(op: str, data_sizes: list, p: int) -> list:
-    """nccl-tests sizes (what BenchSpec.sizes holds) for hccl_test's per-NPU data sizes."""
-    return [s * p for s in data_sizes] if canonical_op(op) in HCCL_TEST_PER_NPU_BLOCKS else list(data_sizes)
+def hccl_test_sizes(op: str, data_sizes: list, p: int, itemsize: int) -> list:
+    """nccl-tests sizes (what BenchSpec.sizes holds) for hccl_test's per-NPU data sizes. alltoallv_test
+    rounds its element count up to a multiple of the rank count (one equal share per peer)."""
+    op = canonical_op(op)
+    if op in HCCL_TEST_PER_NPU_BLOCKS:
+        return [s * p for s in data_sizes]
+    if op == "alltoallv":
+        share = p * itemsize
+        return [-(-(s // itemsize) // p) * share for s in data_sizes]
+    return list(data_sizes)
 
 
 def hccl_test_header(spec: BenchSpec, p: int) -> str:

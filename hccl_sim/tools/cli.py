@@ -197,7 +197,7 @@ def cmd_bench(args) -> int:
                      counts=None if args.counts is None else parse_counts(args.counts))
     from .bench import ROOTED
     from .. import canonical_op
-    from ..config.types import parse_reduce_op, dtype_name
+    from ..config.types import parse_reduce_op, dtype_name, numpy_dtype
     spec.op = canonical_op(spec.op)
     spec.dtype = dtype_name(spec.dtype)
     parse_reduce_op(spec.redop)
@@ -215,7 +215,7 @@ def cmd_bench(args) -> int:
             print(header(spec, topo), flush=True)
         print(format_row(row), flush=True)
     if hccl_test:
-        spec.sizes = hccl_test_sizes(spec.op, spec.sizes, topo.num_ranks)
+        spec.sizes = hccl_test_sizes(spec.op, spec.sizes, topo.num_ranks, numpy_dtype(spec.dtype).itemsize)
 
         def progress(row):       # noqa: F811 - hccl_test's lines instead of nccl-tests' table
             if not started:
