@@ -61,6 +61,13 @@ def timeline(comm, count):
     if not np.array_equal(got[0], xs[(r - 1) % p]):
         raise AssertionError(f"rank {r}: batch_send_recv's rows differ from numpy's")
     records.append((comm.last_op.algo, comm.last_op.start, comm.last_op.end))
+    with comm.group():                            # a group: a send, a receive and a collective, one launch
+        got = comm.recv((r - 1) % p)
+        comm.send(xs[r], (r + 1) % p)
+        total = comm.all_reduce(x)
+    if not (np.array_equal(got.result, xs[(r - 1) % p]) and np.array_equal(total.result, p * (x - r) + p * (p - 1) // 2)):
+        raise AssertionError(f"rank {r}: the group's results differ from numpy's")
+    records.append((comm.last_op.algo, comm.last_op.start, comm.last_op.end))
     comm.barrier()
     return records, comm.clock
 

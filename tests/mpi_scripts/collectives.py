@@ -55,6 +55,13 @@ def fn(comm, n, device=False):
                                 ("send", r, every[r, :j]), ("recv", r, ((j,), np.int64))])
     checks.append(("batch", bool(np.array_equal(got[0], every[(r - 1) % p, :k]) and np.array_equal(got[1], every[r, :j]))))
     times.append(("batch", comm.last_op.algo, comm.last_op.start, comm.last_op.end))
+    with comm.group():                            # a send, a receive and a collective, launched as one
+        g_recv = comm.recv((r - 1) % p)
+        comm.send(every[r, :k], (r + 1) % p)
+        g_sum = comm.all_reduce(every[r])
+    checks.append(("group", bool(np.array_equal(g_recv.result, every[(r - 1) % p, :k])
+                                 and np.array_equal(g_sum.result, every.sum(0)))))
+    times.append(("group", comm.last_op.algo, comm.last_op.start, comm.last_op.end))
     sub = comm.split(r % 2)                       # ranks of one parity, over the transport's scoped views
     members = [j for j in range(p) if j % 2 == r % 2]
     got = sub.all_reduce(x)
