@@ -24,6 +24,7 @@ from topologies.validate import integer, is_integer
 
 from . import collectives
 from .comm.communicator import Communicator, OpRecord
+from .comm.p2p_calls import ANY_SOURCE, Request
 from .config.env import Config
 from .faults.progress import FaultProgress
 from .faults.plan import FaultPlan, with_faults
@@ -31,7 +32,7 @@ from .plan.planner import Signature, make_plan
 from .config.types import ReduceOp, dtype_name, numpy_dtype, parse_reduce_op
 from .engines import registry as _registry
 
-__all__ = ["topology", "run", "init", "finalize", "simulate", "Cluster", "FaultPlan", "Communicator", "ReduceOp", "HcclError", "HCCL_RESULT",
+__all__ = ["topology", "run", "init", "finalize", "simulate", "Cluster", "FaultPlan", "Communicator", "ANY_SOURCE", "Request", "ReduceOp", "HcclError", "HCCL_RESULT",
            "Topology", "Estimate", "OpRecord", "ENGINES", "busbw_factor", "MAX_LOCAL_RANKS",
            "MAX_ALLTOALL_RANKS", "Cause"]
 __version__ = "0.1.0"

@@ -172,3 +172,12 @@ def ray_cluster():
     left = {pid: cmd for pid in descendants() if "resource_tracker" not in (cmd := cmdline(pid))}
     assert not left, left
     assert not shm_leaks(before)
+
+
+@pytest.fixture(scope="session")
+def torch_cluster(ray_cluster):
+    """One set of 4 Ray rank actors (one 4-card 910B server) for the torch tests: torch is imported
+    once per actor; every test's function initialises and destroys its process group."""
+    from topologies import hardware
+    with hccl_sim.Cluster(hardware("atlas800t-a2", devices_per_server=[4]), engine="ray") as cluster:
+        yield cluster

@@ -16,14 +16,6 @@ pytestmark = pytest.mark.torch
 P = 4
 
 
-@pytest.fixture(scope="module")
-def cluster(ray_cluster):
-    """One set of 4 rank actors for the module (torch is imported once per actor; every test's
-    function initialises and destroys its process group)."""
-    with hccl_sim.Cluster(topologies.hardware("atlas800t-a2", devices_per_server=[P]), engine="ray") as c:
-        yield c
-
-
 def _collectives(comm):
     import torch
     import torch.distributed as dist
@@ -80,9 +72,9 @@ def _collectives(comm):
     return out
 
 
-def test_collectives_match_torch_semantics(cluster):
+def test_collectives_match_torch_semantics(torch_cluster):
     p = P
-    res = cluster.run(_collectives)
+    res = torch_cluster.run(_collectives)
     for r, out in enumerate(res):
         assert out["allreduce"] == (np.arange(6) * sum(range(1, p + 1))).tolist()
         assert out["max"] == [p - 1.0, 0.0] and out["avg"] == [sum(range(1, p + 1)) / p] * 3 and out["async"] == [p] * 4
@@ -127,8 +119,8 @@ def _uneven_lists(comm):
     return gathered, scattered + scattered_from_1, ops
 
 
-def test_uneven_lists_run_the_v_ops_and_scatter_runs_hccls(cluster):
-    res = cluster.run(_uneven_lists)
+def test_uneven_lists_run_the_v_ops_and_scatter_runs_hccls(torch_cluster):
+    res = torch_cluster.run(_uneven_lists)
     sizes = [(q % 3) + 1 for q in range(P)]
     for r, ((gathered, algo), scattered, ops) in enumerate(res):
         assert gathered == [[float(q)] * n for q, n in enumerate(sizes)] and algo == "level0:fullmesh"
@@ -222,9 +214,9 @@ def _reference(steps):
 
 
 @pytest.mark.parametrize("hook,atol", [(None, 1e-5), ("allreduce", 1e-5), ("fp16", 2e-3)])
-def test_ddp_parameters_equal_full_batch_training(cluster, hook, atol):
+def test_ddp_parameters_equal_full_batch_training(torch_cluster, hook, atol):
     steps = 4
-    res = cluster.run(_ddp, args=(steps, hook, 0.001))
+    res = torch_cluster.run(_ddp, args=(steps, hook, 0.001))
     want = _reference(steps)
     for params, n_ops, sim in res:
         assert n_ops > steps and sim > 0               # DDP's broadcast + several buckets per step
@@ -254,14 +246,14 @@ def _ddp_syncbn(comm, steps):
     return out
 
 
-def test_syncbn_under_ddp_equals_full_batch_batchnorm(cluster):
+def test_syncbn_under_ddp_equals_full_batch_batchnorm(torch_cluster):
     """A CPU model's BatchNorm1d converted to hccl_sim.torch.SyncBatchNorm, under DDP on 4 ranks of
     3 samples each: parameters and running statistics as one process with BatchNorm1d on all 12."""
     steps = 3
     model = _full_batch(_bn_model(), steps)
     want = [q.detach().numpy() for q in model.parameters()] + [model[1].running_mean.numpy(),
                                                               model[1].running_var.numpy()]
-    res = cluster.run(_ddp_syncbn, args=(steps,))
+    res = torch_cluster.run(_ddp_syncbn, args=(steps,))
     for got in res:
         for a, b in zip(got, want):
             assert np.allclose(a, b, atol=1e-5)

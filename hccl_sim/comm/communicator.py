@@ -11,8 +11,8 @@ A collective call goes through three steps:
    Transport, for ranks that share none). Small ops on engines with an eager size carry their
    input with the call and need no exchange in step 3.
 The communicator moves no bytes itself: engines differ only in the group they hand it (the engine
-contract, engines/base.py). Point-to-point send/recv use the group's transport directly, priced by
-the same cost model as collectives.
+contract, engines/base.py). Point-to-point calls (comm/p2p_calls.py) use the group's transport
+directly, priced by the same cost model as collectives.
 """
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ from topologies.validate import is_integer
 
 from .. import collectives as colls
 from . import split as subcomm
-from . import group, p2p
+from . import group
 from .record import OpRecord
+from .p2p_calls import PointToPointOps
 from .variable_calls import VariableSizeOps
 from ..engines.base import Call, RankBuffers
 
@@ -40,7 +41,7 @@ _new = tuple.__new__         # a NamedTuple from a tuple of its fields, without 
 MAX_TAG = 2**31 - 1          # point-to-point tags: non-negative 32-bit ints, as MPI_TAG_UB allows at least
 
 
-class Communicator(VariableSizeOps):
+class Communicator(VariableSizeOps, PointToPointOps):
     """One rank's handle on a group of ranks."""
 
     def __init__(self, rank: int, group, device: Device | None = None):
@@ -61,6 +62,7 @@ class Communicator(VariableSizeOps):
         # results smaller than this are plain host arrays, made here (engines/base.py)
         self._plain_bytes = group.plain_result_bytes
         self._p2p_sent, self._p2p_received = {}, {}   # sends to each peer, receives from each peer, so far
+        self._pending_receives = []          # irecv Requests not yet complete, in issue order
         self.last_op: OpRecord | None = None
         self.runtime = None                  # the rank's Runtime, where an engine started one (engines.bootstrap)
         self.device = device if device is not None else Device(rank, group.topo)
@@ -295,58 +297,6 @@ class Communicator(VariableSizeOps):
         if self._aborted:
             raise HcclError("E_PARA", "this communicator was aborted on this rank (comm.abort()): make a new one "
                             "with comm.shrink()", rank=self.rank, op=opname)
-
-    # point to point ------------------------------------------------------------------------------
-    def _peer(self, peer, opname, what, self_ok=False):
-        if not isinstance(peer, (int, np.integer)) or isinstance(peer, bool) or not 0 <= peer < self.size:
-            raise HcclError("E_PARA", f"{what} must be a rank in [0, {self.size}), got {peer!r}", rank=self.rank,
-                            op=opname, cause=Cause.BAD_INPUT)
-        if peer == self.rank and not self_ok:        # a group's may be (a local copy of its batch)
-            raise HcclError("E_PARA", f"{what} is this rank itself", rank=self.rank, op=opname, cause=Cause.BAD_INPUT)
-        return int(peer)
-
-    def send(self, x, dst: int, tag: int = 0) -> None:
-        """Send x to rank dst; returns once dst has received it (priced by the receiver, which
-        replies with this rank's exit clock, or with the error CQE that ended the transfer)."""
-        self._check_usable("send")
-        x = self._array(x, "send")
-        dst = self._peer(dst, "send", "dst", group.active())
-        tag = self._tag(tag, "send")
-        if group.active():
-            return group.hold_p2p(self, "send", "send", dst, x, tag)
-        dev = self.device
-        start = dev.clock
-        msg = self._transport.post_view(self.rank, dst, ("p2p", tag), np.ascontiguousarray(x), meta=start)
-        reply = self._transport.wait_consumed(msg, self._transport.deadline(), "send")
-        self._p2p_sent[dst] = self._p2p_sent.get(dst, 0) + 1
-        dev.clock = p2p.sender_exit(self, reply, "send")
-        self.last_op = OpRecord("send", "p2p", x.nbytes, x.size, dtype_name(x.dtype), start, dev.clock)
-
-    def recv(self, src: int, tag: int = 0) -> np.ndarray:
-        """The next array rank src sends this rank (on `tag`). Under a fault plan the transfer is
-        retransmitted over down links, slowed over slowed ones, loses an attempt when a corrupt
-        entry names it, and runs over a backup NIC the communicator switched to; past the
-        retransmission budget both ends get E_REMOTE (HCCL has no op retry for send/recv)."""
-        self._check_usable("recv")
-        src = self._peer(src, "recv", "src", group.active())
-        tag = self._tag(tag, "recv")
-        if group.active():
-            return group.hold_p2p(self, "recv", "recv", src, None, tag)
-        start = self.device.clock
-        msg = self._transport.take(src, self.rank, ("p2p", tag), self._transport.deadline(), "recv")
-        data = np.array(msg.data, copy=True)
-        self.device.clock = end = p2p.priced_receive(self, src, msg, data.nbytes, start, "recv")
-        self.last_op = OpRecord("recv", "p2p", data.nbytes, data.size, dtype_name(data.dtype), start, end)
-        return data
-
-    def batch_send_recv(self, items) -> list:
-        """HcclBatchSendRecv: every ("send", peer, array) and ("recv", peer, array or (shape,
-        dtype)) item as one op, in HCCL's pairwise order; returns the received arrays in item
-        order. Each pair of ranks' sends and receives must match one to one (hccl_sim.comm.p2p)."""
-        if group.active():
-            group.refuse(self, "batch_send_recv", "HCCL does not allow BatchSendRecv in a group (the group's sends "
-                         "and receives are one already)")
-        return p2p.batch_send_recv(self, items)
 
     def _meet_crash(self, faults, plan, seq, opname, buffers, redop):
         """A crash the fault plan puts in this op: the dead rank stops, every other rank fails when

@@ -1,15 +1,16 @@
-"""A torch.distributed ProcessGroup whose collectives run on an hccl_sim Communicator.
+"""A torch.distributed ProcessGroup whose ops run on an hccl_sim Communicator.
 
-Each collective is a closure queued on the group's one FIFO worker thread (so every rank issues
-its ops to hccl-sim in the order torch issued them, asynchronous or not) and returns a Work over
-a torch Future (FutureWork) that the worker completes with the output tensors, or fails with the
-HcclError, which wait() raises. CPU tensors are viewed as numpy arrays (no copy) and the ops run in place where torch's contract is in place (allreduce, broadcast). Every collective's
+Every op is a job on the group's worker (hccl_sim.torch.work) and returns a Work over a torch
+Future that the worker completes with the output tensors, or fails with the HcclError, which
+wait() raises. CPU tensors are viewed as numpy arrays (no copy) and the ops run in place where
+torch's contract is in place (allreduce, broadcast). Each op runs as torch_npu's ProcessGroupHCCL
+runs it on HCCL: gather as an AllGather (HCCL has no Gather), tensors of unequal sizes as the V
+ops, coalesced ops as one op over the tensors end to end; sends and receives as the
+Communicator's isend / irecv (hccl_sim.torch.p2p). The group carries the name and description
+torch gives it (DeviceMesh, functional collectives and DTensor find groups by name). Every op's
 simulated time is kept (`records`, and `last_op`), as `comm.last_op` says it.
 """
 from __future__ import annotations
-
-import queue
-import threading
 
 import numpy as np
 import torch
@@ -17,82 +18,39 @@ import torch.distributed as dist
 
 from topologies.errors import HcclError
 
+from .p2p import PointToPoint
+from .tensors import as_numpy
+from .work import Worker
+
 BACKEND = "hccl_sim"
 # compared with ==: an opts.reduceOp is a ReduceOp object, equal to (but not hashed as) these
 _REDOPS = ((dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.PRODUCT, "prod"), (dist.ReduceOp.MIN, "min"),
            (dist.ReduceOp.MAX, "max"), (dist.ReduceOp.AVG, "avg"))
 
 
-def as_numpy(t: torch.Tensor) -> np.ndarray:
-    """The tensor's storage as a numpy array (bfloat16 through ml_dtypes), no copy."""
-    if t.device.type != "cpu":
-        raise HcclError("E_PARA", f"hccl_sim tensors live on the CPU, got one on {t.device}")
-    if not t.is_contiguous():
-        raise HcclError("E_PARA", "hccl_sim collectives need contiguous tensors")
-    if t.dtype == torch.bfloat16:
-        import ml_dtypes
-        return t.detach().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.detach().numpy()
-
-
-class FutureWork(dist.Work):
-    """A Work over a torch Future the worker completes. torch's `_create_work_from_future` drops a
-    failed future's exception (its wait() returns True, its future's wait() returns), so a failed
-    collective would pass unnoticed: here wait() and get_future().wait() raise the HcclError."""
-
-    def __init__(self, fut):
-        super().__init__()
-        self._fut = fut
-
-    def wait(self, timeout=None):
-        self._fut.wait()               # raises what the collective raised
-        return True
-
-    def get_future(self):
-        return self._fut
-
-    def is_completed(self):
-        return self._fut.done()
-
-
-class _Worker:
-    """One thread running a group's collectives in issue order."""
-
-    def __init__(self, name):
-        self._jobs = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name=f"hccl-torch-{name}", daemon=True)
-        self._thread.start()
-
-    def _loop(self):
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            fn, fut = job
-            try:
-                fut.set_result(fn())
-            except BaseException as exc:   # noqa: BLE001 - handed to whoever waits on the Work
-                fut.set_exception(exc)
-
-    def submit(self, fn):
-        fut = torch.futures.Future()
-        self._jobs.put((fn, fut))
-        return FutureWork(fut)
-
-    def stop(self):
-        self._jobs.put(None)
-        self._thread.join(timeout=30)
-
-
-class ProcessGroupHcclSim(dist.ProcessGroup):
+class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
     def __init__(self, comm):
         super().__init__(comm.rank, comm.size)
         self.comm = comm
-        self.records = []            # comm.last_op of every collective, in order
-        self._worker = _Worker(f"{comm.rank}")
+        self.records = []            # comm.last_op of every op, in order of completion
+        self._worker = Worker(f"{comm.rank}")
+        self._name, self._desc = "", ""
 
     def getBackendName(self):
         return BACKEND
+
+    # torch sets these on the groups it makes (c10d's ProcessGroup keeps them on its backends)
+    def getGroupName(self):
+        return self._name
+
+    def setGroupName(self, name):
+        self._name = name
+
+    def getGroupDesc(self):
+        return self._desc
+
+    def setGroupDesc(self, desc):
+        self._desc = desc
 
     @property
     def last_op(self):
@@ -130,7 +88,30 @@ class ProcessGroupHcclSim(dist.ProcessGroup):
         return self._run(lambda: [self._all_reduce_into(t, redop) for t in tensors], tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
-        return self.allreduce(tensors, opts)
+        """One AllReduce over the tensors end to end (they share a dtype, as torch requires)."""
+        redop = self._redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+
+        def body():
+            flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
+            self._all_reduce_into(flat, redop)
+            for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
+                t.copy_(part.view_as(t))
+        return self._run(body, tensors)
+
+    def reduce(self, tensors, opts=None):
+        """HcclReduce into the root's tensor; AVG as a SUM divided at the root."""
+        root = opts.rootRank if opts is not None else 0
+        redop = self._redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+
+        def body():
+            for t in tensors:
+                x = as_numpy(t)
+                mine = self.comm.rank == root
+                self.comm.reduce(x, root=root, op="sum" if redop == "avg" else redop, out=x)
+                self._record()
+                if mine and redop == "avg":
+                    t.div_(self.comm.size)
+        return self._run(body, tensors)
 
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
@@ -156,6 +137,32 @@ class ProcessGroupHcclSim(dist.ProcessGroup):
                 self._record()
                 for o, part in zip(outs, parts):
                     as_numpy(o).reshape(-1)[...] = part
+        return self._run(body, output_lists)
+
+    def allgather_coalesced(self, output_lists, inputs, opts=None):
+        """One AllGather of the inputs end to end; output_lists[r][i] is rank r's inputs[i]."""
+        def body():
+            flat = np.concatenate([as_numpy(t).reshape(-1) for t in inputs]) if inputs else np.empty(0)
+            rows = self.comm.all_gather(flat.reshape(1, -1))
+            self._record()
+            sizes = np.cumsum([t.numel() for t in inputs])[:-1]
+            for outs, row in zip(output_lists, rows):
+                for o, part in zip(outs, np.split(row, sizes)):
+                    as_numpy(o).reshape(-1)[...] = part
+        return self._run(body, output_lists)
+
+    def gather(self, output_lists, inputs, opts=None):
+        """dist.gather as torch_npu runs it on HCCL, which has no Gather: an AllGather, whose
+        blocks the root keeps (torch's gather takes tensors of one size)."""
+        root = opts.rootRank if opts is not None else 0
+
+        def body():
+            x = as_numpy(inputs[0]).reshape(1, -1)
+            rows = self.comm.all_gather(x)
+            self._record()
+            if self.comm.rank == root:
+                for o, row in zip(output_lists[0], rows):
+                    as_numpy(o).reshape(-1)[...] = row
         return self._run(body, output_lists)
 
     def _allgather_base(self, output, input, opts=None):     # noqa: A002 - torch's name

@@ -79,6 +79,13 @@ class Transport(Protocol):
         """Wait until the receiver has called `consumed(reply)` on the message; returns the reply.
         Fails like `take`."""
 
+    def ready(self, src: int, dst: int, tag: Hashable) -> bool:
+        """Whether `take(src, dst, tag)` would return at once (a message is there). Never waits;
+        a transport whose ranks drive their own progress makes one step of it."""
+
+    def is_consumed(self, handle) -> bool:
+        """Whether `wait_consumed(handle)` would return at once. Never waits, as `ready`."""
+
     def deadline(self) -> Optional[float]:
         """The deadline of a wait that starts now (None when there is no timeout)."""
 

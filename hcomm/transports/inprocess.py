@@ -199,6 +199,14 @@ class InProcessTransport:
                 self.watch.done(dst)
             return ch.queue.popleft()
 
+    def ready(self, src: int, dst: int, tag) -> bool:
+        ch = self._channel(src, dst, tag)
+        with ch.cond:
+            return bool(ch.queue)
+
+    def is_consumed(self, msg: Message) -> bool:
+        return msg._done.is_set()
+
     def wait_consumed(self, msg: Message, deadline=None, op: str | None = None):
         """Wait until the receiver of `msg` has consumed it; returns its reply."""
         if msg._done.is_set():

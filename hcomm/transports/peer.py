@@ -226,6 +226,20 @@ class PeerEndpoint(abc.ABC):
                 probe_at = self._maybe_probe(src, probe_at)
                 self._idle(POLL_S if left is None else min(POLL_S, left))
 
+    def ready(self, src, dst, tag) -> bool:
+        self._own(dst, "ready")
+        key = (check_rank(src, self.size, "src", self.rank, "ready"), tag)
+        with self._cond:
+            if not self._inbox.get(key):
+                self._idle(0.0)          # one step of progress where the ranks drive it (MPI)
+            return bool(self._inbox.get(key))
+
+    def is_consumed(self, handle: SendHandle) -> bool:
+        with self._cond:
+            if not handle.done:
+                self._idle(0.0)
+            return handle.done
+
     def wait_consumed(self, handle: SendHandle, deadline=None, op=None):
         probe_at = time.monotonic() + PROBE_AFTER_S
         with self._cond:

@@ -53,6 +53,12 @@ class ScopedTransport:
     def wait_consumed(self, handle, deadline=None, op=None):
         return self.parent.wait_consumed(handle, deadline, op)
 
+    def ready(self, src, dst, tag):
+        return self.parent.ready(self.members[src], self.members[dst], self._tag(tag))
+
+    def is_consumed(self, handle):
+        return self.parent.is_consumed(handle)
+
     def deadline(self):
         return self.parent.deadline()
 

@@ -1,0 +1,200 @@
+"""The Communicator's point-to-point calls: send, recv, HcclBatchSendRecv, and the nonblocking
+isend / irecv (mpi4py's shape: a Request to test or wait on; a receive from ANY_SOURCE).
+
+send and recv are HCCL's HcclSend / HcclRecv: the send returns once its receiver has taken the
+data. isend and irecv are what a runtime above HCCL needs to issue transfers in any order
+without a deadlock (torch's isend / irecv, batch_isend_irecv): an isend posts its array (which
+must not be written until the Request completes; zero copy) and returns, an irecv returns at
+once, and the transfers complete as the Requests are tested or waited on. A rank's receives on
+one channel complete in the order they were issued (MPI's matching order); a receive from
+ANY_SOURCE takes the first message that is there, the lowest source rank first. Every transfer
+is priced as send and recv price theirs (hccl_sim.comm.p2p): the receive starts at the
+receiver's clock when it was issued; a Request that completes moves the rank's clock to its end
+(the host saw it complete no earlier), and becomes `comm.last_op`.
+
+A Communicator is one rank's: its calls, tests and waits come from one thread at a time.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from topologies.errors import Cause, HcclError
+
+from ..config.types import dtype_name
+from . import group, p2p
+from .record import OpRecord
+
+ANY_SOURCE = -1
+P2P_TAG = "p2p"
+_WAIT_SLICE_S = 0.002          # a polled wait's longest sleep between tests
+
+
+class Request:
+    """A nonblocking send's or receive's handle: `test()` (progress without waiting; True once
+    done), `wait()` (until done, within the transport's deadline; a receive returns its array),
+    `source` (the rank a receive took its data from), `record` (its OpRecord once done)."""
+    __slots__ = ("comm", "kind", "peer", "tag", "start", "source", "data", "record", "_array", "_msg", "_deadline")
+
+    def __init__(self, comm, kind, peer, tag, start, array=None, msg=None):
+        self.comm, self.kind, self.peer, self.tag, self.start = comm, kind, peer, tag, start
+        self.source = peer if kind == "isend" or peer != ANY_SOURCE else None
+        self.data = self.record = None
+        self._array, self._msg = array, msg
+        self._deadline = comm._transport.deadline()
+
+    def done(self) -> bool:
+        return self.record is not None
+
+    def test(self) -> bool:
+        if self.record is None:
+            if self.kind == "isend":       # a test or wait of any Request moves the pending receives on
+                _progress_receives(self.comm)
+                transport = self.comm._transport
+                if transport.is_consumed(self._msg):
+                    self._finish_send(transport.wait_consumed(self._msg, None, "isend"))
+            else:
+                _progress_receives(self.comm)
+        return self.record is not None
+
+    def wait(self):
+        delay = 0.0
+        while not self.test():
+            late = self.timed_out()
+            if late is not None:
+                raise late
+            time.sleep(delay)
+            delay = min(_WAIT_SLICE_S, delay * 2 + 1e-4)
+        return self.data
+
+    def timed_out(self):
+        """The E_TIMEOUT of a Request past its deadline (HCCL_EXEC_TIMEOUT from its issue), else None."""
+        if self.record is not None or self._deadline is None or time.monotonic() <= self._deadline:
+            return None
+        if self.kind == "irecv" and self in self.comm._pending_receives:
+            self.comm._pending_receives.remove(self)         # it will take nothing now
+        return HcclError("E_TIMEOUT", f"{self.kind} {'to' if self.kind == 'isend' else 'from'} "
+                         f"{'any rank' if self.peer == ANY_SOURCE else f'rank {self.peer}'} (tag {self.tag}) "
+                         f"did not complete within HCCL_EXEC_TIMEOUT ({self.comm._transport.timeout_s} s)",
+                         rank=self.comm.rank, op=self.kind, cause=Cause.TIMEOUT)
+
+    def _finish_send(self, reply):
+        comm = self.comm
+        end = p2p.sender_exit(comm, reply, "isend")
+        x = self._array
+        self.record = OpRecord("isend", "p2p", x.nbytes, x.size, dtype_name(x.dtype), self.start, end)
+        self._msg = self._array = None
+        _complete(comm, self.record)
+
+    def _finish_receive(self, src, msg):
+        comm = self.comm
+        data = np.array(msg.data, copy=True)
+        end = p2p.priced_receive(comm, src, msg, data.nbytes, self.start, "irecv")
+        self.source, self.data = src, data
+        self.record = OpRecord("irecv", "p2p", data.nbytes, data.size, dtype_name(data.dtype), self.start, end)
+        _complete(comm, self.record)
+
+
+def _complete(comm, record):
+    if record.end > comm.device.clock:
+        comm.device.clock = record.end
+    comm.last_op = record
+
+
+def _progress_receives(comm):
+    """Take what is there for the pending receives, in issue order: a receive
+    whose channel has a message takes it; one from ANY_SOURCE, the lowest source that has one."""
+    pending, transport, me = comm._pending_receives, comm._transport, comm.rank
+    for req in list(pending):
+        srcs = range(comm.size) if req.peer == ANY_SOURCE else (req.peer,)
+        key = (P2P_TAG, req.tag)
+        for src in srcs:
+            if src != me and transport.ready(src, me, key):
+                msg = transport.take(src, me, key, transport.deadline(), "irecv")
+                pending.remove(req)
+                req._finish_receive(src, msg)
+                break
+
+
+class PointToPointOps:
+    """The Communicator's point-to-point calls (its collectives are on the Communicator)."""
+
+    def _peer(self, peer, opname, what, self_ok=False):
+        if not isinstance(peer, (int, np.integer)) or isinstance(peer, bool) or not 0 <= peer < self.size:
+            raise HcclError("E_PARA", f"{what} must be a rank in [0, {self.size}), got {peer!r}", rank=self.rank,
+                            op=opname, cause=Cause.BAD_INPUT)
+        if peer == self.rank and not self_ok:        # a group's may be (a local copy of its batch)
+            raise HcclError("E_PARA", f"{what} is this rank itself", rank=self.rank, op=opname, cause=Cause.BAD_INPUT)
+        return int(peer)
+
+    def send(self, x, dst: int, tag: int = 0) -> None:
+        """Send x to rank dst; returns once dst has received it (priced by the receiver, which
+        replies with this rank's exit clock, or with the error CQE that ended the transfer)."""
+        self._check_usable("send")
+        x = self._array(x, "send")
+        dst = self._peer(dst, "send", "dst", group.active())
+        tag = self._tag(tag, "send")
+        if group.active():
+            return group.hold_p2p(self, "send", "send", dst, x, tag)
+        dev = self.device
+        start = dev.clock
+        msg = self._transport.post_view(self.rank, dst, (P2P_TAG, tag), np.ascontiguousarray(x), meta=start)
+        reply = self._transport.wait_consumed(msg, self._transport.deadline(), "send")
+        self._p2p_sent[dst] = self._p2p_sent.get(dst, 0) + 1
+        dev.clock = p2p.sender_exit(self, reply, "send")
+        self.last_op = OpRecord("send", "p2p", x.nbytes, x.size, dtype_name(x.dtype), start, dev.clock)
+
+    def recv(self, src: int, tag: int = 0) -> np.ndarray:
+        """The next array rank src sends this rank (on `tag`). Under a fault plan the transfer is
+        retransmitted over down links, slowed over slowed ones, loses an attempt when a corrupt
+        entry names it, and runs over a backup NIC the communicator switched to; past the
+        retransmission budget both ends get E_REMOTE (HCCL has no op retry for send/recv)."""
+        self._check_usable("recv")
+        src = self._peer(src, "recv", "src", group.active())
+        tag = self._tag(tag, "recv")
+        if group.active():
+            return group.hold_p2p(self, "recv", "recv", src, None, tag)
+        if any(r.tag == tag and r.peer in (src, ANY_SOURCE) for r in self._pending_receives):
+            return self.irecv(src, tag).wait()      # receives issued earlier on the channel come first
+        start = self.device.clock
+        msg = self._transport.take(src, self.rank, (P2P_TAG, tag), self._transport.deadline(), "recv")
+        data = np.array(msg.data, copy=True)
+        self.device.clock = end = p2p.priced_receive(self, src, msg, data.nbytes, start, "recv")
+        self.last_op = OpRecord("recv", "p2p", data.nbytes, data.size, dtype_name(data.dtype), start, end)
+        return data
+
+    def isend(self, x, dst: int, tag: int = 0) -> Request:
+        """Post x to rank dst and return a Request at once; x must not be written until the
+        Request completes (its test() or wait())."""
+        self._check_usable("isend")
+        if group.active():
+            group.refuse(self, "isend", "a group holds its sends already: use send inside comm.group()")
+        x = np.ascontiguousarray(self._array(x, "isend"))
+        dst = self._peer(dst, "isend", "dst")
+        tag = self._tag(tag, "isend")
+        start = self.device.clock
+        msg = self._transport.post_view(self.rank, dst, (P2P_TAG, tag), x, meta=start)
+        self._p2p_sent[dst] = self._p2p_sent.get(dst, 0) + 1
+        return Request(self, "isend", dst, tag, start, x, msg)
+
+    def irecv(self, src: int = ANY_SOURCE, tag: int = 0) -> Request:
+        """A Request for the next array from rank src (ANY_SOURCE: from whichever rank's is there
+        first) on `tag`; its wait() returns the array and its `source` the sender."""
+        self._check_usable("irecv")
+        if group.active():
+            group.refuse(self, "irecv", "a group holds its receives already: use recv inside comm.group()")
+        if src != ANY_SOURCE:
+            src = self._peer(src, "irecv", "src")
+        req = Request(self, "irecv", src, self._tag(tag, "irecv"), self.device.clock)
+        self._pending_receives.append(req)
+        return req
+
+    def batch_send_recv(self, items) -> list:
+        """HcclBatchSendRecv: every ("send", peer, array) and ("recv", peer, array or (shape,
+        dtype)) item as one op, in HCCL's pairwise order; returns the received arrays in item
+        order. Each pair of ranks' sends and receives must match one to one (hccl_sim.comm.p2p)."""
+        if group.active():
+            group.refuse(self, "batch_send_recv", "HCCL does not allow BatchSendRecv in a group (the group's sends "
+                         "and receives are one already)")
+        return p2p.batch_send_recv(self, items)

@@ -1,0 +1,178 @@
+"""What a hccl_sim ProcessGroup's ops return and where they run: torch Works over futures, and the
+group's one worker thread.
+
+Every op of a group is a job on the group's worker, in the order torch issued them (so every rank
+issues its ops to hccl-sim in issue order, asynchronous or not, and one thread alone uses the
+rank's Communicator). A collective's job runs it and completes its Work. A send or receive's job
+only starts it (Communicator.isend / irecv) and leaves its Request pending: the worker tests its
+pending Requests after every job and, with nothing else to do, until they complete, so transfers
+issued in any order complete as gloo's do (a batch of isends and irecvs never deadlocks).
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from topologies.errors import Cause, HcclError
+
+_IDLE_SLICE_S = 0.002         # longest sleep of a worker with Requests pending and no job
+
+
+class FutureWork(dist.Work):
+    """A torch Work over a torch Future the worker completes. torch's `_create_work_from_future`
+    drops a failed future's exception (its wait() returns True), so a failed op would pass
+    unnoticed: here wait() and get_future().wait() raise the HcclError, `exception()` returns it."""
+
+    def __init__(self, fut, request=None):
+        super().__init__()
+        self._fut = fut
+        self._request = request          # a receive's Request: the source rank it took from
+        self._done = threading.Event()
+        fut.add_done_callback(lambda _: self._done.set())
+
+    def wait(self, timeout=None):
+        if timeout is not None and timeout != timedelta(0):
+            seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+            if not self._done.wait(seconds):
+                raise dist.DistBackendError(f"hccl_sim: the op did not complete within {seconds:g} s (Work.wait "
+                                            "timeout)")
+        self._fut.wait()                 # raises what the op raised
+        return True
+
+    def get_future(self):
+        return self._fut
+
+    def is_completed(self):
+        return self._fut.done()
+
+    def is_success(self):
+        return self._fut.done() and self.exception() is None
+
+    def exception(self):
+        if not self._fut.done():
+            return None
+        try:
+            self._fut.value()
+        except Exception as exc:          # noqa: BLE001 - what the op raised is the answer
+            return exc
+        return None
+
+    def _source_rank(self):
+        if self._request is None:
+            raise HcclError("E_PARA", "only a receive's Work has a source rank")
+        self._fut.wait()
+        return self._request.source
+
+
+class Deferred:
+    """What a job returns to leave its Work pending on a Communicator Request: `finish(request)`
+    gives the Work's result once the Request is complete."""
+    __slots__ = ("request", "finish")
+
+    def __init__(self, request, finish):
+        self.request, self.finish = request, finish
+
+
+class Worker:
+    """One thread running a group's jobs in issue order, and moving its pending Requests on."""
+
+    def __init__(self, name):
+        self._jobs = queue.SimpleQueue()
+        self._pending = []               # (Deferred, Future or None), in issue order
+        self._thread = threading.Thread(target=self._loop, name=f"hccl-torch-{name}", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn, receive=False) -> FutureWork:
+        """Run fn() on the worker; the Work completes with what it returns (or, when it returns
+        a Deferred, with its finish once its Request completes). `receive`: the Work of a
+        receive, which knows its source rank."""
+        fut = torch.futures.Future()
+        holder = [] if receive else None
+        self._jobs.put((fn, fut, holder))
+        return FutureWork(fut, _SourceOf(holder) if receive else None)
+
+    def _loop(self):
+        delay = 0.0
+        while True:
+            try:
+                job = self._jobs.get(timeout=delay) if self._pending else self._jobs.get()
+            except queue.Empty:
+                job = ()
+            if job is None:
+                self._fail_pending(HcclError("E_INTERNAL", "the process group was shut down with this transfer "
+                                             "pending", cause=Cause.BAD_INPUT))
+                return
+            if job:
+                self._run(*job)
+                delay = 0.0
+            if self._pending and not self._progress():
+                delay = min(_IDLE_SLICE_S, delay * 2 + 1e-4)
+
+    def _run(self, fn, fut, holder):
+        try:
+            value = fn()
+        except BaseException as exc:    # noqa: BLE001 - handed to whoever waits on the Work
+            fut.set_exception(exc)
+            return
+        if isinstance(value, Deferred):
+            if holder is not None:
+                holder.append(value.request)
+            self._pending.append((value, fut))
+        elif fut is not None:
+            fut.set_result(value)
+
+    def _progress(self) -> bool:
+        """Test the pending Requests in issue order; whether any completed."""
+        moved = False
+        for item in list(self._pending):
+            deferred, fut = item
+            try:
+                done = deferred.request.test()
+                if not done:
+                    late = deferred.request.timed_out()
+                    if late is not None:
+                        raise late
+                    continue
+                value = deferred.finish(deferred.request)
+            except BaseException as exc:   # noqa: BLE001 - handed to whoever waits on the Work
+                self._pending.remove(item)
+                if fut is not None:
+                    fut.set_exception(exc)
+                moved = True
+                continue
+            self._pending.remove(item)
+            if fut is not None:
+                fut.set_result(value)
+            moved = True
+        return moved
+
+    def settle(self, deferred):
+        """Keep a Request whose Work has completed already (a send, buffered) until it is done,
+        for its record and the rank's clock."""
+        self._pending.append((deferred, None))
+
+    def _fail_pending(self, exc):
+        for _, fut in self._pending:
+            if fut is not None and not fut.done():
+                fut.set_exception(exc)
+        self._pending.clear()
+
+    def stop(self):
+        self._jobs.put(None)
+        self._thread.join(timeout=30)
+
+
+class _SourceOf:
+    """A receive's Request as the worker starts it (the Work exists before the job runs)."""
+    __slots__ = ("_holder",)
+
+    def __init__(self, holder):
+        self._holder = holder
+
+    @property
+    def source(self):
+        return self._holder[0].source if self._holder else None
