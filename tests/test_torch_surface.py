@@ -148,3 +148,30 @@ def test_device_mesh_functional_collectives_and_dtensor_run_on_named_groups(torc
         assert out["rs"] == [float(2 * tp + 4 * dp + 1)]
         assert out["local"] == ([[0.0, 1.0], [2.0, 3.0]] if dp == 0 else [[4.0, 5.0], [6.0, 7.0]])
         assert out["replicated"] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0]]
+
+
+def _monitored(comm):
+    from datetime import timedelta
+    import torch.distributed as dist
+    import hccl_sim.torch as ht
+    ht.init_process_group(comm)
+    pg, r = dist.group.WORLD, comm.rank
+    pg.monitored_barrier(timedelta(seconds=5))
+    pg.monitored_barrier(timedelta(seconds=5), wait_all_ranks=True)
+    said = None
+    if r != 1:                                 # rank 1 does not come
+        try:
+            pg.monitored_barrier(timedelta(seconds=0.5))
+        except RuntimeError as exc:
+            said = str(exc)
+    dist.barrier()
+    ht.destroy_process_group()
+    return said
+
+
+def test_monitored_barrier_names_the_missing_rank_as_gloo_does(torch_cluster):
+    said = torch_cluster.run(_monitored)
+    assert said[0] == "Rank 1 failed to pass monitoredBarrier in 500 ms" and said[1] is None
+    for r in (2, 3):
+        assert said[r].startswith(f"Rank {r} successfully reached monitoredBarrier, but received errors while "
+                                  "waiting for send/recv from rank 0")

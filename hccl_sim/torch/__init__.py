@@ -61,7 +61,7 @@ def _create(dist_opts, pg_options):
         else:
             world, _World.transport = connect(dist_opts.store, dist_opts.group_rank, dist_opts.group_size, topo)
         _World.comm = world
-        return ProcessGroupHcclSim(world)
+        return ProcessGroupHcclSim(world, on_shutdown=_close_world)
     members = sorted(int(r) for r in dist_opts.global_ranks_in_group)
     if members == list(range(world.size)):
         return ProcessGroupHcclSim(world)
@@ -117,11 +117,15 @@ def records(group=None) -> list:
 
 
 def destroy_process_group():
-    """torch's destroy_process_group, and the groups' worker threads."""
-    groups = [pg for pg in (_ours(g) for g in list(dist.distributed_c10d._world.pg_map)) if pg is not None]
+    """torch's destroy_process_group (which shuts every group's worker down, and the world's
+    closes what a launched script opened); kept as hccl_sim.torch's own name for it."""
     dist.destroy_process_group()
-    for pg in groups:
-        pg.shutdown()
+    _close_world()
+
+
+def _close_world():
+    """What the world group of this process opened: a launched script's endpoint, an mpirun
+    script's MPI job; and forget the world's communicator."""
     if _World.transport is not None:        # a launched script's own endpoint: say goodbye to the peers
         group = _World.comm._group
         group.exit(_World.comm.rank)

@@ -8,11 +8,24 @@ taken the data (hccl_sim.torch.work), knows its source rank (`_source_rank()`, w
 recv from any source reads), and fails with E_PARA when the data that arrives is not the
 tensor's size and dtype. Each transfer's record (comm.last_op's form) joins the group's records
 once it is complete.
+
+monitored_barrier is gloo's (torch's dist.monitored_barrier admits gloo groups alone; the group's
+own method runs it): every other rank sends rank 0 a token and waits for its answer;
+rank 0 waits for every token within the timeout, then answers each. A rank that does not arrive
+in time is named by rank 0 (the first in rank order, or all of them with wait_all_ranks), and
+the others fail naming rank 0, in gloo's words (torch's tests match them). Its tokens travel on
+the top tag, 2**31 - 1, which user sends should leave to it.
 """
 from __future__ import annotations
 
+import time
+from datetime import timedelta
+
+import numpy as np
+
 from topologies.errors import Cause, HcclError
 
+from ..comm.communicator import MAX_TAG
 from ..comm.p2p_calls import ANY_SOURCE
 from .tensors import as_numpy
 from .work import Deferred
@@ -53,6 +66,47 @@ class PointToPoint:
 
     def _p2p_done(self, req):
         self.records.append(req.record)
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        comm = self.comm
+        seconds = comm._transport.timeout_s if timeout is None else (
+            timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout))
+
+        def job():
+            token = np.zeros(1, np.uint8)
+            if comm.rank != 0:
+                comm.isend(token, 0, MAX_TAG)
+                if _within(comm, [comm.irecv(0, MAX_TAG)], seconds):
+                    raise RuntimeError(f"Rank {comm.rank} successfully reached monitoredBarrier, but received errors "
+                                       f"while waiting for send/recv from rank 0. Please check rank 0 logs for faulty "
+                                       f"rank.")
+                return []
+            reqs = [comm.irecv(q, MAX_TAG) for q in range(1, comm.size)]
+            late = _within(comm, reqs, seconds)
+            if late:
+                ms = round(seconds * 1000)
+                if wait_all_ranks:
+                    raise RuntimeError(f"Ranks {', '.join(str(q) for q in late)} failed to pass monitoredBarrier in "
+                                       f"{ms} ms")
+                raise RuntimeError(f"Rank {late[0]} failed to pass monitoredBarrier in {ms} ms")
+            for q in range(1, comm.size):
+                comm.isend(token, q, MAX_TAG)
+            return []
+        self._worker.submit(job).wait()     # gloo's returns when passed (or raises)
+
+
+def _within(comm, reqs, seconds) -> list:
+    """Wait for the receives up to `seconds`; the peers of those that did not complete (they are
+    withdrawn, so a late token is never taken for a later barrier's)."""
+    deadline = time.monotonic() + seconds
+    delay = 0.0
+    while not all(r.test() for r in reqs) and time.monotonic() < deadline:
+        time.sleep(delay)
+        delay = min(0.002, delay * 2 + 1e-4)
+    late = [r for r in reqs if not r.done()]
+    for r in late:
+        comm._pending_receives.remove(r)
+    return [r.peer for r in late]
 
 
 def _one(tensors, op):

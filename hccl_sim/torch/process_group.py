@@ -29,9 +29,10 @@ _REDOPS = ((dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.PRODUCT, "prod"), (dist.Re
 
 
 class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
-    def __init__(self, comm):
+    def __init__(self, comm, on_shutdown=None):
         super().__init__(comm.rank, comm.size)
         self.comm = comm
+        self._on_shutdown = on_shutdown      # the world group's: close what the launch opened
         self.records = []            # comm.last_op of every op, in order of completion
         self._worker = Worker(f"{comm.rank}")
         self._name, self._desc = "", ""
@@ -272,4 +273,8 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
         return self._run(body, [])
 
     def shutdown(self):
+        """torch's destroy_process_group calls it for every group it destroys."""
         self._worker.stop()
+        done, self._on_shutdown = self._on_shutdown, None
+        if done is not None:
+            done()
