@@ -28,6 +28,17 @@ def _rooted_and_coalesced(comm):
     outs = [[torch.zeros(k + 1) for k in range(2)] for _ in range(p)]
     dist.all_gather_coalesced(outs, [torch.full((k + 1,), float(10 * r + k)) for k in range(2)])
     out["ag_coalesced"] = [[o.tolist() for o in row] for row in outs]
+    rs = torch.zeros(1)
+    dist.reduce_scatter_tensor(rs, torch.arange(float(p)) + r, op=dist._make_nccl_premul_sum(0.5))
+    out["premul"] = rs.item()
+    rs_avg = torch.zeros(1)
+    dist.reduce_scatter_tensor(rs_avg, torch.arange(float(p)) + r, op=dist.ReduceOp.AVG)
+    out["rs_avg"] = rs_avg.item()
+    try:
+        dist.all_reduce(torch.ones(1, dtype=torch.int32), op=dist.ReduceOp.BAND)
+    except Exception as exc:        # noqa: BLE001 - the message is the answer
+        out["band"] = str(exc)
+    out["seq"] = dist.group.WORLD._get_sequence_number_for_group()
     out["ops"] = [rec.name for rec in ht.records()]
     ht.destroy_process_group()
     return out
@@ -45,8 +56,12 @@ def test_reduce_gather_and_coalesced_ops_equal_torchs_semantics(torch_cluster):
         assert out["gather"] == ([[float(q)] * 2 for q in range(p)] if r == 1 else None)
         assert out["ar_coalesced"] == [[float(sum(range(p)) + p * k)] * (k + 1) for k in range(3)]
         assert out["ag_coalesced"] == [[[float(10 * q + k)] * (k + 1) for k in range(2)] for q in range(p)]
+        assert out["premul"] == 0.5 * (p * r + sum(range(p)))
+        assert out["rs_avg"] == (p * r + sum(range(p))) / p
+        assert "reduce op RedOpType.BAND: HCCL reduces with SUM, PRODUCT, MIN and MAX" in out["band"]
         # one op per coalesced call; gather as torch_npu runs it, an AllGather
-        assert out["ops"] == ["reduce"] * 3 + ["all_gather", "all_reduce", "all_gather"]
+        assert out["ops"] == ["reduce"] * 3 + ["all_gather", "all_reduce", "all_gather"] + ["reduce_scatter"] * 2
+        assert out["seq"] == 8
 
 
 def _point_to_point(comm):

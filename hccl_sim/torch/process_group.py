@@ -16,16 +16,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from topologies.errors import HcclError
-
 from .p2p import PointToPoint
-from .tensors import as_numpy
+from .tensors import Reduction, as_numpy
 from .work import Worker
 
 BACKEND = "hccl_sim"
-# compared with ==: an opts.reduceOp is a ReduceOp object, equal to (but not hashed as) these
-_REDOPS = ((dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.PRODUCT, "prod"), (dist.ReduceOp.MIN, "min"),
-           (dist.ReduceOp.MAX, "max"), (dist.ReduceOp.AVG, "avg"))
 
 
 class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
@@ -53,6 +48,13 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
     def setGroupDesc(self, desc):
         self._desc = desc
 
+    def _get_sequence_number_for_group(self):
+        """The ops this rank has issued on the group (torch's debug and logging read it)."""
+        return self._worker.issued
+
+    def _set_sequence_number_for_group(self):
+        pass                             # counted from 0 on every rank alike: nothing to agree on
+
     @property
     def last_op(self):
         return self.records[-1] if self.records else None
@@ -67,34 +69,27 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
     def _record(self):
         self.records.append(self.comm.last_op)
 
-    def _redop(self, op):
-        for torch_op, name in _REDOPS:
-            if op == torch_op:
-                return name
-        raise HcclError("E_NOT_SUPPORT", f"reduce op {op} is not one of SUM, PRODUCT, MIN, MAX, AVG")
+    def _reduction(self, opts):
+        return Reduction(opts, self.comm.size)
 
-    def _all_reduce_into(self, t, redop):
-        x = as_numpy(t)
-        if redop == "avg":
-            self.comm.all_reduce(x, op="sum", out=x)
-            self._record()
-            t.div_(self.comm.size)
-        else:
-            self.comm.all_reduce(x, op=redop, out=x)
-            self._record()
+    def _all_reduce_into(self, t, red):
+        x = red.input(as_numpy(t), in_place=True)
+        self.comm.all_reduce(x, op=red.op, out=x)
+        self._record()
+        red.finish(t)
 
     # collectives ------------------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
-        redop = self._redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        return self._run(lambda: [self._all_reduce_into(t, redop) for t in tensors], tensors)
+        red = self._reduction(opts)
+        return self._run(lambda: [self._all_reduce_into(t, red) for t in tensors], tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         """One AllReduce over the tensors end to end (they share a dtype, as torch requires)."""
-        redop = self._redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        red = self._reduction(opts)
 
         def body():
             flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
-            self._all_reduce_into(flat, redop)
+            self._all_reduce_into(flat, red)
             for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
                 t.copy_(part.view_as(t))
         return self._run(body, tensors)
@@ -102,16 +97,15 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
     def reduce(self, tensors, opts=None):
         """HcclReduce into the root's tensor; AVG as a SUM divided at the root."""
         root = opts.rootRank if opts is not None else 0
-        redop = self._redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        red = self._reduction(opts)
 
         def body():
             for t in tensors:
                 x = as_numpy(t)
-                mine = self.comm.rank == root
-                self.comm.reduce(x, root=root, op="sum" if redop == "avg" else redop, out=x)
+                self.comm.reduce(red.input(x), root=root, op=red.op, out=x)     # a premultiplied copy, if any
                 self._record()
-                if mine and redop == "avg":
-                    t.div_(self.comm.size)
+                if self.comm.rank == root:
+                    red.finish(t)
         return self._run(body, tensors)
 
     def broadcast(self, tensors, opts=None):
@@ -185,16 +179,15 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
         return self._run(body, outputs)
 
     def _reduce_scatter_base(self, output, input, opts=None):    # noqa: A002 - torch's name
-        redop = self._redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        red = self._reduction(opts)
 
         def body():
             n = output.numel()
-            x = as_numpy(input).reshape(self.comm.size * n)
+            x = red.input(as_numpy(input).reshape(self.comm.size * n))
             out = as_numpy(output).reshape(n)
-            self.comm.reduce_scatter(x, op="sum" if redop == "avg" else redop, out=out)
+            self.comm.reduce_scatter(x, op=red.op, out=out)
             self._record()
-            if redop == "avg":
-                output.div_(self.comm.size)
+            red.finish(output)
         return self._run(body, [output])
 
     reduce_scatter_single = _reduce_scatter_base
@@ -204,20 +197,19 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
         return works[-1] if works else self._run(lambda: None, [])
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
-        redop = self._redop(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        red = self._reduction(opts)
 
         def body():
             for out, ins in zip(outputs, input_lists):
-                x = np.concatenate([as_numpy(t).reshape(-1) for t in ins])
+                x = red.input(np.concatenate([as_numpy(t).reshape(-1) for t in ins]), in_place=True)   # a copy
                 y = as_numpy(out).reshape(-1)
                 counts = [t.numel() for t in ins]
                 if len(set(counts)) > 1:        # tensors of different sizes: HCCL's ReduceScatterV
-                    self.comm.reduce_scatter_v(x, counts, op="sum" if redop == "avg" else redop, out=y)
+                    self.comm.reduce_scatter_v(x, counts, op=red.op, out=y)
                 else:
-                    self.comm.reduce_scatter(x, op="sum" if redop == "avg" else redop, out=y)
+                    self.comm.reduce_scatter(x, op=red.op, out=y)
                 self._record()
-                if redop == "avg":
-                    out.div_(self.comm.size)
+                red.finish(out)
         return self._run(body, outputs)
 
     def scatter(self, output_tensors, input_tensors, opts=None):

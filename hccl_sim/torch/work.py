@@ -83,6 +83,7 @@ class Worker:
     def __init__(self, name):
         self._jobs = queue.SimpleQueue()
         self._pending = []               # (Deferred, Future or None), in issue order
+        self.issued = 0                  # jobs submitted so far (the group's sequence number)
         self._thread = threading.Thread(target=self._loop, name=f"hccl-torch-{name}", daemon=True)
         self._thread.start()
 
@@ -91,6 +92,7 @@ class Worker:
         a Deferred, with its finish once its Request completes). `receive`: the Work of a
         receive, which knows its source rank."""
         fut = torch.futures.Future()
+        self.issued += 1
         holder = [] if receive else None
         self._jobs.put((fn, fut, holder))
         return FutureWork(fut, _SourceOf(holder) if receive else None)
