@@ -1,6 +1,6 @@
 """The torch parallelism examples (examples/torch_*.py) on 4 Ray ranks: each one's losses and
 final parameters against the same model trained in one process on the whole batch."""
-import importlib.util
+import importlib
 import sys
 from pathlib import Path
 
@@ -8,28 +8,37 @@ import pytest
 
 pytestmark = pytest.mark.torch
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = str(Path(__file__).resolve().parents[1] / "examples")
 
 
 def _example(name):
-    """The example as a module the rank actors unpickle by value (examples/ is not on their path)."""
-    import ray.cloudpickle
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    ray.cloudpickle.register_pickle_by_value(module)
-    return module
+    """The example and its shared module, which the rank actors unpickle by value."""
+    if EXAMPLES not in sys.path:
+        sys.path.insert(0, EXAMPLES)
+    module = importlib.import_module(name)
+    lm = importlib.import_module("tiny_lm")
+    lm.on_ray(module)
+    return module, lm
+
+
+def _check(res, lm, steps, batch, want_ops):
+    losses, want = lm.reference(steps, batch)
+    for log, params in res:
+        assert max(abs(a - b) for a, b in zip((loss for loss, *_ in log), losses)) < 1e-5
+        assert all(float((params[k] - want[k]).abs().max()) < 1e-5 for k in want)
+        assert {(dim, name) for _, ops, _ in log for dim, name, *_ in ops} == want_ops
 
 
 def test_fsdp2_transformer_equals_one_process_on_the_whole_batch(torch_cluster):
-    ex = _example("torch_fsdp2")
-    steps, batch = 3, 16
-    res = torch_cluster.run(ex.on_ray_rank, args=(steps, batch))
-    losses, want = ex.reference(steps, batch)
-    for log, params in res:
-        assert [round(loss, 4) for loss, *_ in log] == [round(loss, 4) for loss in losses]
-        assert max(abs(a - b) for a, b in zip((loss for loss, *_ in log), losses)) < 1e-5
-        assert all(float((params[k] - want[k]).abs().max()) < 1e-5 for k in want)
-        ops = {name for _, recs, _ in log for name, *_ in recs}
-        assert ops == {"all_gather", "reduce_scatter", "all_reduce"}      # FSDP2's, and the loss's mean
+    ex, lm = _example("torch_fsdp2")
+    res = torch_cluster.run(lm.on_ray_rank, args=(ex.train, 3, 16))
+    _check(res, lm, 3, 16, {("dp", "all_gather"), ("dp", "reduce_scatter"), ("dp", "all_reduce")})
+
+
+def test_tensor_parallel_by_fsdp2_on_a_2d_mesh_equals_one_process(torch_cluster):
+    ex, lm = _example("torch_tp")
+    ex.TP = 2                                     # dp 2 x tp 2
+    res = torch_cluster.run(lm.on_ray_rank, args=(ex.train, 3, 16))
+    # TP's activations and their gradients are AllReduces inside tp; FSDP2's are in dp; the loss's mean over all
+    _check(res, lm, 3, 16, {("tp", "all_reduce"), ("dp", "all_gather"), ("dp", "reduce_scatter"),
+                            ("world", "all_reduce")})
