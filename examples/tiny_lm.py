@@ -143,6 +143,26 @@ class Recorder:
                 for r in hccl_sim.torch.records(pg)[self._seen[dim]:]]
 
 
+def train_steps(model, tokens, rows: slice, rec) -> list:
+    """SGD steps of a distributed model on `rows` of each step's batch: per step (the loss's mean
+    over the ranks, the step's collectives from `rec`, wall s)."""
+    import time
+    import torch.distributed as dist
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    log = []
+    for step in range(tokens.shape[0]):
+        rec.mark()
+        wall = time.perf_counter()
+        loss = lm_loss(model, tokens[step, rows])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean, op=dist.ReduceOp.AVG)
+        log.append((float(mean), rec.since(), time.perf_counter() - wall))
+    return log
+
+
 def report(log, world, title):
     """Per step: the loss, the collectives by mesh dimension with HCCL's algorithm, the simulated
     communication time of each dimension, and the wall time."""

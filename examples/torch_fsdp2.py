@@ -14,9 +14,6 @@ process on the whole batch and compares the losses and the final parameters.
 """
 import argparse
 import sys
-import time
-
-import torch
 
 import tiny_lm
 
@@ -33,20 +30,9 @@ def train(steps, batch):
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = torch.optim.SGD(model.parameters(), lr=tiny_lm.LR)
     share = batch // world
     rec = tiny_lm.Recorder({"dp": mesh.get_group("dp"), "world": None})
-    log = []
-    for step in range(steps):
-        rec.mark()
-        wall = time.perf_counter()
-        loss = tiny_lm.lm_loss(model, tokens[step, rank * share:(rank + 1) * share])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        mean = loss.detach().clone()
-        dist.all_reduce(mean, op=dist.ReduceOp.AVG)
-        log.append((float(mean), rec.since(), time.perf_counter() - wall))
+    log = tiny_lm.train_steps(model, tokens, slice(rank * share, (rank + 1) * share), rec)
     return log, tiny_lm.full_parameters(model)
 
 

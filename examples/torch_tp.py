@@ -16,9 +16,6 @@ time of each dimension, and the wall time; `--check` compares with one process o
 """
 import argparse
 import sys
-import time
-
-import torch
 
 import tiny_lm
 
@@ -44,20 +41,9 @@ def train(steps, batch):
             fully_shard(block, mesh=mesh["dp"])
     if mesh["dp"].size() > 1:
         fully_shard(model, mesh=mesh["dp"])
-    opt = torch.optim.SGD(model.parameters(), lr=tiny_lm.LR)
     dp_rank, share = mesh["dp"].get_local_rank(), batch // mesh["dp"].size()
     rec = tiny_lm.Recorder({"tp": mesh.get_group("tp"), "dp": mesh.get_group("dp"), "world": None})
-    log = []
-    for step in range(steps):
-        rec.mark()
-        wall = time.perf_counter()
-        loss = tiny_lm.lm_loss(model, tokens[step, dp_rank * share:(dp_rank + 1) * share])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        mean = loss.detach().clone()
-        dist.all_reduce(mean, op=dist.ReduceOp.AVG)
-        log.append((float(mean), rec.since(), time.perf_counter() - wall))
+    log = tiny_lm.train_steps(model, tokens, slice(dp_rank * share, (dp_rank + 1) * share), rec)
     return log, tiny_lm.full_parameters(model)
 
 
