@@ -168,7 +168,7 @@ def report(log, world, title):
     communication time of each dimension, and the wall time."""
     from collections import Counter, defaultdict
     print(f"# {title} on {world} emulated 910B ranks, backend hccl_sim")
-    for step, (loss, ops, wall) in enumerate(log):
+    for step, (loss, ops, wall, *_) in enumerate(log):
         kinds = Counter(f"{dim}: {name} ({algo})" for dim, name, algo, _ in ops)
         per_dim = defaultdict(float)
         for dim, _, _, t in ops:
@@ -178,11 +178,12 @@ def report(log, world, title):
         print("    " + "; ".join(f"{n}x {k}" for k, n in sorted(kinds.items())))
 
 
-def launch(train, title, args, here):
+def launch(train, title, args, here, compare_lm=True):
     """Run `train(steps, batch)` (it returns (per-step log, full parameters)) where the script was
     started: under torchrun or mpirun, in this process as one rank; else on `args.ranks` Ray
-    actors (one 910B server). Rank 0's log is reported; with `args.check` the run is compared
-    with the one-process reference."""
+    actors (one 910B server). Rank 0's log is reported; with `args.check` (and `compare_lm`) the
+    run is compared with this module's one-process reference. Returns (log, parameters, ranks),
+    the first two None on every launched process but rank 0's."""
     import os
     import hccl_sim.torch
     from topologies import hardware
@@ -194,7 +195,7 @@ def launch(train, title, args, here):
         world, rank = dist.get_world_size(), dist.get_rank()
         hccl_sim.torch.destroy_process_group()
         if rank != 0:
-            return
+            return None, None, world
         how = f"{launcher} processes"
     else:
         on_ray(here)
@@ -202,8 +203,9 @@ def launch(train, title, args, here):
         (log, params), *_ = hccl_sim.run(on_ray_rank, topology=topo, engine="ray", args=(train, args.steps, args.batch))
         world, how = topo.num_ranks, "Ray actors"
     report(log, world, f"{title} ({how})")
-    if args.check:
+    if args.check and compare_lm:
         compare([entry[0] for entry in log], params, args.steps, args.batch)
+    return log, params, world
 
 
 def on_ray_rank(comm, train, steps, batch):

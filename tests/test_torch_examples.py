@@ -42,3 +42,15 @@ def test_tensor_parallel_by_fsdp2_on_a_2d_mesh_equals_one_process(torch_cluster)
     # TP's activations and their gradients are AllReduces inside tp; FSDP2's are in dp; the loss's mean over all
     _check(res, lm, 3, 16, {("tp", "all_reduce"), ("dp", "all_gather"), ("dp", "reduce_scatter"),
                             ("world", "all_reduce")})
+
+
+def test_expert_parallel_moe_dispatch_and_combine_equal_one_process(torch_cluster):
+    ex, lm = _example("torch_moe")
+    res = torch_cluster.run(lm.on_ray_rank, args=(ex.train, 3, 64))
+    losses, want = ex.reference(3, 64, 4)
+    for log, params in res:
+        assert max(abs(a - b) for a, b in zip((entry[0] for entry in log), losses)) < 1e-5
+        assert all(float((params[k] - want[k]).abs().max()) < 1e-5 for k in want)
+        names = [name for _, ops, *_ in log for _, name, *_ in ops]
+        assert names.count("all_to_all_v") == 3 * 3 and names.count("all_to_all") == 3     # uneven: AlltoAllV
+        assert all(entry[3] > 64 // 4 for entry in log)                                     # skewed loads

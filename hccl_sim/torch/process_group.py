@@ -239,8 +239,8 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
             return self._run(body, [output])
 
         def body_v():
-            x = as_numpy(input).reshape(input.shape[0] if input.dim() else 1, -1)
-            out = as_numpy(output).reshape(output.shape[0] if output.dim() else 1, x.shape[1])
+            x = _rows(as_numpy(input))
+            out = _rows(as_numpy(output))
             send = list(input_split_sizes) or [x.shape[0] // p] * p
             recv = list(output_split_sizes) or [out.shape[0] // p] * p
             self.comm.all_to_all_v(x, send, recv, out=out)
@@ -270,3 +270,11 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
         done, self._on_shutdown = self._on_shutdown, None
         if done is not None:
             done()
+
+
+def _rows(a: np.ndarray) -> np.ndarray:
+    """`a` as rows along its first dimension (a 0-d array as one row): a row is a[0]'s elements,
+    however many rows there are (none too)."""
+    if a.ndim == 0:
+        return a.reshape(1, 1)
+    return a.reshape(a.shape[0], int(np.prod(a.shape[1:], dtype=np.int64)))
