@@ -52,10 +52,10 @@ class Block(nn.Module):
 
 
 class TinyLM(nn.Module):
-    def __init__(self):
+    def __init__(self, layers=LAYERS):
         super().__init__()
         self.embed, self.pos = nn.Embedding(VOCAB, DIM), nn.Parameter(torch.zeros(SEQ, DIM))
-        self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
+        self.blocks = nn.ModuleList(Block() for _ in range(layers))
         self.norm, self.head = nn.LayerNorm(DIM), nn.Linear(DIM, VOCAB)
 
     def forward(self, tokens):
@@ -65,10 +65,10 @@ class TinyLM(nn.Module):
         return self.head(self.norm(x))
 
 
-def model_and_data(steps, batch):
+def model_and_data(steps, batch, layers=LAYERS):
     """The model (seeded) and every step's batch of token sequences."""
     torch.manual_seed(0)
-    model = TinyLM()
+    model = TinyLM(layers)
     tokens = torch.randint(0, VOCAB, (steps, batch, SEQ + 1), generator=torch.Generator().manual_seed(1))
     return model, tokens
 
@@ -78,9 +78,9 @@ def lm_loss(model, tokens):
     return F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
 
 
-def reference(steps, batch):
+def reference(steps, batch, layers=LAYERS):
     """The same model trained by SGD in one process on each step's whole batch: losses, parameters."""
-    model, tokens = model_and_data(steps, batch)
+    model, tokens = model_and_data(steps, batch, layers)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     losses = []
     for step in range(steps):
@@ -92,10 +92,10 @@ def reference(steps, batch):
     return losses, {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
-def compare(losses, params, steps, batch) -> tuple:
+def compare(losses, params, steps, batch, layers=LAYERS) -> tuple:
     """How far a distributed run's losses and full final parameters are from the reference's;
     printed and returned."""
-    want_losses, want = reference(steps, batch)
+    want_losses, want = reference(steps, batch, layers)
     worst_loss = max(abs(a - b) for a, b in zip(losses, want_losses))
     worst_param = max(float((params[k] - want[k]).abs().max()) for k in want)
     print(f"# against one process on the whole batch: losses within {worst_loss:.2e}, parameters within "
@@ -178,11 +178,12 @@ def report(log, world, title):
         print("    " + "; ".join(f"{n}x {k}" for k, n in sorted(kinds.items())))
 
 
-def launch(train, title, args, here, compare_lm=True):
+def launch(train, title, args, here, compare_lm=True, layers=LAYERS):
     """Run `train(steps, batch)` (it returns (per-step log, full parameters)) where the script was
     started: under torchrun or mpirun, in this process as one rank; else on `args.ranks` Ray
     actors (one 910B server). Rank 0's log is reported; with `args.check` (and `compare_lm`) the
-    run is compared with this module's one-process reference. Returns (log, parameters, ranks),
+    run is compared with this module's one-process reference (of `layers` blocks; None: as many
+    as ranks). Returns (log, parameters, ranks),
     the first two None on every launched process but rank 0's."""
     import os
     import hccl_sim.torch
@@ -204,7 +205,8 @@ def launch(train, title, args, here, compare_lm=True):
         world, how = topo.num_ranks, "Ray actors"
     report(log, world, f"{title} ({how})")
     if args.check and compare_lm:
-        compare([entry[0] for entry in log], params, args.steps, args.batch)
+        blocks = world if layers is None else layers
+        compare([entry[0] for entry in log], params, args.steps, args.batch, blocks)
     return log, params, world
 
 

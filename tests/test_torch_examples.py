@@ -54,3 +54,15 @@ def test_expert_parallel_moe_dispatch_and_combine_equal_one_process(torch_cluste
         names = [name for _, ops, *_ in log for _, name, *_ in ops]
         assert names.count("all_to_all_v") == 3 * 3 and names.count("all_to_all") == 3     # uneven: AlltoAllV
         assert all(entry[3] > 64 // 4 for entry in log)                                     # skewed loads
+
+
+def test_gpipe_pipeline_of_a_stage_per_rank_equals_one_process(torch_cluster):
+    ex, lm = _example("torch_pp")
+    res = torch_cluster.run(lm.on_ray_rank, args=(ex.train, 3, 16))
+    losses, want = lm.reference(3, 16, layers=4)
+    for r, (log, params) in enumerate(res):
+        assert max(abs(a - b) for a, b in zip((loss for loss, *_ in log), losses)) < 1e-5
+        assert all(float((params[k] - want[k]).abs().max()) < 1e-5 for k in want)
+        kinds = {name for _, ops, _ in log for _, name, *_ in ops}
+        # activations forward and gradients back are sends and receives; the loss's sum an AllReduce
+        assert kinds == {"isend", "irecv", "all_reduce"}
