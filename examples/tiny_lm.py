@@ -125,7 +125,7 @@ class Recorder:
 
     def __init__(self, groups: dict):
         import torch.distributed as dist
-        self.groups, self._seen, ids = {}, {}, set()
+        self.groups, self.marks, ids = {}, {}, set()
         for dim, pg in groups.items():             # a mesh dimension over every rank is the world group
             pg = dist.group.WORLD if pg is None else pg
             if id(pg) not in ids:
@@ -135,19 +135,21 @@ class Recorder:
 
     def mark(self):
         import hccl_sim.torch
-        self._seen = {dim: len(hccl_sim.torch.records(pg)) for dim, pg in self.groups.items()}
+        self.marks = {dim: len(hccl_sim.torch.records(pg)) for dim, pg in self.groups.items()}
 
     def since(self) -> list:
         import hccl_sim.torch
         return [(dim, r.name, r.algo, r.time) for dim, pg in self.groups.items()
-                for r in hccl_sim.torch.records(pg)[self._seen[dim]:]]
+                for r in hccl_sim.torch.records(pg)[self.marks[dim]:]]
 
 
-def train_steps(model, tokens, rows: slice, rec) -> list:
+def train_steps(model, tokens, rows: slice, rec, trace=None) -> list:
     """SGD steps of a distributed model on `rows` of each step's batch: per step (the loss's mean
-    over the ranks, the step's collectives from `rec`, wall s)."""
+    over the ranks, the step's collectives from `rec`, wall s). `trace`: rank 0 writes its last
+    step's communication there (hccl_sim.torch.export_trace, for `hccl-sim replay`)."""
     import time
     import torch.distributed as dist
+    import hccl_sim.torch
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     log = []
     for step in range(tokens.shape[0]):
@@ -160,6 +162,8 @@ def train_steps(model, tokens, rows: slice, rec) -> list:
         mean = loss.detach().clone()
         dist.all_reduce(mean, op=dist.ReduceOp.AVG)
         log.append((float(mean), rec.since(), time.perf_counter() - wall))
+    if trace and dist.get_rank() == 0:
+        hccl_sim.torch.export_trace(trace, rec.groups, since=rec.marks)
     return log
 
 

@@ -12,7 +12,8 @@ columns and the attention's output and the MLP's down projection by rows over th
 dimension (each rank holds HEADS / tp heads); the blocks and the model are then sharded by FSDP2
 over "dp". The ranks of one tp group see the same share of the batch. Each step prints the loss,
 the collectives per mesh dimension with the HCCL algorithm each ran, the simulated communication
-time of each dimension, and the wall time; `--check` compares with one process on the whole batch.
+time of each dimension, and the wall time; `--check` compares with one process on the whole batch;
+`--trace FILE` writes rank 0's last step for `hccl-sim replay FILE --servers 512 --mesh dp=512,tp=8`.
 """
 import argparse
 import sys
@@ -20,6 +21,7 @@ import sys
 import tiny_lm
 
 TP = 4
+TRACE = None                  # --trace: where rank 0 writes its last step's communication
 
 
 def train(steps, batch):
@@ -43,20 +45,21 @@ def train(steps, batch):
         fully_shard(model, mesh=mesh["dp"])
     dp_rank, share = mesh["dp"].get_local_rank(), batch // mesh["dp"].size()
     rec = tiny_lm.Recorder({"tp": mesh.get_group("tp"), "dp": mesh.get_group("dp"), "world": None})
-    log = tiny_lm.train_steps(model, tokens, slice(dp_rank * share, (dp_rank + 1) * share), rec)
+    log = tiny_lm.train_steps(model, tokens, slice(dp_rank * share, (dp_rank + 1) * share), rec, TRACE)
     return log, tiny_lm.full_parameters(model)
 
 
 def main():
-    global TP
+    global TP, TRACE
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--tp", type=int, default=TP, help=f"tensor-parallel size (default {TP})")
     ap.add_argument("--ranks", type=int, default=8, help="910B cards when not launched (default 8, one server)")
     ap.add_argument("--check", action="store_true", help="compare with one process on the whole batch")
+    ap.add_argument("--trace", help="write rank 0's last step's communication here, for hccl-sim replay")
     args = ap.parse_args()
-    TP = args.tp
+    TP, TRACE = args.tp, args.trace and __import__("os").path.abspath(args.trace)
     tiny_lm.launch(train, f"TP {TP} x FSDP2 of a {tiny_lm.LAYERS}-layer decoder", args, sys.modules[__name__])
 
 

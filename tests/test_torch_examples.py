@@ -35,13 +35,21 @@ def test_fsdp2_transformer_equals_one_process_on_the_whole_batch(torch_cluster):
     _check(res, lm, 3, 16, {("dp", "all_gather"), ("dp", "reduce_scatter"), ("dp", "all_reduce")})
 
 
-def test_tensor_parallel_by_fsdp2_on_a_2d_mesh_equals_one_process(torch_cluster):
+def test_tensor_parallel_by_fsdp2_on_a_2d_mesh_equals_one_process_and_its_step_replays(torch_cluster, tmp_path):
     ex, lm = _example("torch_tp")
-    ex.TP = 2                                     # dp 2 x tp 2
+    ex.TP, ex.TRACE = 2, str(tmp_path / "step.json")          # dp 2 x tp 2; rank 0's last step
     res = torch_cluster.run(lm.on_ray_rank, args=(ex.train, 3, 16))
     # TP's activations and their gradients are AllReduces inside tp; FSDP2's are in dp; the loss's mean over all
     _check(res, lm, 3, 16, {("tp", "all_reduce"), ("dp", "all_gather"), ("dp", "reduce_scatter"),
                             ("world", "all_reduce")})
+    import hccl_sim
+    from hccl_sim.tools import replay
+    trace = replay.load(ex.TRACE)
+    last_step = res[0][0][-1][1]                               # rank 0's (dim, op, algo, time) of its last step
+    assert sorted((op["dim"], op["op"]) for op in trace["ops"]) == \
+        sorted((dim, hccl_sim.canonical_op(name)) for dim, name, *_ in last_step)
+    got = replay.replay(trace, hccl_sim.topology("atlas800t-a2", servers=4), replay.parse_mesh("dp=4,tp=8"))
+    assert set(got["per_dim"]) == {"tp", "dp", "world"} and got["group_sizes"]["dp"] == 4
 
 
 def test_expert_parallel_moe_dispatch_and_combine_equal_one_process(torch_cluster):

@@ -150,6 +150,12 @@ def build_parser():
     from ..training.command import add_parser as add_train_parser
     add_train_parser(sub, _add_topology_args)
 
+    r = sub.add_parser("replay", help="price a recorded step's communication (hccl_sim.torch.export_trace) on a "
+                       "bigger cluster, its groups laid out by a mesh")
+    r.add_argument("trace", help="the trace (JSON) hccl_sim.torch.export_trace wrote")
+    r.add_argument("--mesh", required=True, help="the mesh over the topology's ranks, last dimension innermost: "
+                   "e.g. dp=512,tp=8 (tp inside a server)")
+    _add_topology_args(r)
     t = sub.add_parser("topo", help="describe a topology; export an HCCL rank table")
     t.add_argument("topology", nargs="?", default=DEFAULT_TOPOLOGY, help="preset name or rank-table JSON")
     t.add_argument("--servers", type=int)
@@ -349,6 +355,14 @@ def cmd_topo(args) -> int:
     return 0
 
 
+def cmd_replay(args) -> int:
+    from . import replay
+    trace, mesh = replay.load(args.trace), replay.parse_mesh(args.mesh)
+    topo = _topology(args)
+    print(replay.report(replay.replay(trace, topo, mesh), trace, topo))
+    return 0
+
+
 def cmd_train(args) -> int:
     from ..training.command import run_command
     return run_command(args, _topology, _env_pairs)
@@ -374,7 +388,8 @@ def _main(argv) -> int:
         if args.command is None:
             parser.print_help()
             return 0
-        return {"bench": cmd_bench, "topo": cmd_topo, "chaos": cmd_chaos, "train": cmd_train}[args.command](args)
+        return {"bench": cmd_bench, "topo": cmd_topo, "chaos": cmd_chaos, "train": cmd_train,
+                "replay": cmd_replay}[args.command](args)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
     except HcclError as exc:

@@ -26,9 +26,10 @@ from topologies.errors import HcclError
 from . import mpi_launch
 from .process_group import BACKEND, ProcessGroupHcclSim
 from .sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
+from .trace import export_trace
 
-__all__ = ["init_process_group", "destroy_process_group", "ProcessGroupHcclSim", "BACKEND", "records", "Options",
-           "SyncBatchNorm", "convert_sync_batchnorm"]
+__all__ = ["init_process_group", "destroy_process_group", "ProcessGroupHcclSim", "BACKEND", "records", "export_trace",
+           "Options", "SyncBatchNorm", "convert_sync_batchnorm"]
 
 
 class Options:
