@@ -8,8 +8,8 @@
 Each rank holds one expert (a GELU MLP) and a replica of the router. Every step each rank routes
 its share of the batch's tokens top-1 (skewed: the router starts biased towards the low experts),
 exchanges how many tokens go to each expert (an AlltoAll of one count per rank), sends them to
-their experts by an uneven all_to_all_single (torch.distributed.nn's, which carries the gradients
-back the same way: AlltoAllV both ways), runs its expert on what it received, and returns the
+their experts by an uneven all_to_all_single (the functional collectives' autograd one, which
+carries the gradients back the same way: AlltoAllV both ways), runs its expert on what it received, and returns the
 results by a second one (the combine). The router's gradients are averaged over the ranks (an
 AllReduce) and the experts' scaled to the whole batch's mean loss. Each step prints the loss, the
 collectives with the HCCL algorithm each ran, the tokens the busiest expert took, the simulated
@@ -55,7 +55,7 @@ def train(steps, batch):
     """Expert-parallel training on this rank's share: per step (loss, ops, wall s, busiest expert's
     tokens), and the full final parameters (every expert's, gathered)."""
     import torch.distributed as dist
-    import torch.distributed.nn.functional as dnn
+    from torch.distributed._functional_collectives import all_to_all_single_autograd
     rank, world = dist.get_rank(), dist.get_world_size()
     router, experts = layer(world)
     expert = experts[rank]
@@ -75,8 +75,8 @@ def train(steps, batch):
         recv = torch.empty_like(send)
         dist.all_to_all_single(recv, send)                        # how many tokens each expert gets
         send, recv = send.tolist(), recv.tolist()
-        got = dnn.all_to_all_single(torch.empty(sum(recv), DIM), x[order], recv, send)      # dispatch
-        back = dnn.all_to_all_single(torch.empty(share, DIM), expert(got), send, recv)      # combine
+        got = all_to_all_single_autograd(x[order], recv, send, dist.group.WORLD)            # dispatch
+        back = all_to_all_single_autograd(expert(got), send, recv, dist.group.WORLD)        # combine
         out = torch.empty_like(back).index_copy(0, order, back) * gate[:, None]
         loss = F.mse_loss(out, y)
         opt.zero_grad()

@@ -84,6 +84,7 @@ class Worker:
         self._jobs = queue.SimpleQueue()
         self._pending = []               # (Deferred, Future or None), in issue order
         self.issued = 0                  # jobs submitted so far (the group's sequence number)
+        self._stopped = False
         self._thread = threading.Thread(target=self._loop, name=f"hccl-torch-{name}", daemon=True)
         self._thread.start()
 
@@ -91,6 +92,10 @@ class Worker:
         """Run fn() on the worker; the Work completes with what it returns (or, when it returns
         a Deferred, with its finish once its Request completes). `receive`: the Work of a
         receive, which knows its source rank."""
+        if self._stopped:
+            raise HcclError("E_PARA", "this process group was destroyed (dist.destroy_process_group): its ops can no "
+                            "longer run; a module that kept the group from before (torch.distributed.nn.functional's "
+                            "default group is the one at its import) must be given the new group", cause=Cause.BAD_INPUT)
         fut = torch.futures.Future()
         self.issued += 1
         holder = [] if receive else None
@@ -164,6 +169,7 @@ class Worker:
         self._pending.clear()
 
     def stop(self):
+        self._stopped = True
         self._jobs.put(None)
         self._thread.join(timeout=30)
 
