@@ -190,3 +190,29 @@ def test_monitored_barrier_names_the_missing_rank_as_gloo_does(torch_cluster):
     for r in (2, 3):
         assert said[r].startswith(f"Rank {r} successfully reached monitoredBarrier, but received errors while "
                                   "waiting for send/recv from rank 0")
+
+
+def _group_timeout(comm):
+    from datetime import timedelta
+    import torch.distributed as dist
+    import hccl_sim.torch as ht
+    ht.init_process_group(comm)
+    r = comm.rank
+    pair = dist.new_group([0, 1], timeout=timedelta(seconds=1))
+    said = None
+    if r == 0:                                 # alone in the pair's barrier: the group's timeout ends the wait
+        try:
+            dist.barrier(group=pair)
+        except dist.DistBackendError as exc:
+            said = str(exc)
+    dist.barrier()
+    if r == 1:                                 # now rank 0's barrier completes, and the pair is usable again
+        dist.barrier(group=pair)
+    dist.barrier()
+    ht.destroy_process_group()
+    return said
+
+
+def test_a_groups_timeout_ends_a_wait_with_torchs_error(torch_cluster):
+    said = torch_cluster.run(_group_timeout)
+    assert said[0].startswith("hccl_sim: Timed out after 1 s waiting for the op to complete") and said[1:] == [None] * 3

@@ -49,7 +49,7 @@ def _create(dist_opts, pg_options):
     """torch's backend creator (extended API): the default group's communicator comes in
     pg_options; a new_group's is made from it for the members (they alone call this)."""
     if isinstance(pg_options, Options):
-        return ProcessGroupHcclSim(pg_options.comm)
+        return ProcessGroupHcclSim(pg_options.comm, timeout=dist_opts.timeout)
     world = _World.comm
     if world is None:
         # a plain script under torchrun / mpirun: dist.init_process_group(backend="hccl_sim")
@@ -62,12 +62,12 @@ def _create(dist_opts, pg_options):
         else:
             world, _World.transport = connect(dist_opts.store, dist_opts.group_rank, dist_opts.group_size, topo)
         _World.comm = world
-        return ProcessGroupHcclSim(world, on_shutdown=_close_world)
+        return ProcessGroupHcclSim(world, on_shutdown=_close_world, timeout=dist_opts.timeout)
     members = sorted(int(r) for r in dist_opts.global_ranks_in_group)
     if members == list(range(world.size)):
-        return ProcessGroupHcclSim(world)
+        return ProcessGroupHcclSim(world, timeout=dist_opts.timeout)
     others = [r for r in range(world.size) if r not in set(members)]
-    return ProcessGroupHcclSim(world.shrink(exclude=others))
+    return ProcessGroupHcclSim(world.shrink(exclude=others), timeout=dist_opts.timeout)
 
 
 dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])

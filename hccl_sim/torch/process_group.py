@@ -24,12 +24,13 @@ BACKEND = "hccl_sim"
 
 
 class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
-    def __init__(self, comm, on_shutdown=None):
+    def __init__(self, comm, on_shutdown=None, timeout=None):
         super().__init__(comm.rank, comm.size)
         self.comm = comm
         self._on_shutdown = on_shutdown      # the world group's: close what the launch opened
         self.records = []            # comm.last_op of every op, in order of completion
-        self._worker = Worker(f"{comm.rank}")
+        # torch's group timeout bounds every wait on the group's Works (DistBackendError past it)
+        self._worker = Worker(f"{comm.rank}", None if timeout is None else timeout.total_seconds())
         self._name, self._desc = "", ""
 
     def getBackendName(self):

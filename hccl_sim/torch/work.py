@@ -27,19 +27,21 @@ class FutureWork(dist.Work):
     drops a failed future's exception (its wait() returns True), so a failed op would pass
     unnoticed: here wait() and get_future().wait() raise the HcclError, `exception()` returns it."""
 
-    def __init__(self, fut, request=None):
+    def __init__(self, fut, request=None, timeout_s=None):
         super().__init__()
         self._fut = fut
         self._request = request          # a receive's Request: the source rank it took from
+        self._timeout_s = timeout_s      # the group's timeout: what a wait() without one waits at most
         self._done = threading.Event()
         fut.add_done_callback(lambda _: self._done.set())
 
     def wait(self, timeout=None):
-        if timeout is not None and timeout != timedelta(0):
-            seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-            if not self._done.wait(seconds):
-                raise dist.DistBackendError(f"hccl_sim: the op did not complete within {seconds:g} s (Work.wait "
-                                            "timeout)")
+        explicit = timeout is not None and timeout != timedelta(0)
+        seconds = (timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)) if explicit \
+            else self._timeout_s
+        if seconds is not None and not self._done.wait(seconds):
+            raise dist.DistBackendError(f"hccl_sim: Timed out after {seconds:g} s waiting for the op to complete "
+                                        f"({'Work.wait' if explicit else 'the process group'}'s timeout)")
         self._fut.wait()                 # raises what the op raised
         return True
 
@@ -80,7 +82,8 @@ class Deferred:
 class Worker:
     """One thread running a group's jobs in issue order, and moving its pending Requests on."""
 
-    def __init__(self, name):
+    def __init__(self, name, timeout_s=None):
+        self._timeout_s = timeout_s
         self._jobs = queue.SimpleQueue()
         self._pending = []               # (Deferred, Future or None), in issue order
         self.issued = 0                  # jobs submitted so far (the group's sequence number)
@@ -100,7 +103,7 @@ class Worker:
         self.issued += 1
         holder = [] if receive else None
         self._jobs.put((fn, fut, holder))
-        return FutureWork(fut, _SourceOf(holder) if receive else None)
+        return FutureWork(fut, _SourceOf(holder) if receive else None, self._timeout_s)
 
     def _loop(self):
         delay = 0.0
