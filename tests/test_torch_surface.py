@@ -109,6 +109,10 @@ def _point_to_point(comm):
             out["short"] = "no error"
         except Exception as exc:     # noqa: BLE001 - the message is the answer
             out["short"] = str(exc)
+    # a sparse tensor's sum, rank r holding entry (r, r) = r + 1 and entry (0, 1) = 1
+    sp = torch.sparse_coo_tensor(torch.tensor([[r, 0], [r, 1]]), torch.tensor([r + 1.0, 1.0]), (p, p))
+    dist.all_reduce(sp)
+    out["sparse"] = sp.to_dense().tolist()
     out["records"] = sorted({rec.name for rec in ht.records()})
     dist.barrier()
     ht.destroy_process_group()
@@ -124,6 +128,9 @@ def test_send_recv_isend_irecv_batches_and_any_source(torch_cluster):
         assert out["cross"] == ([prv + 0.5] * 2, [nxt + 0.25] * 2, True)
         assert out["batch"] == [k * (prv + 1) for k in range(4)]
         assert {"isend", "irecv"} <= set(out["records"])
+    want = [[float(q + 1) if q == c else 0.0 for c in range(p)] for q in range(p)]
+    want[0][1] += p
+    assert all(out["sparse"] == want for out in res)
     assert res[0]["any"] == {q: 100.0 + q for q in range(1, p)}
     assert "5 elements of float32 arrived for a tensor of 4 elements" in res[1]["short"]
 

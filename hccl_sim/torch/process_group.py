@@ -16,6 +16,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from topologies.errors import HcclError
+
 from .p2p import PointToPoint
 from .tensors import Reduction, as_numpy
 from .work import Worker
@@ -74,10 +76,28 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
         return Reduction(opts, self.comm.size)
 
     def _all_reduce_into(self, t, red):
+        if t.is_sparse:
+            return self._sparse_all_reduce(t, red)
         x = red.input(as_numpy(t), in_place=True)
         self.comm.all_reduce(x, op=red.op, out=x)
         self._record()
         red.finish(t)
+
+    def _sparse_all_reduce(self, t, red):
+        """A sparse COO tensor's SUM, as gloo makes it (HCCL has no sparse reduction): every rank's
+        entry count (an AllGather), its indices and values (AllGatherVs), summed here."""
+        if red.op != "sum" or red.factor is not None or red.divisor is not None:
+            raise HcclError("E_NOT_SUPPORT", "a sparse tensor's all_reduce sums (ReduceOp.SUM) only")
+        mine = t.coalesce()
+        counts = self.comm.all_gather(np.array([mine._nnz()], np.int64))
+        self._record()
+        idx = self.comm.all_gather_v(np.ascontiguousarray(mine.indices().numpy().T), counts)
+        self._record()
+        vals = self.comm.all_gather_v(as_numpy(mine.values().contiguous()), counts)
+        self._record()
+        total = torch.sparse_coo_tensor(torch.from_numpy(np.ascontiguousarray(idx.T)), torch.from_numpy(vals),
+                                        t.shape).coalesce()
+        t.copy_(total)
 
     # collectives ------------------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
