@@ -187,13 +187,19 @@ def _monitored(comm):
         except RuntimeError as exc:
             said = str(exc)
     dist.barrier()
+    if r == 0:
+        try:
+            pg.monitored_barrier(timedelta(seconds=0))
+        except RuntimeError as exc:
+            said = (said, str(exc))
     ht.destroy_process_group()
     return said
 
 
 def test_monitored_barrier_names_the_missing_rank_as_gloo_does(torch_cluster):
     said = torch_cluster.run(_monitored)
-    assert said[0] == "Rank 1 failed to pass monitoredBarrier in 500 ms" and said[1] is None
+    assert said[0] == ("Rank 1 failed to pass monitoredBarrier in 500 ms",
+                       "Rank 0 timed out in monitoredBarrier after 0 ms") and said[1] is None
     for r in (2, 3):
         assert said[r].startswith(f"Rank {r} successfully reached monitoredBarrier, but received errors while "
                                   "waiting for send/recv from rank 0")

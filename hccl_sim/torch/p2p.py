@@ -81,6 +81,8 @@ class PointToPoint:
                                        f"while waiting for send/recv from rank 0. Please check rank 0 logs for faulty "
                                        f"rank.")
                 return []
+            if seconds <= 0:                 # gloo's words when rank 0's own time is gone before it waits
+                raise RuntimeError(f"Rank 0 timed out in monitoredBarrier after {round(seconds * 1000)} ms")
             reqs = [comm.irecv(q, MAX_TAG) for q in range(1, comm.size)]
             late = _within(comm, reqs, seconds)
             if late:
