@@ -9,7 +9,7 @@ with TORCH_CONFORMANCE_BACKEND set), and writes a Markdown table (+ JSON per cas
     python experiments/torch_conformance.py                      # both backends, every case
     python experiments/torch_conformance.py --backend gloo -k test_all_reduce_sum
     python experiments/torch_conformance.py --gates-as-gloo --backend hccl_sim
-    [-k EXPR] [--timeout S (per case, 120)] [--jobs N (1)] [--out FILE.md] [--json FILE]
+    [-k EXPR] [--timeout S (per case, 120)] [--grace S (90)] [--jobs N (1)] [--out FILE.md] [--json FILE]
 
 How the suite's backend gates are decided. distributed_test reads BACKEND from the environment once, at
 import, and most gates are decorators evaluated then (`skip_but_pass_in_sandcastle_if(BACKEND not in
@@ -25,8 +25,15 @@ this main module before unpickling the test class, so the same import-time code 
   place init_process_group, new_group and new_subgroups create a group) is wrapped to turn a "gloo"
   request into "hccl_sim" - so the suite's explicit `new_group(backend="gloo")` side groups run on
   hccl_sim too. dist.get_backend() then says "hccl_sim", which a few gloo-expecting asserts notice.
-Skips and failures are noted by the rank processes themselves (exception type + first line), since the
-parent only sees exit codes ("Test skipped at subprocess level") or a traceback blob.
+Skips and failures are noted by the rank processes themselves (exception type + first line, stamped
+with the monotonic clock: the first rank to fail is the cause), since the parent only sees exit codes
+("Test skipped at subprocess level") or a traceback blob; where no rank noted anything the parent's own
+verdict is read out of that blob (a rank's traceback, a timeout, an exit code).
+
+The driver follows each worker's events; a case with no end past --timeout + --grace, a worker that
+dies, or one stalled outside any case for as long is killed (its whole process group) and restarted
+after that case, which fails with the verdict. Restarts, rank processes left behind, and hccl-sim
+/dev/shm segments of killed ranks (removed) are listed in the report.
 """
 from __future__ import annotations
 
@@ -55,7 +62,6 @@ ENV_GATES = "TORCH_CONFORMANCE_GATES"       # "own" or "gloo"
 ENV_NOTES = "TORCH_CONFORMANCE_NOTES"       # directory where ranks note why they failed / skipped
 ENV_EVENTS = "TORCH_CONFORMANCE_EVENTS"     # the worker's JSON-lines progress file, read by the driver
 WORLD_SIZE = 4
-GRACE_S = 90          # beyond --timeout: the suite's own kill + traceback dump + process start-up
 SHM_NAME = re.compile(r"^hccl_sim_[A-Za-z0-9]+-(\d+)-[0-9a-f]+(?:_.*_(\d+)_\d+)?$")  # session pid, creator pid
 
 
@@ -67,11 +73,17 @@ def one_line(exc) -> str:
 # ---- suite side: runs at import in the worker and in every rank process it spawns ---------------------
 
 def _note(test_name, rank, kind, exc):
-    """A rank's own account of why it failed / skipped (the parent gets only exit codes)."""
+    """A rank's own account of why it failed / skipped (the parent gets only exit codes), stamped
+    with the machine-wide monotonic clock: file times tick in jiffies, too coarse to tell which
+    of four ranks failing within milliseconds failed first (the others' errors follow from it).
+    A rank's first note of a kind stands (its later ones are consequences)."""
     path = os.path.join(os.environ[ENV_NOTES], f"{test_name}.{kind}.{rank}")
-    if not os.path.exists(path):
-        with open(path, "w") as f:
-            f.write(one_line(exc))
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{time.monotonic_ns()} {one_line(exc)}")
 
 
 def _redirect_gloo_to(backend):
@@ -168,12 +180,16 @@ class Recorder(unittest.TestResult):
         _event(event="start", case=_name(test))
 
     def _notes(self, test, kind):
-        notes = os.environ[ENV_NOTES]
-        found = [os.path.join(notes, n) for n in os.listdir(notes) if n.startswith(f"{_name(test)}.{kind}.")]
+        """The note of the rank that wrote first (the cause), as 'rank R: Type: message'."""
+        notes, prefix, found = os.environ[ENV_NOTES], f"{_name(test)}.{kind}.", []
+        for n in os.listdir(notes):
+            if n.startswith(prefix):
+                with open(os.path.join(notes, n)) as f:
+                    stamp, _, line = f.read().partition(" ")
+                found.append((int(stamp), int(n[len(prefix):]), line))
         if found:
-            first = min(found, key=lambda n: (os.path.getmtime(n), n))   # the first rank to fail: the cause
-            with open(first) as f:
-                return f"rank {first.rsplit('.', 1)[1]}: {f.read()}"
+            _, rank, line = min(found)
+            return f"rank {rank}: {line}"
 
     def _set(self, outcome, reason=None):
         if self.outcome != "failed":                      # a failing tearDown after a pass wins
@@ -186,7 +202,10 @@ class Recorder(unittest.TestResult):
         self._set("skipped", (reason == GENERIC_SKIP and self._notes(test, "skip")) or reason)
 
     def addFailure(self, test, err):
-        self._set("failed", self._notes(test, "error") or parent_reason(err[1]))
+        note, verdict = self._notes(test, "error"), parent_reason(err[1])
+        if note and not verdict.startswith("rank "):      # e.g. a rank failed, another hung: both matter
+            note = f"{note} (then the parent: {verdict})"
+        self._set("failed", note or verdict)
 
     addError = addFailure                                 # (no expected failures, no parent-side subtests)
 
@@ -197,10 +216,21 @@ class Recorder(unittest.TestResult):
                seconds=time.time() - self.t0)
 
 
-def parent_reason(exc):
-    """The parent's own verdict (a timeout, a rank's bad exit code): its first line hides the code."""
-    found = re.search(r"(Process \d+ terminated.*|Expected exit code .*)", str(exc))
-    return one_line(exc) + (f" ({found[1].strip()})" if found and found[1] not in one_line(exc) else "")
+def parent_reason(exc) -> str:
+    """The parent's verdict in one line. common_distributed raises one of: 'Process R exited with error
+    code 10 and exception:' + the rank's traceback (the cause is that traceback's last line), 'Process R
+    terminated or timed out after S seconds', or assertEqual's 'Scalars are not equal! ...' whose last
+    line says 'Expected exit code C but got X for pid: P' (a rank killed by a signal)."""
+    text = str(exc)
+    errored = re.match(r"Process (\d+) exited with error code \d+ and exception:\n(.*?)(?=^Process \d+ exited|\Z)",
+                       text, re.S | re.M)
+    if errored:                                   # the traceback's last unindented line is the exception
+        lines = [ln for ln in errored[2].splitlines() if ln.strip() and not ln[0].isspace()
+                 and not ln.startswith(("Traceback", "During handling", "The above exception"))]
+        return f"rank {errored[1]}: {lines[-1].strip()[:300]}" if lines else one_line(exc)
+    code = re.search(r"Expected exit code .*", text)
+    line = f"{type(exc).__name__}: {code[0].strip()}"[:300] if code else one_line(exc)
+    return re.sub(r"(\d+\.\d)\d+ seconds", r"\1 seconds", line)       # so equal verdicts group together
 
 
 def _name(test):
@@ -257,12 +287,14 @@ def worker_env(backend, gates, args, tmp):
 
 
 def snapshot(tmp):
-    """Copy the packages once, so every rank of the run imports the same backend while it is being
-    edited (each rank is a fresh interpreter); returns (the copy, the git state it was taken at)."""
+    """Copy the packages and this script once, so every rank of the run imports the same backend (and
+    harness) while they are being edited: each rank is a fresh interpreter that re-imports them.
+    Returns (the copy, the git state it was taken at)."""
     src = os.path.join(tmp, "src")
     for pkg in PACKAGES:
         shutil.copytree(os.path.join(REPO, pkg), os.path.join(src, pkg),
                         ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(__file__, os.path.join(src, "torch_conformance.py"))
     git = lambda *a: subprocess.run(["git", "-C", REPO, *a], capture_output=True, text=True).stdout.strip()  # noqa
     dirty = git("status", "--porcelain", "--", *PACKAGES).splitlines()
     return src, f"{git('rev-parse', '--short', 'HEAD')}" + (f" + {len(dirty)} uncommitted files" if dirty else "")
@@ -270,7 +302,7 @@ def snapshot(tmp):
 
 def list_cases(backend, gates, args, tmp):
     env = worker_env(backend, gates, args, tmp) | {ENV_NOTES: tmp}
-    out = subprocess.run([sys.executable, __file__, "--worker", "-"], env=env, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, args.script, "--worker", "-"], env=env, capture_output=True, text=True,
                          timeout=600)
     if out.returncode:
         raise SystemExit(f"listing the {backend} cases failed:\n{out.stderr[-3000:]}")
@@ -280,9 +312,33 @@ def list_cases(backend, gates, args, tmp):
 STOP, LIVE = threading.Event(), set()        # driver interrupted / workers running now
 
 
-def run_share(backend, gates, cases, args, tmp, log, lock, pids, stragglers):
-    """Run `cases` in a worker; restart it past a case that hangs it or kills it."""
-    results, remaining = {}, list(cases)
+class Share:
+    """What one worker thread of the driver learns: outcomes, rank processes (pid -> (case, start
+    time), so a pid reused later by someone else is not taken for a rank), worker restarts and
+    processes found left behind."""
+
+    def __init__(self):
+        self.results, self.ranks, self.restarts, self.stragglers = {}, {}, [], []
+
+
+def _read_events(path, seen):
+    """The worker's events past the first `seen` (whole lines only: it may be mid-write)."""
+    try:
+        with open(path) as f:
+            lines = f.read().split("\n")[:-1]
+    except FileNotFoundError:
+        return [], seen
+    return [json.loads(line) for line in lines[seen:]], len(lines)
+
+
+def run_share(backend, gates, cases, args, tmp, log, lock, share):
+    """Run `cases` in a worker process, restarting it after a case that hung it (no end past
+    --timeout + --grace), crashed it, or a stall outside any case (start-up, setUpClass, between
+    cases: no event for as long). The case running at the time is failed with that verdict; the
+    restarted worker goes on after it. A worker that gets no case done is not restarted again:
+    what it had left is failed with the reason."""
+    limit = args.timeout + args.grace
+    remaining = list(cases)
     while remaining and not STOP.is_set():
         work = tempfile.mkdtemp(dir=tmp)
         notes, events, wanted = (os.path.join(work, n) for n in ("notes", "events", "cases"))
@@ -290,41 +346,52 @@ def run_share(backend, gates, cases, args, tmp, log, lock, pids, stragglers):
         with open(wanted, "w") as f:
             json.dump(remaining, f)
         env = worker_env(backend, gates, args, work) | {ENV_NOTES: notes, ENV_EVENTS: events}
-        proc = subprocess.Popen([sys.executable, __file__, "--worker", wanted], env=env, stdout=log,
+        proc = subprocess.Popen([sys.executable, args.script, "--worker", wanted], env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)   # own group: killpg
         LIVE.add(proc)
-        seen, current, started, verdict = 0, None, time.time(), None
-        while not STOP.is_set():
-            exited = proc.poll() is not None
-            with open(events, "a+") as f:                    # only whole lines: the worker may be mid-write
-                f.seek(0)
-                lines = f.read().split("\n")[:-1]
-            for ev in map(json.loads, lines[seen:]):
+        seen, current, last, verdict, done = 0, None, time.time(), None, 0
+
+        def take(evs):
+            nonlocal current, last, done
+            for ev in evs:
+                last = ev["t"]
                 if ev["event"] == "start":
-                    current, started = ev["case"], ev["t"]
+                    current = ev["case"]
                 elif ev["event"] == "pids":
-                    pids.update(dict.fromkeys(ev["pids"], ev["case"]))
+                    share.ranks.update({p: (ev["case"], _start_time(p)) for p in ev["pids"]})
                 else:
-                    results[ev["case"]], current = {k: ev[k] for k in ("outcome", "reason", "seconds")}, None
-                    progress(lock, backend, ev["case"], results[ev["case"]])
-            seen = len(lines)
+                    share.results[ev["case"]] = {k: ev[k] for k in ("outcome", "reason", "seconds")}
+                    current, done = None, done + 1
+                    progress(lock, backend, ev["case"], share.results[ev["case"]])
+
+        while not STOP.is_set():
+            exited = proc.poll() is not None            # before reading: every event it wrote is in
+            evs, seen = _read_events(events, seen)
+            take(evs)
             if exited:
-                verdict = f"the worker died during the case (exit code {proc.returncode}; see the log)"
+                if current or proc.returncode:
+                    verdict = f"the worker died (exit code {proc.returncode}; see the log)"
                 break
-            if current and time.time() - started > args.timeout + GRACE_S:
-                verdict = f"hang: killed by the runner after {args.timeout + GRACE_S:.0f} s"
+            if time.time() - last > limit:
+                verdict = f"hang: no end after {limit:.0f} s, killed by the runner" if current else \
+                    f"the worker stalled outside any case for {limit:.0f} s, killed by the runner"
                 break
             time.sleep(0.5)
-        stragglers.extend(kill_group(proc))
-        if current and not STOP.is_set():                    # the case that hung / crashed the worker
-            results[current] = {"outcome": "failed", "reason": verdict, "seconds": time.time() - started}
-            progress(lock, backend, current, results[current])
-        if not any(c in results for c in remaining):         # no progress at all: do not loop forever
-            results |= {c: {"outcome": "failed", "reason": f"the worker exited ({proc.returncode}) before "
-                            "running it; see the log", "seconds": 0.0} for c in remaining}
-        remaining = [c for c in remaining if c not in results]
+        share.stragglers += kill_group(proc, share.ranks)
+        take(_read_events(events, seen)[0])             # what it wrote while being stopped
+        if verdict and not STOP.is_set():
+            share.restarts.append({"case": current, "why": verdict, "cases_done": done})
+            if current:
+                share.results[current] = {"outcome": "failed", "reason": verdict, "seconds": time.time() - last}
+                progress(lock, backend, current, share.results[current])
+        left = [c for c in remaining if c not in share.results]
+        if left and not done and not current and not STOP.is_set():   # it cannot get going: stop here
+            why = verdict or f"the worker exited ({proc.returncode}) without running it"
+            share.results |= {c: {"outcome": "failed", "reason": f"{why}; see the log", "seconds": 0.0} for c in left}
+            left = []
+        remaining = left
         shutil.rmtree(work, ignore_errors=True)
-    return results
+    return share
 
 
 def progress(lock, backend, case, r):   # as the run goes, for whoever polls the output
@@ -333,31 +400,54 @@ def progress(lock, backend, case, r):   # as the run goes, for whoever polls the
               + (f" - {r['reason']}" if r["outcome"] == "failed" else ""), flush=True)
 
 
-def kill_group(proc) -> list:
-    """SIGKILL what is left of the worker's process group (it, its ranks and multiprocessing's helpers
-    share it); returns the processes still there a while after the worker itself had exited."""
-    left, deadline = [], time.time() + 5          # multiprocessing's resource tracker leaves on its own
-    while proc.poll() is not None and (left := _group(proc.pid)) and time.time() < deadline:
-        time.sleep(0.2)
-    left = [f"{pid} {open(f'/proc/{pid}/cmdline').read().replace(chr(0), ' ')[:80]}" for pid in left
-            if os.path.exists(f"/proc/{pid}")]
+def kill_group(proc, ranks) -> list:
+    """SIGKILL what is left of a worker's process group (it, its rank processes and multiprocessing's
+    helpers share it). Returns what was found left behind: members still there 5 s after the worker
+    had exited on its own (multiprocessing's resource tracker leaves by itself within that), and any
+    member that outlived the SIGKILL; each with its case when it was a rank."""
+    found, deadline = [], time.time() + 5
+    if proc.poll() is not None:
+        while (found := _group(proc.pid)) and time.time() < deadline:
+            time.sleep(0.2)
+    report = [_describe(pid, ranks, "outlived its worker") for pid in found]
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     proc.wait()
     LIVE.discard(proc)
-    return left
+    deadline = time.time() + 5
+    while (alive := _group(proc.pid)) and time.time() < deadline:
+        time.sleep(0.2)
+    return report + [_describe(pid, ranks, "survived SIGKILL") for pid in alive]
+
+
+def _describe(pid, ranks, what):
+    case = ranks.get(pid, (None,))[0]
+    return f"pid {pid} ({'rank process of ' + case if case else _cmdline(pid)[:100]}): {what}"
 
 
 def _stat(pid):
-    """(state, pgrp) of a process from /proc, or None once it is gone."""
+    """(state, process group, start time in clock ticks) from /proc/PID/stat, or None once gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        return fields[0], int(fields[2])
     except OSError:
         return None
+    return fields[0], int(fields[2]), int(fields[19])
+
+
+def _start_time(pid):
+    st = _stat(pid)
+    return st and st[2]
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline") as f:
+            return f.read().replace("\0", " ").strip()
+    except OSError:
+        return "?"
 
 
 def _group(pgid):
@@ -368,29 +458,35 @@ def _group(pgid):
 
 def run_backend(backend, gates, args, tmp, lock):
     log_path = os.path.join(os.path.dirname(args.out), f"torch_conformance_{label(backend, gates)}.log")
-    t0, pids, stragglers = time.time(), {}, []       # pids: rank pid -> its case
-    cases = select(list_cases(backend, gates, args, tmp), args.k)
-    shares = [cases[i::args.jobs] for i in range(args.jobs)]
+    t0 = time.time()
+    cases = [c for c in select(list_cases(backend, gates, args, tmp), args.k) if args.only is None or c in args.only]
+    shares = [Share() for _ in range(args.jobs)]
     with open(log_path, "w") as log:
         pool = ThreadPoolExecutor(args.jobs)
         try:
-            parts = list(pool.map(lambda s: run_share(backend, gates, s, args, tmp, log, lock, pids, stragglers),
-                                  shares))
-        finally:                                     # Ctrl-C / SIGTERM: no worker may outlive the driver
-            STOP.set() if sys.exc_info()[0] else None
+            list(pool.map(lambda i: run_share(backend, gates, cases[i::args.jobs], args, tmp, log, lock, shares[i]),
+                          range(args.jobs)))
+        except BaseException:                        # Ctrl-C / SIGTERM: no worker may outlive the driver
+            STOP.set()
+            raise
+        finally:
             for proc in list(LIVE):
-                kill_group(proc)
+                kill_group(proc, {})
             pool.shutdown()
-    leaked = shm_of(pids)                            # e.g. of ranks killed mid-collective (no atexit ran)
+    ranks = {pid: v for s in shares for pid, v in s.ranks.items()}
+    leaked = shm_of({pid: case for pid, (case, _) in ranks.items()})   # e.g. of ranks killed mid-collective
     for name in leaked:
         try:
             os.unlink(os.path.join("/dev/shm", name))
         except FileNotFoundError:
             pass
-    return {"results": dict(sorted(c_r for part in parts for c_r in part.items())),
-            "seconds": time.time() - t0, "log": log_path,
-            "shm_removed": sorted(f"{case}: {n}" for n, case in leaked.items()), "stragglers_killed": stragglers,
-            "ranks_alive": [p for p in pids if (st := _stat(p)) and st[0] != "Z"]}   # expected: none
+    # a rank that left its worker's group (setsid) escapes killpg: the same pid, started at the same tick
+    escaped = [f"pid {pid} (rank process of {case})" for pid, (case, start) in ranks.items()
+               if start is not None and (st := _stat(pid)) and st[0] != "Z" and st[2] == start]
+    return {"results": dict(sorted(c_r for s in shares for c_r in s.results.items())),
+            "seconds": time.time() - t0, "log": log_path, "restarts": [r for s in shares for r in s.restarts],
+            "shm_removed": sorted(f"{case}: {n}" for n, case in leaked.items()),
+            "stragglers_killed": [x for s in shares for x in s.stragglers], "ranks_alive": escaped}
 
 
 def label(backend, gates):
@@ -403,8 +499,7 @@ def counts(run):
 
 
 def summary(name, run):
-    c = counts(run)
-    return f"{name}: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped ({run['seconds']:.0f} s)"
+    return f"{name}: " + ", ".join(f"{n} {k}" for k, n in counts(run).items()) + f" ({run['seconds']:.0f} s)"
 
 
 def report(runs, gloo, gloo_source, args, command):
@@ -429,20 +524,22 @@ def report(runs, gloo, gloo_source, args, command):
             for reason, cases in sorted(by_reason.items(), key=lambda kv: (-len(kv[1]), kv[0])):
                 md.append(f"- **{reason}** ({len(cases)}): " + ", ".join(f"`{c}`" for c in cases))
         if gloo:
-            passed = [c for c, r in gloo["results"].items() if r["outcome"] == "passed"]
-            missed = [c for c in passed if run["results"].get(c, {}).get("outcome") != "passed"]
+            passed = [c for c, r in gloo["results"].items() if r["outcome"] == "passed" and c in run["results"]]
+            missed = [c for c in passed if run["results"][c]["outcome"] != "passed"]   # (over the cases -k ran)
             md += ["", f"## gloo passes, {name} does not ({len(missed)} of gloo's {len(passed)}; "
                    f"{len(passed) - len(missed)} pass on both)", "", f"gloo's outcomes: {gloo_source}", "",
                    "| case | outcome | reason |", "|---|---|---|"]
             for c in missed:
-                r = run["results"].get(c, {"outcome": "not run", "reason": ""})
+                r = run["results"][c]
                 md.append(f"| `{c}` | {r['outcome']} | {(r['reason'] or '').replace('|', '/')} |")
-    md += ["", "## Left behind (found and removed by the runner)", ""]
+    md += ["", "## Worker restarts, and what was left behind (found and removed by the runner)", ""]
     for name, run in runs.items():
-        md.append(f"- {name}: {len(run['shm_removed'])} /dev/shm segments of rank processes, "
-                  f"{len(run['stragglers_killed'])} processes outliving their worker, {len(run['ranks_alive'])} "
-                  f"rank processes alive at the end; log {os.path.relpath(run['log'], REPO)}")
-        md += [f"  - {x}" for x in run["shm_removed"][:20] + run["stragglers_killed"]]
+        md.append(f"- {name}: {len(run['restarts'])} worker restarts, {len(run['shm_removed'])} /dev/shm segments "
+                  f"of rank processes, {len(run['stragglers_killed'])} processes left by a worker, "
+                  f"{len(run['ranks_alive'])} rank processes alive at the end; log {run['log']}")
+        md += [f"  - restart: {r['why']}" + (f" in `{r['case']}`" if r["case"] else f" after {r['cases_done']} cases")
+               for r in run["restarts"]]
+        md += [f"  - {x}" for x in run["shm_removed"][:20] + run["stragglers_killed"] + run["ranks_alive"]]
     return "\n".join(md) + "\n"
 
 
@@ -452,11 +549,16 @@ def main():
     ap.add_argument("--gates-as-gloo", action="store_true", help="decide the suite's gates as for gloo (docstring)")
     ap.add_argument("-k", help="select cases: substring / regex, or `a and not b` as pytest")
     ap.add_argument("--timeout", type=float, default=120.0, help="per case, seconds")
+    ap.add_argument("--grace", type=float, default=90.0,
+                    help="seconds beyond --timeout before the runner kills a worker that is stuck (the suite's own "
+                    "kill, its traceback dump and the ranks' start-up come first)")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out", help="Markdown table (default experiments/out/torch_conformance[_gates_as_gloo].md)")
     ap.add_argument("--json", help="per-case outcomes (default: next to --out)")
     ap.add_argument("--gloo-results", default=os.path.join(REPO, "experiments/out/torch_conformance.json"),
                     help="gloo's outcomes from an earlier run's JSON when gloo is not run now")
+    ap.add_argument("--gloo-passes", action="store_true",
+                    help="run only the cases gloo passed in --gloo-results (with -k: those of them it selects)")
     ap.add_argument("--worker", metavar="CASES", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -467,17 +569,20 @@ def main():
     args.json = args.json or os.path.splitext(args.out)[0] + ".json"
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # so the cleanup below runs
+    args.only = None
+    if args.gloo_passes:
+        with open(args.gloo_results) as f:
+            args.only = {c for c, r in json.load(f)["runs"]["gloo"]["results"].items() if r["outcome"] == "passed"}
     backends = ["hccl_sim", "gloo"] if args.backend == "both" else [args.backend]
     command = "python " + " ".join([os.path.relpath(__file__, os.getcwd())] + sys.argv[1:])
     shm_before = set(os.listdir("/dev/shm"))
     tmp, lock, runs = tempfile.mkdtemp(prefix="torch_conformance_"), threading.Lock(), {}
     try:
         args.src, args.source = snapshot(tmp)
-        print(f"packages snapshot of {args.source}", flush=True)
+        args.script = os.path.join(args.src, "torch_conformance.py")
         for backend in backends:
             name = label(backend, gates)
-            print(f"{name}: running (log {os.path.relpath(os.path.dirname(args.out), os.getcwd())}/"
-                  f"torch_conformance_{name}.log)", flush=True)
+            print(f"{name}: running (packages as of {args.source}; log in {os.path.dirname(args.out)})", flush=True)
             runs[name] = run_backend(backend, gates, args, tmp, lock)
             print(summary(name, runs[name]), flush=True)
     finally:
@@ -491,7 +596,8 @@ def main():
     with open(args.out, "w") as f:
         f.write(report(runs, gloo, gloo_source, args, command))
     with open(args.json, "w") as f:
-        json.dump({"command": command, "timeout_s": args.timeout, "gates": gates, "source": args.source, "runs": runs}, f, indent=1)
+        json.dump({"command": command, "timeout_s": args.timeout, "gates": gates, "source": args.source,
+                   "runs": runs}, f, indent=1)
     new_shm = sorted(set(os.listdir("/dev/shm")) - shm_before)
     print(f"wrote {args.out} and {args.json}; /dev/shm entries new since the start: {new_shm or 'none'}")
     for name, run in runs.items():
