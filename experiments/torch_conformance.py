@@ -258,7 +258,10 @@ def select(names, expr):
         return list(names)
     tokens = re.findall(r"[()]|[^\s()]+", expr)
     code = " ".join(t if t in ("and", "or", "not", "(", ")") else f"found({t!r})" for t in tokens)
-    return [n for n in names if eval(code, {"found": lambda t, n=n: re.search(t, n) is not None})]  # noqa: S307
+    try:
+        return [n for n in names if eval(code, {"found": lambda t, n=n: re.search(t, n) is not None})]  # noqa: S307
+    except (SyntaxError, re.error) as exc:
+        raise SystemExit(f"-k {expr!r}: not a selection ({type(exc).__name__}: {exc})") from None
 
 
 def shm_of(pids) -> dict:
@@ -571,8 +574,13 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # so the cleanup below runs
     args.only = None
     if args.gloo_passes:
-        with open(args.gloo_results) as f:
-            args.only = {c for c, r in json.load(f)["runs"]["gloo"]["results"].items() if r["outcome"] == "passed"}
+        try:
+            with open(args.gloo_results) as f:
+                gloo_run = json.load(f)["runs"]["gloo"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            ap.error(f"--gloo-passes: {args.gloo_results} is not a run of this script with a gloo backend "
+                     f"({type(exc).__name__}: {exc})")
+        args.only = {c for c, r in gloo_run["results"].items() if r["outcome"] == "passed"}
     backends = ["hccl_sim", "gloo"] if args.backend == "both" else [args.backend]
     command = "python " + " ".join([os.path.relpath(__file__, os.getcwd())] + sys.argv[1:])
     shm_before = set(os.listdir("/dev/shm"))
