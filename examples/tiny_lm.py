@@ -145,40 +145,50 @@ class Recorder:
 
 def train_steps(model, tokens, rows: slice, rec, trace=None) -> list:
     """SGD steps of a distributed model on `rows` of each step's batch: per step (the loss's mean
-    over the ranks, the step's collectives from `rec`, wall s). `trace`: rank 0 writes its last
-    step's communication there (hccl_sim.torch.export_trace, for `hccl-sim replay`)."""
+    over the ranks, the step's collectives from `rec`, wall s, its simulated Step: time, compute,
+    exposed communication). The steps run on the rank's device timeline (hccl_sim.torch.timeline:
+    every kernel priced on the 910B's roofline, each group's collectives on a stream of its own).
+    `trace`: rank 0 writes its last step's communication there (hccl_sim.torch.export_trace, for
+    `hccl-sim replay`)."""
     import time
     import torch.distributed as dist
     import hccl_sim.torch
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     log = []
-    for step in range(tokens.shape[0]):
-        rec.mark()
-        wall = time.perf_counter()
-        loss = lm_loss(model, tokens[step, rows])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        mean = loss.detach().clone()
-        dist.all_reduce(mean, op=dist.ReduceOp.AVG)
-        log.append((float(mean), rec.since(), time.perf_counter() - wall))
+    with hccl_sim.torch.timeline() as timeline:
+        for step in range(tokens.shape[0]):
+            rec.mark()
+            timeline.mark()
+            wall = time.perf_counter()
+            loss = lm_loss(model, tokens[step, rows])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            mean = loss.detach().clone()
+            dist.all_reduce(mean, op=dist.ReduceOp.AVG)
+            log.append((float(mean), rec.since(), time.perf_counter() - wall, timeline.since()))
     if trace and dist.get_rank() == 0:
         hccl_sim.torch.export_trace(trace, rec.groups, since=rec.marks)
     return log
 
 
 def report(log, world, title):
-    """Per step: the loss, the collectives by mesh dimension with HCCL's algorithm, the simulated
-    communication time of each dimension, and the wall time."""
+    """Per step: the loss; the simulated step time, its compute (kernels, FLOPs) and exposed
+    communication; the collectives by mesh dimension with HCCL's algorithm and the simulated
+    time each dimension's ran; and the wall time."""
     from collections import Counter, defaultdict
     print(f"# {title} on {world} emulated 910B ranks, backend hccl_sim")
-    for step, (loss, ops, wall, *_) in enumerate(log):
+    print("# simulated time on rank 0: kernels on the 910B roofline (peak FLOPs a third-party figure, unverified), "
+          "each group's collectives on its own stream")
+    for step, (loss, ops, wall, sim, *_) in enumerate(log):
         kinds = Counter(f"{dim}: {name} ({algo})" for dim, name, algo, _ in ops)
         per_dim = defaultdict(float)
         for dim, _, _, t in ops:
             per_dim[dim] += t
-        sim = ", ".join(f"{dim} {t * 1e6:.1f} us" for dim, t in per_dim.items())
-        print(f"  step {step}: loss {loss:.4f}; simulated comm {sim}; wall {wall * 1e3:.1f} ms")
+        comm = ", ".join(f"{dim} {t * 1e6:.1f} us" for dim, t in per_dim.items())
+        print(f"  step {step}: loss {loss:.4f}; simulated step {sim.time / 1e3:.1f} us = compute "
+              f"{sim.compute / 1e3:.1f} us ({sim.kernels} kernels, {sim.flops / 1e6:.1f} MFLOP) + exposed comm "
+              f"{sim.exposed / 1e3:.1f} us; comm {comm}; wall {wall * 1e3:.1f} ms")
         print("    " + "; ".join(f"{n}x {k}" for k, n in sorted(kinds.items())))
 
 

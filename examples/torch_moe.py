@@ -52,9 +52,11 @@ def route(router, x):
 
 
 def train(steps, batch):
-    """Expert-parallel training on this rank's share: per step (loss, ops, wall s, busiest expert's
-    tokens), and the full final parameters (every expert's, gathered)."""
+    """Expert-parallel training on this rank's share: per step (loss, ops, wall s, the simulated
+    Step on the rank's device timeline, busiest expert's tokens), and the full final parameters
+    (every expert's, gathered)."""
     import torch.distributed as dist
+    import hccl_sim.torch
     from torch.distributed._functional_collectives import all_to_all_single_autograd
     rank, world = dist.get_rank(), dist.get_world_size()
     router, experts = layer(world)
@@ -65,31 +67,33 @@ def train(steps, batch):
     share = batch // world
     rec = tiny_lm.Recorder({"ep": None})
     log = []
-    for step in range(steps):
-        rec.mark()
-        wall = time.perf_counter()
-        x, y = xs[step, rank * share:(rank + 1) * share], ys[step, rank * share:(rank + 1) * share]
-        chosen, gate = route(router, x)
-        order = torch.argsort(chosen, stable=True)
-        send = torch.bincount(chosen, minlength=world)
-        recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send)                        # how many tokens each expert gets
-        send, recv = send.tolist(), recv.tolist()
-        got = all_to_all_single_autograd(x[order], recv, send, dist.group.WORLD)            # dispatch
-        back = all_to_all_single_autograd(expert(got), send, recv, dist.group.WORLD)        # combine
-        out = torch.empty_like(back).index_copy(0, order, back) * gate[:, None]
-        loss = F.mse_loss(out, y)
-        opt.zero_grad()
-        loss.backward()
-        for p in router.parameters():
-            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
-        for p in expert.parameters():
-            p.grad.div_(world)            # its tokens' losses from every rank, as a share of the mean
-        opt.step()
-        mean, busiest = loss.detach().clone(), torch.tensor([sum(recv)])
-        dist.all_reduce(mean, op=dist.ReduceOp.AVG)
-        dist.all_reduce(busiest, op=dist.ReduceOp.MAX)
-        log.append((float(mean), rec.since(), time.perf_counter() - wall, int(busiest)))
+    with hccl_sim.torch.timeline() as timeline:
+        for step in range(steps):
+            rec.mark()
+            timeline.mark()
+            wall = time.perf_counter()
+            x, y = xs[step, rank * share:(rank + 1) * share], ys[step, rank * share:(rank + 1) * share]
+            chosen, gate = route(router, x)
+            order = torch.argsort(chosen, stable=True)
+            send = torch.bincount(chosen, minlength=world)
+            recv = torch.empty_like(send)
+            dist.all_to_all_single(recv, send)                        # how many tokens each expert gets
+            send, recv = send.tolist(), recv.tolist()
+            got = all_to_all_single_autograd(x[order], recv, send, dist.group.WORLD)            # dispatch
+            back = all_to_all_single_autograd(expert(got), send, recv, dist.group.WORLD)        # combine
+            out = torch.empty_like(back).index_copy(0, order, back) * gate[:, None]
+            loss = F.mse_loss(out, y)
+            opt.zero_grad()
+            loss.backward()
+            for p in router.parameters():
+                dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+            for p in expert.parameters():
+                p.grad.div_(world)            # its tokens' losses from every rank, as a share of the mean
+            opt.step()
+            mean, busiest = loss.detach().clone(), torch.tensor([sum(recv)])
+            dist.all_reduce(mean, op=dist.ReduceOp.AVG)
+            dist.all_reduce(busiest, op=dist.ReduceOp.MAX)
+            log.append((float(mean), rec.since(), time.perf_counter() - wall, timeline.since(), int(busiest)))
     mine = {f"experts.{rank}.{k}": v.detach().clone() for k, v in expert.state_dict().items()}
     everyone = [None] * world
     dist.all_gather_object(everyone, mine)
@@ -134,7 +138,7 @@ def main():
     if log is None:
         return
     for step, entry in enumerate(log):
-        print(f"  step {step}: the busiest expert took {entry[3]} of {args.batch} tokens")
+        print(f"  step {step}: the busiest expert took {entry[4]} of {args.batch} tokens")
     if args.check:
         losses, want = reference(args.steps, args.batch, world)
         worst_loss = max(abs(a - b) for a, b in zip((e[0] for e in log), losses))

@@ -47,10 +47,11 @@ def _loss(logits, target):
 
 
 def train(steps, batch):
-    """GPipe training, a stage per rank: per step (loss, ops, wall s), and the full final
-    parameters (every stage's, gathered)."""
+    """GPipe training, a stage per rank: per step (loss, ops, wall s, the simulated Step on the
+    rank's device timeline), and the full final parameters (every stage's, gathered)."""
     import time
     import torch.distributed as dist
+    import hccl_sim.torch
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
     rank, world = dist.get_rank(), dist.get_world_size()
     model, tokens = tiny_lm.model_and_data(steps, batch, layers=world)
@@ -60,21 +61,23 @@ def train(steps, batch):
     opt = torch.optim.SGD(stage.parameters(), lr=tiny_lm.LR)
     rec = tiny_lm.Recorder({"pp": None})
     log = []
-    for step in range(steps):
-        rec.mark()
-        wall = time.perf_counter()
-        opt.zero_grad()
-        losses = []
-        if stage.first:
-            schedule.step(tokens[step, :, :-1])
-        elif stage.last:
-            schedule.step(target=tokens[step, :, 1:], losses=losses)
-        else:
-            schedule.step()
-        opt.step()
-        mean = torch.tensor([sum(float(loss) for loss in losses) / MICROBATCHES if losses else 0.0])
-        dist.all_reduce(mean)                     # the last stage's, on every rank
-        log.append((float(mean), rec.since(), time.perf_counter() - wall))
+    with hccl_sim.torch.timeline() as timeline:
+        for step in range(steps):
+            rec.mark()
+            timeline.mark()
+            wall = time.perf_counter()
+            opt.zero_grad()
+            losses = []
+            if stage.first:
+                schedule.step(tokens[step, :, :-1])
+            elif stage.last:
+                schedule.step(target=tokens[step, :, 1:], losses=losses)
+            else:
+                schedule.step()
+            opt.step()
+            mean = torch.tensor([sum(float(loss) for loss in losses) / MICROBATCHES if losses else 0.0])
+            dist.all_reduce(mean)                     # the last stage's, on every rank
+            log.append((float(mean), rec.since(), time.perf_counter() - wall, timeline.since()))
     mine = {names[id(p)]: p.detach().clone() for p in stage.parameters()}
     everyone = [None] * world
     dist.all_gather_object(everyone, mine)

@@ -152,6 +152,14 @@ def test_stream_order_and_event_dependency_across_ranks():
     assert (s0, s1) == (5000, 10000)
     assert c0 == c1 > 10000                               # both wait for the later rank
 
+    def barrier(comm):                                    # HcclBarrier on a stream: the same
+        s = comm.device.stream()
+        s.enqueue("forward", 5000 * (comm.rank + 1))
+        work = comm.barrier(stream=s)
+        return work.record.start, comm.clock, work.wait() is None, comm.clock
+    (s0, h0, r0, c0), (s1, h1, r1, c1) = hccl_sim.run(barrier, topology=topo)
+    assert (s0, s1, h0, h1) == (5000, 10000, 0, 0) and r0 and r1 and c0 == c1 > 10000
+
 
 @pytest.mark.local
 def test_device_arrays_as_collective_inputs():

@@ -64,6 +64,43 @@ def test_clocks_equal_blocking_send_and_recv():
     assert hccl_sim.run(nonblocking, topology=topo) == hccl_sim.run(blocking, topology=topo)
 
 
+def test_transfers_issued_at_a_time_start_then_and_leave_the_host_clock():
+    """`at=`: a runtime's own timeline (the torch backend's streams) says when a transfer starts;
+    it is priced as one issued at that clock, and the host clock stays where it was."""
+    topo = hccl_sim.topology("atlas800t-a2", servers=1)
+    at = 50_000
+
+    def timed(comm):
+        if comm.rank == 0:
+            req = comm.isend(np.ones(1 << 16, np.float32), 1, at=at)
+        elif comm.rank == 1:
+            req = comm.irecv(0, at=at)
+        else:
+            return None
+        req.wait()
+        return comm.clock, req.record.start, req.record.end
+
+    def from_the_clock(comm):
+        comm.device.clock = at
+        if comm.rank == 0:
+            req = comm.isend(np.ones(1 << 16, np.float32), 1)
+        elif comm.rank == 1:
+            req = comm.irecv(0)
+        else:
+            return None
+        req.wait()
+        return comm.clock, req.record.start, req.record.end
+    got, want = hccl_sim.run(timed, topology=topo)[:2], hccl_sim.run(from_the_clock, topology=topo)[:2]
+    for (clock, start, end), (_, want_start, want_end) in zip(got, want):
+        assert clock == 0 and (start, end) == (want_start, want_end) and start == at and end > at
+
+    def bad(comm):
+        with pytest.raises(HcclError, match="at must be a simulated time"):
+            comm.irecv(0 if comm.rank else 1, at=-1)
+        return True
+    assert all(hccl_sim.run(bad, topology=hccl_sim.topology("fullmesh", ranks=2)))
+
+
 def test_a_receive_nobody_sends_ends_at_its_deadline_and_groups_refuse_them():
     def fn(comm):
         if comm.rank == 1:

@@ -26,7 +26,20 @@ def _check(res, lm, steps, batch, want_ops):
     for log, params in res:
         assert max(abs(a - b) for a, b in zip((loss for loss, *_ in log), losses)) < 1e-5
         assert all(float((params[k] - want[k]).abs().max()) < 1e-5 for k in want)
-        assert {(dim, name) for _, ops, _ in log for dim, name, *_ in ops} == want_ops
+        assert {(dim, name) for _, ops, *_ in log for dim, name, *_ in ops} == want_ops
+        _check_steps(log)
+
+
+def _check_steps(log):
+    """Each step's simulated breakdown: kernels with FLOPs, communication no longer than the step,
+    and the steps after the first (the same work) priced alike."""
+    for _, ops, _, step, *_ in log:
+        comm = sum(t for *_, t in ops) * 1e9
+        assert step.kernels > 0 and step.flops > 0 and step.compute > 0
+        assert step.time == step.compute + step.exposed and 0 <= step.exposed <= step.time
+        assert step.time >= step.compute and step.exposed <= comm + 1      # exposed: part of the communication
+    later = {(s.time, s.compute, s.kernels) for *_, s in (entry[:4] for entry in log[1:])}
+    assert len(later) == 1, later
 
 
 def test_fsdp2_transformer_equals_one_process_on_the_whole_batch(torch_cluster):
@@ -61,7 +74,9 @@ def test_expert_parallel_moe_dispatch_and_combine_equal_one_process(torch_cluste
         assert all(float((params[k] - want[k]).abs().max()) < 1e-5 for k in want)
         names = [name for _, ops, *_ in log for _, name, *_ in ops]
         assert names.count("all_to_all_v") == 3 * 3 and names.count("all_to_all") == 3     # uneven: AlltoAllV
-        assert all(entry[3] > 64 // 4 for entry in log)                                     # skewed loads
+        assert all(entry[4] > 64 // 4 for entry in log)                                     # skewed loads
+        for _, ops, _, step, _ in log:
+            assert step.kernels > 0 and 0 < step.exposed <= step.time
 
 
 def test_gpipe_pipeline_of_a_stage_per_rank_equals_one_process(torch_cluster):
@@ -71,6 +86,8 @@ def test_gpipe_pipeline_of_a_stage_per_rank_equals_one_process(torch_cluster):
     for r, (log, params) in enumerate(res):
         assert max(abs(a - b) for a, b in zip((loss for loss, *_ in log), losses)) < 1e-5
         assert all(float((params[k] - want[k]).abs().max()) < 1e-5 for k in want)
-        kinds = {name for _, ops, _ in log for _, name, *_ in ops}
+        kinds = {name for _, ops, *_ in log for _, name, *_ in ops}
         # activations forward and gradients back are sends and receives; the loss's sum an AllReduce
         assert kinds == {"isend", "irecv", "all_reduce"}
+        for _, ops, _, step in log[1:]:     # every stage but the first waits for its input: the bubble
+            assert step.kernels > 0 and (step.exposed > 0 if r else step.exposed >= 0)

@@ -260,10 +260,12 @@ class Communicator(VariableSizeOps, PointToPointOps):
         call returning a Pending for its result (hccl_sim.comm.group)."""
         return group.Group(self)
 
-    def barrier(self) -> None:
+    def barrier(self, stream=None):
+        """HcclBarrier; with `stream`, a Work (it enters at the stream's time, as a collective does)."""
         if group.active():
             group.refuse(self, "barrier", "HCCL's group launches no barrier")
-        self._collective(Signature("barrier", (), "uint8", None, None, None), None, None, None, None, None)
+        return self._collective(Signature("barrier", (), "uint8", None, None, None), None, None, None,
+                                self._stream(stream, "barrier"), None)
 
     # communicators from communicators -----------------------------------------------------------------
     def split(self, color, key: int = 0):

@@ -10,7 +10,10 @@ one channel complete in the order they were issued (MPI's matching order); a rec
 ANY_SOURCE takes the first message that is there, the lowest source rank first. Every transfer
 is priced as send and recv price theirs (hccl_sim.comm.p2p): the receive starts at the
 receiver's clock when it was issued; a Request that completes moves the rank's clock to its end
-(the host saw it complete no earlier), and becomes `comm.last_op`.
+(the host saw it complete no earlier), and becomes `comm.last_op`. A runtime that keeps a
+timeline of its own (the torch backend's streams, hccl_sim.torch.timeline) issues a transfer
+`at=` a simulated time instead: it starts then, and its end is its record's alone (the host's
+clock stays where it is).
 
 A Communicator is one rank's: its calls, tests and waits come from one thread at a time.
 """
@@ -35,10 +38,12 @@ class Request:
     """A nonblocking send's or receive's handle: `test()` (progress without waiting; True once
     done), `wait()` (until done, within the transport's deadline; a receive returns its array),
     `source` (the rank a receive took its data from), `record` (its OpRecord once done)."""
-    __slots__ = ("comm", "kind", "peer", "tag", "start", "source", "data", "record", "_array", "_msg", "_deadline")
+    __slots__ = ("comm", "kind", "peer", "tag", "start", "source", "data", "record", "_array", "_msg", "_deadline",
+                 "_on_host")
 
-    def __init__(self, comm, kind, peer, tag, start, array=None, msg=None):
+    def __init__(self, comm, kind, peer, tag, start, array=None, msg=None, on_host=True):
         self.comm, self.kind, self.peer, self.tag, self.start = comm, kind, peer, tag, start
+        self._on_host = on_host            # whether its completion moves the rank's host clock
         self.source = peer if kind == "isend" or peer != ANY_SOURCE else None
         self.data = self.record = None
         self._array, self._msg = array, msg
@@ -85,7 +90,7 @@ class Request:
         x = self._array
         self.record = OpRecord("isend", "p2p", x.nbytes, x.size, dtype_name(x.dtype), self.start, end)
         self._msg = self._array = None
-        _complete(comm, self.record)
+        _complete(comm, self.record, self._on_host)
 
     def _finish_receive(self, src, msg):
         comm = self.comm
@@ -93,11 +98,11 @@ class Request:
         end = p2p.priced_receive(comm, src, msg, data.nbytes, self.start, "irecv")
         self.source, self.data = src, data
         self.record = OpRecord("irecv", "p2p", data.nbytes, data.size, dtype_name(data.dtype), self.start, end)
-        _complete(comm, self.record)
+        _complete(comm, self.record, self._on_host)
 
 
-def _complete(comm, record):
-    if record.end > comm.device.clock:
+def _complete(comm, record, on_host):
+    if on_host and record.end > comm.device.clock:
         comm.device.clock = record.end
     comm.last_op = record
 
@@ -164,31 +169,40 @@ class PointToPointOps:
         self.last_op = OpRecord("recv", "p2p", data.nbytes, data.size, dtype_name(data.dtype), start, end)
         return data
 
-    def isend(self, x, dst: int, tag: int = 0) -> Request:
+    def isend(self, x, dst: int, tag: int = 0, at: int | None = None) -> Request:
         """Post x to rank dst and return a Request at once; x must not be written until the
-        Request completes (its test() or wait())."""
+        Request completes (its test() or wait()). `at`: the simulated ns it is issued at (default
+        the host clock, which its completion then moves)."""
         self._check_usable("isend")
         if group.active():
             group.refuse(self, "isend", "a group holds its sends already: use send inside comm.group()")
         x = np.ascontiguousarray(self._array(x, "isend"))
         dst = self._peer(dst, "isend", "dst")
         tag = self._tag(tag, "isend")
-        start = self.device.clock
+        start = self._issue_time(at, "isend")
         msg = self._transport.post_view(self.rank, dst, (P2P_TAG, tag), x, meta=start)
         self._p2p_sent[dst] = self._p2p_sent.get(dst, 0) + 1
-        return Request(self, "isend", dst, tag, start, x, msg)
+        return Request(self, "isend", dst, tag, start, x, msg, on_host=at is None)
 
-    def irecv(self, src: int = ANY_SOURCE, tag: int = 0) -> Request:
+    def irecv(self, src: int = ANY_SOURCE, tag: int = 0, at: int | None = None) -> Request:
         """A Request for the next array from rank src (ANY_SOURCE: from whichever rank's is there
-        first) on `tag`; its wait() returns the array and its `source` the sender."""
+        first) on `tag`; its wait() returns the array and its `source` the sender. `at`: as isend's."""
         self._check_usable("irecv")
         if group.active():
             group.refuse(self, "irecv", "a group holds its receives already: use recv inside comm.group()")
         if src != ANY_SOURCE:
             src = self._peer(src, "irecv", "src")
-        req = Request(self, "irecv", src, self._tag(tag, "irecv"), self.device.clock)
+        req = Request(self, "irecv", src, self._tag(tag, "irecv"), self._issue_time(at, "irecv"), on_host=at is None)
         self._pending_receives.append(req)
         return req
+
+    def _issue_time(self, at, opname) -> int:
+        if at is None:
+            return self.device.clock
+        if not isinstance(at, (int, np.integer)) or isinstance(at, bool) or at < 0:
+            raise HcclError("E_PARA", f"at must be a simulated time in ns (an int >= 0), got {at!r}", rank=self.rank,
+                            op=opname, cause=Cause.BAD_INPUT)
+        return int(at)
 
     def batch_send_recv(self, items) -> list:
         """HcclBatchSendRecv: every ("send", peer, array) and ("recv", peer, array or (shape,

@@ -25,11 +25,12 @@ from topologies.errors import HcclError
 
 from . import mpi_launch
 from .process_group import BACKEND, ProcessGroupHcclSim
+from .device_timeline import Step, Timeline
 from .sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 from .trace import export_trace
 
 __all__ = ["init_process_group", "destroy_process_group", "ProcessGroupHcclSim", "BACKEND", "records", "export_trace",
-           "Options", "SyncBatchNorm", "convert_sync_batchnorm"]
+           "timeline", "Timeline", "Step", "Options", "SyncBatchNorm", "convert_sync_batchnorm"]
 
 
 class Options:
@@ -115,6 +116,19 @@ def records(group=None) -> list:
     if pg is None:
         raise HcclError("E_PARA", "not an hccl_sim process group")
     return list(pg.records)
+
+
+def timeline(group=None) -> Timeline:
+    """This rank's device timeline (hccl_sim.torch.device_timeline), for `with`: inside it the
+    thread's aten ops are kernels on the rank's compute stream and the groups' ops run on comm
+    streams of their own; `mark()` / `since()` give a step's simulated time, compute and
+    exposed communication. `group`: any of the rank's groups (default: the default group); its
+    timeout (or HCCL_EXEC_TIMEOUT) bounds every wait for an op's end."""
+    pg = _ours(dist.distributed_c10d._get_default_group() if group is None else group)
+    if pg is None:
+        raise HcclError("E_PARA", "not an hccl_sim process group")
+    timeout_s = pg._worker.timeout_s if pg._worker.timeout_s is not None else pg.comm._transport.timeout_s
+    return Timeline(pg.comm.device, timeout_s)
 
 
 def destroy_process_group():

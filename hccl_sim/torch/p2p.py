@@ -27,6 +27,7 @@ from topologies.errors import Cause, HcclError
 
 from ..comm.communicator import MAX_TAG
 from ..comm.p2p_calls import ANY_SOURCE
+from . import device_timeline as timeline
 from .tensors import as_numpy
 from .work import Deferred
 
@@ -37,9 +38,15 @@ class PointToPoint:
     def send(self, tensors, dstRank, tag=0):        # noqa: N803 - torch's names
         t = _one(tensors, "send")
         x = as_numpy(t).copy()
+        at, sim = self._timed([], [t])
+
+        def done(req):
+            self._p2p_done(req)
+            if sim is not None:
+                sim.set(req.record.end)
 
         def job():
-            self._worker.settle(Deferred(self.comm.isend(x, dstRank, tag), self._p2p_done))
+            self._worker.settle(Deferred(self.comm.isend(x, dstRank, tag, at=at), done, _failed(sim, at)))
             return [t]
         return self._worker.submit(job)
 
@@ -52,9 +59,12 @@ class PointToPoint:
     def _receive(self, tensors, src, tag):
         t = _one(tensors, "recv")
         out = as_numpy(t)
+        at, sim = self._timed([t], [])
 
         def finish(req):
             self._p2p_done(req)
+            if sim is not None:
+                sim.set(req.record.end)
             data = req.data
             if data.size != out.size or data.dtype != out.dtype:
                 raise HcclError("E_PARA", f"recv from rank {req.source} (tag {tag}): {data.size} elements of "
@@ -62,7 +72,20 @@ class PointToPoint:
                                 rank=self.comm.rank, op="recv", cause=Cause.BAD_INPUT)
             out.reshape(-1)[...] = data.reshape(-1)
             return [t]
-        return self._worker.submit(lambda: Deferred(self.comm.irecv(src, tag), finish), receive=True)
+        work = self._worker.submit(lambda: Deferred(self.comm.irecv(src, tag, at=at), finish, _failed(sim, at)),
+                                   receive=True)
+        if sim is not None:                  # a receive that could not start ends where it was issued
+            work.sim = sim
+            work.get_future().add_done_callback(lambda _: sim.set(at))
+        return work
+
+    def _timed(self, outputs, inputs):
+        """Under a timeline: when a transfer issued now starts, and its SimEnd; else (None, None)."""
+        tl = timeline.active()
+        if tl is None:
+            return None, None
+        tl.stream_of(self)                   # the group is the timeline's rank's
+        return tl.issue(outputs, inputs)
 
     def _p2p_done(self, req):
         self.records.append(req.record)
@@ -109,6 +132,11 @@ def _within(comm, reqs, seconds) -> list:
     for r in late:
         comm._pending_receives.remove(r)
     return [r.peer for r in late]
+
+
+def _failed(sim, at):
+    """A failed transfer's end, under a timeline: where it was issued (its error is its Work's)."""
+    return None if sim is None else (lambda exc: sim.set(at))
 
 
 def _one(tensors, op):

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from topologies.errors import HcclError
 
+from . import device_timeline as timeline
 from .p2p import PointToPoint
 from .tensors import Reduction, as_numpy
 from .work import Worker
@@ -34,6 +35,7 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
         # torch's group timeout bounds every wait on the group's Works (DistBackendError past it)
         self._worker = Worker(f"{comm.rank}", None if timeout is None else timeout.total_seconds())
         self._name, self._desc = "", ""
+        self._stream = None          # the comm stream of the job running now, under a timeline
 
     def getBackendName(self):
         return BACKEND
@@ -63,11 +65,37 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
         return self.records[-1] if self.records else None
 
     # helpers ----------------------------------------------------------------------------------------
-    def _run(self, body, result):
-        def job():
-            body()
+    def _run(self, body, result, inputs=()):
+        """Submit `body` (it runs the op's Communicator calls) as the group's job; its Work
+        completes with `result`. Under a timeline (hccl_sim.torch.timeline) the op runs on the
+        group's comm stream from the point it was issued at, and its Work knows when it ends."""
+        tl = timeline.active()
+        if tl is None:
+            def job():
+                body()
+                return result
+            return self._worker.submit(job)
+        stream = tl.stream_of(self)
+        after, sim = tl.issue(result, inputs or result)
+
+        def timed_job():
+            tl.start(stream, after)
+            self._stream = stream
+            try:
+                body()
+            finally:
+                self._stream = None
+                sim.set(stream.tail)
             return result
-        return self._worker.submit(job)
+        work = self._worker.submit(timed_job)
+        work.sim = sim
+        return work
+
+    def _call(self, method, *args, **kwargs):
+        """A Communicator collective, on the group's comm stream while its job runs on a timeline."""
+        if self._stream is None:
+            return method(*args, **kwargs)
+        return method(*args, stream=self._stream, **kwargs).result
 
     def _record(self):
         self.records.append(self.comm.last_op)
@@ -79,7 +107,7 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
         if t.is_sparse:
             return self._sparse_all_reduce(t, red)
         x = red.input(as_numpy(t), in_place=True)
-        self.comm.all_reduce(x, op=red.op, out=x)
+        self._call(self.comm.all_reduce, x, op=red.op, out=x)
         self._record()
         red.finish(t)
 
@@ -89,11 +117,11 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
         if red.op != "sum" or red.factor is not None or red.divisor is not None:
             raise HcclError("E_NOT_SUPPORT", "a sparse tensor's all_reduce sums (ReduceOp.SUM) only")
         mine = t.coalesce()
-        counts = self.comm.all_gather(np.array([mine._nnz()], np.int64))
+        counts = self._call(self.comm.all_gather, np.array([mine._nnz()], np.int64))
         self._record()
-        idx = self.comm.all_gather_v(np.ascontiguousarray(mine.indices().numpy().T), counts)
+        idx = self._call(self.comm.all_gather_v, np.ascontiguousarray(mine.indices().numpy().T), counts)
         self._record()
-        vals = self.comm.all_gather_v(as_numpy(mine.values().contiguous()), counts)
+        vals = self._call(self.comm.all_gather_v, as_numpy(mine.values().contiguous()), counts)
         self._record()
         total = torch.sparse_coo_tensor(torch.from_numpy(np.ascontiguousarray(idx.T)), torch.from_numpy(vals),
                                         t.shape).coalesce()
@@ -123,7 +151,7 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
         def body():
             for t in tensors:
                 x = as_numpy(t)
-                self.comm.reduce(red.input(x), root=root, op=red.op, out=x)     # a premultiplied copy, if any
+                self._call(self.comm.reduce, red.input(x), root=root, op=red.op, out=x)     # a premultiplied copy, if any
                 self._record()
                 if self.comm.rank == root:
                     red.finish(t)
@@ -135,7 +163,7 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
         def body():
             for t in tensors:
                 x = as_numpy(t)
-                self.comm.broadcast(x, root=root, out=x)
+                self._call(self.comm.broadcast, x, root=root, out=x)
                 self._record()
         return self._run(body, tensors)
 
@@ -146,26 +174,26 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
             for outs, t in zip(output_lists, inputs):
                 counts = [o.numel() for o in outs]
                 if len(set(counts)) > 1:
-                    y = self.comm.all_gather_v(as_numpy(t).reshape(-1), counts)
+                    y = self._call(self.comm.all_gather_v, as_numpy(t).reshape(-1), counts)
                     parts = np.split(y, np.cumsum(counts)[:-1])
                 else:
-                    parts = self.comm.all_gather(as_numpy(t).reshape(1, -1))
+                    parts = self._call(self.comm.all_gather, as_numpy(t).reshape(1, -1))
                 self._record()
                 for o, part in zip(outs, parts):
                     as_numpy(o).reshape(-1)[...] = part
-        return self._run(body, output_lists)
+        return self._run(body, output_lists, inputs)
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
         """One AllGather of the inputs end to end; output_lists[r][i] is rank r's inputs[i]."""
         def body():
             flat = np.concatenate([as_numpy(t).reshape(-1) for t in inputs]) if inputs else np.empty(0)
-            rows = self.comm.all_gather(flat.reshape(1, -1))
+            rows = self._call(self.comm.all_gather, flat.reshape(1, -1))
             self._record()
             sizes = np.cumsum([t.numel() for t in inputs])[:-1]
             for outs, row in zip(output_lists, rows):
                 for o, part in zip(outs, np.split(row, sizes)):
                     as_numpy(o).reshape(-1)[...] = part
-        return self._run(body, output_lists)
+        return self._run(body, output_lists, inputs)
 
     def gather(self, output_lists, inputs, opts=None):
         """dist.gather as torch_npu runs it on HCCL, which has no Gather: an AllGather, whose
@@ -174,20 +202,20 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
 
         def body():
             x = as_numpy(inputs[0]).reshape(1, -1)
-            rows = self.comm.all_gather(x)
+            rows = self._call(self.comm.all_gather, x)
             self._record()
             if self.comm.rank == root:
                 for o, row in zip(output_lists[0], rows):
                     as_numpy(o).reshape(-1)[...] = row
-        return self._run(body, output_lists)
+        return self._run(body, output_lists, inputs)
 
     def _allgather_base(self, output, input, opts=None):     # noqa: A002 - torch's name
         def body():
             n = input.numel()
             out = as_numpy(output).reshape(self.comm.size, n)
-            self.comm.all_gather(as_numpy(input).reshape(1, n), out=out)
+            self._call(self.comm.all_gather, as_numpy(input).reshape(1, n), out=out)
             self._record()
-        return self._run(body, [output])
+        return self._run(body, [output], [input])
 
     all_gather_single = _allgather_base
 
@@ -195,9 +223,10 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
         def body():
             for output, input_ in zip(outputs, inputs):
                 n = input_.numel()
-                self.comm.all_gather(as_numpy(input_).reshape(1, n), out=as_numpy(output).reshape(self.comm.size, n))
+                self._call(self.comm.all_gather, as_numpy(input_).reshape(1, n),
+                           out=as_numpy(output).reshape(self.comm.size, n))
                 self._record()
-        return self._run(body, outputs)
+        return self._run(body, outputs, inputs)
 
     def _reduce_scatter_base(self, output, input, opts=None):    # noqa: A002 - torch's name
         red = self._reduction(opts)
@@ -206,10 +235,10 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
             n = output.numel()
             x = red.input(as_numpy(input).reshape(self.comm.size * n))
             out = as_numpy(output).reshape(n)
-            self.comm.reduce_scatter(x, op=red.op, out=out)
+            self._call(self.comm.reduce_scatter, x, op=red.op, out=out)
             self._record()
             red.finish(output)
-        return self._run(body, [output])
+        return self._run(body, [output], [input])
 
     reduce_scatter_single = _reduce_scatter_base
 
@@ -226,12 +255,12 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
                 y = as_numpy(out).reshape(-1)
                 counts = [t.numel() for t in ins]
                 if len(set(counts)) > 1:        # tensors of different sizes: HCCL's ReduceScatterV
-                    self.comm.reduce_scatter_v(x, counts, op=red.op, out=y)
+                    self._call(self.comm.reduce_scatter_v, x, counts, op=red.op, out=y)
                 else:
-                    self.comm.reduce_scatter(x, op=red.op, out=y)
+                    self._call(self.comm.reduce_scatter, x, op=red.op, out=y)
                 self._record()
                 red.finish(out)
-        return self._run(body, outputs)
+        return self._run(body, outputs, input_lists)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         """dist.scatter: HCCL's Scatter of the root's list (equal tensors) into each rank's output."""
@@ -244,9 +273,9 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
                 x = np.concatenate([as_numpy(t).reshape(-1) for t in input_tensors[0]])
             else:                                   # the shape and dtype; the root's data is scattered
                 x = np.zeros(n * self.comm.size, dtype=as_numpy(out).dtype)
-            self.comm.scatter(x.reshape(self.comm.size, n), root=root, out=as_numpy(out).reshape(1, n))
+            self._call(self.comm.scatter, x.reshape(self.comm.size, n), root=root, out=as_numpy(out).reshape(1, n))
             self._record()
-        return self._run(body, output_tensors)
+        return self._run(body, output_tensors, input_tensors)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):   # noqa: A002
         """all_to_all_single: equal splits run AlltoAll; split sizes (rows along dim 0, either side
@@ -255,33 +284,33 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
         if not output_split_sizes and not input_split_sizes:
             def body():
                 x = as_numpy(input).reshape(p, -1)
-                self.comm.all_to_all(x, out=as_numpy(output).reshape(p, -1))
+                self._call(self.comm.all_to_all, x, out=as_numpy(output).reshape(p, -1))
                 self._record()
-            return self._run(body, [output])
+            return self._run(body, [output], [input])
 
         def body_v():
             x = _rows(as_numpy(input))
             out = _rows(as_numpy(output))
             send = list(input_split_sizes) or [x.shape[0] // p] * p
             recv = list(output_split_sizes) or [out.shape[0] // p] * p
-            self.comm.all_to_all_v(x, send, recv, out=out)
+            self._call(self.comm.all_to_all_v, x, send, recv, out=out)
             self._record()
-        return self._run(body_v, [output])
+        return self._run(body_v, [output], [input])
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         """all_to_all over lists of tensors, any sizes: HCCL's AlltoAllV on their elements."""
         def body():
             x = np.concatenate([as_numpy(t).reshape(-1) for t in input_tensors]) if input_tensors else np.empty(0)
             recv = [t.numel() for t in output_tensors]
-            y = self.comm.all_to_all_v(x, [t.numel() for t in input_tensors], recv)
+            y = self._call(self.comm.all_to_all_v, x, [t.numel() for t in input_tensors], recv)
             self._record()
             for t, part in zip(output_tensors, np.split(y, np.cumsum(recv)[:-1])):
                 as_numpy(t).reshape(-1)[...] = part
-        return self._run(body, output_tensors)
+        return self._run(body, output_tensors, input_tensors)
 
     def barrier(self, opts=None):
         def body():
-            self.comm.barrier()
+            self._call(self.comm.barrier)
             self._record()
         return self._run(body, [])
 

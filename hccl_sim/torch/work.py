@@ -19,6 +19,8 @@ import torch.distributed as dist
 
 from topologies.errors import Cause, HcclError
 
+from . import device_timeline as timeline
+
 _IDLE_SLICE_S = 0.002         # longest sleep of a worker with Requests pending and no job
 
 
@@ -29,6 +31,7 @@ class FutureWork(dist.Work):
 
     def __init__(self, fut, request=None, timeout_s=None):
         super().__init__()
+        self.sim = None                  # when the op ends in simulated time, under a timeline
         self._fut = fut
         self._request = request          # a receive's Request: the source rank it took from
         self._timeout_s = timeout_s      # the group's timeout: what a wait() without one waits at most
@@ -43,6 +46,10 @@ class FutureWork(dist.Work):
             raise dist.DistBackendError(f"hccl_sim: Timed out after {seconds:g} s waiting for the op to complete "
                                         f"({'Work.wait' if explicit else 'the process group'}'s timeout)")
         self._fut.wait()                 # raises what the op raised
+        if self.sim is not None:         # the compute stream waits for it, as on an NPU
+            tl = timeline.active()
+            if tl is not None:
+                tl.join(self.sim)
         return True
 
     def get_future(self):
@@ -72,18 +79,19 @@ class FutureWork(dist.Work):
 
 class Deferred:
     """What a job returns to leave its Work pending on a Communicator Request: `finish(request)`
-    gives the Work's result once the Request is complete."""
-    __slots__ = ("request", "finish")
+    gives the Work's result once the Request is complete; `failed(exc)`, if given, is told when
+    it fails instead."""
+    __slots__ = ("request", "finish", "failed")
 
-    def __init__(self, request, finish):
-        self.request, self.finish = request, finish
+    def __init__(self, request, finish, failed=None):
+        self.request, self.finish, self.failed = request, finish, failed
 
 
 class Worker:
     """One thread running a group's jobs in issue order, and moving its pending Requests on."""
 
     def __init__(self, name, timeout_s=None):
-        self._timeout_s = timeout_s
+        self.timeout_s = timeout_s       # the group's timeout, if torch gave one
         self._jobs = queue.SimpleQueue()
         self._pending = []               # (Deferred, Future or None), in issue order
         self.issued = 0                  # jobs submitted so far (the group's sequence number)
@@ -103,7 +111,7 @@ class Worker:
         self.issued += 1
         holder = [] if receive else None
         self._jobs.put((fn, fut, holder))
-        return FutureWork(fut, _SourceOf(holder) if receive else None, self._timeout_s)
+        return FutureWork(fut, _SourceOf(holder) if receive else None, self.timeout_s)
 
     def _loop(self):
         delay = 0.0
@@ -150,6 +158,8 @@ class Worker:
                 value = deferred.finish(deferred.request)
             except BaseException as exc:   # noqa: BLE001 - handed to whoever waits on the Work
                 self._pending.remove(item)
+                if deferred.failed is not None:
+                    deferred.failed(exc)
                 if fut is not None:
                     fut.set_exception(exc)
                 moved = True
@@ -166,7 +176,9 @@ class Worker:
         self._pending.append((deferred, None))
 
     def _fail_pending(self, exc):
-        for _, fut in self._pending:
+        for deferred, fut in self._pending:
+            if deferred.failed is not None:
+                deferred.failed(exc)
             if fut is not None and not fut.done():
                 fut.set_exception(exc)
         self._pending.clear()
