@@ -72,6 +72,28 @@ def test_a_side_stream_runs_beside_the_default_one_unless_it_reads_what_the_defa
     assert float(yb[0]) == 1.0
 
 
+def test_memory_a_freed_tensor_held_is_not_mistaken_for_the_next_tensors():
+    """A tensor freed and its address handed out again must not make its successor wait for the
+    kernels that wrote the old one (the timeline holds what it tracks until the program lets go)."""
+    n = 1 << 20
+    side = torch.cpu.Stream()
+    with _timeline() as tl:
+        tl.mark()
+        with torch.cpu.stream(side):
+            x = torch.ones(n)
+            for _ in range(8):
+                x = x.neg()                  # late on the side stream
+        address = x.data_ptr()
+        del x
+        y = torch.empty(n)                   # memory handed out (likely x's again), written by no kernel
+        reused = y.data_ptr() == address
+        y.neg()                              # on the default stream, depends on nothing
+        step = tl.since()
+    one = _ns(0, 2 * n * 4)
+    assert not reused                        # held: not handed out again while the step may read it
+    assert step.compute == step.time == _ns(0, n * 4) + 8 * one     # the neg ran beside the side stream
+
+
 def test_a_timeline_is_one_per_process():
     with _timeline():
         with pytest.raises(hccl_sim.HcclError, match="already active"):

@@ -63,6 +63,9 @@ _CPU_ATTENTION = {
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: True,
 }
 _DEFAULT_CPU_STREAM = torch.cpu.current_stream()
+_HELD = 512                           # storages the timeline holds before it lets go of those freed
+_NO_DATA = {torch.ops.aten.empty, torch.ops.aten.empty_strided, torch.ops.aten.empty_like, torch.ops.aten.new_empty,
+            torch.ops.aten.new_empty_strided, torch.ops.aten.resize_, torch.ops.aten.set_}
 _NOT_KERNELS = ("_c10d_functional", "_c10d_functional_autograd", "c10d", "_dtensor")
 
 
@@ -115,8 +118,11 @@ class Timeline:
         self.compute = device.stream()
         self._side = {}                  # id(torch.cpu.Stream) -> (it, the device stream its kernels run on)
         self._comm = {}                  # id(process group) -> (group, its stream)
-        self._ready = {}                 # storage data_ptr -> when the kernel that last wrote it ends
-        self._produced = {}              # storage data_ptr -> SimEnd of the op that writes it
+        # Keyed by storage address, each entry holding its storage: while it is held, the memory
+        # cannot be handed to another tensor, so no entry ever speaks for a tensor it did not see
+        # written (addresses freed by the groups' threads would be reused in wall-time order).
+        self._ready = {}                 # data_ptr -> (when the kernel that last wrote it ends, storage)
+        self._produced = {}              # data_ptr -> (SimEnd of the op that writes it, storage)
         self._issued = []                # SimEnds of this step's ops
         self._kernels = []               # (start, end) of this step's kernels
         self._mode = _Pricing(self)
@@ -133,8 +139,7 @@ class Timeline:
         for s in self._streams():
             s.wait_event(Event(self.device, self._start))
         self._issued, self._kernels, self._flops = [], [], 0.0
-        floor = min(s.tail for s in self._streams())      # what is ready by then can no longer delay a kernel
-        self._ready = {k: t for k, t in self._ready.items() if t > floor}
+        self._release()
 
     def since(self) -> Step:
         """The step since `mark()`: it ends when the last op it issued does (each is waited for,
@@ -183,9 +188,9 @@ class Timeline:
         sim = SimEnd(self.timeout_s)
         for t in _tensors(outputs):
             if _real(t):
-                key = _storage(t)
-                self._produced[key] = sim
-                self._ready.pop(key, None)
+                storage = t.untyped_storage()
+                self._produced[storage.data_ptr()] = (sim, storage)
+                self._ready.pop(storage.data_ptr(), None)
         self._issued.append(sim)
         return after, sim
 
@@ -202,12 +207,24 @@ class Timeline:
         waits for: a correct program waits for them before it reads them)."""
         ready = 0
         for t in tensors:
-            key = _storage(t)
-            end = self._produced.pop(key, None)
-            if end is not None:
-                self._ready[key] = end.get()
-            ready = max(ready, self._ready.get(key, 0))
+            key = t.untyped_storage().data_ptr()
+            produced = self._produced.pop(key, None)
+            if produced is not None and produced[1].data_ptr() == key:
+                self._ready[key] = (produced[0].get(), produced[1])
+            entry = self._ready.get(key)
+            if entry is None:
+                continue
+            if entry[1].data_ptr() != key:      # its storage was resized (FSDP2 frees that way): moved
+                del self._ready[key]
+            elif entry[0] > ready:
+                ready = entry[0]
         return ready
+
+    def _release(self) -> None:
+        """Let go of the storages the program no longer holds (their entries can delay nothing)."""
+        for table in (self._ready, self._produced):
+            for key in [k for k, (_, st) in table.items() if torch._C._storage_Use_Count(st._cdata) == 1]:
+                del table[key]
 
     # the pricing ------------------------------------------------------------------------------------
     def reads(self, args, kwargs) -> tuple:
@@ -219,8 +236,8 @@ class Timeline:
     def kernel(self, func, args, kwargs, out, tensors, ready) -> None:
         """After the op ran: it as a kernel on the selected stream, from when its inputs are ready."""
         outs = [t for t in _tensors(out) if _real(t)]
-        if not tensors and not any(t.numel() for t in outs):
-            return                            # a factory of empty tensors: no kernel
+        if packet_of(func) in _NO_DATA or (not tensors and not any(t.numel() for t in outs)):
+            return                            # memory handed out, not written: no kernel
         stream = self.current()
         stream.wait_event(Event(self.device, ready))
         packet = func._overloadpacket
@@ -235,9 +252,12 @@ class Timeline:
         if func._schema.is_mutable and args:       # an in-place op (its outputs may be none: _foreach_*_)
             outs = outs + [t for t in _tensors(args[0]) if _real(t)]
         for t in outs:
-            self._ready[_storage(t)] = end
+            storage = t.untyped_storage()
+            self._ready[storage.data_ptr()] = (end, storage)
         self._kernels.append((start, end))
         self._flops += flops
+        if len(self._ready) > _HELD:
+            self._release()
 
 
 def _covered(intervals) -> int:
@@ -291,5 +311,5 @@ def _real(t) -> bool:
     return t.layout == torch.strided and t.device.type == "cpu"
 
 
-def _storage(t) -> int:
-    return t.untyped_storage().data_ptr()
+def packet_of(func):
+    return func._overloadpacket
