@@ -39,6 +39,11 @@ UNCHANGED = b"="
 _KINDS = ("input", "output", "scratch")
 
 
+def _empty_of(shape, dtype):
+    """A buffer of no bytes needs no place: an empty array of its shape (None where there is none)."""
+    return None if shape is None else np.empty(shape, dtype)
+
+
 class SharedPlane:
     """One rank's use of the plane (see the module docstring), over `memory` (a MemoryProvider)
     and `rounds` (its group's GroupRounds); `local` is the rank's index among the ranks of its
@@ -111,8 +116,8 @@ class SharedPlane:
         rank's (input, output, scratch bytes or None)."""
         memory, short, places, staged = self.memory, 0, [], []
         for kind, arr in zip(_KINDS, arrays):
-            if arr is None:
-                places.append(None)
+            if arr is None or (arr if isinstance(arr, int) else arr.nbytes) == 0:
+                places.append(None)          # nothing (or nothing to hold: an AlltoAllV's idle expert)
                 staged.append(False)
                 continue
             at = None if isinstance(arr, int) else memory.locate(arr)
@@ -163,6 +168,6 @@ class SharedPlane:
             return got[1]
         places, shapes, dtype = key
         view = self.memory.view
-        bufs = tuple(None if p is None else view(p, s, dtype) for p, s in zip(places, shapes))
+        bufs = tuple(view(p, s, dtype) if p is not None else _empty_of(s, dtype) for p, s in zip(places, shapes))
         self._views[r] = (key, bufs)
         return bufs

@@ -40,6 +40,13 @@ def fn(comm, n, device=False):
     want = np.concatenate([np.split(xs[i], np.cumsum(C[i])[:-1])[r] for i in range(p)])
     note("alltoallv", comm.all_to_all_v(xs[r], C[r], C[:, r]), want)
     note("alltoallvc", comm.all_to_all_vc(xs[r], C), want)
+    idle = C.copy()
+    idle[:, p - 1] = 0                # the last rank gets no rows (an idle expert), the first sends none
+    idle[0, :] = 0
+    ys = [(np.arange(idle[i].sum(), dtype=np.int64) * (i + 3)) % 1009 for i in range(p)]
+    got = np.empty(idle[:, r].sum(), np.int64)      # into the caller's array (a torch tensor's, say)
+    comm.all_to_all_v(ys[r], idle[r], idle[:, r], out=got)
+    note("alltoallv-idle", got, np.concatenate([np.split(ys[i], np.cumsum(idle[i])[:-1])[r] for i in range(p)]))
     c = C.sum(axis=1)                                                            # rows of rank i's block
     note("allgatherv", comm.all_gather_v(xs[r], c), np.concatenate(xs))
     whole = (np.arange(c.sum(), dtype=np.int32) * 7) % 1009                      # int32: reduced inline on 910B
