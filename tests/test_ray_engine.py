@@ -81,6 +81,28 @@ def test_results_correct_and_every_ops_algo_start_end_and_exit_clock_equal_on_ra
     assert cluster8.run(timeline, args=(count,)) == hccl_sim.run(timeline, topology=topo, args=(count,))
 
 
+def in_place_and_bytes(comm, n):
+    """A rank's slices sent to its node's peers by place, over an AllReduce, an in-place one, an
+    AllGather into a given array and one on a device array; whether each result is right."""
+    transport = comm._group._raw_transport
+    before = transport.sent_by_place
+    p, r = comm.size, comm.rank
+    x = np.arange(n, dtype=np.int64) * (r + 1)
+    want = np.arange(n, dtype=np.int64) * (p * (p + 1) // 2)
+    ok = np.array_equal(comm.all_reduce(x), want)
+    y = x.copy()
+    comm.all_reduce(y, out=y)
+    ok &= np.array_equal(y, want)
+    out = np.empty(p * n, np.int64)
+    comm.all_gather(x, out=out)
+    ok &= np.array_equal(out, np.concatenate([np.arange(n, dtype=np.int64) * (j + 1) for j in range(p)]))
+    d = comm.device.empty((n,), np.int64)
+    d.data[:] = x
+    ok &= np.array_equal(comm.all_reduce(d), want)
+    comm.device.free(d)
+    return transport.sent_by_place - before, bool(ok)
+
+
 @pytest.mark.ray
 def test_two_servers_on_two_ray_nodes(ray_instance):
     """A server per Ray node (placement group per server, spread): the plane is chosen from Ray's
@@ -96,6 +118,9 @@ def test_two_servers_on_two_ray_nodes(ray_instance):
             results = cluster.run(all_collectives, args=(20_000, np.float32, "max", algo, 5))
             check(results, 8, 20_000, np.float32, "max", 5)
         assert cluster.run(timeline, args=(5000,)) == hccl_sim.run(timeline, topology=topo, args=(5000,))
+        # a node's ranks read each other's slices in place; across the nodes, bytes over TCP
+        for by_place, moved in cluster.run(in_place_and_bytes, args=(1 << 18,)):
+            assert by_place > 0 and moved
     with hccl_sim.Cluster(topo, engine="ray", data_plane="object") as cluster:   # Ray's object store between nodes
         results = cluster.run(all_collectives, args=(3001, np.int32, "sum", "H-D_R", 6))
         check(results, 8, 3001, np.int32, "sum", 6)

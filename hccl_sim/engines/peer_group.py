@@ -36,7 +36,7 @@ from topologies.errors import Cause, HcclError
 
 from hcomm.control.rounds import GroupRounds
 from hcomm.control.transport import TransportControl  # noqa: F401 - a sub-communicator's control plane
-from hcomm.exec import OwnResult, run_rank
+from hcomm.exec import OwnResult, run_rank, run_rank_in
 from hcomm.exec.shared_plane import SharedPlane
 from hcomm.memory.pool import ResultPool
 
@@ -125,6 +125,7 @@ class PeerGroup(Group):
         self.control = control
         self.rounds = GroupRounds(control, config.wait_timeout_s, watch)
         self.plane = None                  # a SharedPlane, where the ranks share memory
+        self.host_memory = None            # this rank's segments, where some peers share its host (socket plane)
         self._host_results = None          # the ResultPool of results off a shared plane
         self.plain_result_bytes = self.pooled_result_bytes or 0
         self.transport = transport
@@ -145,6 +146,13 @@ class PeerGroup(Group):
         self.plane = SharedPlane(self.rounds, memory, self.rank, self.size, local)
         self.pooled_result_bytes = self.plain_result_bytes = (
             self.inline_bytes + 1 if pooled_result_bytes is None else pooled_result_bytes)
+
+    def share_host(self, memory) -> None:
+        """Run larger ops by the per-rank executor with this rank's buffers in `memory`'s segments
+        (a SegmentProvider; its transport sends peers on this host their places), and take their
+        results from its pool, which peers then read in place."""
+        self.host_memory = memory
+        self.pooled_result_bytes = self.plain_result_bytes = self.inline_bytes + 1
 
     # ---- the control plane -----------------------------------------------------------------------
     def _allgather(self, payload: bytes, what: str, op: str) -> list:
@@ -209,7 +217,10 @@ class PeerGroup(Group):
             self.plane.run(seq, data, buffers)
             return
         with self.rounds.waiting(f"{data.name} (collective #{seq}) data"):
-            run_rank(data, rank, buffers, self.transport)
+            if self.host_memory is not None:
+                run_rank_in(self.host_memory, data, rank, buffers, self.transport)
+            else:
+                run_rank(data, rank, buffers, self.transport)
 
     def result_array(self, shape, dtype):
         """Results at least `pooled_result_bytes`: the shared plane's pool (peers write them in
@@ -218,6 +229,8 @@ class PeerGroup(Group):
         if limit is not None and math.prod(shape) * np.dtype(dtype).itemsize >= limit:
             if self.plane is not None:
                 arr = self.plane.result(shape, dtype)
+            elif self.host_memory is not None:
+                arr = self.host_memory.result(0, shape, dtype)
             else:
                 if self._host_results is None:
                     self._host_results = ResultPool(HOST_RESULT_SPARE,

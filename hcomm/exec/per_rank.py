@@ -8,6 +8,10 @@ Per step:
 3. take every Recv in order, copying or reducing straight from the sender's memory, and
    acknowledge it;
 4. wait until this rank's own sends have been consumed: only then may the next step write.
+
+`run_rank_in(memory, ...)` runs it with the rank's buffers in shared memory (staged there unless
+they lie there already), so that the transport can send a peer on the same host the place of a
+slice instead of its bytes (hcomm.transports.socket, share_host).
 """
 from __future__ import annotations
 
@@ -42,6 +46,36 @@ def run_rank(data: DataProgram, rank: int, buffers, transport, steps: int | None
             for name, view in data.named_views(buffers.input, buffers.output, buffers.scratch, a, b).items():
                 transport.register(rank, name, view)
         run_schedule(schedule, rank, transport, COLLECTIVE_TAG, reduce_fn, deadline, data.name)
+
+
+def run_rank_in(memory, data: DataProgram, rank: int, buffers, transport) -> None:
+    """run_rank with the input, output and scratch in `memory`'s segments (a SegmentProvider):
+    a host input is copied into the rank's input staging segment, a host output is written in its
+    output one and copied out at the end, an in-place op's one buffer staged once."""
+    x, out = buffers.input, buffers.output
+    if not data.carries_data or x is None or out is None:
+        run_rank(data, rank, buffers, transport)
+        return
+    sx = x
+    if x.nbytes and memory.where(x) is None:
+        _, sx = memory.owned.array("input", x.shape, x.dtype)
+        np.copyto(sx, x)
+    so, back = out, None
+    if out.nbytes and memory.where(out) is None:
+        if out is x:
+            so, back = sx, sx
+        elif np.may_share_memory(out, x):      # overlapping some other way: as they are
+            run_rank(data, rank, buffers, transport)
+            return
+        else:
+            _, so = memory.owned.array("output", out.shape, out.dtype)
+            back = so
+    scratch = buffers.scratch
+    if scratch is None and data.scratch_shape is not None:
+        _, scratch = memory.owned.array("scratch", data.scratch_shape, x.dtype)
+    run_rank(data, rank, buffers._replace(input=sx, output=so, scratch=scratch), transport)
+    if back is not None:
+        np.copyto(out, back)
 
 
 def run_schedule(schedule, rank: int, transport, tag, reduce_fn, deadline=None, op: str | None = None) -> None:

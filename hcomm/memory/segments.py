@@ -70,6 +70,10 @@ class OwnedSegments:
         seg = self.get(kind, nbytes)
         return seg.name, np.ndarray(shape, dtype=dtype, buffer=seg.buf)
 
+    def segments(self):
+        """The live segments, for finding which one holds an address."""
+        return list(self._segs.values())
+
     @staticmethod
     def _drop(seg):
         try:
@@ -120,13 +124,16 @@ class AttachedSegments:
         self._segs = {}
         self.recent = set()
 
-    def array(self, name: str, shape, dtype) -> np.ndarray:
+    def array(self, name: str, shape, dtype, offset: int = 0) -> np.ndarray:
         seg = self._segs.get(name)
         if seg is None:
             seg = shared_memory.SharedMemory(name=name)
             _untrack(seg)
             self._segs[name] = seg
-        return np.ndarray(shape, dtype=np.dtype(dtype), buffer=seg.buf)
+        return np.ndarray(shape, dtype=np.dtype(dtype), buffer=seg.buf, offset=offset)
+
+    def __len__(self):
+        return len(self._segs)
 
     def forget(self, keep=()):
         for name in [n for n in self._segs if n not in keep]:

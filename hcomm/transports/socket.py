@@ -12,7 +12,8 @@ and the payload's raw bytes: sent from the slice's own memory with sendmsg (no c
 received with recv_into straight into a numpy array of the right shape. Per outgoing connection a
 sender thread writes the frames that `post` queues (so `post` never blocks and a step's sends to
 different peers overlap) and a reader thread completes handles from acknowledgements; per incoming
-connection a reader thread demultiplexes data frames by (src, tag) into the endpoint's inbox.
+connection a reader thread demultiplexes data frames by (src, tag) into the endpoint's inbox
+(the frames themselves: hcomm.transports.frames).
 
 A rank that closes says so first, with a BYE frame on each of its connections after what it sent
 there: waits on it then fail with E_PARA ("returned without ..."), a wait for data once the data
@@ -21,13 +22,17 @@ that peer with E_REMOTE naming it. A watched peer (PeerEndpoint.watch_peer) gets
 once if it has none, so that its death is seen even by a rank that never exchanged with it; a
 watched peer refusing a connection is gone (every endpoint listens before its run starts).
 Tags and meta must be JSON values (tags may be tuples).
+
+Peers on this rank's own host (`share_host(memory, ranks)`: the Ray engine's ranks of one node)
+read in place what lies in shared memory: a data frame to one of them carries the slice's place
+in this rank's segments (hcomm.memory.segment_provider) instead of its bytes, and the peer maps
+it and reduces or copies straight from it, as HCCL's zero-copy peers do; its acknowledgement
+frees the slice as for any frame. Slices elsewhere, and every peer on another host, travel as bytes.
 """
 from __future__ import annotations
 
-import json
 import queue
 import socket
-import struct
 import threading
 import time
 
@@ -36,67 +41,13 @@ import numpy as np
 from topologies.errors import HcclError
 
 from .base import POLL_S, connect_timeout, peer_lost
-from .peer import PeerEndpoint, json_plain as _plain, json_tuples as _tuples
+from .frames import ACK, BYE, DATA, HELLO, encode, read_frame, recv_into, send_all, tune
+from .peer import PeerEndpoint, json_tuples as _tuples
 
-_PREFIX = struct.Struct("!BIQ")          # kind, header bytes, payload bytes
-HELLO, DATA, ACK, BYE = 1, 2, 3, 4
-_MAX_HEADER = 1 << 20
 _JOIN_S = 5.0
 _POOL_PER_SHAPE = 4      # consumed receive buffers kept per (shape, dtype) for reuse
-_SOCK_BUF = 4 << 20      # kernel socket buffers: fewer wake-ups per large payload
 INLINE_SEND_BYTES = 64 << 10   # payloads up to this leave from the posting thread (they fit the socket buffer)
 _REFUSED = "it refuses connections (its process is gone)"
-
-
-def _encode(kind, header, payload=None) -> list:
-    try:
-        head = json.dumps(header, default=_plain, separators=(",", ":")).encode()
-    except (TypeError, ValueError) as exc:
-        raise HcclError("E_PARA", f"a socket transport sends tags and meta as JSON: {exc}") from None
-    nbytes = 0 if payload is None else payload.nbytes
-    parts = [_PREFIX.pack(kind, len(head), nbytes) + head]
-    if nbytes:
-        parts.append(memoryview(payload).cast("B"))
-    return parts
-
-
-def _send_all(sock, parts) -> None:
-    """sendmsg until every byte of every part is written (sendmsg may write part of them)."""
-    views = [memoryview(p) for p in parts]
-    while views:
-        sent = sock.sendmsg(views)
-        while views and sent >= len(views[0]):
-            sent -= len(views[0])
-            views.pop(0)
-        if views and sent:
-            views[0] = views[0][sent:]
-
-
-def _recv_into(sock, view) -> None:
-    got, n = 0, len(view)
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise EOFError("connection closed")
-        got += k
-
-
-def _read_frame(sock):
-    prefix = bytearray(_PREFIX.size)
-    _recv_into(sock, memoryview(prefix))
-    kind, hlen, nbytes = _PREFIX.unpack(prefix)
-    if hlen > _MAX_HEADER:
-        raise ValueError(f"frame header of {hlen} bytes: not a peer of this transport")
-    head = bytearray(hlen)
-    _recv_into(sock, memoryview(head))
-    return kind, json.loads(head), nbytes
-
-
-def _tune(sock):
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)      # acks and small frames go at once
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)      # a vanished host is found too
-    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-        sock.setsockopt(socket.SOL_SOCKET, opt, _SOCK_BUF)
 
 
 class _Link:
@@ -111,7 +62,7 @@ class _Link:
 
     def send(self, parts):
         with self.send_lock:
-            _send_all(self.sock, parts)
+            send_all(self.sock, parts)
 
     def enqueue(self, parts):
         """Hand a frame to the link's sender thread (frames leave in the order they were handed)."""
@@ -123,7 +74,7 @@ class _Link:
         """The sender thread's send of a queued frame."""
         with self.send_lock:
             try:
-                _send_all(self.sock, parts)
+                send_all(self.sock, parts)
             finally:
                 self.pending -= 1
 
@@ -135,7 +86,7 @@ class _Link:
         try:
             if self.pending:
                 return False
-            _send_all(self.sock, parts)
+            send_all(self.sock, parts)
             return True
         finally:
             self.send_lock.release()
@@ -168,6 +119,8 @@ class SocketTransport(PeerEndpoint):
         self._connect_lock = threading.Lock()
         self._said_bye = False
         self._pool, self._pool_lock = {}, threading.Lock()
+        self._memory, self._same_host = None, frozenset()     # share_host
+        self.sent_by_place = 0           # data frames that carried a slice's place, not its bytes
         self._acceptor = threading.Thread(target=self._accept_loop, daemon=True, name=f"hcomm-sock{self.rank}-accept")
         self._acceptor.start()
 
@@ -191,6 +144,11 @@ class SocketTransport(PeerEndpoint):
                     raise connect_timeout(missing[0], self.rank, self.connect_timeout_s,
                                           f"ranks {missing} never connected to this rank")
                 self._links_cond.wait(min(POLL_S, left))
+
+    def share_host(self, memory, ranks) -> None:
+        """Send `ranks` (peers on this host) the places of slices that lie in `memory`'s segments
+        (a SegmentProvider: `where`, `peer_view`), and read theirs in place."""
+        self._memory, self._same_host = memory, frozenset(int(r) for r in ranks) - {self.rank}
 
     def _address_of(self, peer):
         if self._peers is None:
@@ -243,10 +201,10 @@ class SocketTransport(PeerEndpoint):
             sock.close()
             raise HcclError("E_IN_STATUS", f"rank {self.rank}'s socket transport is closed", rank=self.rank)
         sock.settimeout(None)
-        _tune(sock)
+        tune(sock)
         link = _Link(sock, peer, outgoing=True)
         try:
-            link.send(_encode(HELLO, {"rank": self.rank, "size": self.size}))
+            link.send(encode(HELLO, {"rank": self.rank, "size": self.size}))
         except OSError as exc:
             sock.close()
             raise peer_lost(peer, self.rank, f"connection refused after connecting: {exc}", "connect") from None
@@ -288,13 +246,13 @@ class SocketTransport(PeerEndpoint):
         """Read a new connection's HELLO; then it is this rank's incoming link from that peer."""
         try:
             sock.settimeout(self.connect_timeout_s)
-            kind, head, _ = _read_frame(sock)
+            kind, head, _ = read_frame(sock)
             peer = head.get("rank")
             if kind != HELLO or head.get("size") != self.size or not isinstance(peer, int) \
                     or not 0 <= peer < self.size or peer == self.rank:
                 raise ValueError(f"bad greeting {head!r}")
             sock.settimeout(None)
-            _tune(sock)
+            tune(sock)
         except (OSError, ValueError, EOFError):
             sock.close()                 # not one of ours: ignore it
             return
@@ -325,13 +283,18 @@ class SocketTransport(PeerEndpoint):
         peer, sock, bye = link.peer, link.sock, False
         try:
             while True:
-                kind, head, nbytes = _read_frame(sock)
+                kind, head, nbytes = read_frame(sock)
                 if kind == DATA:
-                    data = self._buffer(tuple(head["shape"]), head["dtype"])
-                    if data.nbytes != nbytes:
-                        raise ValueError(f"payload of {nbytes} bytes for shape {head['shape']} {head['dtype']}")
-                    if nbytes:
-                        _recv_into(sock, memoryview(data).cast("B"))
+                    if "seg" in head:    # a slice of the peer's shared memory, on this host: read in place
+                        if self._memory is None or nbytes:
+                            raise ValueError("a slice's place from a peer this rank shares no memory with")
+                        data = self._memory.peer_view(head["seg"], head["off"], tuple(head["shape"]), head["dtype"])
+                    else:
+                        data = self._buffer(tuple(head["shape"]), head["dtype"])
+                        if data.nbytes != nbytes:
+                            raise ValueError(f"payload of {nbytes} bytes for shape {head['shape']} {head['dtype']}")
+                        if nbytes:
+                            recv_into(sock, memoryview(data).cast("B"))
                     self._deliver(peer, _tuples(head["tag"]), data, head.get("meta"), head["id"])
                 elif kind == ACK:
                     self._acknowledged(head["id"], head.get("reply"))
@@ -369,10 +332,16 @@ class SocketTransport(PeerEndpoint):
         if handle.dst in self._down:
             raise peer_lost(handle.dst, self.rank, self._down[handle.dst], None)
         link = self._link_to(handle.dst)
-        handle.keep = view          # the sender thread reads it; the caller may not write it until the ack
-        parts = _encode(DATA, {"id": handle.id, "tag": handle.tag, "dtype": view.dtype.str, "shape": view.shape,
-                               "meta": meta}, view)
-        if view.nbytes <= INLINE_SEND_BYTES:
+        handle.keep = view          # the sender thread (or the peer) reads it; the caller may not write it until the ack
+        header = {"id": handle.id, "tag": handle.tag, "dtype": view.dtype.str, "shape": view.shape, "meta": meta}
+        place = self._memory.where(view) if handle.dst in self._same_host and view.nbytes else None
+        if place is not None:
+            header["seg"], header["off"] = place
+            parts = encode(DATA, header)
+            self.sent_by_place += 1
+        else:
+            parts = encode(DATA, header, view)
+        if place is not None or view.nbytes <= INLINE_SEND_BYTES:
             try:
                 if link.send_now(parts):
                     return
@@ -386,7 +355,7 @@ class SocketTransport(PeerEndpoint):
         if link is None:
             return
         try:
-            link.send(_encode(ACK, {"id": msg_id, "reply": reply}))
+            link.send(encode(ACK, {"id": msg_id, "reply": reply}))
         except OSError as exc:
             self._peer_down(src, f"connection broke while acknowledging to it: {exc}")
 
@@ -394,7 +363,7 @@ class SocketTransport(PeerEndpoint):
         if self._said_bye:
             return
         self._said_bye = True
-        bye = _encode(BYE, {})
+        bye = encode(BYE, {})
         with self._links_cond:
             links = list(self._outgoing.values()) + list(self._incoming.values())
         for link in links:

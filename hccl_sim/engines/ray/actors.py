@@ -106,6 +106,8 @@ class RankActorBase(RayMailbox):
             config = self.config if spec.config is None else spec.config
             group = RayGroup(self.rank, self.topo, config, spec.data_plane, control, transport, self.watch,
                              self.shared)
+            if spec.data_plane == "socket":
+                self._share_host(spec, transport, group)
             comm = communicator(self.rank, group, self.runtime)
             try:
                 value = fn(comm, *args, **(kwargs or {}))
@@ -126,6 +128,14 @@ class RankActorBase(RayMailbox):
         group.exit(self.rank)
         self._finish(transport)
         return Outcome(self.rank, True, value=value, lost=_lost(group))
+
+    def _share_host(self, spec, transport, group):
+        """Ranks on this rank's Ray node read each other's slices in place (the rank's segments);
+        the others get bytes over TCP."""
+        here = [r for r, node in enumerate(spec.nodes) if node == spec.nodes[self.rank]] if spec.nodes else []
+        if len(here) > 1:
+            transport.share_host(self.shared, here)
+            group.share_host(self.shared)
 
     def _open_control(self, spec, transport):
         """The shared control block on the shm plane (attached once, kept across runs), else the

@@ -147,7 +147,7 @@ class RayCluster:
         self._runs += 1
         addresses = self._gather([a.prepare.remote(plane, self._runs, config) for a in self.actors],
                                  "open its transport", config.connect_timeout_s or 120)
-        spec = RunSpec(self.session, plane, {r: a for r, a in enumerate(addresses)}, config)
+        spec = RunSpec(self.session, plane, {r: a for r, a in enumerate(addresses)}, config, tuple(self.node_of))
         actors = self.actors if plane == "object" else None
         refs = [a.run.remote(fn, args, kwargs, spec, actors) for a in self.actors]
         outcomes = self._watch(refs, config)

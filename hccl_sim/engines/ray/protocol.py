@@ -36,6 +36,7 @@ class RunSpec:
     data_plane: str                     # "shm" | "socket" | "object"
     peers: dict = field(default_factory=dict)   # rank -> (host, port) of its socket transport
     config: Any = None                  # this run's hccl_sim.config.env.Config (None: the actor's own)
+    nodes: tuple = ()                   # each rank's Ray node id (ranks of one node share memory)
 
 
 @dataclass(frozen=True)
