@@ -8,8 +8,10 @@ alternate (hccl-sim, gloo, hccl-sim, ...) so the machine's noise falls on both.
 
     python experiments/socket_vs_gloo.py                     # 8 ranks, 8 B and 64 MiB, 5 runs
     python experiments/socket_vs_gloo.py --ranks 16 --runs 3 --sizes 8 1K 64K 1M 16M 64M
+    ray start --head --num-cpus 1 --port 6390 && ray start --address 127.0.0.1:6390 --num-cpus 1
+    python experiments/socket_vs_gloo.py --address 127.0.0.1:6390 --ranks 16   # two raylets
 
-Writes experiments/out/socket_vs_gloo[_N].{md,json,png}.
+Writes experiments/out/socket_vs_gloo_N[_raylets].{md,json,png}.
 """
 import argparse
 import json
@@ -102,6 +104,8 @@ def main():
     ap.add_argument("--sizes", nargs="+", default=["8", "64M"])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--iters", type=int, default=None, help="per size and run (default: 5 at 64 MiB, more when small)")
+    ap.add_argument("--address", help="a running Ray cluster of two nodes (two `ray start` raylets) instead of "
+                    "ray.cluster_utils")
     args = ap.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
@@ -110,10 +114,14 @@ def main():
     sizes = [parse_size(s) for s in args.sizes]
     half = args.ranks // 2
     topo = hardware("atlas800t-a2", devices_per_server=[half, args.ranks - half])
-    nodes = Cluster()
-    for _ in range(2):
-        nodes.add_node(num_cpus=1, include_dashboard=False)
-    ray.init(address=nodes.address, log_to_driver=False)
+    nodes = None
+    if args.address:
+        ray.init(address=args.address, log_to_driver=False)
+    else:
+        nodes = Cluster()
+        for _ in range(2):
+            nodes.add_node(num_cpus=1, include_dashboard=False)
+        ray.init(address=nodes.address, log_to_driver=False)
     rows = []
     try:
         cluster = hccl_sim.Cluster(topo, engine="ray")
@@ -136,14 +144,16 @@ def main():
         cluster.close()
     finally:
         ray.shutdown()
-        nodes.shutdown()
-    write(rows, args.ranks, plane)
+        if nodes is not None:
+            nodes.shutdown()
+    write(rows, args.ranks, plane, "two raylets" if args.address else "ray.cluster_utils")
 
 
-def write(rows, ranks, plane):
+def write(rows, ranks, plane, how):
     OUT.mkdir(exist_ok=True)
-    stem = OUT / ("socket_vs_gloo" if ranks == 8 else f"socket_vs_gloo_{ranks}")
-    lines = [f"# AllReduce fp32, {ranks} ranks on 2 Ray nodes (hccl-sim data plane: {plane}) against gloo, same run",
+    stem = OUT / (f"socket_vs_gloo_{ranks}" + ("_raylets" if how == "two raylets" else ""))
+    lines = [f"# AllReduce fp32, {ranks} ranks on 2 Ray nodes ({how}; hccl-sim data plane: {plane}) against gloo, "
+             "same run",
              "", "| size (B) | run | hccl-sim (ms) | busbw (GB/s) | gloo (ms) | busbw (GB/s) | gloo time / hccl-sim time |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
