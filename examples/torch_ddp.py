@@ -7,8 +7,9 @@
 
 torch.distributed runs on the "hccl_sim" backend: every gradient AllReduce really moves the bytes
 between the ranks and is priced on the modelled cluster (`hccl_sim.torch.records()`). Apart from
-the backend's name, SyncBatchNorm's import and the report of simulated time, `train` is the DDP
-loop of torch's tutorial.
+the backend's name, SyncBatchNorm's import and the report of simulated time (the rank's device
+timeline: each step's compute, and the communication its gradient buckets did not hide behind
+backward), `train` is the DDP loop of torch's tutorial.
 """
 import argparse
 import os
@@ -36,26 +37,32 @@ def train(steps, batch):
     labels = torch.randint(0, 10, (steps, batch), generator=generator)
     per_rank = batch // world
     log = []
-    for step in range(steps):
-        mine = slice(rank * per_rank, (rank + 1) * per_rank)
-        before = len(hccl_sim.torch.records())
-        wall = time.perf_counter()
-        optimizer.zero_grad()
-        loss = loss_fn(ddp_model(inputs[step, mine]), labels[step, mine])
-        loss.backward()
-        optimizer.step()
-        loss_sum = loss.detach().clone()
-        dist.all_reduce(loss_sum)
-        ops = hccl_sim.torch.records()[before:]
-        log.append((step, float(loss_sum) / world, len(ops), sum(op.time for op in ops), time.perf_counter() - wall))
+    with hccl_sim.torch.timeline() as timeline:      # kernels priced on the 910B, comm on its own stream
+        for step in range(steps):
+            mine = slice(rank * per_rank, (rank + 1) * per_rank)
+            before = len(hccl_sim.torch.records())
+            timeline.mark()
+            wall = time.perf_counter()
+            optimizer.zero_grad()
+            loss = loss_fn(ddp_model(inputs[step, mine]), labels[step, mine])
+            loss.backward()
+            optimizer.step()
+            loss_sum = loss.detach().clone()
+            dist.all_reduce(loss_sum)
+            ops = hccl_sim.torch.records()[before:]
+            log.append((step, float(loss_sum) / world, len(ops), sum(op.time for op in ops),
+                        time.perf_counter() - wall, timeline.since()))
     return log
 
 
 def report(logs, world, how):
-    print(f"# torch DDP on {world} emulated 910B ranks ({how}), backend hccl_sim")
-    print(f"# {'step':>4} {'loss':>8} {'collectives':>11} {'simulated comm (us)':>20} {'wall (ms)':>10}")
-    for step, loss, n, sim, _ in logs[0]:
-        print(f"  {step:>4} {loss:>8.4f} {n:>11} {sim * 1e6:>20.2f} {max(log[step][4] for log in logs) * 1e3:>10.1f}")
+    print(f"# torch DDP on {world} emulated 910B ranks ({how}), backend hccl_sim; simulated on rank 0: the step, "
+          "its compute (kernels on the 910B roofline, peak FLOPs a third-party figure) and exposed communication")
+    print(f"# {'step':>4} {'loss':>8} {'collectives':>11} {'comm (us)':>10} {'step (us)':>10} {'compute (us)':>12} "
+          f"{'exposed (us)':>12} {'wall (ms)':>10}")
+    for step, loss, n, sim, _, t in logs[0]:
+        print(f"  {step:>4} {loss:>8.4f} {n:>11} {sim * 1e6:>10.2f} {t.time / 1e3:>10.2f} {t.compute / 1e3:>12.2f} "
+              f"{t.exposed / 1e3:>12.2f} {max(log[step][4] for log in logs) * 1e3:>10.1f}")
 
 
 def on_ray_rank(comm, steps, batch):

@@ -190,3 +190,41 @@ def test_the_same_step_is_priced_alike_every_run(torch_cluster):
     first = [step.time for step, *_ in torch_cluster.run(_overlap, args=(1 << 16, 5, False))]
     again = [step.time for step, *_ in torch_cluster.run(_overlap, args=(1 << 16, 5, False))]
     assert first == again
+
+
+def _ddp_buckets(comm, steps):
+    """DDP with a bucket per layer: each bucket's AllReduce is issued from backward (its Future
+    waited in C++) and the optimizer's kernels read its gradients."""
+    import torch
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    import hccl_sim.torch as ht
+    ht.init_process_group(comm)
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(6)])
+        ddp = DDP(model, bucket_cap_mb=0.3)                      # 257 KiB a layer: a bucket for every two
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+        x = torch.full((64, 256), float(comm.rank + 1)) / 256
+        with ht.timeline() as tl:
+            for _ in range(steps):
+                before = len(ht.records())
+                tl.mark()
+                opt.zero_grad()
+                ddp(x).sum().backward()
+                opt.step()
+                step = tl.since()
+        ops = ht.records()[before:]
+        return step, sum(r.end - r.start for r in ops), len(ops), [p.detach().clone() for p in model.parameters()]
+    finally:
+        ht.destroy_process_group()
+
+
+def test_ddp_buckets_hide_behind_backward_and_train_alike(torch_cluster):
+    res = torch_cluster.run(_ddp_buckets, args=(3,))
+    for step, comm, n, params in res:
+        assert n >= 3 and comm > 0 and step.kernels > 0             # three buckets at least
+        assert 0 < step.exposed < comm                 # some of the buckets' AllReduces ran during backward
+        assert step.time < step.compute + comm
+    for _, _, _, params in res[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(params, res[0][3]))
