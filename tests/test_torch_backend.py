@@ -302,6 +302,41 @@ def test_torchrun_script_on_the_backend():
         assert out["params"] == ranks[0]["params"] and out["ops"] > steps and out["sim"] > 0
 
 
+def test_torchrun_job_across_two_nodes_reads_a_nodes_peers_in_place():
+    """Two torchrun agents (--nnodes 2, two processes each; the nodes share this machine but not
+    memory as far as the job knows): the per-rank executor, a node's ranks sending each other
+    slices by place; results and DDP as in one process."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+    from hcomm.memory import segments as shm
+    here = os.path.dirname(os.path.abspath(__file__))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(here) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "OMP_NUM_THREADS": "1", "HCCL_EXEC_TIMEOUT": "60", "HCCL_SIM_TOPOLOGY": "atlas800t-a2"}
+    steps = 3
+    before = set(os.listdir("/dev/shm"))
+    agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(k),
+                                "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                                os.path.join(here, "torch_scripts", "ddp_launched.py"), str(steps)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for k in (0, 1)]
+    outs = [a.communicate(timeout=240) for a in agents]
+    assert all(a.returncode == 0 for a in agents), [o[1][-2000:] for o in outs]
+    assert not [n for n in set(os.listdir("/dev/shm")) - before if n.startswith(shm.PREFIX)]
+    line = next(l for l in outs[0][0].splitlines() if l.startswith("RESULT "))
+    ranks = json.loads(line[len("RESULT "):])
+    want = [q.flatten() for q in _reference(steps)]
+    for out in ranks:
+        assert out["allreduce"] == [0.0, 10.0, 20.0, 30.0] and out["big"] == [10.0]
+        assert out["plane"] == "peer" and out["by_place"] > 0      # across nodes; in place inside each
+        for got, ref in zip(out["params"], want):
+            assert np.allclose(got, ref, atol=1e-5)
+
+
 def test_torchrun_topology_that_does_not_fit_the_launch():
     done = _torchrun(2, ["1"], {"HCCL_SIM_TOPOLOGY": "atlas800t-a2:servers=2"})
     assert done.returncode != 0

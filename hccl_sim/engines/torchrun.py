@@ -12,7 +12,9 @@ per-rank executor, every wait bounded by HCCL_EXEC_TIMEOUT / HCCL_CONNECT_TIMEOU
 rank is on one host (LOCAL_WORLD_SIZE == WORLD_SIZE) the world communicator's larger ops run on the
 shared-memory plane instead (hcomm.exec.shared_plane over hcomm.memory's segments: each rank its
 share of the data program on every rank's segments, under a session rank 0 names in the store); control and point to point stay
-on loopback TCP, sub-communicators (new_group) on the per-rank executor.
+on loopback TCP, sub-communicators (new_group) on the per-rank executor. A job across hosts runs
+the per-rank executor, and the ranks of one host (torchrun's GROUP_RANK) keep their buffers in
+their segments and read each other's slices in place; only bytes between hosts cross TCP.
 """
 from __future__ import annotations
 
@@ -58,15 +60,20 @@ def topology_from_env(world_size: int):
 
 
 class LaunchedGroup(PeerGroup):
-    """A launched script's world group whose ranks share a host: the shared-memory data plane
-    over the rank's segments (`memory`, a SegmentProvider)."""
+    """A launched script's world group with the rank's segments (`memory`, a SegmentProvider):
+    every rank on one host, the shared-memory data plane over them; some of them (a job across
+    hosts), the per-rank executor with the buffers in them, so that the ranks of one host read
+    each other's slices in place (hcomm.transports.socket, share_host)."""
     engine = "torchrun"
-    data_plane = "shm"
 
-    def __init__(self, rank, topo, config, control, transport, memory):
+    def __init__(self, rank, topo, config, control, transport, memory, one_host=True):
         super().__init__(rank, topo, config, control, transport)
         self.memory = memory
-        self._use_shared_plane(memory)
+        if one_host:
+            self.data_plane = "shm"
+            self._use_shared_plane(memory)
+        else:
+            self.share_host(memory)
 
     def close(self):
         """Unlink this rank's segments (its peers have left the last op: destroy_process_group,
@@ -88,22 +95,26 @@ def connect(store, rank: int, size: int, topo, env=None, timeout_s: float | None
     transport = SocketTransport(rank, size, config.wait_timeout_s, connect_timeout_s=float(config.connect_timeout_s),
                                 host=host)
     key = "hccl_sim/addr/"
-    store.set(f"{key}{rank}", json.dumps(list(transport.address)))
+    node = os.environ.get("GROUP_RANK") or socket.gethostname()      # torchrun's node: its ranks share a host
+    store.set(f"{key}{rank}", json.dumps(list(transport.address) + [node]))
     try:
-        peers = {r: tuple(json.loads(store.get(f"{key}{r}"))) for r in range(size)}
+        found = {r: json.loads(store.get(f"{key}{r}")) for r in range(size)}
     except RuntimeError as exc:          # torch's store raises RuntimeError on its own timeout
         transport.close()
         raise HcclError("E_TIMEOUT", f"rank {rank}: peers did not publish their addresses in the store: {exc}") \
             from None
-    transport.start(peers, eager=False)
+    transport.start({r: (host_, port) for r, (host_, port, _) in found.items()}, eager=False)
     control = TransportControl(transport, rank, size)
-    if local:
+    here = [r for r, (_, _, n) in found.items() if n == node]
+    if local or len(here) > 1:
         from hcomm.memory import segments as shm
         from hcomm.memory.segment_provider import SegmentProvider
         if rank == 0:
             store.set("hccl_sim/shm_session", shm.new_session())
-        group = LaunchedGroup(rank, topo, config, control, transport,
-                              SegmentProvider(store.get("hccl_sim/shm_session").decode(), rank))
+        memory = SegmentProvider(store.get("hccl_sim/shm_session").decode(), rank)
+        if not local:
+            transport.share_host(memory, here)
+        group = LaunchedGroup(rank, topo, config, control, transport, memory, one_host=local)
         import atexit
         atexit.register(group.close)       # a script that raised never reaches destroy_process_group
     else:

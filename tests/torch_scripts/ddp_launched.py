@@ -38,7 +38,8 @@ for k in range(steps):
 mine = {"rank": rank, "allreduce": t.tolist(), "sub": s.tolist(), "plane": plane,
         "big": sorted(set(big.tolist())),
         "params": [q.detach().flatten().tolist() for q in model.parameters()],
-        "ops": len(hccl_sim.torch.records()), "sim": sum(r.time for r in hccl_sim.torch.records())}
+        "ops": len(hccl_sim.torch.records()), "sim": sum(r.time for r in hccl_sim.torch.records()),
+        "by_place": hccl_sim.torch._World.transport.sent_by_place}
 everyone = [None] * world
 dist.all_gather_object(everyone, mine)
 if rank == 0:
