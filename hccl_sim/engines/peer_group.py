@@ -147,10 +147,12 @@ class PeerGroup(Group):
         self.pooled_result_bytes = self.plain_result_bytes = (
             self.inline_bytes + 1 if pooled_result_bytes is None else pooled_result_bytes)
 
-    def share_host(self, memory) -> None:
-        """Run larger ops by the per-rank executor with this rank's buffers in `memory`'s segments
-        (a SegmentProvider; its transport sends peers on this host their places), and take their
+    def share_host(self, memory, ranks) -> None:
+        """`ranks` (this one among them) share this rank's host: run larger ops by the per-rank
+        executor with this rank's buffers in `memory`'s segments (a SegmentProvider), the
+        transport sending those peers the places of slices instead of their bytes, and take
         results from its pool, which peers then read in place."""
+        self._raw_transport.share_host(memory, ranks)
         self.host_memory = memory
         self.pooled_result_bytes = self.plain_result_bytes = self.inline_bytes + 1
 

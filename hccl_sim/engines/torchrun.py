@@ -66,14 +66,14 @@ class LaunchedGroup(PeerGroup):
     each other's slices in place (hcomm.transports.socket, share_host)."""
     engine = "torchrun"
 
-    def __init__(self, rank, topo, config, control, transport, memory, one_host=True):
+    def __init__(self, rank, topo, config, control, transport, memory, host_ranks=None):
         super().__init__(rank, topo, config, control, transport)
         self.memory = memory
-        if one_host:
+        if host_ranks is None:               # every rank on this host
             self.data_plane = "shm"
             self._use_shared_plane(memory)
         else:
-            self.share_host(memory)
+            self.share_host(memory, host_ranks)
 
     def close(self):
         """Unlink this rank's segments (its peers have left the last op: destroy_process_group,
@@ -112,9 +112,7 @@ def connect(store, rank: int, size: int, topo, env=None, timeout_s: float | None
         if rank == 0:
             store.set("hccl_sim/shm_session", shm.new_session())
         memory = SegmentProvider(store.get("hccl_sim/shm_session").decode(), rank)
-        if not local:
-            transport.share_host(memory, here)
-        group = LaunchedGroup(rank, topo, config, control, transport, memory, one_host=local)
+        group = LaunchedGroup(rank, topo, config, control, transport, memory, host_ranks=None if local else here)
         import atexit
         atexit.register(group.close)       # a script that raised never reaches destroy_process_group
     else:

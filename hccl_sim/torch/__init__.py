@@ -127,8 +127,7 @@ def timeline(group=None) -> Timeline:
     pg = _ours(dist.distributed_c10d._get_default_group() if group is None else group)
     if pg is None:
         raise HcclError("E_PARA", "not an hccl_sim process group")
-    timeout_s = pg._worker.timeout_s if pg._worker.timeout_s is not None else pg.comm._transport.timeout_s
-    return Timeline(pg.comm.device, timeout_s)
+    return Timeline(pg.comm.device, pg.wait_timeout_s)
 
 
 def destroy_process_group():

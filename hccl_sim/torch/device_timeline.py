@@ -235,12 +235,12 @@ class Timeline:
 
     def kernel(self, func, args, kwargs, out, tensors, ready) -> None:
         """After the op ran: it as a kernel on the selected stream, from when its inputs are ready."""
+        packet = func._overloadpacket
         outs = [t for t in _tensors(out) if _real(t)]
-        if packet_of(func) in _NO_DATA or (not tensors and not any(t.numel() for t in outs)):
+        if packet in _NO_DATA or (not tensors and not any(t.numel() for t in outs)):
             return                            # memory handed out, not written: no kernel
         stream = self.current()
         stream.wait_event(Event(self.device, ready))
-        packet = func._overloadpacket
         if packet in flop_registry:
             flops = flop_registry[packet](*args, **(kwargs or {}), out_val=out)
         elif packet in _CPU_ATTENTION:
@@ -311,5 +311,3 @@ def _real(t) -> bool:
     return t.layout == torch.strided and t.device.type == "cpu"
 
 
-def packet_of(func):
-    return func._overloadpacket

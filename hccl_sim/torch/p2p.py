@@ -72,9 +72,8 @@ class PointToPoint:
                                 rank=self.comm.rank, op="recv", cause=Cause.BAD_INPUT)
             out.reshape(-1)[...] = data.reshape(-1)
             return [t]
-        work = self._worker.submit(lambda: Deferred(self.comm.irecv(src, tag, at=at), finish, _failed(sim, at)),
-                                   receive=True)
-        if sim is not None:                  # a receive that could not start ends where it was issued
+        work = self._worker.submit(lambda: Deferred(self.comm.irecv(src, tag, at=at), finish), receive=True)
+        if sim is not None:                  # a receive that failed ends where it was issued
             work.sim = sim
             work.get_future().add_done_callback(lambda _: sim.set(at))
         return work
@@ -135,7 +134,8 @@ def _within(comm, reqs, seconds) -> list:
 
 
 def _failed(sim, at):
-    """A failed transfer's end, under a timeline: where it was issued (its error is its Work's)."""
+    """A failed send's end, under a timeline: where it was issued (its Work completed at once;
+    the error is its Request's)."""
     return None if sim is None else (lambda exc: sim.set(at))
 
 

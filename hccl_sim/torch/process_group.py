@@ -61,6 +61,12 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
         pass                             # counted from 0 on every rank alike: nothing to agree on
 
     @property
+    def wait_timeout_s(self):
+        """How long a wait for one of the group's ops may last: torch's group timeout, else
+        HCCL_EXEC_TIMEOUT."""
+        return self._worker.timeout_s if self._worker.timeout_s is not None else self.comm._transport.timeout_s
+
+    @property
     def last_op(self):
         return self.records[-1] if self.records else None
 
@@ -92,13 +98,14 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
         return work
 
     def _call(self, method, *args, **kwargs):
-        """A Communicator collective, on the group's comm stream while its job runs on a timeline."""
+        """A Communicator collective (on the group's comm stream while its job runs on a
+        timeline), its OpRecord kept in the group's records."""
         if self._stream is None:
-            return method(*args, **kwargs)
-        return method(*args, stream=self._stream, **kwargs).result
-
-    def _record(self):
+            result = method(*args, **kwargs)
+        else:
+            result = method(*args, stream=self._stream, **kwargs).result
         self.records.append(self.comm.last_op)
+        return result
 
     def _reduction(self, opts):
         return Reduction(opts, self.comm.size)
@@ -108,7 +115,6 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
             return self._sparse_all_reduce(t, red)
         x = red.input(as_numpy(t), in_place=True)
         self._call(self.comm.all_reduce, x, op=red.op, out=x)
-        self._record()
         red.finish(t)
 
     def _sparse_all_reduce(self, t, red):
@@ -118,11 +124,8 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
             raise HcclError("E_NOT_SUPPORT", "a sparse tensor's all_reduce sums (ReduceOp.SUM) only")
         mine = t.coalesce()
         counts = self._call(self.comm.all_gather, np.array([mine._nnz()], np.int64))
-        self._record()
         idx = self._call(self.comm.all_gather_v, np.ascontiguousarray(mine.indices().numpy().T), counts)
-        self._record()
         vals = self._call(self.comm.all_gather_v, as_numpy(mine.values().contiguous()), counts)
-        self._record()
         total = torch.sparse_coo_tensor(torch.from_numpy(np.ascontiguousarray(idx.T)), torch.from_numpy(vals),
                                         t.shape).coalesce()
         t.copy_(total)
@@ -151,8 +154,8 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
         def body():
             for t in tensors:
                 x = as_numpy(t)
-                self._call(self.comm.reduce, red.input(x), root=root, op=red.op, out=x)     # a premultiplied copy, if any
-                self._record()
+                # red.input: a premultiplied copy, if any
+                self._call(self.comm.reduce, red.input(x), root=root, op=red.op, out=x)
                 if self.comm.rank == root:
                     red.finish(t)
         return self._run(body, tensors)
@@ -164,7 +167,6 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
             for t in tensors:
                 x = as_numpy(t)
                 self._call(self.comm.broadcast, x, root=root, out=x)
-                self._record()
         return self._run(body, tensors)
 
     def allgather(self, output_lists, inputs, opts=None):
@@ -178,7 +180,6 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
                     parts = np.split(y, np.cumsum(counts)[:-1])
                 else:
                     parts = self._call(self.comm.all_gather, as_numpy(t).reshape(1, -1))
-                self._record()
                 for o, part in zip(outs, parts):
                     as_numpy(o).reshape(-1)[...] = part
         return self._run(body, output_lists, inputs)
@@ -188,7 +189,6 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
         def body():
             flat = np.concatenate([as_numpy(t).reshape(-1) for t in inputs]) if inputs else np.empty(0)
             rows = self._call(self.comm.all_gather, flat.reshape(1, -1))
-            self._record()
             sizes = np.cumsum([t.numel() for t in inputs])[:-1]
             for outs, row in zip(output_lists, rows):
                 for o, part in zip(outs, np.split(row, sizes)):
@@ -203,7 +203,6 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
         def body():
             x = as_numpy(inputs[0]).reshape(1, -1)
             rows = self._call(self.comm.all_gather, x)
-            self._record()
             if self.comm.rank == root:
                 for o, row in zip(output_lists[0], rows):
                     as_numpy(o).reshape(-1)[...] = row
@@ -214,7 +213,6 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
             n = input.numel()
             out = as_numpy(output).reshape(self.comm.size, n)
             self._call(self.comm.all_gather, as_numpy(input).reshape(1, n), out=out)
-            self._record()
         return self._run(body, [output], [input])
 
     all_gather_single = _allgather_base
@@ -225,7 +223,6 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
                 n = input_.numel()
                 self._call(self.comm.all_gather, as_numpy(input_).reshape(1, n),
                            out=as_numpy(output).reshape(self.comm.size, n))
-                self._record()
         return self._run(body, outputs, inputs)
 
     def _reduce_scatter_base(self, output, input, opts=None):    # noqa: A002 - torch's name
@@ -236,7 +233,6 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
             x = red.input(as_numpy(input).reshape(self.comm.size * n))
             out = as_numpy(output).reshape(n)
             self._call(self.comm.reduce_scatter, x, op=red.op, out=out)
-            self._record()
             red.finish(output)
         return self._run(body, [output], [input])
 
@@ -258,7 +254,6 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
                     self._call(self.comm.reduce_scatter_v, x, counts, op=red.op, out=y)
                 else:
                     self._call(self.comm.reduce_scatter, x, op=red.op, out=y)
-                self._record()
                 red.finish(out)
         return self._run(body, outputs, input_lists)
 
@@ -274,7 +269,6 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
             else:                                   # the shape and dtype; the root's data is scattered
                 x = np.zeros(n * self.comm.size, dtype=as_numpy(out).dtype)
             self._call(self.comm.scatter, x.reshape(self.comm.size, n), root=root, out=as_numpy(out).reshape(1, n))
-            self._record()
         return self._run(body, output_tensors, input_tensors)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):   # noqa: A002
@@ -285,7 +279,6 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
             def body():
                 x = as_numpy(input).reshape(p, -1)
                 self._call(self.comm.all_to_all, x, out=as_numpy(output).reshape(p, -1))
-                self._record()
             return self._run(body, [output], [input])
 
         def body_v():
@@ -294,7 +287,6 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
             send = list(input_split_sizes) or [x.shape[0] // p] * p
             recv = list(output_split_sizes) or [out.shape[0] // p] * p
             self._call(self.comm.all_to_all_v, x, send, recv, out=out)
-            self._record()
         return self._run(body_v, [output], [input])
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
@@ -303,7 +295,6 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
             x = np.concatenate([as_numpy(t).reshape(-1) for t in input_tensors]) if input_tensors else np.empty(0)
             recv = [t.numel() for t in output_tensors]
             y = self._call(self.comm.all_to_all_v, x, [t.numel() for t in input_tensors], recv)
-            self._record()
             for t, part in zip(output_tensors, np.split(y, np.cumsum(recv)[:-1])):
                 as_numpy(t).reshape(-1)[...] = part
         return self._run(body, output_tensors, input_tensors)
@@ -311,7 +302,6 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
     def barrier(self, opts=None):
         def body():
             self._call(self.comm.barrier)
-            self._record()
         return self._run(body, [])
 
     def shutdown(self):

@@ -332,7 +332,7 @@ class SocketTransport(PeerEndpoint):
         if handle.dst in self._down:
             raise peer_lost(handle.dst, self.rank, self._down[handle.dst], None)
         link = self._link_to(handle.dst)
-        handle.keep = view          # the sender thread (or the peer) reads it; the caller may not write it until the ack
+        handle.keep = view          # the sender thread (or the peer) reads it: not to be written until the ack
         header = {"id": handle.id, "tag": handle.tag, "dtype": view.dtype.str, "shape": view.shape, "meta": meta}
         place = self._memory.where(view) if handle.dst in self._same_host and view.nbytes else None
         if place is not None:

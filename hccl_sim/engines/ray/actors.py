@@ -107,7 +107,7 @@ class RankActorBase(RayMailbox):
             group = RayGroup(self.rank, self.topo, config, spec.data_plane, control, transport, self.watch,
                              self.shared)
             if spec.data_plane == "socket":
-                self._share_host(spec, transport, group)
+                self._share_host(spec, group)
             comm = communicator(self.rank, group, self.runtime)
             try:
                 value = fn(comm, *args, **(kwargs or {}))
@@ -129,13 +129,12 @@ class RankActorBase(RayMailbox):
         self._finish(transport)
         return Outcome(self.rank, True, value=value, lost=_lost(group))
 
-    def _share_host(self, spec, transport, group):
+    def _share_host(self, spec, group):
         """Ranks on this rank's Ray node read each other's slices in place (the rank's segments);
         the others get bytes over TCP."""
         here = [r for r, node in enumerate(spec.nodes) if node == spec.nodes[self.rank]] if spec.nodes else []
         if len(here) > 1:
-            transport.share_host(self.shared, here)
-            group.share_host(self.shared)
+            group.share_host(self.shared, here)
 
     def _open_control(self, spec, transport):
         """The shared control block on the shm plane (attached once, kept across runs), else the
