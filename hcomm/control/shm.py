@@ -36,7 +36,6 @@ calls reset(). Payloads above slot_bytes are refused (E_PARA): those go over the
 from __future__ import annotations
 
 import ctypes
-import mmap
 import os
 import platform
 import time
@@ -44,6 +43,9 @@ import time
 from topologies.errors import HCCL_RESULT, Cause, HcclError
 
 from ..memory import segments as shm
+from ..memory.shared_file import FUTEX_WAIT as _FUTEX_WAIT, FUTEX_WAKE as _FUTEX_WAKE, SYS_FUTEX as _SYS_FUTEX
+from ..memory.shared_file import L as _L, Mapping as _Mapping, Timespec as _Timespec, futex_call as _syscall
+from ..memory.shared_file import proc_start_time as _proc_start_time
 
 DEFAULT_SLOT_BYTES = 4096
 MAGIC = 0x6863636c63746c31          # "hcclctl1"
@@ -64,61 +66,9 @@ _MASK = 0x3FFFFFFF                   # done word = (seq + 1) & _MASK; _BROKEN ma
 _BROKEN = 0x40000000
 _CODE_NAMES = {v: k for k, v in HCCL_RESULT.items()}
 
-_FUTEX_WAIT, _FUTEX_WAKE = 0, 1      # not FUTEX_PRIVATE: the word is shared between processes
-_SYS_FUTEX = {"x86_64": 202}.get(platform.machine())
-_libc = ctypes.CDLL(None, use_errno=True)
-_syscall = _libc.syscall
-_syscall.restype = ctypes.c_long
-_L = ctypes.c_long                   # syscall is variadic: pass every argument full width
-
-
-class _Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
-
-
 def segment_name(session: str) -> str:
     """Under the session's prefix, so shm.cleanup(session) and shm.sweep_orphans remove it."""
     return f"{shm.PREFIX}{session}_control"
-
-
-class _Mapping:
-    """A /dev/shm file mapped shared. Not multiprocessing.shared_memory: its resource tracker,
-    shared by spawned children, would track (and complain about or unlink) a segment every
-    attacher registers."""
-
-    def __init__(self, name: str, create_bytes: int | None = None):
-        self.name, self.path = name, f"/dev/shm/{name}"
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create_bytes is not None else 0)
-        fd = os.open(self.path, flags, 0o600)
-        try:
-            if create_bytes is not None:
-                os.ftruncate(fd, create_bytes)
-            size = os.fstat(fd).st_size
-            if size < _HEADER:              # its creator is still sizing it
-                raise FileNotFoundError(self.path)
-            self._mmap = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        self.buf = memoryview(self._mmap)
-
-    def close(self):
-        self.buf.release()
-        self._mmap.close()
-
-    def unlink(self):
-        os.unlink(self.path)
-
-
-def _proc_start_time(pid: int):
-    """The process's start time in clock ticks (tells a live peer from a reused pid), None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return None
-    if fields[0] in (b"Z", b"X"):        # killed but not yet reaped: as good as gone
-        return None
-    return int(fields[19])
 
 
 class ControlBlock:
@@ -149,6 +99,19 @@ class ControlBlock:
         self._wait_args = [(_L(_SYS_FUTEX), _L(self._base + (_W_DONE + i) * 8), _L(_FUTEX_WAIT)) for i in (0, 1)]
         self._ts_ref = ctypes.byref(self._ts)
         self._closed = False
+        self.names, self.rounds_per_call = None, 1     # as_part_of
+
+    def as_part_of(self, names, rounds_per_call: int) -> "ControlBlock":
+        """This block's ranks are the job's ranks `names` (a host's, hcomm.control.nodes), and each
+        of the job's control rounds takes `rounds_per_call` of its own: errors say so."""
+        self.names, self.rounds_per_call = tuple(names), int(rounds_per_call)
+        return self
+
+    def _who(self, k: int) -> int:
+        return k if self.names is None or k is None else self.names[k]
+
+    def _call(self, seq: int) -> int:
+        return seq // self.rounds_per_call
 
     # ---- life cycle ----------------------------------------------------------------------------
     @classmethod
@@ -162,7 +125,7 @@ class ControlBlock:
                 raise HcclError("E_PARA", f"control block {what} {v!r}: expected an integer from {lo} to 2**30")
         nbytes = _HEADER + (size + 1) * _RECORD + size * 2 * ((8 + slot_bytes + 63) // 64 * 64)
         try:
-            seg = _Mapping(segment_name(session), nbytes)
+            seg = _Mapping(segment_name(session), nbytes, _HEADER)
         except FileExistsError:
             raise HcclError("E_PARA", f"session {session!r} already has a control block") from None
         q = seg.buf.cast("q")
@@ -175,7 +138,7 @@ class ControlBlock:
         """The creator's handle on an existing block (it resets the block and unlinks it on close),
         for a process that takes over from a creator that died without closing it."""
         try:
-            seg = _Mapping(segment_name(session))
+            seg = _Mapping(segment_name(session), header_bytes=_HEADER)
         except FileNotFoundError:
             raise HcclError("E_NOT_FOUND", f"session {session!r} has no control block to adopt") from None
         return cls(seg, session, None, owner=True)
@@ -184,7 +147,7 @@ class ControlBlock:
     def attach(cls, session: str, rank: int) -> "ControlBlock":
         """Attach as `rank`, recording this process so peers can tell when it dies."""
         try:
-            seg = _Mapping(segment_name(session))
+            seg = _Mapping(segment_name(session), header_bytes=_HEADER)
         except FileNotFoundError:
             raise HcclError("E_NOT_FOUND", f"session {session!r} has no control block", rank=rank) from None
         block = cls(seg, session, None, owner=False)
@@ -277,11 +240,12 @@ class ControlBlock:
             return None
         r = self._rec(who - 1)
         raw = bytes(self._seg.buf[r * 8 + _WORDS:r * 8 + _WORDS + self._q[r + _R_RLEN]]).decode("utf-8", "replace")
-        origin = "the driver" if who - 1 == self.size else f"rank {who - 1}"
+        origin = "the driver" if who - 1 == self.size else f"rank {self._who(who - 1)}"
         if self._q[r + _R_ASEQ] >= 0:
             origin += f" in collective #{self._q[r + _R_ASEQ]}"
         return HcclError(_CODE_NAMES.get(self._q[r + _R_CODE], "E_INTERNAL"), f"aborted by {origin}: {raw}",
-                         rank=self.rank, cause=Cause.ABORTED, peers=() if who - 1 == self.size else (who - 1,))
+                         rank=self._who(self.rank), cause=Cause.ABORTED,
+                         peers=() if who - 1 == self.size else (self._who(who - 1),))
 
     # ---- the rendezvous ------------------------------------------------------------------------
     def allgather(self, seq: int, payload: bytes, deadline: float | None, op: str | None = None) -> list:
@@ -289,17 +253,17 @@ class ControlBlock:
 
         seq must be this rank's previous seq + 1 (0 first); deadline is a time.monotonic() value or
         None; `op` names the operation in errors."""
-        q, rank = self._q, self.rank
+        q, rank, me = self._q, self.rank, self._who(self.rank)
         if rank is None or self._closed:
-            raise HcclError("E_IN_STATUS", "allgather needs an attached, open rank handle", rank=rank, op=op)
+            raise HcclError("E_IN_STATUS", "allgather needs an attached, open rank handle", rank=me, op=op)
         r = self._rec(rank)
         if seq != q[r + _R_SEQ]:
-            raise HcclError("E_INTERNAL", f"collective #{seq} out of order: this rank's next is #{q[r + _R_SEQ]}",
-                            rank=rank, op=op)
+            raise HcclError("E_INTERNAL", f"control round #{seq} out of order: this rank's next is #{q[r + _R_SEQ]}",
+                            rank=me, op=op)
         n = len(payload)
         if n > self.slot_bytes:
             raise HcclError("E_PARA", f"control payload of {n} bytes exceeds the slot ({self.slot_bytes} bytes): "
-                                      f"send it over the data plane", rank=rank, op=op)
+                                      f"send it over the data plane", rank=me, op=op)
         err = self.abort_error()
         if err is not None:
             raise err
@@ -358,12 +322,13 @@ class ControlBlock:
             if deadline is not None and now >= deadline:
                 self._check_missing(target, seq, op)
                 missing = [k for k in range(p) if q[seq_at[k]] < target]
-                where = ", ".join(f"rank {k}: " + ("never attached" if q[seq_at[k] + _R_STATE] == _DETACHED else
-                                                   f"last at #{q[seq_at[k]] - 1}" if q[seq_at[k]] else "none yet")
-                                  for k in missing[:8])
-                raise HcclError("E_TIMEOUT", f"collective #{seq}: ranks {missing} have not arrived by the deadline "
-                                             f"({where})", rank=self.rank, op=op, cause=Cause.TIMEOUT,
-                                peers=missing)
+                where = ", ".join(f"rank {self._who(k)}: " + (
+                    "never attached" if q[seq_at[k] + _R_STATE] == _DETACHED else
+                    f"last at #{self._call(q[seq_at[k]] - 1)}" if q[seq_at[k]] else "none yet") for k in missing[:8])
+                missing = [self._who(k) for k in missing]
+                raise HcclError("E_TIMEOUT", f"collective #{self._call(seq)}: ranks {missing} have not arrived by the "
+                                             f"deadline ({where})", rank=self._who(self.rank), op=op,
+                                cause=Cause.TIMEOUT, peers=missing)
             sleep = BLOCK_SLICE_S if deadline is None else min(BLOCK_SLICE_S, max(deadline - now, 0.0))
             if done & _BROKEN:       # a close (an abort raised above): report it if it concerns us
                 self._check_missing(target, seq, op)
@@ -398,12 +363,14 @@ class ControlBlock:
                 continue
             state, pid = q[r + _R_STATE], q[r + _R_PID]
             if state in (_CLOSED, _LEFT):
-                raise HcclError("E_PARA", f"collective #{seq}: rank {k} returned without calling it (ranks made "
-                                          f"different sequences of collective calls)", rank=self.rank, op=op,
-                                cause=Cause.PEER_RETURNED, peers=(k,), detail={"missed": "call"})
+                raise HcclError("E_PARA", f"collective #{self._call(seq)}: rank {self._who(k)} returned without "
+                                          f"calling it (ranks made different sequences of collective calls)",
+                                rank=self._who(self.rank), op=op, cause=Cause.PEER_RETURNED, peers=(self._who(k),),
+                                detail={"missed": "call"})
             if state == _ATTACHED and _proc_start_time(pid) != q[r + _R_START]:
-                raise HcclError("E_REMOTE", f"collective #{seq}: rank {k} (pid {pid}) died before arriving",
-                                rank=self.rank, op=op, cause=Cause.PEER_LOST, peers=(k,))
+                raise HcclError("E_REMOTE", f"collective #{self._call(seq)}: rank {self._who(k)} (pid {pid}) died "
+                                            f"before arriving", rank=self._who(self.rank), op=op, cause=Cause.PEER_LOST,
+                                peers=(self._who(k),))
 
     # ---- helpers -------------------------------------------------------------------------------
     def _rec(self, who: int) -> int:

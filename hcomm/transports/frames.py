@@ -1,4 +1,5 @@
-"""The socket transport's frames on the wire, and the socket calls that move them.
+"""The socket transport's frames on the wire, the socket calls that move them, and a connection
+with a peer (`Link`: its socket, its frames queued for its sender thread, its threads).
 
 A frame is a fixed prefix (kind, header length, payload length), a small JSON header (message id,
 tag, dtype, shape, meta; or a slice's place in shared memory) and the payload's raw bytes: sent
@@ -8,8 +9,10 @@ into an array.
 from __future__ import annotations
 
 import json
+import queue
 import socket
 import struct
+import threading
 
 from topologies.errors import HcclError
 
@@ -70,3 +73,51 @@ def tune(sock):
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)      # a vanished host is found too
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
         sock.setsockopt(socket.SOL_SOCKET, opt, _SOCK_BUF)
+
+
+class Link:
+    """One TCP connection with a peer, and the threads that serve it."""
+
+    def __init__(self, sock, peer, outgoing):
+        self.sock, self.peer, self.outgoing = sock, peer, outgoing
+        self.send_lock = threading.Lock()
+        self.queue = queue.SimpleQueue() if outgoing else None
+        self.pending = 0            # frames handed to the sender thread and not yet sent
+        self.threads = []
+
+    def send(self, parts):
+        with self.send_lock:
+            send_all(self.sock, parts)
+
+    def enqueue(self, parts):
+        """Hand a frame to the link's sender thread (frames leave in the order they were handed)."""
+        with self.send_lock:
+            self.pending += 1
+        self.queue.put(parts)
+
+    def sent_by_thread(self, parts):
+        """The sender thread's send of a queued frame."""
+        with self.send_lock:
+            try:
+                send_all(self.sock, parts)
+            finally:
+                self.pending -= 1
+
+    def send_now(self, parts) -> bool:
+        """Send a small frame from the calling thread, saving the hand-off to the sender thread,
+        when nothing is queued before it (order is kept); False when it must be queued."""
+        if not self.send_lock.acquire(blocking=False):
+            return False
+        try:
+            if self.pending:
+                return False
+            send_all(self.sock, parts)
+            return True
+        finally:
+            self.send_lock.release()
+
+    def shutdown(self):
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass

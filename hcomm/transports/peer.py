@@ -290,11 +290,15 @@ class PeerEndpoint(abc.ABC):
 
     def _acknowledged(self, msg_id, reply) -> None:
         with self._cond:
-            handle = self._pending.pop(msg_id, None)
-            if handle is not None:
-                self._acks_from[handle.dst] += 1
-                handle.reply, handle.done, handle.keep = reply, True, None
-                self._cond.notify_all()
+            self._complete(msg_id, reply)
+
+    def _complete(self, msg_id, reply) -> None:
+        """A send acknowledged (lock held)."""
+        handle = self._pending.pop(msg_id, None)
+        if handle is not None:
+            self._acks_from[handle.dst] += 1
+            handle.reply, handle.done, handle.keep = reply, True, None
+            self._cond.notify_all()
 
     def _peer_down(self, peer, reason) -> None:
         with self._cond:

@@ -23,15 +23,17 @@ once if it has none, so that its death is seen even by a rank that never exchang
 watched peer refusing a connection is gone (every endpoint listens before its run starts).
 Tags and meta must be JSON values (tags may be tuples).
 
-Peers on this rank's own host (`share_host(memory, ranks)`: the Ray engine's ranks of one node)
-read in place what lies in shared memory: a data frame to one of them carries the slice's place
-in this rank's segments (hcomm.memory.segment_provider) instead of its bytes, and the peer maps
-it and reduces or copies straight from it, as HCCL's zero-copy peers do; its acknowledgement
-frees the slice as for any frame. Slices elsewhere, and every peer on another host, travel as bytes.
+Peers on this rank's own host (`share_host(memory, ranks)`: the Ray engine's ranks of one node, a
+torchrun host's) read in place what lies in shared memory: a data frame to one of them is the
+slice's place in this rank's segments (hcomm.memory.segment_provider), a record in the peer's
+shared-memory ring that the peer's own thread reads when it wakes on its doorbell, and the peer
+reduces or copies straight from the slice, as HCCL's zero-copy peers do; its acknowledgement
+comes back the same way (hcomm.transports.same_host). Slices elsewhere, and every peer on another
+host, travel as bytes over TCP; a waiting rank sleeps on its doorbell, which the socket threads
+ring as they deliver.
 """
 from __future__ import annotations
 
-import queue
 import socket
 import threading
 import time
@@ -40,62 +42,17 @@ import numpy as np
 
 from topologies.errors import HcclError
 
+from ..memory import segments
+
 from .base import POLL_S, connect_timeout, peer_lost
-from .frames import ACK, BYE, DATA, HELLO, encode, read_frame, recv_into, send_all, tune
-from .peer import PeerEndpoint, json_tuples as _tuples
+from .frames import ACK, BYE, DATA, HELLO, Link as _Link, encode, read_frame, recv_into, tune
+from .peer import PeerEndpoint, RemoteMessage, json_tuples as _tuples
+from .same_host import BellCondition, PairOrder, SameHost
 
 _JOIN_S = 5.0
 _POOL_PER_SHAPE = 4      # consumed receive buffers kept per (shape, dtype) for reuse
 INLINE_SEND_BYTES = 64 << 10   # payloads up to this leave from the posting thread (they fit the socket buffer)
 _REFUSED = "it refuses connections (its process is gone)"
-
-
-class _Link:
-    """One TCP connection with a peer, and the threads that serve it."""
-
-    def __init__(self, sock, peer, outgoing):
-        self.sock, self.peer, self.outgoing = sock, peer, outgoing
-        self.send_lock = threading.Lock()
-        self.queue = queue.SimpleQueue() if outgoing else None
-        self.pending = 0            # frames handed to the sender thread and not yet sent
-        self.threads = []
-
-    def send(self, parts):
-        with self.send_lock:
-            send_all(self.sock, parts)
-
-    def enqueue(self, parts):
-        """Hand a frame to the link's sender thread (frames leave in the order they were handed)."""
-        with self.send_lock:
-            self.pending += 1
-        self.queue.put(parts)
-
-    def sent_by_thread(self, parts):
-        """The sender thread's send of a queued frame."""
-        with self.send_lock:
-            try:
-                send_all(self.sock, parts)
-            finally:
-                self.pending -= 1
-
-    def send_now(self, parts) -> bool:
-        """Send a small frame from the calling thread, saving the hand-off to the sender thread,
-        when nothing is queued before it (order is kept); False when it must be queued."""
-        if not self.send_lock.acquire(blocking=False):
-            return False
-        try:
-            if self.pending:
-                return False
-            send_all(self.sock, parts)
-            return True
-        finally:
-            self.send_lock.release()
-
-    def shutdown(self):
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
 
 
 class SocketTransport(PeerEndpoint):
@@ -104,6 +61,9 @@ class SocketTransport(PeerEndpoint):
     def __init__(self, rank: int, size: int, timeout_s: float | None = None, connect_timeout_s: float = 120.0,
                  host: str = "127.0.0.1", port: int = 0):
         super().__init__(rank, size, timeout_s)
+        self._cond = BellCondition(threading.Lock())   # no thread uses the endpoint's yet
+        self._order = PairOrder()        # data frames to and from peers on this host, numbered
+        self._host = None                # share_host: the rings to those peers
         if not connect_timeout_s or connect_timeout_s <= 0:
             raise HcclError("E_PARA", f"connect_timeout_s must be > 0, got {connect_timeout_s!r}", rank=self.rank)
         self.connect_timeout_s = float(connect_timeout_s)
@@ -121,6 +81,7 @@ class SocketTransport(PeerEndpoint):
         self._pool, self._pool_lock = {}, threading.Lock()
         self._memory, self._same_host = None, frozenset()     # share_host
         self.sent_by_place = 0           # data frames that carried a slice's place, not its bytes
+        self.sent_by_ring = 0            # of those, the ones that went by the host's rings
         self._acceptor = threading.Thread(target=self._accept_loop, daemon=True, name=f"hcomm-sock{self.rank}-accept")
         self._acceptor.start()
 
@@ -147,8 +108,14 @@ class SocketTransport(PeerEndpoint):
 
     def share_host(self, memory, ranks) -> None:
         """Send `ranks` (peers on this host) the places of slices that lie in `memory`'s segments
-        (a SegmentProvider: `where`, `peer_view`), and read theirs in place."""
+        (a SegmentProvider: `where`, `peer_view`, `session`), and read theirs in place; places and
+        their acknowledgements go through shared-memory rings (hcomm.transports.same_host)."""
         self._memory, self._same_host = memory, frozenset(int(r) for r in ranks) - {self.rank}
+        if self._same_host and self._host is None:
+            prefix = f"{segments.PREFIX}{memory.session}"
+            self._host = SameHost(self, memory, self._same_host | {self.rank},
+                                  lambda r: f"{prefix}_{r}_rings_{self._address_of(r)[1]}")
+            self._cond.bell = self._host.rings.ring_self
 
     def _address_of(self, peer):
         if self._peers is None:
@@ -295,7 +262,7 @@ class SocketTransport(PeerEndpoint):
                             raise ValueError(f"payload of {nbytes} bytes for shape {head['shape']} {head['dtype']}")
                         if nbytes:
                             recv_into(sock, memoryview(data).cast("B"))
-                    self._deliver(peer, _tuples(head["tag"]), data, head.get("meta"), head["id"])
+                    self._arrive(peer, head.get("n"), _tuples(head["tag"]), data, head.get("meta"), head["id"])
                 elif kind == ACK:
                     self._acknowledged(head["id"], head.get("reply"))
                 elif kind == BYE:        # after every frame the peer sent on this connection
@@ -307,6 +274,15 @@ class SocketTransport(PeerEndpoint):
             if not bye and not self._closed:
                 why = "its connection closed (process died?)" if isinstance(exc, EOFError) else f"{type(exc).__name__}: {exc}"
                 self._peer_down(peer, why)
+
+    def _arrive(self, src, n, tag, data, meta, msg_id):
+        """A data frame from TCP: numbered (from a peer on this host) -> in its sender's order."""
+        msg = RemoteMessage(self, src, tag, data, meta, msg_id)
+        with self._cond:
+            if n is None:
+                self._enqueue(msg)
+            else:
+                self._order.arrive(src, n, msg, self._enqueue)
 
     # receive buffers, reused: a fresh array for every message costs page faults on every byte -------
     def _buffer(self, shape, dtype):
@@ -334,7 +310,15 @@ class SocketTransport(PeerEndpoint):
         link = self._link_to(handle.dst)
         handle.keep = view          # the sender thread (or the peer) reads it: not to be written until the ack
         header = {"id": handle.id, "tag": handle.tag, "dtype": view.dtype.str, "shape": view.shape, "meta": meta}
-        place = self._memory.where(view) if handle.dst in self._same_host and view.nbytes else None
+        near = handle.dst in self._same_host
+        place = self._memory.where(view) if near and view.nbytes else None
+        n = self._order.next(handle.dst) if near else None
+        if place is not None and self._host is not None and self._host.send_place(handle, view, meta, place, n):
+            self.sent_by_place += 1
+            self.sent_by_ring += 1
+            return
+        if n is not None:
+            header["n"] = n
         if place is not None:
             header["seg"], header["off"] = place
             parts = encode(DATA, header)
@@ -351,6 +335,8 @@ class SocketTransport(PeerEndpoint):
         link.enqueue(parts)
 
     def _send_ack(self, src, msg_id, reply):
+        if src in self._same_host and self._host is not None and self._host.send_ack(src, msg_id, reply):
+            return
         link = self._incoming.get(src)
         if link is None:
             return
@@ -358,6 +344,18 @@ class SocketTransport(PeerEndpoint):
             link.send(encode(ACK, {"id": msg_id, "reply": reply}))
         except OSError as exc:
             self._peer_down(src, f"connection broke while acknowledging to it: {exc}")
+
+    def _idle(self, timeout):
+        if self._host is None:
+            self._cond.wait(timeout)
+        else:
+            self._host.idle(timeout)
+
+    def _peer_returned(self, peer, data=False, acks=False):
+        if self._host is not None:       # what it put in the rings came before its goodbye
+            with self._cond:
+                self._host.drain()
+        super()._peer_returned(peer, data, acks)
 
     def _announce_exit(self):
         if self._said_bye:
@@ -400,3 +398,7 @@ class SocketTransport(PeerEndpoint):
             link.sock.close()
         self._acceptor.join(max(0.0, end - time.monotonic()))
         self._listener.close()
+        if self._host is not None:
+            with self._cond:
+                self._cond.bell = None
+                self._host.close()

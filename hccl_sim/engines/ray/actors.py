@@ -18,6 +18,7 @@ from hcomm.transports.ray_object import RayMailbox
 
 from topologies.errors import HcclError
 
+from hcomm.control.nodes import HostLayout, NodeControl
 from hcomm.control.shm import ShmControl
 from hcomm.control.transport import TransportControl
 from ..bootstrap import communicator, start_runtime
@@ -52,26 +53,28 @@ class RankActorBase(RayMailbox):
         self.device = self.runtime.device
         self.hcomm_transport = None        # this run's endpoint (RayMailbox delivers into it)
         self.watch = RankWatch()
-        self._block_owner = None           # the control block, in the actor that creates it
-        self._control = None
+        self._block_owner = None           # a control block, in the actor that creates it
+        self._block = None                 # this rank's handle on its control block (kept across runs)
+        self._control = None               # this run's control plane
 
     def info(self) -> RankInfo:
         import resource
         node_id, ip = _node()
         return RankInfo(self.rank, os.getpid(), node_id, ip, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
-    # ---- the control block (same host) -----------------------------------------------------------
-    def create_control(self, size: int) -> None:
+    # ---- the control block of this rank's host: every rank's on the shm plane, a Ray node's on
+    # ---- the socket plane (hcomm.control.nodes); `name` is its session, under the actor's --------
+    def create_control(self, name: str, size: int, slot_bytes: int = CONTROL_SLOT_BYTES) -> None:
         from hcomm.control.shm import ControlBlock
-        self._block_owner = ControlBlock.create(self.session, size, CONTROL_SLOT_BYTES)
+        self._block_owner = ControlBlock.create(name, size, slot_bytes)
 
     def reset_control(self) -> None:
         self._block_owner.reset()
 
-    def adopt_control(self) -> None:
-        """Take the control block over from this rank's crashed predecessor, which created it."""
+    def adopt_control(self, name: str) -> None:
+        """Take a control block over from this rank's crashed predecessor, which created it."""
         from hcomm.control.shm import ControlBlock
-        self._block_owner = ControlBlock.adopt(self.session)
+        self._block_owner = ControlBlock.adopt(name)
 
     # ---- one run ---------------------------------------------------------------------------------
     def prepare(self, data_plane: str, epoch: int = 0, config=None):
@@ -137,24 +140,39 @@ class RankActorBase(RayMailbox):
             group.share_host(self.shared, here)
 
     def _open_control(self, spec, transport):
-        """The shared control block on the shm plane (attached once, kept across runs), else the
-        peer transport (ranks on several hosts, or the cross-host planes forced on one)."""
+        """The shared control block on the shm plane; on the socket plane the block of this rank's
+        Ray node with one leader per node across (hcomm.control.nodes), but for a run whose fault
+        plan crashes ranks (their deaths are found by the transport, whose control plane is then
+        the peers' allgather); the peer transport's allgather on the object plane. Blocks are
+        attached once and kept across runs."""
         if spec.data_plane == "shm":
-            self.attach_control()
+            self.attach_control(spec.session, self.rank)
+            self._control = ShmControl(self._block)
             return self._control
-        return TransportControl(transport, self.rank, self.topo.num_ranks)
+        layout = HostLayout(spec.nodes) if spec.data_plane == "socket" and spec.nodes else None
+        config = self.config if spec.config is None else spec.config
+        crashes = config.faults is not None and config.faults.crashes
+        if layout is None or crashes:
+            self._control = TransportControl(transport, self.rank, self.topo.num_ranks)
+            return self._control
+        if len(layout.hosts[layout.host_index[self.rank]]) > 1:
+            self.attach_control(node_block(spec.session, layout, self.rank), layout.local_index[self.rank])
+        self._control = NodeControl(self._block, transport, self.rank, layout)
+        return self._control
 
-    def attach_control(self) -> None:
-        """Attach this rank to the control block (once; kept across runs). The driver calls it on
-        an actor replacing a crashed one before the next run: until then the block names the dead
-        process for this rank, and a peer arriving first would take it for a death in that run."""
-        if self._control is None:
+    def attach_control(self, name: str, index: int) -> None:
+        """Attach this rank to its host's control block as `index` (once; kept across runs). The
+        driver calls it on an actor replacing a crashed one before the next run: until then the
+        block names the dead process for this rank, and a peer arriving first would take it for a
+        death in that run."""
+        if self._block is None:
             from hcomm.control.shm import ControlBlock
-            self._control = ShmControl(ControlBlock.attach(self.session, self.rank))
+            self._block = ControlBlock.attach(name, index)
 
     def _finish(self, transport):
         if self._control is not None:
             self._control.leave()       # ranks still waiting for this one learn it has returned
+            self._control = None
         if transport is not None:
             transport.close()
         self.hcomm_transport = None
@@ -176,9 +194,9 @@ class RankActorBase(RayMailbox):
 
     def close(self):
         leaks = self.runtime.finalize() if self.runtime.state == "ready" else []
-        if self._control is not None:
-            self._control.close()
-            self._control = None
+        if self._block is not None:
+            self._block.close()
+            self._block = None
         if self._block_owner is not None:
             self._block_owner.close()
             self._block_owner = None
@@ -189,6 +207,12 @@ class RankActorBase(RayMailbox):
 def _lost(group):
     """The job's ranks the fault plan crashed in this rank's communicators' ops."""
     return () if group is None else tuple(sorted(group.lost_world))
+
+
+def node_block(session: str, layout, rank: int) -> str:
+    """The session of the control block of `rank`'s Ray node (under the run's session, so that
+    cleaning the session removes it)."""
+    return f"{session}_node{layout.host_index[rank]}"
 
 
 def rank_actor_class():

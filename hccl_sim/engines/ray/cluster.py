@@ -8,7 +8,11 @@ Ray's node ids (not host names): all on one node -> the shared-memory planes (co
 shm data); otherwise the socket plane (control and data peer to peer), or `data_plane="object"`
 (Ray's object store). Forcing "socket" or "object" on one node runs the cross-host path there.
 
-A run: reset the control block, let every actor open its transport endpoint (the driver hands
+Control blocks: rank 0 creates the one every rank shares on the shm plane; on the socket plane the
+first rank of each Ray node creates its node's (hcomm.control.nodes: a node's ranks meet there,
+one leader per node crosses).
+
+A run: reset the control blocks, let every actor open its transport endpoint (the driver hands
 out the addresses), run `fn` on every actor, and poll them while it runs: a rank that raised
 is reported by the earliest error that is not a consequence of another's (an abort, a departed
 peer); every rank waiting with nothing moving for STALL_S is a deadlock, told to every rank.
@@ -17,7 +21,7 @@ A fault plan's rank_crash ends the dead rank's actor process (RayGroup.die). Its
 plan's when the survivors' communicators met that crash: its result is None and the run's outcome
 is the survivors' (their results, or their error raised), as run_local's. Any dead actor is then
 replaced by a fresh one in the same placement bundle, which removes its predecessor's shared
-segments (and, for rank 0, takes the control block over), so the cluster stays usable.
+segments (and, for a block's creator, takes the block over), so the cluster stays usable.
 """
 from __future__ import annotations
 
@@ -29,7 +33,8 @@ from hcomm.memory import segments as shm
 from topologies.errors import Cause, HcclError
 
 from .. import rendezvous as rdv
-from .actors import rank_actor_class
+from hcomm.control.nodes import HostLayout
+from .actors import CONTROL_SLOT_BYTES, node_block, rank_actor_class
 from .protocol import RunSpec
 from hcomm.transports.watched import STALL_S
 
@@ -54,6 +59,7 @@ class RayCluster:
         self._broken = None             # why the cluster closed itself (a crashed rank it could not replace)
         self._runs = 0                  # runs so far: each run's transport endpoints are an epoch of their own
         self._pg = None
+        self._blocks = {}               # creator rank -> its control block (_control_blocks)
         if not ray.is_initialized():
             address = address or os.environ.get("RAY_ADDRESS")
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -88,8 +94,21 @@ class RayCluster:
         if plane == "shm" and not one_node:
             raise HcclError("E_PARA", f"data_plane 'shm' needs every rank on one Ray node; ranks landed on "
                             f"{len(self.nodes)} nodes (use 'socket' or 'object')")
-        if plane == "shm":
-            self._gather([self.actors[0].create_control.remote(p)], "create the control block", 60)
+        self._blocks = self._control_blocks()
+        self._gather([self.actors[r].create_control.remote(name, n, slot) for r, (name, n, slot) in self._blocks.items()],
+                     "create its control block", 60, ranks=list(self._blocks))
+
+    def _control_blocks(self) -> dict:
+        """rank -> (session, ranks, slot bytes) of the control blocks that rank creates: rank 0's
+        for every rank on the shm plane; on the socket plane, each Ray node's first rank's for the
+        node's ranks (hcomm.control.nodes), where a node holds more than one."""
+        if self.data_plane == "shm":
+            return {0: (self.session, self.topo.num_ranks, CONTROL_SLOT_BYTES)}
+        if self.data_plane != "socket":
+            return {}
+        layout = HostLayout(self.node_of)
+        return {ranks[0]: (node_block(self.session, layout, ranks[0]), len(ranks), layout.slot_bytes())
+                for ranks in layout.hosts if len(ranks) > 1}
 
     def _new_actor(self, rank):
         return self._actor_cls.options(**self._options(rank)).remote(rank, self._topo_ref, self.config, self.session)
@@ -142,8 +161,9 @@ class RayCluster:
             raise HcclError("E_IN_STATUS", "the Ray cluster is closed" + (f": {self._broken}" if self._broken else ""))
         config = self.config if config is None else config
         plane = self.data_plane
-        if plane == "shm":
-            self._gather([self.actors[0].reset_control.remote()], "reset the control block", 60)
+        if self._blocks:
+            self._gather([self.actors[r].reset_control.remote() for r in self._blocks], "reset its control block", 60,
+                         ranks=list(self._blocks))
         self._runs += 1
         addresses = self._gather([a.prepare.remote(plane, self._runs, config) for a in self.actors],
                                  "open its transport", config.connect_timeout_s or 120)
@@ -190,12 +210,13 @@ class RayCluster:
                 if info.node_id != self.node_of[r]:
                     raise HcclError("E_INTERNAL", f"rank {r}'s new actor landed on another Ray node", rank=r)
                 self.pids[r] = info.pid
-            if self.data_plane == "shm":
-                if 0 in ranks:
-                    self._gather([self.actors[0].adopt_control.remote()], "take the control block over", 60,
-                                 ranks=[0])
-                self._gather([self.actors[r].attach_control.remote() for r in ranks], "attach the control block",
-                             60, ranks=ranks)
+            creators = [r for r in ranks if r in self._blocks]
+            self._gather([self.actors[r].adopt_control.remote(self._blocks[r][0]) for r in creators],
+                         "take its control block over", 60, ranks=creators)
+            attach = {r: self._block_of(r) for r in ranks}
+            attach = {r: a for r, a in attach.items() if a is not None}
+            self._gather([self.actors[r].attach_control.remote(*a) for r, a in attach.items()],
+                         "attach its control block", 60, ranks=list(attach))
         except HcclError as exc:
             for a in fresh.values():
                 try:
@@ -204,6 +225,16 @@ class RayCluster:
                     pass
             self._broken = f"rank(s) {ranks} died and could not be replaced ({exc}); create a new Cluster"
             self.close()
+
+    def _block_of(self, rank):
+        """(session, index) of the control block `rank` attaches, or None."""
+        if self.data_plane == "shm":
+            return self.session, rank
+        if self.data_plane != "socket":
+            return None
+        layout = HostLayout(self.node_of)
+        name = node_block(self.session, layout, rank)
+        return (name, layout.local_index[rank]) if any(b[0] == name for b in self._blocks.values()) else None
 
     def _watch(self, refs, config):
         """Wait for every rank's Outcome, polling for deadlocks; nothing waits past the limit."""

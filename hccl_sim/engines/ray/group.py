@@ -3,7 +3,8 @@
 The engine-neutral part (rendezvous over the control plane's allgather, planning on every rank,
 eager small ops, the data planes, the crash hook, sub-communicators) is engines/peer_group.py's
 PeerGroup. What is Ray's own:
-- the control plane: shared memory on one host (ShmControl), the peer transport across hosts;
+- the control plane: shared memory on one host (ShmControl); across hosts each node's ranks meet in
+  shared memory and one leader per node crosses (NodeControl), or the peer transport's allgather;
 - the data plane "shm" (every rank on one host): the shared plane (hcomm.exec.shared_plane) over
   the actor's segments (hcomm.memory.segment_provider); "socket" / "object" (ranks that share no
   memory) run the per-rank executor over direct TCP or Ray's object store;
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 
+from hcomm.control.nodes import NodeControl
 from hcomm.control.shm import ShmControl
 from hcomm.transports.scoped import ScopedTransport
 from hcomm.transports.watched import WatchedTransport
@@ -49,8 +51,8 @@ class RayGroup(PeerGroup):
 
     def abort(self, rank, reason) -> None:
         """comm.abort(): this communicator's waits fail here and at every peer (its scope of the
-        job's transport; the shared control block is the world communicator's alone)."""
-        if isinstance(self.control, ShmControl):
+        job's transport; a shared control block is the world communicator's alone)."""
+        if isinstance(self.control, (ShmControl, NodeControl)):
             self.control.abort("E_REMOTE", reason)
         super().abort(rank, reason)
 

@@ -1,0 +1,182 @@
+"""Same-host records in shared memory: how the socket transport's ranks of one host reach each other.
+
+Ranks of one host that keep their buffers in shared memory (hcomm.memory.segment_provider) send
+each other only a slice's place and get back an acknowledgement: records of a few hundred bytes.
+Over TCP each costs a frame through the kernel, a reader thread's wake-up and its hand-off to the
+rank's thread; here a record goes into a ring in the receiver's segment, and the receiver's own
+thread, asleep on its doorbell (a futex), wakes and reads it: one wake-up, no thread between.
+
+Each rank owns one segment (`HostRings(name_of, me, host_ranks)`, named under its rank's prefix so
+that cleaning its session or its crashed rank removes it): its doorbell word and one ring per
+rank of its host that may send to it (single producer, single consumer: the producer writes a
+slot, then advances the ring's head; the consumer reads up to the head, then advances the tail).
+A producer rings the doorbell after every record: it writes a value of its own there (its index
+and a count, so never the value a sleeper read before) and wakes the futex. A consumer reads the
+doorbell, then the rings, and sleeps only while the doorbell still holds what it read: the kernel
+compares the word under the lock the wake takes, so no record goes unseen. Whatever reaches a
+rank by another path (a TCP frame, an abort, a peer lost) rings its doorbell too (`ring_self`).
+
+Ordering: a slot is written before its head, and read after it; x86-64 keeps stores in order and
+loads in order, as the control block (hcomm.control.shm) relies on too.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import threading
+
+from ..memory.shared_file import Futex, Mapping
+
+MAGIC = 0x68636f6d72696e67          # "hcomring"
+SLOTS = 64                           # records in flight per ordered pair (a step posts a few)
+SLOT_BYTES = 512                     # a record at most, with its length; longer ones go by TCP
+_HEADER = 128                        # magic, producers, then the doorbell on a line of its own
+_BELL = 64
+_RING_HEAD = 128                     # head and tail words, a cache line each
+_LEN = struct.Struct("<I")
+_RING = _RING_HEAD + SLOTS * SLOT_BYTES
+
+
+class _Ring:
+    """This rank's end of one ring: the producer's view of a peer's segment, or the consumer's own."""
+    __slots__ = ("mapping", "q", "base", "head", "tail", "bell", "futex", "lock")
+
+    def __init__(self, mapping, index):
+        self.mapping = mapping
+        self.q = mapping.buf.cast("q")
+        self.base = _HEADER + index * _RING
+        self.head, self.tail = self.base >> 3, (self.base + 64) >> 3
+        self.bell = mapping.buf[_BELL:_BELL + 4].cast("I")
+        probe = ctypes.c_char.from_buffer(mapping.buf)
+        self.futex = Futex(ctypes.addressof(probe) + _BELL)
+        del probe                            # an export would keep the mapping from closing
+        self.lock = threading.Lock()
+
+    def close(self):
+        self.bell.release()
+        self.q.release()
+        self.mapping.close()
+
+
+class HostRings:
+    """One rank's rings: `name_of(rank)` is the segment name of a rank of this host (peers attach
+    to theirs on their first record), `host_ranks` every rank of the host, this one (`me`) among
+    them."""
+
+    def __init__(self, name_of, me: int, host_ranks):
+        self.name_of, self.me = name_of, me
+        self.ranks = tuple(sorted(host_ranks))
+        self.index = {r: i for i, r in enumerate(self.ranks)}
+        self._count = 0
+        nbytes = _HEADER + len(self.ranks) * _RING
+        self._own = Mapping(name_of(me), nbytes, _HEADER)
+        q = self._own.buf.cast("q")
+        q[1], q[0] = len(self.ranks), MAGIC
+        q.release()
+        self._rings = [_Ring(self._own, i) for i in range(len(self.ranks))]   # the consumer's: one per producer
+        self._tails = [0] * len(self.ranks)
+        self._me_ring = self._rings[self.index[me]]
+        self._out = {}                       # peer -> _Ring in its segment (this rank's, as producer)
+        self._out_lock = threading.Lock()
+        self._closed = False
+
+    # ---- producing -----------------------------------------------------------------------------
+    def send(self, dst: int, record: bytes) -> bool:
+        """Put `record` in `dst`'s ring from this rank and ring its doorbell; False, at once, if it
+        is too long for a slot, the ring is full or `dst` has not made its segment yet: the caller
+        sends it another way (never waiting here, so two ranks that fill each other's rings
+        before either reads cannot deadlock)."""
+        n = len(record)
+        if n + _LEN.size > SLOT_BYTES:
+            return False
+        ring = self._out.get(dst) or self._attach(dst)
+        if ring is None:
+            return False
+        q = ring.q
+        with ring.lock:
+            h = q[ring.head]
+            if h - q[ring.tail] >= SLOTS:
+                return False
+            at = ring.base + _RING_HEAD + (h % SLOTS) * SLOT_BYTES
+            buf = ring.mapping.buf
+            _LEN.pack_into(buf, at, n)
+            buf[at + _LEN.size:at + _LEN.size + n] = record
+            q[ring.head] = h + 1
+        self._ring(ring)
+        return True
+
+    def _ring(self, ring) -> None:
+        self._count += 1
+        ring.bell[0] = ((self._count & 0x3FFFFFF) << 6 | self.index[self.me] & 0x3F) & 0xFFFFFFFF
+        ring.futex.wake()
+
+    def _attach(self, dst):
+        """This rank's ring in `dst`'s segment, mapped once; None while `dst` has not made it."""
+        with self._out_lock:
+            ring = self._out.get(dst)
+            if ring is not None or self._closed:
+                return ring
+            try:
+                mapping = Mapping(self.name_of(dst), header_bytes=_HEADER)
+            except FileNotFoundError:
+                return None
+            q = mapping.buf.cast("q")
+            ready = q[0] == MAGIC
+            q.release()
+            if not ready:
+                mapping.close()
+                return None
+            ring = self._out[dst] = _Ring(mapping, self.index[self.me])
+        return ring
+
+    def ring_self(self) -> None:
+        """Wake this rank's own sleepers (something reached it another way)."""
+        if not self._closed:
+            self._ring(self._me_ring)
+
+    # ---- consuming -----------------------------------------------------------------------------
+    def bell(self) -> int:
+        """The doorbell as it is now: read before `drain`, handed to `sleep`."""
+        return self._me_ring.bell[0]
+
+    def drain(self) -> list:
+        """Every record sent to this rank since the last drain, as (src, record), in each sender's
+        order. One thread at a time (the transport's lock held)."""
+        got = []
+        buf, tails = self._own.buf, self._tails
+        for i, ring in enumerate(self._rings):
+            q = ring.q
+            h, t = q[ring.head], tails[i]
+            if h == t:
+                continue
+            src = self.ranks[i]
+            while t < h:
+                at = ring.base + _RING_HEAD + (t % SLOTS) * SLOT_BYTES
+                n, = _LEN.unpack_from(buf, at)
+                got.append((src, bytes(buf[at + _LEN.size:at + _LEN.size + n])))
+                t += 1
+            tails[i] = t
+            q[ring.tail] = t
+        return got
+
+    def sleep(self, bell: int, timeout_s: float) -> None:
+        """Sleep up to timeout_s unless the doorbell changed since it read `bell`."""
+        self._me_ring.futex.wait(bell, timeout_s)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for ring in self._out.values():
+            ring.close()
+        self._out.clear()
+        for ring in self._rings:
+            ring.q.release()
+            ring.bell.release()
+        self._own.close()
+        try:
+            os.unlink(self._own.path)
+        except FileNotFoundError:
+            pass
+
