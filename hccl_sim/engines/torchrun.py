@@ -6,8 +6,9 @@ HCCL_SIM_TOPOLOGY (a preset name, optionally `name:servers=N`, or an HCCL rank-t
 default one 910B server, as many of its NPUs as there are processes; a hardware preset without a
 server count is filled in order by the processes) and must have exactly world-size ranks. The ranks find each other
 through the store torch gives the backend: each rank's socket endpoint (hcomm.transports.socket)
-publishes its address under hccl_sim/<session>/<rank> and reads every peer's; rendezvous is the
-dissemination allgather over that transport (hcomm.control.transport), data the
+publishes its address under hccl_sim/<session>/<rank> and reads every peer's; rendezvous is a
+control block per host with one leader per host across (hcomm.control.nodes; the dissemination
+allgather over the transport where no host has two ranks, or a fault plan crashes ranks), data the
 per-rank executor, every wait bounded by HCCL_EXEC_TIMEOUT / HCCL_CONNECT_TIMEOUT. When every
 rank is on one host (LOCAL_WORLD_SIZE == WORLD_SIZE) the world communicator's larger ops run on the
 shared-memory plane instead (hcomm.exec.shared_plane over hcomm.memory's segments: each rank its
@@ -66,9 +67,9 @@ class LaunchedGroup(PeerGroup):
     each other's slices in place (hcomm.transports.socket, share_host)."""
     engine = "torchrun"
 
-    def __init__(self, rank, topo, config, control, transport, memory, host_ranks=None):
+    def __init__(self, rank, topo, config, control, transport, memory, host_ranks=None, block_owner=None):
         super().__init__(rank, topo, config, control, transport)
-        self.memory = memory
+        self.memory, self._block_owner = memory, block_owner
         if host_ranks is None:               # every rank on this host
             self.data_plane = "shm"
             self._use_shared_plane(memory)
@@ -79,6 +80,10 @@ class LaunchedGroup(PeerGroup):
         """Unlink this rank's segments (its peers have left the last op: destroy_process_group,
         or the interpreter's exit); once."""
         if self.memory is not None:
+            self.control.leave()             # peers still waiting in the host's block learn it at once
+            self.control.close()
+            if self._block_owner is not None:
+                self._block_owner.close()
             self.memory.close()
             self.memory = None
 
@@ -104,17 +109,63 @@ def connect(store, rank: int, size: int, topo, env=None, timeout_s: float | None
         raise HcclError("E_TIMEOUT", f"rank {rank}: peers did not publish their addresses in the store: {exc}") \
             from None
     transport.start({r: (host_, port) for r, (host_, port, _) in found.items()}, eager=False)
-    control = TransportControl(transport, rank, size)
     here = [r for r, (_, _, n) in found.items() if n == node]
     if local or len(here) > 1:
         from hcomm.memory import segments as shm
         from hcomm.memory.segment_provider import SegmentProvider
         if rank == 0:
             store.set("hccl_sim/shm_session", shm.new_session())
-        memory = SegmentProvider(store.get("hccl_sim/shm_session").decode(), rank)
-        group = LaunchedGroup(rank, topo, config, control, transport, memory, host_ranks=None if local else here)
+        session = store.get("hccl_sim/shm_session").decode()
+        crashes = config.faults is not None and config.faults.crashes
+        control, owner = (TransportControl(transport, rank, size), None) if crashes else \
+            host_control(store, session, [found[r][2] for r in range(size)], rank, transport,
+                         float(config.connect_timeout_s))
+        memory = SegmentProvider(session, rank)
+        group = LaunchedGroup(rank, topo, config, control, transport, memory, host_ranks=None if local else here,
+                              block_owner=owner)
         import atexit
         atexit.register(group.close)       # a script that raised never reaches destroy_process_group
     else:
-        group = PeerGroup(rank, topo, config, control, transport)
+        group = PeerGroup(rank, topo, config, TransportControl(transport, rank, size), transport)
     return communicator(rank, group, start_runtime(rank, topo)), transport
+
+
+def host_control(store, session: str, host_of, rank: int, transport, timeout_s: float):
+    """(this rank's control plane, the control block it created or None): each host's ranks meet
+    in a control block of their own, one leader per host across (hcomm.control.nodes). A host's
+    first rank creates its block and waits until every rank of the host has attached, so that
+    its handle's unlinking at the end cannot come before a peer's attach; the others attach once
+    the store says it exists."""
+    import time
+    from hcomm.control.nodes import HostLayout, NodeControl
+    from hcomm.control.shm import ControlBlock
+    layout = HostLayout(host_of)
+    k = layout.host_index[rank]
+    ranks = layout.hosts[k]
+    if len(ranks) == 1:
+        return NodeControl(None, transport, rank, layout), None
+    name, owner = f"{session}_node{k}", None
+    try:
+        if rank == ranks[0]:
+            owner = ControlBlock.create(name, len(ranks), layout.slot_bytes())
+            store.set(f"hccl_sim/block/{k}", "1")
+        else:
+            store.get(f"hccl_sim/block/{k}")
+        block = ControlBlock.attach(name, layout.local_index[rank])
+        attached = store.add(f"hccl_sim/attached/{k}", 1)
+        deadline = time.monotonic() + timeout_s
+        while owner is not None and attached < len(ranks):
+            if time.monotonic() > deadline:
+                raise HcclError("E_TIMEOUT", f"rank {rank}: the ranks of its host did not attach its control block "
+                                f"within {timeout_s:g} s", rank=rank)
+            time.sleep(0.01)
+            attached = store.add(f"hccl_sim/attached/{k}", 0)
+    except RuntimeError as exc:          # torch's store raises RuntimeError on its own timeout
+        if owner is not None:
+            owner.close()
+        raise HcclError("E_TIMEOUT", f"rank {rank}: its host's control block was not made in time: {exc}") from None
+    except HcclError:
+        if owner is not None:
+            owner.close()
+        raise
+    return NodeControl(block, transport, rank, layout), owner

@@ -11,13 +11,18 @@ that cleaning its session or its crashed rank removes it): its doorbell word and
 rank of its host that may send to it (single producer, single consumer: the producer writes a
 slot, then advances the ring's head; the consumer reads up to the head, then advances the tail).
 A producer rings the doorbell after every record: it writes a value of its own there (its index
-and a count, so never the value a sleeper read before) and wakes the futex. A consumer reads the
-doorbell, then the rings, and sleeps only while the doorbell still holds what it read: the kernel
-compares the word under the lock the wake takes, so no record goes unseen. Whatever reaches a
-rank by another path (a TCP frame, an abort, a peer lost) rings its doorbell too (`ring_self`).
+and a count, so never the value a sleeper read before) and, if the consumer has a thread asleep
+(its sleepers word), wakes the futex. A consumer reads the doorbell, then the rings, and sleeps
+only while the doorbell still holds what it read: the kernel compares the word under the lock the
+wake takes, so no record goes unseen. Whatever reaches a rank by another path (a TCP frame, an
+abort, a peer lost) rings its doorbell too (`ring_self`).
 
 Ordering: a slot is written before its head, and read after it; x86-64 keeps stores in order and
-loads in order, as the control block (hcomm.control.shm) relies on too.
+loads in order, as the control block (hcomm.control.shm) relies on too. A store and a later load
+may pass each other, though: a producer's doorbell store and its look at the sleepers word are
+parted by its ring lock's release, a consumer's sleepers store and its futex compare by its
+transport lock's release (both atomic instructions, full fences on x86-64), so a producer that
+finds no sleeper wrote its doorbell before the sleeper's compare.
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ SLOTS = 64                           # records in flight per ordered pair (a ste
 SLOT_BYTES = 512                     # a record at most, with its length; longer ones go by TCP
 _HEADER = 128                        # magic, producers, then the doorbell on a line of its own
 _BELL = 64
+_SLEEPERS_W = 9                      # word index (byte 72): the consumer's threads asleep on the doorbell
 _RING_HEAD = 128                     # head and tail words, a cache line each
 _LEN = struct.Struct("<I")
 _RING = _RING_HEAD + SLOTS * SLOT_BYTES
@@ -103,13 +109,14 @@ class HostRings:
             _LEN.pack_into(buf, at, n)
             buf[at + _LEN.size:at + _LEN.size + n] = record
             q[ring.head] = h + 1
-        self._ring(ring)
+            self._ring(ring)
+        if q[_SLEEPERS_W]:                   # after the lock's release: see the module docstring
+            ring.futex.wake()
         return True
 
     def _ring(self, ring) -> None:
         self._count += 1
         ring.bell[0] = ((self._count & 0x3FFFFFF) << 6 | self.index[self.me] & 0x3F) & 0xFFFFFFFF
-        ring.futex.wake()
 
     def _attach(self, dst):
         """This rank's ring in `dst`'s segment, mapped once; None while `dst` has not made it."""
@@ -131,9 +138,12 @@ class HostRings:
         return ring
 
     def ring_self(self) -> None:
-        """Wake this rank's own sleepers (something reached it another way)."""
-        if not self._closed:
-            self._ring(self._me_ring)
+        """Wake this rank's own sleepers (something reached it another way). Called with the lock
+        that guards `asleep` held, so it sees every thread that is going to sleep."""
+        ring = self._me_ring
+        if not self._closed and ring.q[_SLEEPERS_W]:
+            self._ring(ring)
+            ring.futex.wake()
 
     # ---- consuming -----------------------------------------------------------------------------
     def bell(self) -> int:
@@ -159,6 +169,11 @@ class HostRings:
             tails[i] = t
             q[ring.tail] = t
         return got
+
+    def asleep(self, delta: int) -> None:
+        """A thread of this rank is going to sleep (+1) or woke (-1): under the caller's lock,
+        released between the two (the fence the module docstring names)."""
+        self._me_ring.q[_SLEEPERS_W] += delta
 
     def sleep(self, bell: int, timeout_s: float) -> None:
         """Sleep up to timeout_s unless the doorbell changed since it read `bell`."""

@@ -113,12 +113,14 @@ class SameHost:
         bell = self.rings.bell()
         if self.drain():
             return
-        cond = self.tr._cond
+        cond, rings = self.tr._cond, self.rings
+        rings.asleep(1)
         cond.release()
         try:
-            self.rings.sleep(bell, timeout)
+            rings.sleep(bell, timeout)
         finally:
             cond.acquire()
+            rings.asleep(-1)
 
     def close(self) -> None:
         self.rings.close()
