@@ -39,6 +39,7 @@ SLOT_BYTES = 512                     # a record at most, with its length; longer
 _HEADER = 128                        # magic, producers, then the doorbell on a line of its own
 _BELL = 64
 _SLEEPERS_W = 9                      # word index (byte 72): the consumer's threads asleep on the doorbell
+_ACK_SLEEPERS_W = 10                 # (byte 80): those of them waiting for an acknowledgement
 _RING_HEAD = 128                     # head and tail words, a cache line each
 _LEN = struct.Struct("<I")
 _RING = _RING_HEAD + SLOTS * SLOT_BYTES
@@ -88,11 +89,12 @@ class HostRings:
         self._closed = False
 
     # ---- producing -----------------------------------------------------------------------------
-    def send(self, dst: int, record: bytes) -> bool:
+    def send(self, dst: int, record: bytes, ack: bool = False) -> bool:
         """Put `record` in `dst`'s ring from this rank and ring its doorbell; False, at once, if it
         is too long for a slot, the ring is full or `dst` has not made its segment yet: the caller
         sends it another way (never waiting here, so two ranks that fill each other's rings
-        before either reads cannot deadlock)."""
+        before either reads cannot deadlock). An acknowledgement (`ack`) wakes only a thread that
+        waits for one: a rank waiting for data would only go back to sleep."""
         n = len(record)
         if n + _LEN.size > SLOT_BYTES:
             return False
@@ -110,7 +112,7 @@ class HostRings:
             buf[at + _LEN.size:at + _LEN.size + n] = record
             q[ring.head] = h + 1
             self._ring(ring)
-        if q[_SLEEPERS_W]:                   # after the lock's release: see the module docstring
+        if q[_ACK_SLEEPERS_W if ack else _SLEEPERS_W]:      # after the lock's release: the module docstring
             ring.futex.wake()
         return True
 
@@ -170,10 +172,14 @@ class HostRings:
             q[ring.tail] = t
         return got
 
-    def asleep(self, delta: int) -> None:
-        """A thread of this rank is going to sleep (+1) or woke (-1): under the caller's lock,
-        released between the two (the fence the module docstring names)."""
-        self._me_ring.q[_SLEEPERS_W] += delta
+    def asleep(self, delta: int, for_acks: bool = False) -> None:
+        """A thread of this rank is going to sleep (+1) or woke (-1), waiting for an
+        acknowledgement or not: under the caller's lock, released between the two (the fence the
+        module docstring names)."""
+        q = self._me_ring.q
+        q[_SLEEPERS_W] += delta
+        if for_acks:
+            q[_ACK_SLEEPERS_W] += delta
 
     def sleep(self, bell: int, timeout_s: float) -> None:
         """Sleep up to timeout_s unless the doorbell changed since it read `bell`."""

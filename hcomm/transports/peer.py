@@ -255,7 +255,7 @@ class PeerEndpoint(abc.ABC):
                 if left is not None and left <= 0:
                     raise consume_timeout(handle.src, handle.dst, self.timeout_s, op)
                 probe_at = self._maybe_probe(handle.dst, probe_at)
-                self._idle(POLL_S if left is None else min(POLL_S, left))
+                self._idle(POLL_S if left is None else min(POLL_S, left), for_acks=True)
         return handle.reply
 
     def _maybe_probe(self, peer, probe_at):
@@ -322,10 +322,11 @@ class PeerEndpoint(abc.ABC):
     def _send_ack(self, src, msg_id, reply) -> None:
         """Get `reply` back to `src` (which calls _acknowledged there)."""
 
-    def _idle(self, timeout: float) -> None:
-        """Wait (lock held) up to `timeout` s for something to change. Transports whose frames
-        arrive on threads of their own just wait to be notified; one whose waiting ranks must
-        drive the progress themselves (MPI) overrides it."""
+    def _idle(self, timeout: float, for_acks: bool = False) -> None:
+        """Wait (lock held) up to `timeout` s for something to change (`for_acks`: the wait is
+        for an acknowledgement, so a transport may let one that only brings data sleep on).
+        Transports whose frames arrive on threads of their own just wait to be notified; one
+        whose waiting ranks must drive the progress themselves (MPI) overrides it."""
         self._cond.wait(timeout)
 
     def _release(self, data) -> None:

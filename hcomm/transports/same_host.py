@@ -87,7 +87,7 @@ class SameHost:
         return self._send(handle.dst, record)
 
     def send_ack(self, src, msg_id, reply) -> bool:
-        return self._send(src, pickle.dumps((_ACK, msg_id, reply), protocol=_PROTOCOL))
+        return self.rings.send(src, pickle.dumps((_ACK, msg_id, reply), protocol=_PROTOCOL), ack=True)
 
     def _send(self, dst, record) -> bool:
         return self.rings.send(dst, record)
@@ -107,20 +107,21 @@ class SameHost:
                 tr._complete(rec[1], rec[2])
         return len(got)
 
-    def idle(self, timeout: float) -> None:
+    def idle(self, timeout: float, for_acks: bool = False) -> None:
         """A wait of the transport (its lock held): read the rings; with nothing there, sleep on the
-        doorbell (the lock released meanwhile) until something arrives by either path."""
+        doorbell (the lock released meanwhile) until something arrives by either path; a wait for
+        data sleeps on through acknowledgements (`for_acks`: HostRings.asleep)."""
         bell = self.rings.bell()
         if self.drain():
             return
         cond, rings = self.tr._cond, self.rings
-        rings.asleep(1)
+        rings.asleep(1, for_acks)
         cond.release()
         try:
             rings.sleep(bell, timeout)
         finally:
             cond.acquire()
-            rings.asleep(-1)
+            rings.asleep(-1, for_acks)
 
     def close(self) -> None:
         self.rings.close()

@@ -345,11 +345,11 @@ class SocketTransport(PeerEndpoint):
         except OSError as exc:
             self._peer_down(src, f"connection broke while acknowledging to it: {exc}")
 
-    def _idle(self, timeout):
+    def _idle(self, timeout, for_acks=False):
         if self._host is None:
             self._cond.wait(timeout)
         else:
-            self._host.idle(timeout)
+            self._host.idle(timeout, for_acks)
 
     def _peer_returned(self, peer, data=False, acks=False):
         if self._host is not None:       # what it put in the rings came before its goodbye
