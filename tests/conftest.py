@@ -58,6 +58,26 @@ def fullmesh():
 
 # ---- ordering a test's steps by what the code shows, not by sleeping "long enough" ------------------
 
+def ranks_as_threads(p, body, timeout=90.0):
+    """body(rank) on a thread per rank; every rank's result. Fails on any rank's error, or on a
+    rank still running after `timeout` s."""
+    results, errors = [None] * p, []
+
+    def one(rank):
+        try:
+            results[rank] = body(rank)
+        except BaseException as exc:      # noqa: BLE001 - reported below
+            errors.append((rank, exc))
+    ts = [threading.Thread(target=one, args=(r,)) for r in range(p)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in ts), f"ranks still running after {timeout} s"
+    assert not errors, errors
+    return results
+
+
 def wait_until(condition, what, timeout=30.0, every=0.005):
     """Poll `condition()` until it is true; fail naming `what` once `timeout` s have passed."""
     deadline = time.monotonic() + timeout

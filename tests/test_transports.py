@@ -19,7 +19,7 @@ from hcomm.transports.ray_object import RayObjectTransport, ScheduleRunner
 from hcomm.transports.socket import SocketTransport
 from topologies.errors import HcclError
 
-from conftest import blocked_in, shm_leaks, wait_until, waiting_ranks
+from conftest import blocked_in, ranks_as_threads, shm_leaks, wait_until, waiting_ranks
 from transport_cases import (CASES, SIZES, SPAWN, case_buffers, case_expected, case_steps, check_outputs,
                              listening_rank, run_cases, socket_rank)
 
@@ -40,29 +40,12 @@ def no_leaks():
 
 # ---- in-process: ranks are threads ---------------------------------------------------------------------
 
-def threads(p, body):
-    results, errors = [None] * p, []
-
-    def one(rank):
-        try:
-            results[rank] = body(rank)
-        except BaseException as exc:
-            errors.append(exc)
-    ts = [threading.Thread(target=one, args=(r,)) for r in range(p)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(60)
-    assert not errors, errors
-    return results
-
-
 @pytest.mark.local
 @pytest.mark.parametrize("p", SIZES)
 def test_inprocess_runs_programs(p):
     tr = InProcessTransport(p, timeout_s=30)
     assert isinstance(tr, Transport)
-    check_outputs(threads(p, lambda rank: run_cases(tr, rank, p)), p)
+    check_outputs(ranks_as_threads(p, lambda rank: run_cases(tr, rank, p)), p)
 
 
 # ---- socket: ranks are spawned processes -----------------------------------------------------------------

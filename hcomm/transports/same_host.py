@@ -84,13 +84,10 @@ class SameHost:
         long, the ring full, the peer's rings not made yet): the frame then goes by TCP, numbered."""
         record = pickle.dumps((_DATA, n, handle.id, handle.tag, view.dtype.str, view.shape, place[0], place[1], meta),
                               protocol=_PROTOCOL)
-        return self._send(handle.dst, record)
+        return self.rings.send(handle.dst, record)
 
     def send_ack(self, src, msg_id, reply) -> bool:
         return self.rings.send(src, pickle.dumps((_ACK, msg_id, reply), protocol=_PROTOCOL), ack=True)
-
-    def _send(self, dst, record) -> bool:
-        return self.rings.send(dst, record)
 
     def drain(self) -> int:
         """Take in every record sent to this rank (the transport's lock held): places become

@@ -94,6 +94,7 @@ class RayCluster:
         if plane == "shm" and not one_node:
             raise HcclError("E_PARA", f"data_plane 'shm' needs every rank on one Ray node; ranks landed on "
                             f"{len(self.nodes)} nodes (use 'socket' or 'object')")
+        self._layout = HostLayout(self.node_of)
         self._blocks = self._control_blocks()
         self._gather([self.actors[r].create_control.remote(name, n, slot) for r, (name, n, slot) in self._blocks.items()],
                      "create its control block", 60, ranks=list(self._blocks))
@@ -106,7 +107,7 @@ class RayCluster:
             return {0: (self.session, self.topo.num_ranks, CONTROL_SLOT_BYTES)}
         if self.data_plane != "socket":
             return {}
-        layout = HostLayout(self.node_of)
+        layout = self._layout
         return {ranks[0]: (node_block(self.session, layout, ranks[0]), len(ranks), layout.slot_bytes())
                 for ranks in layout.hosts if len(ranks) > 1}
 
@@ -230,11 +231,10 @@ class RayCluster:
         """(session, index) of the control block `rank` attaches, or None."""
         if self.data_plane == "shm":
             return self.session, rank
-        if self.data_plane != "socket":
+        layout = self._layout
+        if self.data_plane != "socket" or len(layout.hosts[layout.host_index[rank]]) == 1:
             return None
-        layout = HostLayout(self.node_of)
-        name = node_block(self.session, layout, rank)
-        return (name, layout.local_index[rank]) if any(b[0] == name for b in self._blocks.values()) else None
+        return node_block(self.session, layout, rank), layout.local_index[rank]
 
     def _watch(self, refs, config):
         """Wait for every rank's Outcome, polling for deadlocks; nothing waits past the limit."""
