@@ -78,6 +78,47 @@ def ranks_as_threads(p, body, timeout=90.0):
     return results
 
 
+@pytest.fixture
+def no_transport_leaks():
+    """No transport thread (hcomm-*) and no /dev/shm segment outlives the test."""
+    before = set(os.listdir("/dev/shm"))
+    yield
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and [t for t in threading.enumerate() if t.name.startswith("hcomm-")]:
+        time.sleep(0.05)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("hcomm-")]
+    assert not shm_leaks(before)
+
+
+class SocketHosts:
+    """p socket transports started against each other, each rank's buffers in its own segments;
+    `hosts`: the ranks of one host, or a list of such groups (each group's ranks share a host:
+    share_host); a rank in no group is alone on its host."""
+
+    def __init__(self, p, hosts, timeout_s=30):
+        from hcomm.memory import segments as shm
+        from hcomm.memory.segment_provider import SegmentProvider
+        from hcomm.transports.socket import SocketTransport
+        groups = [list(g) for g in hosts] if hosts and not isinstance(next(iter(hosts)), int) else [list(hosts)]
+        self.session = shm.new_session()
+        self.memory = [SegmentProvider(self.session, r) for r in range(p)]
+        self.tr = [SocketTransport(r, p, timeout_s=timeout_s, connect_timeout_s=30) for r in range(p)]
+        peers = {r: t.address for r, t in enumerate(self.tr)}
+        for r, t in enumerate(self.tr):
+            t.start(peers, eager=False)
+            for g in groups:
+                if r in g:
+                    t.share_host(self.memory[r], g)
+
+    def close(self):
+        from hcomm.memory import segments as shm
+        for t in self.tr:
+            t.close()
+        for m in self.memory:
+            m.close()
+        shm.cleanup(self.session)
+
+
 def wait_until(condition, what, timeout=30.0, every=0.005):
     """Poll `condition()` until it is true; fail naming `what` once `timeout` s have passed."""
     deadline = time.monotonic() + timeout

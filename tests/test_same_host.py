@@ -1,7 +1,6 @@
 """Ranks of one host on the socket transport: places and acknowledgements through shared-memory
 rings, read by the waiting rank's own thread, with frames by TCP kept in their order; and the
 hierarchical control plane (a control block per host, one leader per host across)."""
-import os
 import threading
 import time
 
@@ -12,48 +11,14 @@ from hcomm.control.nodes import BUDGET_BYTES, HostLayout, NodeControl
 from hcomm.control.shm import ControlBlock
 from hcomm.exec import run_schedule as execute
 from hcomm.memory import segments as shm
-from hcomm.memory.segment_provider import SegmentProvider
 from hcomm.transports.host_rings import SLOTS
 from hcomm.transports.socket import SocketTransport
 from topologies.errors import HcclError
 
-from conftest import ranks_as_threads, shm_leaks
+from conftest import SocketHosts as Host, ranks_as_threads
 from transport_cases import CASES, case_buffers, case_expected, case_steps
 
-pytestmark = [pytest.mark.local, pytest.mark.timeout(120)]
-
-
-@pytest.fixture(autouse=True)
-def no_leaks():
-    before = set(os.listdir("/dev/shm"))
-    yield
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and [t for t in threading.enumerate() if t.name.startswith("hcomm-")]:
-        time.sleep(0.05)
-    assert not [t.name for t in threading.enumerate() if t.name.startswith("hcomm-")]
-    assert not shm_leaks(before)
-
-
-class Host:
-    """p socket transports started against each other, each rank's buffers in its own segments,
-    the ranks in `host` sharing this host (share_host)."""
-
-    def __init__(self, p, host, timeout_s=30):
-        self.session = shm.new_session()
-        self.memory = [SegmentProvider(self.session, r) for r in range(p)]
-        self.tr = [SocketTransport(r, p, timeout_s=timeout_s, connect_timeout_s=30) for r in range(p)]
-        peers = {r: t.address for r, t in enumerate(self.tr)}
-        for r, t in enumerate(self.tr):
-            t.start(peers, eager=False)
-            if r in host:
-                t.share_host(self.memory[r], host)
-
-    def close(self):
-        for t in self.tr:
-            t.close()
-        for m in self.memory:
-            m.close()
-        shm.cleanup(self.session)
+pytestmark = [pytest.mark.local, pytest.mark.timeout(120), pytest.mark.usefixtures("no_transport_leaks")]
 
 
 @pytest.mark.parametrize("p", [2, 3, 5])

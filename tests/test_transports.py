@@ -2,7 +2,6 @@
 threads (in-process), spawned processes (socket), Ray actors on a two-node Ray cluster (Ray object
 store). Results equal numpy's; deadlines expire with E_TIMEOUT; a dead peer is E_REMOTE naming it;
 a peer that returned is E_PARA; abort wakes waiters; no process, thread or /dev/shm entry is left."""
-import os
 import sys
 import threading
 import time
@@ -19,7 +18,7 @@ from hcomm.transports.ray_object import RayObjectTransport, ScheduleRunner
 from hcomm.transports.socket import SocketTransport
 from topologies.errors import HcclError
 
-from conftest import blocked_in, ranks_as_threads, shm_leaks, wait_until, waiting_ranks
+from conftest import blocked_in, ranks_as_threads, wait_until, waiting_ranks
 from transport_cases import (CASES, SIZES, SPAWN, case_buffers, case_expected, case_steps, check_outputs,
                              listening_rank, run_cases, socket_rank)
 
@@ -27,15 +26,9 @@ pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(autouse=True)
-def no_leaks():
-    shm = set(os.listdir("/dev/shm"))
+def no_leaks(no_transport_leaks):
     yield
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and [t for t in threading.enumerate() if t.name.startswith("hcomm-")]:
-        time.sleep(0.05)
-    assert not [t.name for t in threading.enumerate() if t.name.startswith("hcomm-")]
     assert not SPAWN.active_children()
-    assert not shm_leaks(shm)
 
 
 # ---- in-process: ranks are threads ---------------------------------------------------------------------

@@ -85,3 +85,20 @@ def listening_rank(rank, p, conn):
         conn.poll(60)
     finally:
         tr.close()
+
+
+def host_rank(rank, p, session, conn):
+    """A spawned rank sharing the host with the parent's (its rings made, buffers in its segments)
+    that takes no part in any op: it waits to be killed."""
+    from hcomm.memory.segment_provider import SegmentProvider
+    tr = SocketTransport(rank, p, timeout_s=60, connect_timeout_s=30)
+    memory = SegmentProvider(session, rank)
+    try:
+        conn.send(tr.address)
+        tr.start(conn.recv(), eager=False)
+        tr.share_host(memory, range(p))
+        conn.send("ready")
+        conn.poll(60)
+    finally:
+        tr.close()
+        memory.close()

@@ -220,7 +220,7 @@ class PeerGroup(Group):
             return
         with self.rounds.waiting(f"{data.name} (collective #{seq}) data"):
             if self.host_memory is not None:
-                run_rank_in(self.host_memory, data, rank, buffers, self.transport)
+                run_rank_in(self.host_memory, data, rank, buffers, self.transport, seq)
             else:
                 run_rank(data, rank, buffers, self.transport)
 
@@ -256,6 +256,8 @@ class PeerGroup(Group):
             if data.carries_data and self._eager is None:
                 if self.plane is not None:
                     self.plane.run(seq, data, buffers, steps=steps)
+                elif self.host_memory is not None:   # its host peers wait on its step words
+                    run_rank_in(self.host_memory, data, rank, buffers, self.transport, seq, steps=steps)
                 elif steps:
                     run_rank(data, rank, buffers, self.transport, steps=steps)
         except HcclError:

@@ -24,17 +24,19 @@ import numpy as np
 from .. import program as prog
 
 BUFFERS = prog.BUFFERS
+COLLECTIVE_TAG = "coll"
+"""The tag of a collective's messages between the ranks of the world communicator (executors')."""
 _LOCK = threading.Lock()
 
 
 class LoopBody:
     """The executable forms of one loop program, each derived on first use and kept."""
-    __slots__ = ("program", "_moves", "_aligned", "_rank_steps", "_step_indices", "_moves_for")
+    __slots__ = ("program", "_moves", "_aligned", "_rank_steps", "_step_indices", "_moves_for", "_derived")
 
     def __init__(self, program: list):
         self.program = program
         self._moves = self._aligned = self._rank_steps = None
-        self._step_indices, self._moves_for = {}, {}
+        self._step_indices, self._moves_for, self._derived = {}, {}, {}
 
     @staticmethod
     def of(program: list) -> "LoopBody":
@@ -82,6 +84,15 @@ class LoopBody:
         got = self._step_indices.get(rank)
         if got is None:
             got = self._step_indices[rank] = prog.rank_step_indices(self.program, rank)
+        return got
+
+    def derived(self, key, make):
+        """What an executor derives from this body once per `key` (`make(self)`), kept with it."""
+        got = self._derived.get(key)
+        if got is None:
+            if len(self._derived) >= 64:
+                self._derived.clear()
+            got = self._derived[key] = make(self)
         return got
 
     def moves_for(self, rank: int) -> list:

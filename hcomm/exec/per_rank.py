@@ -10,17 +10,18 @@ Per step:
 4. wait until this rank's own sends have been consumed: only then may the next step write.
 
 `run_rank_in(memory, ...)` runs it with the rank's buffers in shared memory (staged there unless
-they lie there already), so that the transport can send a peer on the same host the place of a
-slice instead of its bytes (hcomm.transports.socket, share_host).
+they lie there already), so that the peers on the same host read its slices in place: by step words
+where the transport has them (hcomm.exec.hosted), else by a message carrying the slice's place
+(hcomm.transports.socket, share_host).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..steps import Copy, Recv, Send
-from .data_program import DataProgram, with_scratch
+from .data_program import COLLECTIVE_TAG, DataProgram, with_scratch
+from .hosted import run_hosted
 
-COLLECTIVE_TAG = "coll"
 _EMPTY = np.empty(0, dtype=np.uint8)
 
 
@@ -48,33 +49,40 @@ def run_rank(data: DataProgram, rank: int, buffers, transport, steps: int | None
         run_schedule(schedule, rank, transport, COLLECTIVE_TAG, reduce_fn, deadline, data.name)
 
 
-def run_rank_in(memory, data: DataProgram, rank: int, buffers, transport) -> None:
+def run_rank_in(memory, data: DataProgram, rank: int, buffers, transport, seq: int | None = None,
+                steps: int | None = None) -> None:
     """run_rank with the input, output and scratch in `memory`'s segments (a SegmentProvider):
     a host input is copied into the rank's input staging segment, a host output is written in its
-    output one and copied out at the end, an in-place op's one buffer staged once."""
+    output one and copied out at the end, an in-place op's one buffer staged once. Where the
+    transport reaches this rank's host peers by step words (`host_steps`) and the op's collective
+    number `seq` is given, the schedule runs on them (hcomm.exec.hosted): every rank of the host
+    then takes that path for every op that carries data, whatever its buffers."""
+    host = getattr(transport, "host_steps", None) if seq is not None else None
     x, out = buffers.input, buffers.output
-    if not data.carries_data or x is None or out is None:
-        run_rank(data, rank, buffers, transport)
+    if not data.carries_data or (host is None and (x is None or out is None)):
+        run_rank(data, rank, buffers, transport, steps)
         return
     sx = x
-    if x.nbytes and memory.where(x) is None:
+    if x is not None and x.nbytes and memory.where(x) is None:
         _, sx = memory.owned.array("input", x.shape, x.dtype)
         np.copyto(sx, x)
     so, back = out, None
-    if out.nbytes and memory.where(out) is None:
+    if out is not None and out.nbytes and memory.where(out) is None:
         if out is x:
             so, back = sx, sx
-        elif np.may_share_memory(out, x):      # overlapping some other way: as they are
-            run_rank(data, rank, buffers, transport)
-            return
-        else:
+        else:                                  # (an output overlapping the input: the input was copied first)
             _, so = memory.owned.array("output", out.shape, out.dtype)
             back = so
     scratch = buffers.scratch
-    if scratch is None and data.scratch_shape is not None:
-        _, scratch = memory.owned.array("scratch", data.scratch_shape, x.dtype)
-    run_rank(data, rank, buffers._replace(input=sx, output=so, scratch=scratch), transport)
-    if back is not None:
+    like = x if x is not None else out
+    if scratch is None and data.scratch_shape is not None and like is not None:
+        _, scratch = memory.owned.array("scratch", data.scratch_shape, like.dtype)
+    staged = buffers._replace(input=sx, output=so, scratch=scratch)
+    if host is not None:
+        run_hosted(data, rank, staged, transport, host, seq, steps)
+    else:
+        run_rank(data, rank, staged, transport, steps)
+    if back is not None and steps is None:
         np.copyto(out, back)
 
 

@@ -17,6 +17,12 @@ only while the doorbell still holds what it read: the kernel compares the word u
 wake takes, so no record goes unseen. Whatever reaches a rank by another path (a TCP frame, an
 abort, a peer lost) rings its doorbell too (`ring_self`).
 
+Step words. Ranks that run a schedule's steps over each other's buffers in place (hcomm.exec.hosted)
+need no record per slice: each publishes, in a line of its own segment that only it writes, how far
+it is (the step whose sends it exposes, the step whose receives it has finished) and where its
+buffers lie for the op (its places, stamped with the op); peers read those words through their
+mapping of its segment, and the publisher rings the doorbells of the peers that wait on it.
+
 Ordering: a slot is written before its head, and read after it; x86-64 keeps stores in order and
 loads in order, as the control block (hcomm.control.shm) relies on too. A store and a later load
 may pass each other, though: a producer's doorbell store and its look at the sleepers word are
@@ -31,15 +37,20 @@ import os
 import struct
 import threading
 
-from ..memory.shared_file import Futex, Mapping
+from ..memory.shared_file import Futex, Mapping, proc_start_time
 
 MAGIC = 0x68636f6d72696e67          # "hcomring"
 SLOTS = 64                           # records in flight per ordered pair (a step posts a few)
 SLOT_BYTES = 512                     # a record at most, with its length; longer ones go by TCP
-_HEADER = 128                        # magic, producers, then the doorbell on a line of its own
+_HEADER = 192                        # magic, producers; the doorbell on a line of its own; the step words
 _BELL = 64
 _SLEEPERS_W = 9                      # word index (byte 72): the consumer's threads asleep on the doorbell
 _ACK_SLEEPERS_W = 10                 # (byte 80): those of them waiting for an acknowledgement
+POSTED_W, TAKEN_W = 16, 17           # (bytes 128, 136) the owner's step words: sends exposed, receives done
+_PLACES_W, _PLACES_LEN_W = 18, 19    # (bytes 144, 152) the stamp of its places record, the record's length
+EXITED_W = 20                        # (byte 160) set once the owner sends and reads nothing more
+_PID_W, _START_W = 21, 22            # (bytes 168, 176) the owner's process and its start time
+PLACES_BYTES = 2048                  # the places record at most (after the rings)
 _RING_HEAD = 128                     # head and tail words, a cache line each
 _LEN = struct.Struct("<I")
 _RING = _RING_HEAD + SLOTS * SLOT_BYTES
@@ -76,11 +87,11 @@ class HostRings:
         self.ranks = tuple(sorted(host_ranks))
         self.index = {r: i for i, r in enumerate(self.ranks)}
         self._count = 0
-        nbytes = _HEADER + len(self.ranks) * _RING
-        self._own = Mapping(name_of(me), nbytes, _HEADER)
-        q = self._own.buf.cast("q")
-        q[1], q[0] = len(self.ranks), MAGIC
-        q.release()
+        self._places_at = _HEADER + len(self.ranks) * _RING
+        self._own = Mapping(name_of(me), self._places_at + PLACES_BYTES, _HEADER)
+        self._own_q = self._own.buf.cast("q")
+        self._own_q[_PID_W], self._own_q[_START_W] = os.getpid(), proc_start_time(os.getpid()) or 0
+        self._own_q[1], self._own_q[0] = len(self.ranks), MAGIC
         self._rings = [_Ring(self._own, i) for i in range(len(self.ranks))]   # the consumer's: one per producer
         self._tails = [0] * len(self.ranks)
         self._me_ring = self._rings[self.index[me]]
@@ -139,6 +150,60 @@ class HostRings:
             ring = self._out[dst] = _Ring(mapping, self.index[self.me])
         return ring
 
+    def ring(self, dst: int, ack: bool = False) -> None:
+        """Ring `dst`'s doorbell (a step word of this rank changed), waking its sleepers as `send`
+        does (`ack`: only those waiting for an acknowledgement)."""
+        ring = self._out.get(dst) or self._attach(dst)
+        if ring is None:
+            return
+        with ring.lock:
+            self._ring(ring)
+        if ring.q[_ACK_SLEEPERS_W if ack else _SLEEPERS_W]:   # after the lock's release: the module docstring
+            ring.futex.wake()
+
+    # ---- step words (hcomm.exec.hosted) ------------------------------------------------------------
+    def publish(self, word: int, value: int) -> None:
+        """Set this rank's step word (POSTED_W, TAKEN_W) to `value`."""
+        self._own_q[word] = value
+
+    def word_of(self, peer: int, word: int) -> int:
+        """`peer`'s step word as it is now (0 while its segment is not there)."""
+        ring = self._out.get(peer) or self._attach(peer)
+        return 0 if ring is None else ring.q[word]
+
+    def gone(self, peer: int):
+        """Why `peer`'s process is known to be gone (its segment names a process that is not
+        running), else None. Never waits."""
+        ring = self._out.get(peer)
+        if ring is None:
+            return None
+        pid, start = ring.q[_PID_W], ring.q[_START_W]
+        if start and proc_start_time(pid) != start:
+            return f"its process {pid} is gone"
+        return None
+
+    def write_places(self, stamp: int, record: bytes) -> bool:
+        """Publish this rank's places record under `stamp` (record first, stamp last); False if it
+        is too long."""
+        n = len(record)
+        if n > PLACES_BYTES:
+            return False
+        q, at = self._own_q, self._places_at
+        self._own.buf[at:at + n] = record
+        q[_PLACES_LEN_W] = n
+        q[_PLACES_W] = stamp
+        return True
+
+    def places_stamp(self, peer: int) -> int:
+        return self.word_of(peer, _PLACES_W)
+
+    def places_of(self, peer: int) -> bytes:
+        """`peer`'s places record (read once its stamp is the one awaited: it does not change
+        while this rank still reads the op's slices, hcomm.exec.hosted)."""
+        ring = self._out.get(peer) or self._attach(peer)
+        n, at = ring.q[_PLACES_LEN_W], self._places_at
+        return bytes(ring.mapping.buf[at:at + n])
+
     def ring_self(self) -> None:
         """Wake this rank's own sleepers (something reached it another way). Called with the lock
         that guards `asleep` held, so it sees every thread that is going to sleep."""
@@ -195,6 +260,7 @@ class HostRings:
         for ring in self._rings:
             ring.q.release()
             ring.bell.release()
+        self._own_q.release()
         self._own.close()
         try:
             os.unlink(self._own.path)

@@ -84,6 +84,10 @@ class PeerEndpoint(abc.ABC):
     whichever peer it happens to wait for; watched peers are probed during every long wait, and
     `_watch(peer)` (optional) makes sure a death will be seen."""
 
+    host_steps = None
+    """The step words of this rank's peers on its host (hcomm.transports.host_steps), where the
+    transport reaches them through shared memory; None elsewhere."""
+
     def __init__(self, rank: int, size: int, timeout_s: float | None = None):
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
             raise HcclError("E_PARA", f"size must be a positive int, got {size!r}")
@@ -204,27 +208,16 @@ class PeerEndpoint(abc.ABC):
         self._own(dst, op)
         src = check_rank(src, self.size, "src", self.rank, op)
         key = (src, tag)
-        probe_at = time.monotonic() + PROBE_AFTER_S
+        inbox = self._inbox
         with self._cond:
-            while True:
-                queue = self._inbox.get(key)
-                if queue:
-                    msg = queue.popleft()
-                    if not queue:
-                        del self._inbox[key]
-                    return msg
-                self._abort.check(dst, op, tag)
-                if src in self._down:
-                    raise peer_lost(src, dst, self._down[src], op)
-                if self._watched:
-                    self._check_watched(dst, op)
-                if src in self._no_more_data:
-                    raise take_exited(src, dst, tag, op)
-                left = remaining(deadline)
-                if left is not None and left <= 0:
-                    raise take_timeout(src, dst, self.timeout_s, op)
-                probe_at = self._maybe_probe(src, probe_at)
-                self._idle(POLL_S if left is None else min(POLL_S, left))
+            queue = inbox.get(key)
+            if not queue:
+                self._wait_until(lambda: bool(inbox.get(key)), src, tag, deadline, op, False)
+                queue = inbox[key]
+            msg = queue.popleft()
+            if not queue:
+                del inbox[key]
+            return msg
 
     def ready(self, src, dst, tag) -> bool:
         self._own(dst, "ready")
@@ -241,22 +234,46 @@ class PeerEndpoint(abc.ABC):
             return handle.done
 
     def wait_consumed(self, handle: SendHandle, deadline=None, op=None):
-        probe_at = time.monotonic() + PROBE_AFTER_S
-        with self._cond:
-            while not handle.done:
-                self._abort.check(handle.src, op, handle.tag)
-                if handle.dst in self._down:
-                    raise peer_lost(handle.dst, handle.src, self._down[handle.dst], op)
-                if self._watched:
-                    self._check_watched(handle.src, op)
-                if handle.dst in self._no_more_acks:
-                    raise consume_exited(handle.src, handle.dst, handle.tag, op)
-                left = remaining(deadline)
-                if left is not None and left <= 0:
-                    raise consume_timeout(handle.src, handle.dst, self.timeout_s, op)
-                probe_at = self._maybe_probe(handle.dst, probe_at)
-                self._idle(POLL_S if left is None else min(POLL_S, left), for_acks=True)
+        if not handle.done:
+            with self._cond:
+                self._wait_until(lambda: handle.done, handle.dst, handle.tag, deadline, op, True)
         return handle.reply
+
+    def wait_for(self, peer, ready, deadline=None, op=None, for_acks=False, tag=None) -> None:
+        """Wait until `ready()`: a look at what `peer`, on this rank's host, changes in shared memory
+        and rings this rank's doorbell for (its step words, hcomm.transports.host_steps). Fails as
+        `take` does (`for_acks`: as `wait_consumed`, the wait being for `peer` to read what this
+        rank exposed); `tag` is the traffic's, for the scope of an abort."""
+        if not ready():
+            steps = self.host_steps
+            with self._cond:
+                self._wait_until(ready, peer, tag, deadline, op, for_acks,
+                                 None if steps is None else lambda: steps.exited(peer))
+
+    def _wait_until(self, ready, peer, tag, deadline, op, for_acks, said_bye=None) -> None:
+        """The one wait loop (lock held): until `ready()`, failing when this rank is aborted, `peer`
+        (or a watched peer) is lost, `peer` has returned without it (`for_acks`: without
+        consuming what this rank sent, else without sending what it waits for; `said_bye()`: it
+        said so another way than the transport's goodbye) or `deadline` passes; between checks
+        the endpoint idles (`_idle`) until something changes."""
+        me = self.rank
+        probe_at = time.monotonic() + PROBE_AFTER_S
+        returned = self._no_more_acks if for_acks else self._no_more_data
+        while not ready():
+            self._abort.check(me, op, tag)
+            if peer in self._down:
+                raise peer_lost(peer, me, self._down[peer], op)
+            if self._watched:
+                self._check_watched(me, op)
+            if (peer in returned or (said_bye is not None and said_bye())) and not ready():
+                # (a peer's word set just before its goodbye counts)
+                raise consume_exited(me, peer, tag, op) if for_acks else take_exited(peer, me, tag, op)
+            left = remaining(deadline)
+            if left is not None and left <= 0:
+                raise consume_timeout(me, peer, self.timeout_s, op) if for_acks else \
+                    take_timeout(peer, me, self.timeout_s, op)
+            probe_at = self._maybe_probe(peer, probe_at)
+            self._idle(POLL_S if left is None else min(POLL_S, left), for_acks, ready)
 
     def _maybe_probe(self, peer, probe_at):
         """Ask the subclass, now and then during a long wait, whether `peer` (and every watched
@@ -322,9 +339,11 @@ class PeerEndpoint(abc.ABC):
     def _send_ack(self, src, msg_id, reply) -> None:
         """Get `reply` back to `src` (which calls _acknowledged there)."""
 
-    def _idle(self, timeout: float, for_acks: bool = False) -> None:
+    def _idle(self, timeout: float, for_acks: bool = False, ready=None) -> None:
         """Wait (lock held) up to `timeout` s for something to change (`for_acks`: the wait is
-        for an acknowledgement, so a transport may let one that only brings data sleep on).
+        for an acknowledgement, so a transport may let one that only brings data sleep on;
+        `ready`: the wait's own check, which a transport that reads shared memory between its
+        doorbell and its sleep makes there too).
         Transports whose frames arrive on threads of their own just wait to be notified; one
         whose waiting ranks must drive the progress themselves (MPI) overrides it."""
         self._cond.wait(timeout)

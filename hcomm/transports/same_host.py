@@ -19,6 +19,7 @@ import pickle
 import threading
 
 from .host_rings import HostRings
+from .host_steps import HostSteps
 from .peer import RemoteMessage
 
 _DATA, _ACK = 0, 1
@@ -78,6 +79,7 @@ class SameHost:
     def __init__(self, tr, memory, host_ranks, name_of):
         self.tr, self.memory = tr, memory
         self.rings = HostRings(name_of, tr.rank, host_ranks)
+        self.steps = HostSteps(self.rings, memory, set(host_ranks) - {tr.rank})
 
     def send_place(self, handle, view, meta, place, n) -> bool:
         """The record of a slice's place to `handle.dst`; False if it could not go by the rings (too
@@ -104,12 +106,13 @@ class SameHost:
                 tr._complete(rec[1], rec[2])
         return len(got)
 
-    def idle(self, timeout: float, for_acks: bool = False) -> None:
-        """A wait of the transport (its lock held): read the rings; with nothing there, sleep on the
-        doorbell (the lock released meanwhile) until something arrives by either path; a wait for
-        data sleeps on through acknowledgements (`for_acks`: HostRings.asleep)."""
+    def idle(self, timeout: float, for_acks: bool = False, ready=None) -> None:
+        """A wait of the transport (its lock held): read the rings; with nothing there (and, for a
+        wait on peers' step words, `ready()` still false), sleep on the doorbell (the lock released
+        meanwhile) until something arrives by either path; a wait for data sleeps on through
+        acknowledgements (`for_acks`: HostRings.asleep)."""
         bell = self.rings.bell()
-        if self.drain():
+        if self.drain() or (ready is not None and ready()):
             return
         cond, rings = self.tr._cond, self.rings
         rings.asleep(1, for_acks)
@@ -121,4 +124,5 @@ class SameHost:
             rings.asleep(-1, for_acks)
 
     def close(self) -> None:
+        self.steps.close()
         self.rings.close()

@@ -17,6 +17,8 @@ from .base import SCOPED
 class ScopedTransport:
     """Transport protocol (base.Transport) over `parent` for the ranks `members` of it."""
 
+    host_steps = None       # the parent's step words are its world communicator's (hcomm.transports.host_steps)
+
     def __init__(self, parent, members, scope: str):
         if isinstance(parent, ScopedTransport):         # nested: one scope level over the root
             members = [parent.members[m] for m in members]

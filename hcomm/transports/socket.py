@@ -345,11 +345,20 @@ class SocketTransport(PeerEndpoint):
         except OSError as exc:
             self._peer_down(src, f"connection broke while acknowledging to it: {exc}")
 
-    def _idle(self, timeout, for_acks=False):
+    def _idle(self, timeout, for_acks=False, ready=None):
         if self._host is None:
             self._cond.wait(timeout)
         else:
-            self._host.idle(timeout, for_acks)
+            self._host.idle(timeout, for_acks, ready)
+
+    @property
+    def host_steps(self):
+        """The step words of this rank's host peers (hcomm.transports.host_steps), once share_host
+        made the rings; else None."""
+        return None if self._host is None else self._host.steps
+
+    def _probe(self, peer):
+        return self._host.rings.gone(peer) if self._host is not None and peer in self._same_host else None
 
     def _peer_returned(self, peer, data=False, acks=False):
         if self._host is not None:       # what it put in the rings came before its goodbye
@@ -361,6 +370,8 @@ class SocketTransport(PeerEndpoint):
         if self._said_bye:
             return
         self._said_bye = True
+        if self._host is not None:
+            self._host.steps.leave()
         bye = encode(BYE, {})
         with self._links_cond:
             links = list(self._outgoing.values()) + list(self._incoming.values())

@@ -54,3 +54,8 @@ class WatchedTransport:
     def wait_consumed(self, handle, deadline=None, op=None):
         with self._watch.waiting(f"rank {handle.dst} to take its data" + (f" ({op})" if op else "")):
             return self._tr.wait_consumed(handle, deadline, op)
+
+    def wait_for(self, peer, ready, deadline=None, op=None, for_acks=False, tag=None):
+        what = f"rank {peer} to take its data" if for_acks else f"data from rank {peer}"
+        with self._watch.waiting(what + (f" ({op})" if op else "")):
+            return self._tr.wait_for(peer, ready, deadline, op, for_acks, tag)

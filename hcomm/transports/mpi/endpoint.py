@@ -39,7 +39,7 @@ class MpiTransport(PeerEndpoint):
             if q != self.rank:
                 self._hub.send(BYE, self.rank, q, -1, {})
 
-    def _idle(self, timeout: float, for_acks: bool = False) -> None:
+    def _idle(self, timeout: float, for_acks: bool = False, ready=None) -> None:
         self._cond.release()         # the hub delivers into this endpoint under its lock
         try:
             self._hub.idle(timeout)
