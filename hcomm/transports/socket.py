@@ -28,9 +28,11 @@ torchrun host's) read in place what lies in shared memory: a data frame to one o
 slice's place in this rank's segments (hcomm.memory.segment_provider), a record in the peer's
 shared-memory ring that the peer's own thread reads when it wakes on its doorbell, and the peer
 reduces or copies straight from the slice, as HCCL's zero-copy peers do; its acknowledgement
-comes back the same way (hcomm.transports.same_host). Slices elsewhere, and every peer on another
-host, travel as bytes over TCP; a waiting rank sleeps on its doorbell, which the socket threads
-ring as they deliver.
+comes back the same way (hcomm.transports.same_host). The world communicator's ops need not even
+that: their ranks of one host read each other's slices where they lie, in step by words in shared
+memory (`host_steps`, hcomm.exec.hosted). Slices elsewhere, and every peer on another host, travel
+as bytes over TCP; a waiting rank sleeps on its doorbell, which the socket threads ring as they
+deliver.
 """
 from __future__ import annotations
 
