@@ -50,10 +50,19 @@ POSTED_W, TAKEN_W = 16, 17           # (bytes 128, 136) the owner's step words: 
 _PLACES_W, _PLACES_LEN_W = 18, 19    # (bytes 144, 152) the stamp of its places record, the record's length
 EXITED_W = 20                        # (byte 160) set once the owner sends and reads nothing more
 _PID_W, _START_W = 21, 22            # (bytes 168, 176) the owner's process and its start time
+_PIDNS_W = 23                        # (byte 184) its pid namespace: only a peer in the same one can look it up
 PLACES_BYTES = 2048                  # the places record at most (after the rings)
 _RING_HEAD = 128                     # head and tail words, a cache line each
 _LEN = struct.Struct("<I")
 _RING = _RING_HEAD + SLOTS * SLOT_BYTES
+
+
+def _pid_namespace() -> int:
+    """This process's pid namespace (its inode), 0 if unknown."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
 
 
 class _Ring:
@@ -91,6 +100,7 @@ class HostRings:
         self._own = Mapping(name_of(me), self._places_at + PLACES_BYTES, _HEADER)
         self._own_q = self._own.buf.cast("q")
         self._own_q[_PID_W], self._own_q[_START_W] = os.getpid(), proc_start_time(os.getpid()) or 0
+        self._own_q[_PIDNS_W] = _pid_namespace()
         self._own_q[1], self._own_q[0] = len(self.ranks), MAGIC
         self._rings = [_Ring(self._own, i) for i in range(len(self.ranks))]   # the consumer's: one per producer
         self._tails = [0] * len(self.ranks)
@@ -178,7 +188,7 @@ class HostRings:
         if ring is None:
             return None
         pid, start = ring.q[_PID_W], ring.q[_START_W]
-        if start and proc_start_time(pid) != start:
+        if start and ring.q[_PIDNS_W] == _pid_namespace() and proc_start_time(pid) != start:
             return f"its process {pid} is gone"
         return None
 
