@@ -31,10 +31,9 @@ import numpy as np
 from topologies.errors import HcclError
 
 from ..program import BUFFERS
-from .data_program import COLLECTIVE_TAG as _TAG
 from ..steps import Copy, Recv, Send, Slice
 from ..transports.host_steps import step_value
-
+from .data_program import COLLECTIVE_TAG as _TAG
 
 
 class HostedStep(NamedTuple):
@@ -49,12 +48,11 @@ class HostedStep(NamedTuple):
 def lower(body, rank: int, size: int, host: frozenset) -> tuple:
     """`rank`'s steps of loop body `body` (of `size` ranks) with the peers `host` on its host (see
     the module docstring)."""
-    steps = body.rank_steps(size)[rank]
     out = []
-    for k, g in zip(range(len(steps)), body.step_indices(rank)):
+    for ops, g in zip(body.rank_steps(size)[rank], body.step_indices(rank)):
         st = body.program[g].full()
         sends, host_sends, copies, recvs = [], [], [], []
-        for item in steps[k]:
+        for item in ops:
             kind = type(item)
             if kind is Send:
                 (host_sends if item.peer in host else sends).append(item)

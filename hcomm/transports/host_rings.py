@@ -100,7 +100,7 @@ class HostRings:
         self._own = Mapping(name_of(me), self._places_at + PLACES_BYTES, _HEADER)
         self._own_q = self._own.buf.cast("q")
         self._own_q[_PID_W], self._own_q[_START_W] = os.getpid(), proc_start_time(os.getpid()) or 0
-        self._own_q[_PIDNS_W] = _pid_namespace()
+        self._own_q[_PIDNS_W] = self._pidns = _pid_namespace()
         self._own_q[1], self._own_q[0] = len(self.ranks), MAGIC
         self._rings = [_Ring(self._own, i) for i in range(len(self.ranks))]   # the consumer's: one per producer
         self._tails = [0] * len(self.ranks)
@@ -188,7 +188,7 @@ class HostRings:
         if ring is None:
             return None
         pid, start = ring.q[_PID_W], ring.q[_START_W]
-        if start and ring.q[_PIDNS_W] == _pid_namespace() and proc_start_time(pid) != start:
+        if start and ring.q[_PIDNS_W] == self._pidns and proc_start_time(pid) != start:
             return f"its process {pid} is gone"
         return None
 
