@@ -132,7 +132,11 @@ def ray_ranks(p, n, reps, over_sockets):
     Ray's object store or over direct sockets between the actors."""
     import ray
     from ray.cluster_utils import Cluster
-    from hcomm.transports.ray_object import ScheduleRunner
+    import cloudpickle
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    import ray_runner                       # the test suite's bare rank actor, sent to Ray by value
+    cloudpickle.register_pickle_by_value(ray_runner)
+    ScheduleRunner = ray_runner.ScheduleRunner
     cluster = Cluster()
     try:
         for k in range(2):

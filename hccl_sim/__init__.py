@@ -27,7 +27,8 @@ from .comm.communicator import Communicator, OpRecord
 from .comm.p2p_calls import ANY_SOURCE, Request
 from .config.env import Config
 from .faults.progress import FaultProgress
-from .faults.plan import FaultPlan, with_faults
+from .faults.fault_plan import FaultPlan
+from .plan.faulted import crash_in, with_faults
 from .plan.planner import Signature, make_plan
 from .config.types import ReduceOp, dtype_name, numpy_dtype, parse_reduce_op
 from .engines import registry as _registry
@@ -283,7 +284,7 @@ def simulate(op: str, nbytes: int | None = None, topology=None, algo: str | None
     now = None if config.faults is None else FaultProgress(config.faults).before()   # the job's first op
     plan = make_plan(sig, topo, config, entry, itemsize, trace=trace, faults_now=now)
     if config.faults is not None and config.faults.crashes:
-        crash = config.faults.crash_in(plan, 0, topo, config)
+        crash = crash_in(config.faults, plan, 0, topo, config)
         if crash is not None:       # what the survivors get (the dead rank's own end is its crash)
             survivor = next(r for r in range(p) if r != crash[0]) if p > 1 else crash[0]
             raise config.faults.lost_error(crash, plan, config, survivor, name)[1]
@@ -324,7 +325,7 @@ def _simulate_variable(coll, nbytes, counts, topo, algo, dname, itemsize, env, t
     now = None if config.faults is None else FaultProgress(config.faults).before()
     plan = make_plan(sig, topo, config, entry, itemsize, trace=trace, faults_now=now)
     if config.faults is not None and config.faults.crashes:
-        crash = config.faults.crash_in(plan, 0, topo, config)
+        crash = crash_in(config.faults, plan, 0, topo, config)
         if crash is not None:
             survivor = next(r for r in range(p) if r != crash[0]) if p > 1 else crash[0]
             raise config.faults.lost_error(crash, plan, config, survivor, coll.name)[1]

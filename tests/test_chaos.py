@@ -55,7 +55,7 @@ def test_campaign_of_100_scenarios_on_the_local_engine(a2):
                                         if r.outcome in report.FAILURES]
     assert outcomes == {"recovered", "clean error"}
     drawn = {e["kind"] for sc, _ in results for e in sc.plan.entries}
-    assert drawn == set(space.kinds) == set(hccl_sim.faults.plan.MODELLED)      # a newly modelled kind needs a maker
+    assert drawn == set(space.kinds) == set(hccl_sim.faults.fault_plan.MODELLED)      # a newly modelled kind needs a maker
     assert any(r.verdict.retries for _, r in results)           # some ops recovered by op retry
     assert {sc.call.op for sc, _ in results} == set(CHAOS_OPS)          # the variable-size ops too
     for sc, r in results:

@@ -215,7 +215,7 @@ def test_own_result_slices_equal_the_whole_program(name, kw):
     from hccl_sim import collectives
     from hccl_sim.plan import planner
     from hcomm.exec import OwnResult, own_result, run_share, with_scratch
-    from hccl_sim.engines.base import RankBuffers
+    from hccl_sim.comm.rank_group import RankBuffers
     topo = hccl_sim.topology(name, **kw)
     p = topo.num_ranks
     rng = np.random.default_rng(p)

@@ -293,9 +293,9 @@ def test_what_a_crashing_rank_does_before_it_dies():
     cross-host planes) and the data program's global steps before step k (the shared-memory plane)."""
     import threading
     from hcomm.exec import run_rank, run_share, with_scratch
-    from hccl_sim.engines.base import RankBuffers
+    from hccl_sim.comm.rank_group import RankBuffers
     from hccl_sim.config.env import Config
-    from hccl_sim.faults.plan import with_faults
+    from hccl_sim.plan.faulted import crash_steps, with_faults
     from hccl_sim.plan.planner import Signature, make_plan
     from hccl_sim.plan.replay import step_starts
     from hcomm.transports import InProcessTransport
@@ -305,7 +305,7 @@ def test_what_a_crashing_rank_does_before_it_dies():
     def steps_run(faults):
         config = with_faults(topo, Config.from_env(None, None), faults)
         plan = make_plan(sig, topo, config, [0, 0, 0, 0], 8)
-        return config.faults.crash_steps(plan, 0, topo, config), plan, config
+        return crash_steps(config.faults, plan, 0, topo, config), plan, config
     assert steps_run(FaultPlan().rank_crash(2, at_op=0, at_step=3))[0] == 3
     assert steps_run(FaultPlan().rank_crash(2, at_op=0))[0] == 0
     _, plan, config = steps_run(FaultPlan().rank_crash(2, at_op=0))

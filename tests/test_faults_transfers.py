@@ -8,9 +8,9 @@ import pytest
 import hccl_sim
 from hccl_sim import FaultPlan, HcclError
 from hccl_sim.engines import rendezvous as rdv
-from hccl_sim.engines.base import Call
+from hccl_sim.comm.rank_group import Call
 from hccl_sim.config.env import Config
-from hccl_sim.faults.plan import with_faults
+from hccl_sim.plan.faulted import with_faults
 from hccl_sim.plan.planner import Signature
 
 DELTA = round(4.096e-6 * 2 ** 5 * 1e9)          # HCCL_RDMA_TIMEOUT=5: one retransmission interval, ns

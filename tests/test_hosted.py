@@ -9,7 +9,7 @@ import pytest
 
 from hccl_sim import collectives
 from hccl_sim.config.env import Config
-from hccl_sim.engines.base import RankBuffers
+from hccl_sim.comm.rank_group import RankBuffers
 from hccl_sim.plan import planner
 from hcomm.exec import run_rank_in, run_share, with_scratch
 from hcomm.exec.hosted import run_hosted

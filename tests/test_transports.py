@@ -14,10 +14,11 @@ from ray.exceptions import RayTaskError
 from hcomm.exec import run_schedule as execute
 from hcomm.steps import Recv, Send, Slice
 from hcomm.transports import InProcessTransport, Transport
-from hcomm.transports.ray_object import RayObjectTransport, ScheduleRunner
+from hcomm.transports.ray_object import RayObjectTransport
 from hcomm.transports.socket import SocketTransport
 from topologies.errors import HcclError
 
+from ray_runner import ScheduleRunner
 from conftest import blocked_in, ranks_as_threads, wait_until, waiting_ranks
 from transport_cases import (CASES, SIZES, SPAWN, case_buffers, case_expected, case_steps, check_outputs,
                              listening_rank, run_cases, socket_rank)

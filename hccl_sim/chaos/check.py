@@ -36,7 +36,7 @@ from topologies.model import seconds_to_ns
 
 from .. import collectives
 from ..config.env import Config
-from ..faults.plan import HEARTBEAT_LOST_S, _describe as entry_label
+from ..faults.fault_plan import HEARTBEAT_LOST_S, _describe as entry_label
 from ..config.types import parse_reduce_op
 from .scenarios import Call, Scenario, count_matrix
 

@@ -135,6 +135,6 @@ def _make_corrupt(rng, space, spans, target, budget, env):
 MAKERS = {"link_flap": _make_flap, "link_down": _make_down, "link_slow": _make_slow, "nic_down": _make_nic,
                "straggler": _make_straggler, "rank_crash": _make_crash, "corrupt": _make_corrupt}
 """kind -> maker(rng, space, spans, target, rdma budget, env) -> (the FaultPlan method's keyword
-arguments, a few words saying what it does). A kind of hccl_sim.faults.plan.MODELLED missing here is
+arguments, a few words saying what it does). A kind of hccl_sim.faults.fault_plan.MODELLED missing here is
 not drawn (and the campaign says so)."""
 

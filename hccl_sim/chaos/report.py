@@ -62,7 +62,7 @@ def header(seed, n, topo, engine, space, table: bool = True) -> str:
     missing = unmade_kinds()
     if missing:
         lines.append(f"# modelled but not generated yet: {', '.join(missing)}")
-    from ..faults.plan import KINDS, MODELLED
+    from ..faults.fault_plan import KINDS, MODELLED
     off = [k for k in KINDS if k in MODELLED and k not in space.kinds and k not in missing]
     if off:
         lines.append(f"# not drawn here: {', '.join(off)} (not runnable on this topology or engine)")

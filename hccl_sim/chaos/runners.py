@@ -60,12 +60,12 @@ class RayRunner:
         self.cluster = Cluster(topo, engine="ray", address=address)
 
     def run(self, call, env, plan):
-        from ..faults.plan import FaultPlan
+        from ..faults.fault_plan import FaultPlan
         return self.cluster.run(rank_program, args=(call,), env=env, faults=FaultPlan() if plan is None else plan)
 
     def crash_supported(self) -> bool:
         """Whether this engine runs rank_crash (found by trying: a plan whose crash never comes)."""
-        from ..faults.plan import FaultPlan
+        from ..faults.fault_plan import FaultPlan
         try:
             self.cluster.run(_no_op, faults=FaultPlan().rank_crash(0, at_op=1 << 30), env={})
         except HcclError as exc:

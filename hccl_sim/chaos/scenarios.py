@@ -6,7 +6,7 @@ made 1-3 times in a row by every rank), an HCCL environment (op retry per level 
 parameters, RDMA retransmission, HCCL_EXEC_TIMEOUT, HCCL_BUFFSIZE, HCCL_ALGO) and a FaultPlan
 whose times land inside the call the fault aims at (learned from the fault-free twin's plan).
 Scenario N of seed S depends on (S, N, the topology, whether the engine runs crashes) only, so
-`--replay N` regenerates it alone. Every kind in hccl_sim.faults.plan.MODELLED that this module can
+`--replay N` regenerates it alone. Every kind in hccl_sim.faults.fault_plan.MODELLED that this module can
 make (MAKERS) joins the campaign; one it cannot make is named in the campaign's header.
 
 Running and classifying (outcomes: recovered, clean error, WRONG, HANG, LEAK; skipped for a
@@ -21,11 +21,11 @@ import numpy as np
 from topologies.errors import HcclError
 
 from .. import collectives
-from ..faults import plan as fault_kinds
+from ..faults import fault_plan as fault_kinds
 from ..config.hccl_algo import ALGO_TOKENS
 from ..algorithms import registry
 from ..config.env import Config
-from ..faults.plan import FaultPlan
+from ..faults.fault_plan import FaultPlan
 from ..plan.costs import effective_cost
 from ..plan.planner import Signature, make_plan
 from ..faults.retry import level_of

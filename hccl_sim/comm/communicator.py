@@ -11,7 +11,7 @@ A collective call goes through three steps:
    Transport, for ranks that share none). Small ops on engines with an eager size carry their
    input with the call and need no exchange in step 3.
 The communicator moves no bytes itself: engines differ only in the group they hand it (the engine
-contract, engines/base.py). Point-to-point calls (comm/p2p_calls.py) use the group's transport
+contract, comm/rank_group.py). Point-to-point calls (comm/p2p_calls.py) use the group's transport
 directly, priced by the same cost model as collectives.
 """
 from __future__ import annotations
@@ -28,10 +28,11 @@ from . import group
 from .record import OpRecord
 from .p2p_calls import PointToPointOps
 from .variable_calls import VariableSizeOps
-from ..engines.base import Call, RankBuffers
+from .rank_group import Call, RankBuffers
 
-from ..faults.plan import RankCrashed, lost_fields
+from ..faults.fault_plan import RankCrashed, lost_fields
 from ..plan.costs import effective_cost
+from ..plan.faulted import crash_in, crash_steps
 from ..plan.planner import Signature
 from ..npu.device import Device, DeviceArray, Stream, Work
 from ..config.types import dtype_name, parse_reduce_op
@@ -59,7 +60,7 @@ class Communicator(VariableSizeOps, PointToPointOps):
         self._aborted = False
         self._lost = None                    # (rank, ns, label) of a rank this communicator lost
         self._checked = {}                   # a call's arguments -> their checked form (see _call)
-        # results smaller than this are plain host arrays, made here (engines/base.py)
+        # results smaller than this are plain host arrays, made here (comm/rank_group.py)
         self._plain_bytes = group.plain_result_bytes
         self._p2p_sent, self._p2p_received = {}, {}   # sends to each peer, receives from each peer, so far
         self._pending_receives = []          # irecv Requests not yet complete, in issue order
@@ -308,14 +309,14 @@ class Communicator(VariableSizeOps, PointToPointOps):
         the dead rank's process moves the data of the steps it runs before it dies and exits (Ray)
         or stops the rank (MPI); the others run the op until their data plane finds the dead peer. In-process ranks move no data:
         the dead one raises RankCrashed (its result is None)."""
-        crash = faults.crash_in(plan, seq, self.topology, self.config)
+        crash = crash_in(faults, plan, seq, self.topology, self.config)
         if crash is None:
             return
         self._lost = crash
         group = self._group
         if crash[0] == self.rank:
             self.device.clock = max(self.device.clock, crash[1])
-            group.die(self.rank, seq, plan.data, buffers, faults.crash_steps(plan, seq, self.topology, self.config))
+            group.die(self.rank, seq, plan.data, buffers, crash_steps(faults, plan, seq, self.topology, self.config))
             raise RankCrashed(self.rank, crash[1], opname)
         at, error = faults.lost_error(crash, plan, self.config, self.rank, opname)
         self.device.clock = max(self.device.clock, at)
@@ -329,7 +330,7 @@ class Communicator(VariableSizeOps, PointToPointOps):
     def _collective(self, sig: Signature, x, out, redop, stream, result):
         """Run a collective; with `stream`, it enters at the stream's time and returns a Work.
 
-        The engine contract (engines/base.py): a rendezvous that yields the plan, then the
+        The engine contract (comm/rank_group.py): a rendezvous that yields the plan, then the
         execution that moves this rank's data. A loop of small ops runs this path thousands of
         times a second, so it builds its tuples directly (tuple.__new__ skips NamedTuple's
         keyword handling, half the cost) and reads nothing twice."""

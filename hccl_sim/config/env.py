@@ -133,7 +133,7 @@ class Config:
     deterministic: str = "false"
     rdma_timeout: int = 20             # retransmit every 4.096 us x 2^this (checked per device when faults bind)
     rdma_retry_cnt: int = 7            # retransmissions before an error CQE
-    faults: object = None              # hccl_sim.faults.plan.BoundFaults of the run, or None
+    faults: object = None              # hccl_sim.faults.fault_plan.BoundFaults of the run, or None
     inter_hccs_disable: bool = False   # A3: RoCE instead of the UB (HCCS) fabric between a superpod's servers
     expansion: Optional[str] = None    # HCCL_OP_EXPANSION_MODE (AI_CPU, AIV, HOST); None: the device's default
     policy: str = "hccl"          # algorithm selection: "hccl" (HCCL's rules) or "model" (fastest modelled)

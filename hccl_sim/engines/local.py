@@ -21,10 +21,10 @@ from topologies.errors import Cause, HcclError
 
 
 from ..faults.progress import FaultProgress
-from ..faults.plan import RankCrashed
+from ..faults.fault_plan import RankCrashed
 from hcomm.exec import run_rank, run_share, with_scratch
 from . import rendezvous as rdv
-from .base import Group
+from ..comm.rank_group import RankGroup
 from .bootstrap import communicator, start_runtime
 
 PLANES = ("central", "threads")     # data planes (README, "Engines"): the central data program, or per-rank executors
@@ -45,8 +45,8 @@ class _Slot:
         self.plan = self.error = None
 
 
-class LocalGroup(Group):
-    """The engine contract (engines/base.py) for the threads of one local run.
+class LocalGroup(RankGroup):
+    """The engine contract (comm/rank_group.py) for the threads of one local run.
 
     The rendezvous carries no data: the last rank to arrive plans the op once for all. Execution
     is the central data program: ranks register their buffers, and the last to arrive moves

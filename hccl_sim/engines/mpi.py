@@ -22,7 +22,7 @@ cause: the earliest error that is not a consequence of another's), never a hang.
 `init` (hccl_sim.init) gives the process its Communicator(s) for a plain MPI program; the job
 closes when the program exits.
 
-A fault plan's rank_crash (engines/base.py's `die` / `execute_lost`) stops the rank, not its
+A fault plan's rank_crash (comm/rank_group.py's `die` / `execute_lost`) stops the rank, not its
 process: an MPI process that ends without MPI_Finalize takes the whole job down (MPICH's and Open
 MPI's default error handling). The dead rank moves the data of the steps it runs before it dies,
 as on the Ray engine, then stops taking part: its endpoint goes (what reaches it is dropped,
@@ -48,7 +48,7 @@ from topologies.errors import HcclError
 from hcomm.transports.scoped import ScopedTransport
 
 from ..comm.communicator import Communicator  # noqa: F401 - the type MpiJob.communicator returns
-from ..faults.plan import RankCrashed
+from ..faults.fault_plan import RankCrashed
 from ..npu.device import storage_in_use
 from . import rendezvous as rdv
 from .bootstrap import communicator, start_runtime

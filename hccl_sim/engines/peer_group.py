@@ -1,4 +1,4 @@
-"""The engine-neutral half of a group whose ranks share no memory (engines/base.py): Ray actors
+"""The engine-neutral half of a group whose ranks share no memory (comm/rank_group.py): Ray actors
 and MPI processes both build their groups on it.
 
 Rendezvous: the rank's call (signature, entry clock, item size) goes through the engine's
@@ -14,7 +14,7 @@ peer transport (each rank runs its own schedule; no rank touches another's data)
 share memory set `plane` (hcomm.exec.shared_plane: every rank runs its share of the central data
 program on every rank's buffers in place), whose results come from its memory's pool.
 
-A fault plan's rank_crash (engines/base.py) is one hook for every engine: the dead rank moves the
+A fault plan's rank_crash (comm/rank_group.py) is one hook for every engine: the dead rank moves the
 data of the steps it runs before it dies on its plane, then ends as its engine ends a rank
 (`_end_rank`); its peers run their part until their plane finds it gone.
 
@@ -41,7 +41,7 @@ from hcomm.exec.shared_plane import SharedPlane
 from hcomm.memory.pool import ResultPool
 
 from . import rendezvous as rdv
-from .base import Call, Group, RankBuffers
+from ..comm.rank_group import Call, RankBuffers, RankGroup
 from ..plan.planner import Signature
 
 _CLOCK = struct.Struct("<q")
@@ -111,7 +111,7 @@ class CallPayload:
 
 
 
-class PeerGroup(Group):
+class PeerGroup(RankGroup):
     """One rank's group: rendezvous over `control`, data over `transport` (see the module
     docstring). `raw_transport` is the job's transport under any wrapper (a sub-communicator
     scopes that one); subclasses add their data planes and fault hooks."""
@@ -247,7 +247,7 @@ class PeerGroup(Group):
         shared memory (a device array's data, a pooled result) in place: peers write it there."""
         return self.plane is not None and out.nbytes > self.eager_bytes and self.plane.holds(out)
 
-    # ---- a fault plan's rank_crash (engines/base.py) -------------------------------------------------
+    # ---- a fault plan's rank_crash (comm/rank_group.py) -------------------------------------------------
     def die(self, rank, seq, data, buffers, steps) -> None:
         """This rank dies in this op: it moves the data of its first `steps` steps (its share of
         the data program up to its step `steps` on the shared plane, its own schedule over the

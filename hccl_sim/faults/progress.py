@@ -30,7 +30,7 @@ NO_FAULTS = OpFaults()
 
 
 class FaultProgress:
-    """One communicator's progress through a bound fault plan (hccl_sim.faults.plan.BoundFaults)."""
+    """One communicator's progress through a bound fault plan (hccl_sim.faults.fault_plan.BoundFaults)."""
 
     def __init__(self, faults=None):
         self.entries = () if faults is None else faults.corrupt

@@ -29,9 +29,9 @@ from topologies.validate import integer, is_integer
 
 from ..engines import registry
 from .. import MAX_ALLTOALL_RANKS, MAX_LOCAL_RANKS, busbw_factor, canonical_op, collectives, op_count, simulate
-from . import trace as chrome
+from ..npu import chrome_trace as chrome
 from ..config.env import Config
-from ..faults.plan import with_faults
+from ..plan.faulted import with_faults
 from ..config.types import dtype_name, nccl_name, numpy_dtype
 from ..collectives import expected
 from ..collectives.verifiable import rank_input

@@ -20,7 +20,7 @@ from .counts import parse as parse_counts
 from .bench import (BenchSpec, footer, format_row, hccl_test_header, hccl_test_row, hccl_test_sizes, header,
                     parse_size, run_bench, sizes, write_json)
 from ..engines import registry
-from ..faults.plan import FaultPlan
+from ..faults.fault_plan import FaultPlan
 from ..config.types import DTYPES
 
 DEFAULT_TOPOLOGY = "atlas800t-a2"

@@ -1,5 +1,5 @@
 """Data-parallel training driven through hccl-sim: a numpy MLP with SyncBatchNorm on
-scikit-learn's digits, DDP-style gradient buckets overlapped with backward in simulated time,
+the UCI handwritten digits (shipped with it), DDP-style gradient buckets overlapped with backward in simulated time,
 elastic recovery after a crash (`hccl-sim train`; hccl_sim.training.trainer)."""
 from .trainer import RankResult, StepRecord, TrainConfig, train_rank, train_reference
 

@@ -18,7 +18,7 @@ TRAIN_ENGINES = registry.offering("train")
 
 
 def add_parser(sub, add_topology_args):
-    p = sub.add_parser("train", help="data-parallel training of an MLP on scikit-learn's digits through hccl-sim")
+    p = sub.add_parser("train", help="data-parallel training of an MLP on the UCI handwritten digits through hccl-sim")
     add_topology_args(p)
     p.add_argument("--engine", default="local", help=f"one of {', '.join(TRAIN_ENGINES)} (default local; mpi under mpiexec -n N)")
     p.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
@@ -57,7 +57,7 @@ def one_blas_thread(engine: str):
 
 def run_command(args, topology, env) -> int:
     import hccl_sim
-    from ..faults.plan import FaultPlan
+    from ..faults.fault_plan import FaultPlan
     from . import report
     from .trainer import TrainConfig, train_rank
     engine = registry.get(args.engine, "train", f"--engine {args.engine!r}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from ..tools import trace as chrome
+from ..npu import chrome_trace as chrome
 
 COLUMNS = ("step", "ranks", "loss", "acc", "compute(us)", "comm(us)", "exposed(us)", "overlap", "step(us)",
            "retries", "wall(ms)")
@@ -53,7 +53,7 @@ def header(cfg, topo, engine: str, nparams: int, bucket_bytes: list) -> str:
     sizes = ", ".join(_mib(b) for b in bucket_bytes)
     return "\n".join([
         f"# hccl-sim train: MLP {dims} ({cfg.depth} x SyncBatchNorm, {nparams / 1e6:.2f} M parameters) on "
-        f"scikit-learn digits; {p} ranks ({topo.name}, {topo.num_servers} server{'s' if topo.num_servers > 1 else ''},"
+        f"UCI digits; {p} ranks ({topo.name}, {topo.num_servers} server{'s' if topo.num_servers > 1 else ''},"
         f" {topo.device}), engine {engine}",
         f"# global batch {cfg.batch} ({per:g} per rank), SGD lr {cfg.lr:g} momentum {cfg.momentum:g}, "
         f"{len(bucket_bytes)} gradient bucket{'s' if len(bucket_bytes) != 1 else ''} ({sizes}; {plan}), "

@@ -1,7 +1,7 @@
 """The Ray engine: one Ray actor per rank, each owning its simulated NPU, runtime and communicator.
 
 protocol.py   typed messages between driver, actors and control plane
-group.py      one rank's Group (engines/base.py): rendezvous, then execution by the chosen plane
+group.py      one rank's RankGroup (comm/rank_group.py): rendezvous, then execution by the chosen plane
 actors.py     the rank actor
 cluster.py    the driver: placement by server, plane from Ray node ids, runs and their failures
 

@@ -1,4 +1,4 @@
-"""One rank's Group (the engine contract, engines/base.py) inside its Ray actor.
+"""One rank's RankGroup (the engine contract, comm/rank_group.py) inside its Ray actor.
 
 The engine-neutral part (rendezvous over the control plane's allgather, planning on every rank,
 eager small ops, the data planes, the crash hook, sub-communicators) is engines/peer_group.py's

@@ -51,46 +51,6 @@ class BoundFaults:
         """How late `rank` enters its op number `op_index` (0-based, per communicator)."""
         return sum(d for r, ops, d in self.late if r == rank and (ops is None or op_index in ops))
 
-    def crash_in(self, plan, op_index: int, topo, config):
-        """(rank, simulated ns, label) of the first crash the plan has in this op, or None.
-
-        at_op: on entering op number at_op (or, with at_step, when its step at_step starts, from
-        the event-driven replay of the op); at: in the first op the rank has not left by that time
-        (on entry if it was idle then). Every rank computes the same answer from the op's plan, so
-        no rank waits for a dead one."""
-        found = self._first_crash(plan, op_index, topo, config)
-        return None if found is None else found[:3]
-
-    def crash_steps(self, plan, op_index: int, topo, config) -> int:
-        """How many of its steps of this op (counted over the op's loops) the rank crashing in it
-        runs before it stops: at_step, or the steps it started before `at`; 0 when it dies on
-        entering the op. What a real process moves before it dies (engine ray)."""
-        from ..plan.replay import step_starts
-        rank, t, _, at_step = self._first_crash(plan, op_index, topo, config)
-        if at_step is not None:
-            return at_step
-        if t <= plan.entry[rank]:
-            return 0
-        marks, _ = step_starts(plan, topo, config, rank)
-        return sum(1 for m in marks if m < t)
-
-    def _first_crash(self, plan, op_index, topo, config):
-        """(rank, ns, label, at_step) of the op's first crash (by time, then rank), or None."""
-        from ..plan.replay import step_clock
-        found = None
-        for rank, at_op, at_ns, at_step, label in self.crashes:
-            if at_op is not None:
-                if at_op != op_index:
-                    continue
-                t = plan.entry[rank] if at_step is None else step_clock(plan, topo, config, rank, at_step)
-            else:
-                if plan.exits[rank] <= at_ns:
-                    continue
-                t = max(at_ns, plan.entry[rank])
-            if found is None or (t, rank) < (found[1], found[0]):
-                found = (rank, t, label, at_step)
-        return found
-
     def lost_error(self, crash, plan, config, rank: int, opname: str):
         """The HcclError a surviving rank gets, and the clock it gets it at: the heartbeat finds the
         dead rank LOST after 30 s, a notify wait times out after HCCL_EXEC_TIMEOUT, whichever first."""
@@ -140,17 +100,6 @@ class RankCrashed(BaseException):
     def __init__(self, rank: int, time_ns: int, op: str):
         self.rank, self.time_ns, self.op = rank, time_ns, op
         super().__init__(f"rank {rank} crashed in {op} at {time_ns / 1e9:.6f} s (fault plan)")
-
-
-def with_faults(topo, config, faults):
-    """`config` carrying `faults` (a FaultPlan or None) bound to the topology its ops are priced
-    on (with HCCL_INTER_HCCS_DISABLE, RoCE between an A3 superpod's servers)."""
-    if faults is None:
-        return config
-    if not isinstance(faults, FaultPlan):
-        raise HcclError("E_PARA", f"faults must be a hccl_sim.FaultPlan (or None), got {type(faults).__name__}")
-    from ..plan.costs import effective_cost
-    return dataclasses.replace(config, faults=faults.bind(effective_cost(topo, config).topology, config))
 
 
 def _describe(index: int, entry: dict) -> str:

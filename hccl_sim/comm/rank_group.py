@@ -1,7 +1,8 @@
 """The engine contract: what a Communicator needs from the engine that placed its rank.
 
-An engine places ranks (threads, Ray actors, MPI processes) and hands each rank's Communicator a
-`Group`. Every collective call then goes through the group in two separate phases:
+It lives beside the Communicator, which states what it needs; the engines (hccl_sim.engines) sit
+above and implement it. An engine places ranks (threads, Ray actors, MPI processes) and hands each
+rank's Communicator a `RankGroup`. Every collective call then goes through the group in two separate phases:
 
 1. `rendezvous(rank, call) -> OpPlan`. Carries no data: every rank's `Call` (signature, entry
    clock, item size) goes in, the shared plan comes out. The one exception is MPI's eager
@@ -27,7 +28,7 @@ Results come from `result_array` (an engine may keep them where peers can write 
 end at once. Every wait has a deadline (HCCL_EXEC_TIMEOUT).
 
 Sub-communicators (`comm.split`, `comm.shrink`): `subgroup(rank, members, scope, topo, config)`,
-called by every member, returns this rank's Group of the members (ranks of this group, in the
+called by every member, returns this rank's RankGroup of the members (ranks of this group, in the
 new communicator's order; `topo` is their topologies.subset, `scope` a name every member derives
 alike). Engines whose ranks share memory give all members one new group; the others give each
 member a view of the job's transport (hcomm.transports.scoped). `abort(rank, reason)`
@@ -58,7 +59,7 @@ class Call(NamedTuple):
     signature: object         # planner.Signature: what every rank must agree on
     clock: int                # the rank's entry clock, ns
     itemsize: int             # bytes per element (1 for a barrier)
-    eager: Optional[np.ndarray] = None   # the input itself, when at most Group.eager_bytes
+    eager: Optional[np.ndarray] = None   # the input itself, when at most RankGroup.eager_bytes
     sent: tuple = ()          # the rank's sends so far on the pairs its fault plan counts (fault_state)
 
 
@@ -70,7 +71,7 @@ class RankBuffers(NamedTuple):
     scratch: Optional[np.ndarray]
 
 
-class Group:
+class RankGroup:
     """The base of every engine's group: the contract (see the module docstring), with every
     optional hook declared here with its default, so that a Communicator never probes a group.
 
@@ -123,7 +124,7 @@ class Group:
         """`rank` returned: waits on it fail at once instead of at their deadline."""
         raise self._not_offered("exit")
 
-    def subgroup(self, rank: int, members: tuple, scope: str, topo, config) -> "Group":
+    def subgroup(self, rank: int, members: tuple, scope: str, topo, config) -> "RankGroup":
         """This rank's group of a sub-communicator of `members` (see the module docstring)."""
         raise self._not_offered("sub-communicators")
 
