@@ -13,6 +13,7 @@ how long each op would take on a modelled Ascend cluster.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -143,7 +144,7 @@ class Cluster:
     def __init__(self, topology=None, engine: str = "local", env: dict | None = None, policy: str | None = None,
                  address: str | None = None, data_plane: str | None = None, faults=None):
         self.topology = _topology(topology)
-        if getattr(_registry.ENGINES.get(engine), "spmd", False):
+        if engine in _registry.ENGINES and _registry.ENGINES[engine].spmd:
             raise HcclError("E_PARA", "Cluster keeps ranks of engine local or ray across runs; under mpiexec every "
                             "process calls hccl_sim.run(fn, engine='mpi') or hccl_sim.init()")
         self._engine = _registry.get(engine, "cluster", "Cluster")
@@ -178,6 +179,32 @@ class Cluster:
     def data_plane(self) -> str:
         """The data plane the cluster's runs use: ray's chosen (or forced) one, "central" on local."""
         return self._ray.data_plane if self._ray is not None else (self._data_plane or self._engine.data_planes[0])
+
+    # what a cluster of processes (engine ray) is made of, for leak checks and tests of failures
+    @property
+    def session(self):
+        """The name its ranks' shared-memory segments carry (hcomm.memory.segments), or None where
+        ranks are threads."""
+        return self._ray.session if self._ray is not None else None
+
+    @property
+    def pids(self) -> list:
+        """Each rank's process id (a rank replaced after a crash has its new one)."""
+        return list(self._ray.pids) if self._ray is not None else [os.getpid()] * self.topology.num_ranks
+
+    @property
+    def nodes(self) -> list:
+        """Each rank's Ray node id (ranks of one node share memory), or None where ranks are threads."""
+        return list(self._ray.node_of) if self._ray is not None else None
+
+    def waiting(self, timeout_s: float = 30) -> list:
+        """What each rank of a running job waits for now (e.g. "data from rank 3 (allreduce)"), or
+        None for a rank that is not waiting: a hang's first clue. Engine ray (whose ranks keep a
+        record of their waits for the driver); local runs hold the caller's thread."""
+        if self._ray is None:
+            raise HcclError("E_NOT_SUPPORT", "Cluster.waiting() reads the ranks of engine ray; engine local's ranks "
+                            "are threads of the caller's run")
+        return self._ray.waiting(timeout_s)
 
     def close(self):
         self._open = False

@@ -384,7 +384,7 @@ def test_ray_runner_keeps_the_pools_working_set_and_no_more():
     from hccl_sim.chaos.scenarios import MAX_CALLS
     from hcomm.memory.segment_provider import RESULT_POOL_SPARE
     runner = RayRunner.__new__(RayRunner)
-    runner.cluster = SimpleNamespace(_ray=SimpleNamespace(session="vm-1-ab"))
+    runner.cluster = SimpleNamespace(session="vm-1-ab")
     allowed = RESULT_POOL_SPARE + MAX_CALLS
     few = {f"{PREFIX}vm-1-ab_0_result_77_{k}" for k in range(5, 5 + allowed - 1)}
     assert runner.kept(few) == few

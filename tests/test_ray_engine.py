@@ -3,6 +3,7 @@
 Results and simulated times equal the local engine's; failures surface without a hang; no
 shared-memory segment is left behind, even when an actor is killed mid-collective."""
 import os
+import signal
 import time
 
 import numpy as np
@@ -115,9 +116,9 @@ def test_two_servers_on_two_ray_nodes(ray_instance):
     import topologies
     topo = topologies.hardware("atlas800t-a2", devices_per_server=[4, 4])   # 4-NPU servers: half the actors
     with hccl_sim.Cluster(topo, engine="ray") as cluster:
-        r = cluster._ray
-        assert r.data_plane == "socket" and len(r.nodes) == 2
-        assert len(set(r.node_of[:4])) == 1 and len(set(r.node_of[4:])) == 1 and r.node_of[0] != r.node_of[4]
+        nodes = cluster.nodes
+        assert cluster.data_plane == "socket" and len(set(nodes)) == 2
+        assert len(set(nodes[:4])) == 1 and len(set(nodes[4:])) == 1 and nodes[0] != nodes[4]
         for algo in ("ring", "NHR", "pipeline"):
             results = cluster.run(all_collectives, args=(20_000, np.float32, "max", algo, 5))
             check(results, 8, 20_000, np.float32, "max", 5)
@@ -140,7 +141,7 @@ def test_a3_superpods_on_two_ray_nodes(ray_instance):
     import topologies
     topo = topologies.hardware("atlas900-a3", devices_per_server=[4, 4], pod_of_server=[0, 1])
     with hccl_sim.Cluster(topo, engine="ray") as cluster:
-        assert cluster._ray.data_plane == "socket"
+        assert cluster.data_plane == "socket"
         results = cluster.run(all_collectives, args=(20_000, np.int32, "sum", None, 6))
         check(results, 8, 20_000, np.int32, "sum", 6)
         got = cluster.run(timeline, args=(5000,))
@@ -214,16 +215,14 @@ def test_mismatch_and_early_return(cluster8):
 def test_no_shared_memory_left_after_runs_and_kills(ray_instance):
     topo = hccl_sim.topology("fullmesh", ranks=4)
     with hccl_sim.Cluster(topo, engine="ray") as cluster:
-        session = cluster._ray.session
+        session = cluster.session
         cluster.run(lambda comm: comm.all_gather(np.ones(100_000)))
         assert shm.leftovers(session)                     # registered buffers persist across runs
     assert shm.leftovers(session) == []
 
     cluster = hccl_sim.Cluster(topo, engine="ray", env={"HCCL_EXEC_TIMEOUT": "20"})
-    session = cluster._ray.session
-    victim = cluster._ray.actors[2]
-
-    others = [actor for r, actor in enumerate(cluster._ray.actors) if r != 2]
+    session = cluster.session
+    victim = cluster.pids[2]
 
     def fn(comm):
         comm.all_reduce(np.ones(100_000))
@@ -239,13 +238,13 @@ def test_no_shared_memory_left_after_runs_and_kills(ray_instance):
         deadline = time.monotonic() + 60
         try:
             while time.monotonic() < deadline:
-                statuses = ray.get([actor.status.remote() for actor in others], timeout=30)
-                if all(s.waiting and "(collective #1)" in s.waiting for s in statuses):
-                    seen_waiting.append(statuses)
+                others = [w for r, w in enumerate(cluster.waiting()) if r != 2]
+                if all(w and "(collective #1)" in w for w in others):
+                    seen_waiting.append(others)
                     return
                 time.sleep(0.02)
         finally:
-            ray.kill(victim)
+            os.kill(victim, signal.SIGKILL)
     import threading
     killer = threading.Thread(target=kill_once_the_others_wait, daemon=True)
     killer.start()
@@ -328,7 +327,7 @@ def test_data_planes_for_ranks_on_other_hosts(ray_instance, plane):
     """The paths ranks that share no memory take (Ray's object store; the control sockets)."""
     topo = hccl_sim.topology("atlas800t-a2")
     with hccl_sim.Cluster(topo, engine="ray", data_plane=plane) as cluster:
-        assert cluster._ray.data_plane == plane
+        assert cluster.data_plane == plane
         results = cluster.run(all_collectives, args=(40_000, np.float32, "min", "ring", 2))
         check(results, 8, 40_000, np.float32, "min", 2)
         assert cluster.run(timeline, args=(30_000,)) == hccl_sim.run(timeline, topology=topo, args=(30_000,))
@@ -395,8 +394,8 @@ def check_crash_runs(cluster, plan, dead):
     cluster usable: a run that stops before the crash, and one that lets the error escape. The
     survivors shrink and go on as on the local engine."""
     topo = cluster.topology
-    session = cluster._ray.session
-    old_pid = cluster._ray.pids[dead]
+    session = cluster.session
+    old_pid = cluster.pids[dead]
     t0 = time.monotonic()
     got = cluster.run(crash_ops)
     assert time.monotonic() - t0 < 60
@@ -410,7 +409,7 @@ def check_crash_runs(cluster, plan, dead):
         assert g[0][1][0] == "E_TIMEOUT" and f"Cluster Exception Location[rank {dead}]" in g[0][1][1]
         (code, reason), = g[1]                       # only the crashing op ran; later ones fail at once
         assert f"rank {dead}" in reason and code in ("E_REMOTE", "E_PARA"), (r, code, reason)
-    assert cluster._ray.pids[dead] != old_pid           # replaced by a fresh actor
+    assert cluster.pids[dead] != old_pid           # replaced by a fresh actor
     assert not [n for n in shm.leftovers(session) if f"_{dead}_" in os.path.basename(n)]
     one = cluster.run(crash_ops, args=(1,))             # the crash is at op 1: this run stops before it
     assert one == hccl_sim.run(crash_ops, topology=topo, args=(1,)) and one[dead][0][0][0] == "ok"
@@ -439,7 +438,7 @@ def test_rank_crash_on_one_node(ray_instance, preset, plan, dead):
     topo = hccl_sim.topology(preset[0], **preset[1])
     before = set(os.listdir("/dev/shm"))
     with hccl_sim.Cluster(topo, engine="ray", faults=plan) as cluster:
-        assert cluster._ray.data_plane == "shm"
+        assert cluster.data_plane == "shm"
         session = check_crash_runs(cluster, plan, dead)
     assert shm.leftovers(session) == [] and not [n for n in set(os.listdir("/dev/shm")) - before if session in n]
 
@@ -457,7 +456,7 @@ def test_rank_crash_across_two_ray_nodes(ray_instance, plane, plan, dead):
     import topologies
     topo = topologies.hardware("atlas800t-a2", devices_per_server=[2, 2])
     with hccl_sim.Cluster(topo, engine="ray", faults=plan, data_plane=plane) as cluster:
-        assert cluster._ray.data_plane == plane and len(set(cluster._ray.node_of)) == 2
+        assert cluster.data_plane == plane and len(set(cluster.nodes)) == 2
         session = check_crash_runs(cluster, plan, dead)
     assert shm.leftovers(session) == []
 
@@ -468,7 +467,7 @@ def test_result_pool_stays_bounded_over_many_shapes(cluster8):
     each rank keeps at most RESULT_POOL_SPARE free result segments, the least recently used
     unlinked, instead of one per shape for the cluster's life."""
     from hcomm.memory.segment_provider import RESULT_POOL_SPARE
-    stem = f"{shm.PREFIX}{cluster8._ray.session}_0_result_"
+    stem = f"{shm.PREFIX}{cluster8.session}_0_result_"
 
     def fn(comm, n):
         comm.all_reduce(np.ones(n, np.int32))

@@ -65,5 +65,5 @@ def test_corrupt_and_p2p_faults_results_errors_and_op_clocks_equal_on_ray_and_lo
             for out in (local[1], clean[1])]
     assert [a - b for a, b in zip(*took)] == [DELTA, 0, DELTA, DELTA]
     with hccl_sim.Cluster(topo, engine="ray", faults=plan, env=FAST) as cluster:
-        assert cluster._ray.data_plane == "socket"
+        assert cluster.data_plane == "socket"
         assert cluster.run(_job) == local

@@ -332,7 +332,7 @@ def test_torchrun_job_across_two_nodes_reads_a_nodes_peers_in_place():
     want = [q.flatten() for q in _reference(steps)]
     for out in ranks:
         assert out["allreduce"] == [0.0, 10.0, 20.0, 30.0] and out["big"] == [10.0]
-        assert out["plane"] == "peer" and out["by_place"] > 0      # across nodes; in place inside each
+        assert out["plane"] == "socket" and out["by_place"] > 0    # across nodes; in place inside each
         for got, ref in zip(out["params"], want):
             assert np.allclose(got, ref, atol=1e-5)
 

@@ -91,7 +91,7 @@ class RayRunner:
         from hcomm.memory.segments import PREFIX
         from hcomm.memory.segment_provider import RESULT_POOL_SPARE
         from .scenarios import MAX_CALLS
-        stem = f"{PREFIX}{self.cluster._ray.session}_"
+        stem = f"{PREFIX}{self.cluster.session}_"
         by_rank = {}
         for name in names:
             parts = name[len(stem):].split("_") if name.startswith(stem) else []
@@ -106,8 +106,7 @@ class RayRunner:
     def close(self) -> list:
         """Close the cluster; what it left behind (segments of its session, live actor processes)."""
         from hcomm.memory import segments as shm
-        ray_cluster = self.cluster._ray
-        session, pids = ray_cluster.session, list(getattr(ray_cluster, "pids", []))
+        session, pids = self.cluster.session, self.cluster.pids
         self.cluster.close()
         deadline = time.monotonic() + 10
         while True:

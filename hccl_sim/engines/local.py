@@ -26,8 +26,9 @@ from hcomm.exec import run_rank, run_share, with_scratch
 from . import rendezvous as rdv
 from ..comm.rank_group import RankGroup
 from .bootstrap import communicator, start_runtime
+from .registry import ENGINES
 
-PLANES = ("central", "threads")     # data planes (README, "Engines"): the central data program, or per-rank executors
+PLANES = ENGINES["local"].data_planes     # the registry's: "central" (the central data program), "threads" (per-rank executors)
 
 _POLL_S = 0.05
 _SWITCH_INTERVAL_S = 50e-6

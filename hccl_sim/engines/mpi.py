@@ -45,16 +45,15 @@ from hcomm.control.mpi import MpiControl
 from hcomm.transports.mpi import MpiHub, MpiTransport, require_thread_level
 from topologies.errors import HcclError
 
-from hcomm.transports.scoped import ScopedTransport
-
 from ..comm.communicator import Communicator  # noqa: F401 - the type MpiJob.communicator returns
 from ..faults.fault_plan import RankCrashed
 from ..npu.device import storage_in_use
 from . import rendezvous as rdv
 from .bootstrap import communicator, start_runtime
 from .peer_group import PeerGroup
+from .registry import ENGINES
 
-PLANES = ("p2p", "window")
+PLANES = ENGINES["mpi"].data_planes     # "window", "p2p": the registry's names (comm.data_plane)
 
 
 def world():
@@ -101,18 +100,13 @@ class MpiSubGroup(PeerGroup):
     over a scoped view of the MPI transport (on either world plane). A rank the fault plan crashes
     stops taking part (MpiJob.crash); its process lives on."""
     engine = "mpi"
-    data_plane = "p2p"
 
     def __init__(self, rank, topo, config, control, transport, job):
         super().__init__(rank, topo, config, control, transport)
         self.job = job
 
-    def _world_rank(self, rank: int) -> int:
-        tr = self._raw_transport
-        return tr.members[rank] if isinstance(tr, ScopedTransport) else rank
-
     def _end_rank(self, rank) -> None:
-        world_rank = self._world_rank(rank)
+        world_rank = self.transport.world_rank(rank)
         self.job.crash(world_rank, f"rank {world_rank} crashed (fault plan)")
 
     def _subgroup(self, sub_rank, topo, config, control, transport):
@@ -127,16 +121,9 @@ class MpiGroup(MpiSubGroup):
 
     def __init__(self, rank, topo, config, control, transport, job):
         super().__init__(rank, topo, config, control, transport, job)
-        self.data_plane = job.data_plane
         self.ranks_per_process = job.k
         if job.memory is not None:
             self._use_shared_plane(job.memory, local=rank - job.memory.base, pooled_result_bytes=RESULT_POOL_BYTES)
-
-    def abort(self, rank, reason) -> None:
-        """comm.abort() on the world communicator: its control rounds fail on every process (its
-        data waits by the scoped abort of PeerGroup); sub-communicators go on."""
-        self.job.hub.abort_control("E_REMOTE", reason)
-        super().abort(rank, reason)
 
 
 class MpiJob:

@@ -9,10 +9,11 @@ planning round trip.
 Execution: an op whose input is at most `eager_bytes` is eager (MPI's eager protocol): the input
 travelled with the call, and every rank computes its own result from all inputs by the moves of
 the op's data program that decide it (hcomm.exec.own_result), so a small op costs one
-allgather. Larger ops run on the engine's data plane: by default the per-rank executor over the
-peer transport (each rank runs its own schedule; no rank touches another's data); ranks that
-share memory set `plane` (hcomm.exec.shared_plane: every rank runs its share of the central data
-program on every rank's buffers in place), whose results come from its memory's pool.
+allgather. Larger ops run on the group's one data plane (hcomm.exec's DataPlane, `plane`): by
+default the per-rank executor over the peer transport (each rank runs its own schedule; no rank
+touches another's data); ranks that share memory switch to the shared plane (every rank runs its
+share of the central data program on every rank's buffers in place), ranks some of whose peers
+share their host to the hosted one (`share_host`); results come from the plane's pool.
 
 A fault plan's rank_crash (comm/rank_group.py) is one hook for every engine: the dead rank moves the
 data of the steps it runs before it dies on its plane, then ends as its engine ends a rank
@@ -36,9 +37,7 @@ from topologies.errors import Cause, HcclError
 
 from hcomm.control.rounds import GroupRounds
 from hcomm.control.transport import TransportControl  # noqa: F401 - a sub-communicator's control plane
-from hcomm.exec import OwnResult, run_rank, run_rank_in
-from hcomm.exec.shared_plane import SharedPlane
-from hcomm.memory.pool import ResultPool
+from hcomm.exec import HostedPlane, OwnResult, PerRankPlane, SharedPlane
 
 from . import rendezvous as rdv
 from ..comm.rank_group import Call, RankBuffers, RankGroup
@@ -46,7 +45,6 @@ from ..plan.planner import Signature
 
 _CLOCK = struct.Struct("<q")
 INLINE_BYTES = 64 << 10            # inputs up to this size travel in the control plane (eager ops)
-HOST_RESULT_SPARE = 4              # pooled host results per rank (results off a shared plane)
 
 
 class CallPayload:
@@ -117,19 +115,16 @@ class PeerGroup(RankGroup):
     scopes that one); subclasses add their data planes and fault hooks."""
 
     engine = "peer"                        # subclasses name theirs
-    data_plane = "peer"
     pooled_result_bytes = None             # results at least this large come from a pool (None: never)
 
     def __init__(self, rank, topo, config, control, transport, raw_transport=None, watch=None):
         self.rank, self.topo, self.config, self.size = rank, topo, config, topo.num_ranks
         self.control = control
         self.rounds = GroupRounds(control, config.wait_timeout_s, watch)
-        self.plane = None                  # a SharedPlane, where the ranks share memory
-        self.host_memory = None            # this rank's segments, where some peers share its host (socket plane)
-        self._host_results = None          # the ResultPool of results off a shared plane
         self.plain_result_bytes = self.pooled_result_bytes or 0
         self.transport = transport
         self._raw_transport = transport if raw_transport is None else raw_transport
+        self.plane = PerRankPlane(transport, rank, self.rounds.waiting)     # the group's one DataPlane
         self.scope = ""                    # this communicator's scope of the job's transport
         self._plans = rdv.PlanCache(topo, config)
         self.fault_progress = self._plans.progress     # this rank's copy, advanced by its own plans
@@ -138,6 +133,11 @@ class PeerGroup(RankGroup):
         self._eager = None                 # every rank's eager input of the op being executed
         self._heads = {}                   # id(signature) -> CallPayload.head + (signature, its shape key)
         self._own = {}                     # (id(data program), shape, dtype) -> (it, its compiled OwnResult)
+
+    @property
+    def data_plane(self) -> str:
+        """The name of the plane execute() moves bytes on (comm.data_plane)."""
+        return self.plane.name
 
     def _use_shared_plane(self, memory, local: int = 0, pooled_result_bytes=None) -> None:
         """Run larger ops on the shared-memory plane over `memory` (a MemoryProvider; `local`: this
@@ -153,7 +153,7 @@ class PeerGroup(RankGroup):
         transport sending those peers the places of slices instead of their bytes, and take
         results from its pool, which peers then read in place."""
         self._raw_transport.share_host(memory, ranks)
-        self.host_memory = memory
+        self.plane = HostedPlane(self.transport, self.rank, memory, self.rounds.waiting)
         self.pooled_result_bytes = self.plain_result_bytes = self.inline_bytes + 1
 
     # ---- the control plane -----------------------------------------------------------------------
@@ -210,34 +210,14 @@ class PeerGroup(RankGroup):
             self._own_result(rank, data, buffers, raws)
             return
         if data.carries_data:                # (a barrier: the rendezvous was it)
-            self._execute_data(rank, seq, data, buffers)
-
-    def _execute_data(self, rank, seq, data, buffers) -> None:
-        """A larger op's data: on the shared plane, or this rank's own schedule over the peer
-        transport."""
-        if self.plane is not None:
             self.plane.run(seq, data, buffers)
-            return
-        with self.rounds.waiting(f"{data.name} (collective #{seq}) data"):
-            if self.host_memory is not None:
-                run_rank_in(self.host_memory, data, rank, buffers, self.transport, seq)
-            else:
-                run_rank(data, rank, buffers, self.transport)
 
     def result_array(self, shape, dtype):
-        """Results at least `pooled_result_bytes`: the shared plane's pool (peers write them in
-        place), else a pool of host arrays; smaller ones, and past a full pool, plain arrays."""
+        """Results at least `pooled_result_bytes`: the plane's (a shared plane's pool, which peers
+        write in place; a pool of host arrays); smaller ones, and past a full pool, plain arrays."""
         limit = self.pooled_result_bytes
         if limit is not None and math.prod(shape) * np.dtype(dtype).itemsize >= limit:
-            if self.plane is not None:
-                arr = self.plane.result(shape, dtype)
-            elif self.host_memory is not None:
-                arr = self.host_memory.result(0, shape, dtype)
-            else:
-                if self._host_results is None:
-                    self._host_results = ResultPool(HOST_RESULT_SPARE,
-                                                    lambda n, sh, dt: (None, np.empty(sh, dtype=dt)))
-                arr = self._host_results.get(shape, dtype)
+            arr = self.plane.result(shape, dtype)
             if arr is not None:
                 return arr
         return np.empty(shape, dtype=dtype)
@@ -245,7 +225,7 @@ class PeerGroup(RankGroup):
     def writes_in_place(self, out) -> bool:
         """On the shared plane, an op larger than the eager size writes an `out=` that lies in the
         shared memory (a device array's data, a pooled result) in place: peers write it there."""
-        return self.plane is not None and out.nbytes > self.eager_bytes and self.plane.holds(out)
+        return out.nbytes > self.eager_bytes and self.plane.holds(out)
 
     # ---- a fault plan's rank_crash (comm/rank_group.py) -------------------------------------------------
     def die(self, rank, seq, data, buffers, steps) -> None:
@@ -254,12 +234,7 @@ class PeerGroup(RankGroup):
         transport otherwise), then ends as its engine ends a rank (`_end_rank`)."""
         try:
             if data.carries_data and self._eager is None:
-                if self.plane is not None:
-                    self.plane.run(seq, data, buffers, steps=steps)
-                elif self.host_memory is not None:   # its host peers wait on its step words
-                    run_rank_in(self.host_memory, data, rank, buffers, self.transport, seq, steps=steps)
-                elif steps:
-                    run_rank(data, rank, buffers, self.transport, steps=steps)
+                self.plane.run(seq, data, buffers, steps=steps)
         except HcclError:
             pass                # it dies anyway: what it was waiting for then does not matter
         self._end_rank(rank)
@@ -273,14 +248,10 @@ class PeerGroup(RankGroup):
         gone: a control round meets its LOST marker (the shared plane), or every wait fails once
         it is lost (watch_peer), whichever peer it waits for."""
         self._lost(dead)
-        if self.plane is not None:
-            self.execute(rank, seq, data, buffers)
-            return
-        self.transport.watch_peer(dead)
-        try:
-            self.execute(rank, seq, data, buffers)
-        finally:
-            self.transport.unwatch_peer(dead)
+        if self._eager is not None or not data.carries_data:
+            self.execute(rank, seq, data, buffers)      # nothing to wait for
+        else:
+            self.plane.run_lost(seq, data, buffers, dead)
 
     def _lost(self, dead) -> None:
         """`dead` (a rank of this group) dies in this op (the Ray engine tells its driver)."""
@@ -301,8 +272,10 @@ class PeerGroup(RankGroup):
         self.control.abort("E_REMOTE", f"rank {rank} failed: {rdv.describe_failure(exc)}")
 
     def abort(self, rank, reason) -> None:
-        """comm.abort(): this communicator's waits fail here and at every peer (its scope of the
-        job's transport)."""
+        """comm.abort(): this communicator's waits fail here and at every peer: its control rounds
+        where its plane holds them apart (a shared block, MPI's), then its scope of the job's
+        transport."""
+        self.control.abort_for_communicator("E_REMOTE", reason)
         # the control rounds this rank finished are not failed at its peers (AbortState)
         self.transport.abort_scope(self.scope, "E_REMOTE", reason, after=self.rounds.seq)
 

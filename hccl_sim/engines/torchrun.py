@@ -71,7 +71,6 @@ class LaunchedGroup(PeerGroup):
         super().__init__(rank, topo, config, control, transport)
         self.memory, self._block_owner = memory, block_owner
         if host_ranks is None:               # every rank on this host
-            self.data_plane = "shm"
             self._use_shared_plane(memory)
         else:
             self.share_host(memory, host_ranks)

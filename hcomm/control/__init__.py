@@ -1,9 +1,10 @@
 """Control planes: the allgather of small payloads that every rendezvous is, with abort, leave
-and close. One shape, three implementations:
+and close. One shape (`base.ControlPlane`, every member declared), four implementations:
 
 | module      | ranks                                   | how                                                  |
 |-------------|-----------------------------------------|------------------------------------------------------|
 | `shm`       | processes on one host                   | sequence slots in a shared segment, futex waits      |
+| `nodes`     | processes on several hosts              | a block per host, its leader in an allgather across  |
 | `mpi`       | MPI processes (threads of them)         | one MPI Iallgather of fixed slots per process        |
 | `transport` | anything with a peer transport          | a dissemination allgather, ceil(log2 p) rounds        |
 

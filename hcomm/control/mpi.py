@@ -22,6 +22,7 @@ import time
 from topologies.errors import Cause, HcclError
 
 from ..transports.mpi.rounds import SLOT_BYTES
+from .base import ControlPlane
 
 CALL, LEFT, FAILED, LOST = 0, 1, 2, 3
 _LEN = struct.Struct("<BI")
@@ -68,8 +69,8 @@ class MpiControl:
         self._aborted = None
         hub.on_abort.append(self._on_abort)
 
-    def view(self, rank: int) -> "_RankControl":
-        return _RankControl(self, rank)
+    def view(self, rank: int) -> "RankControl":
+        return RankControl(self, rank)
 
     def _on_abort(self, code, reason, rounds=None):
         with self._cond:
@@ -203,7 +204,7 @@ class MpiControl:
                                      (self._done[j] for j in range(self.k))]))
 
 
-class _RankControl:
+class RankControl(ControlPlane):
     """MpiControl as one rank's control plane (the interface PeerGroup calls)."""
 
     def __init__(self, control: MpiControl, rank: int):
@@ -219,6 +220,11 @@ class _RankControl:
         """A rank failed: every wait of the job fails (this process's now, the others' on the
         hub's ABORT frame)."""
         self._c.hub.abort(code, reason)
+
+    def abort_for_communicator(self, code: str, reason: str) -> None:
+        """comm.abort() on the world communicator: its control rounds fail on every process (its
+        data waits by the transport's scoped abort); sub-communicators go on."""
+        self._c.hub.abort_control(code, reason)
 
     def leave(self) -> None:
         pass                        # MpiGroup.exit / fail call MpiControl.finish with the reason

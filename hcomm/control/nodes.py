@@ -24,6 +24,7 @@ import struct
 
 from topologies.errors import HcclError
 
+from .base import ControlPlane
 from .transport import TransportControl
 
 _LEN = struct.Struct("<I")
@@ -78,7 +79,7 @@ def _unbundle(raw: bytes, count: int) -> list:
     return out
 
 
-class NodeControl:
+class NodeControl(ControlPlane):
     """One rank's control plane: `block`, its handle on its host's control block (attached as its
     index there; None for a host's only rank); `transport`, the job's peer transport; `layout`, a
     HostLayout of the job."""
@@ -141,6 +142,11 @@ class NodeControl:
         their blocks)."""
         if self.block is not None:
             self.block.abort(code, reason)
+
+    def abort_for_communicator(self, code: str, reason: str) -> None:
+        """The host's block is the world communicator's: its ranks fail at once (the other hosts'
+        leaders learn it from the communicator's abort notices)."""
+        self.abort(code, reason)
 
     def leave(self) -> None:
         if self.block is not None:

@@ -43,6 +43,7 @@ import time
 from topologies.errors import HCCL_RESULT, Cause, HcclError
 
 from ..memory import segments as shm
+from .base import ControlPlane
 from ..memory.shared_file import FUTEX_WAIT as _FUTEX_WAIT, FUTEX_WAKE as _FUTEX_WAKE, SYS_FUTEX as _SYS_FUTEX
 from ..memory.shared_file import L as _L, Mapping as _Mapping, Timespec as _Timespec, futex_call as _syscall
 from ..memory.shared_file import proc_start_time as _proc_start_time
@@ -390,8 +391,9 @@ class ControlBlock:
                  names.get(self._q[self._rec(j) + _R_STATE], "?")) for j in range(self.size)]
 
 
-class ShmControl:
-    """A ControlBlock as a rank's control plane (allgather, abort, leave, close)."""
+class ShmControl(ControlPlane):
+    """A ControlBlock as a rank's control plane (allgather, abort, leave, close). The block is the
+    world communicator's alone: a communicator's abort fails its rounds there too."""
 
     def __init__(self, block):
         self.block = block
@@ -401,6 +403,9 @@ class ShmControl:
         return self.block.allgather(seq, payload, deadline, op)
 
     def abort(self, code: str, reason: str) -> None:
+        self.block.abort(code, reason)
+
+    def abort_for_communicator(self, code: str, reason: str) -> None:
         self.block.abort(code, reason)
 
     def leave(self) -> None:

@@ -12,8 +12,10 @@ import numpy as np
 
 from topologies.errors import Cause, HcclError
 
+from .base import ControlPlane
 
-class TransportControl:
+
+class TransportControl(ControlPlane):
     """A dissemination allgather (Bruck's) over a peer transport: in round k every rank sends
     what it knows to rank r + 2^k and hears from r - 2^k, so after ceil(log2 p) rounds every rank
     knows every payload. ceil(log2 p) frames on the critical path instead of a gather at rank 0
@@ -69,9 +71,3 @@ class TransportControl:
 
     def abort(self, code: str, reason: str) -> None:
         self.transport.abort(code, reason)
-
-    def leave(self) -> None:
-        pass                    # closing the transport tells the peers (its goodbye)
-
-    def close(self) -> None:
-        pass                    # the transport is closed by its owner

@@ -6,12 +6,15 @@
 - `shared_plane`: the central share for ranks that are processes, over shared memory (hcomm.memory);
 - `per_rank`: one rank's own schedule over a Transport (ranks that share no memory; or some of
   them, on one host, its buffers in shared memory: `run_rank_in`);
-- `own_result`: one rank's output from every rank's input (the small-op eager path).
+- `own_result`: one rank's output from every rank's input (the small-op eager path);
+- `planes`: the DataPlane a group holds (shared, hosted or per-rank), over the executors above.
 """
 from .central import run_share
 from .data_program import DataLoop, DataProgram, LoopBody, with_scratch
 from .own_result import OwnResult, own_result
 from .per_rank import COLLECTIVE_TAG, run_rank, run_rank_in, run_schedule
+from .planes import DataPlane, HostedPlane, PerRankPlane
+from .shared_plane import SharedPlane
 
-__all__ = ["DataLoop", "DataProgram", "LoopBody", "OwnResult", "COLLECTIVE_TAG", "own_result", "run_rank",
-           "run_rank_in", "run_schedule", "run_share", "with_scratch"]
+__all__ = ["DataLoop", "DataPlane", "DataProgram", "HostedPlane", "LoopBody", "OwnResult", "PerRankPlane", "SharedPlane",
+           "COLLECTIVE_TAG", "own_result", "run_rank", "run_rank_in", "run_schedule", "run_share", "with_scratch"]

@@ -57,7 +57,7 @@ def run_rank_in(memory, data: DataProgram, rank: int, buffers, transport, seq: i
     transport reaches this rank's host peers by step words (`host_steps`) and the op's collective
     number `seq` is given, the schedule runs on them (hcomm.exec.hosted): every rank of the host
     then takes that path for every op that carries data, whatever its buffers."""
-    host = getattr(transport, "host_steps", None) if seq is not None else None
+    host = transport.host_steps if seq is not None else None
     x, out = buffers.input, buffers.output
     if not data.carries_data or (host is None and (x is None or out is None)):
         run_rank(data, rank, buffers, transport, steps)

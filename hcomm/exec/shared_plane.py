@@ -32,6 +32,7 @@ import numpy as np
 from topologies.errors import HcclError
 
 from .central import run_share
+from .planes import DataPlane
 
 UNCHANGED = b"="
 """A rank's places payload when its places and shapes are those it sent in its last op."""
@@ -44,16 +45,25 @@ def _empty_of(shape, dtype):
     return None if shape is None else np.empty(shape, dtype)
 
 
-class SharedPlane:
+class SharedPlane(DataPlane):
     """One rank's use of the plane (see the module docstring), over `memory` (a MemoryProvider)
-    and `rounds` (its group's GroupRounds); `local` is the rank's index among the ranks of its
-    process, which share `memory`."""
+    and `rounds` (its group's GroupRounds, whose waits record themselves); `local` is the rank's
+    index among the ranks of its process, which share `memory`. Its name is the memory's
+    (`MemoryProvider.plane`: shm, window)."""
 
     def __init__(self, rounds, memory, rank: int, size: int, local: int = 0):
         self.rounds, self.memory, self.rank, self.size, self.local = rounds, memory, rank, size, local
         self._sent = None                   # what this rank's last places round said (its key)
         self._heard = [None] * size         # per rank: the key its last places round said
         self._views = [None] * size         # per rank: (its key, its (input, output, scratch) views)
+
+    @property
+    def name(self) -> str:
+        return self.memory.plane
+
+    def run_lost(self, seq, data, buffers, dead) -> None:
+        """As `run`: a control round of the op meets `dead`'s LOST marker."""
+        self.run(seq, data, buffers)
 
     def result(self, shape, dtype):
         """A result array peers can write in place (the provider's pool), or None."""

@@ -15,6 +15,9 @@ class MemoryProvider(ABC):
     the process's ranks). Every method but `grow` is local to the process. The abstract methods
     are what each kind of memory must say for itself; the others have a default."""
 
+    plane: str
+    """The name of the shared plane over this memory (comm.data_plane, the engine registry's)."""
+
     @abstractmethod
     def locate(self, arr):
         """The place of an array that already lies in shared memory (a device array, a pooled

@@ -31,6 +31,8 @@ PEER_SEGMENTS_MAPPED = 64
 class SegmentProvider(MemoryProvider):
     """One rank's segments (see the module docstring); a place is `(segment name,)`."""
 
+    plane = "shm"
+
     def __init__(self, session: str, rank: int):
         self.session, self.rank = session, rank
         self.owned = segments.OwnedSegments(session, rank)

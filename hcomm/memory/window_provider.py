@@ -56,6 +56,8 @@ class WindowProvider(MemoryProvider):
     process's `k` ranks); `hbm_bytes` is each rank's HBM capacity. Collective: every process
     constructs it together."""
 
+    plane = "window"
+
     def __init__(self, hub, hbm_bytes: int):
         self.hub, self.base, k = hub, hub.proc * hub.k, hub.k
         self.k = k

@@ -1,4 +1,4 @@
-"""The Transport protocol every hcomm transport implements, and the pieces they share.
+"""The Transport base every hcomm transport subclasses, and the pieces they share.
 
 A transport moves slices of ranks' registered buffers between ranks, gloo's UnboundBuffer shape:
 the sender posts a slice and gets a handle, the receiver takes the next message on (src, dst, tag),
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import abc
 import time
-from typing import Any, Hashable, Optional, Protocol, runtime_checkable
+from typing import Any, Hashable, Optional
 
 import numpy as np
 
@@ -41,33 +41,54 @@ class Message(abc.ABC):
         """Tell the sender its slice may be reused; `reply` reaches its wait_consumed."""
 
 
-@runtime_checkable
-class Transport(Protocol):
+class Transport(abc.ABC):
     """Tagged, deadline-bounded, zero-copy (where memory allows) channels among `size` ranks.
 
-    Ranks are ints in [0, size); a tag is any hashable value the transport can carry (for the
-    transports between processes: str, int, float, bool, None, or tuples of these). An endpoint of
-    a transport between processes serves one rank (`rank`); the in-process one serves all."""
+    Every transport subclasses this; every member a caller may use is declared here (c10d's
+    rule: an optional member has its default here, so no caller probes a transport). Ranks are
+    ints in [0, size); a tag is any hashable value the transport can carry (for the transports
+    between processes: str, int, float, bool, None, or tuples of these). An endpoint of a
+    transport between processes serves one rank; the in-process one serves all.
+
+    Required: the abstract methods. Optional, with their defaults: `abort_scope` (one
+    communicator's abort; default: the whole transport's), `watch_peer` / `unwatch_peer` / `lost`
+    (peers that can be lost while their process runs elsewhere; default: none can), `world_rank`
+    (a sub-communicator's view renumbers; default: the rank itself), `host_steps` with
+    `share_host` and `wait_for` (peers on this host read in place; default: none do), `plane`
+    (the name a data plane over this transport goes by)."""
 
     size: int
     timeout_s: Optional[float]
+    plane: str = "peer"
+    """The name of the per-rank data plane over this transport (comm.data_plane, the engine
+    registry's names): "threads", "socket", "object", "p2p"."""
+    host_steps = None
+    """The step words of this rank's peers on its host (hcomm.transports.host_steps), where the
+    transport reaches them through shared memory (`share_host`); None elsewhere."""
 
+    # ---- required --------------------------------------------------------------------------------
+    @abc.abstractmethod
     def register(self, rank: int, name: str, array: np.ndarray) -> None:
         """Make `array` addressable as buffer `name` of `rank` (replaces an earlier one)."""
 
+    @abc.abstractmethod
     def deregister(self, rank: int, name: str) -> None:
         """Forget buffer `name` of `rank`."""
 
+    @abc.abstractmethod
     def region(self, rank: int, name: str) -> np.ndarray:
         """The array registered as `name` of `rank`; E_PTR when there is none."""
 
+    @abc.abstractmethod
     def post(self, src: int, dst: int, tag: Hashable, region: str, start: int, stop: int, meta: Any = None):
         """Send region[start:stop] (first axis) of `src`'s buffer `region` to `dst`; returns a
         handle for `wait_consumed`. Does not wait; `src` must not write the slice until then."""
 
+    @abc.abstractmethod
     def post_view(self, src: int, dst: int, tag: Hashable, view: np.ndarray, meta: Any = None):
         """Like `post`, for an array that is not registered."""
 
+    @abc.abstractmethod
     def take(self, src: int, dst: int, tag: Hashable, deadline: Optional[float] = None,
              op: Optional[str] = None) -> Message:
         """Wait for the next message from `src` to `dst` on `tag` (messages on one (src, dst, tag)
@@ -75,28 +96,69 @@ class Transport(Protocol):
         when `src` is lost, E_PARA when `src` has exited without sending it, the abort's code
         once aborted."""
 
+    @abc.abstractmethod
     def wait_consumed(self, handle, deadline: Optional[float] = None, op: Optional[str] = None):
         """Wait until the receiver has called `consumed(reply)` on the message; returns the reply.
         Fails like `take`."""
 
+    @abc.abstractmethod
     def ready(self, src: int, dst: int, tag: Hashable) -> bool:
         """Whether `take(src, dst, tag)` would return at once (a message is there). Never waits;
         a transport whose ranks drive their own progress makes one step of it."""
 
+    @abc.abstractmethod
     def is_consumed(self, handle) -> bool:
         """Whether `wait_consumed(handle)` would return at once. Never waits, as `ready`."""
 
+    @abc.abstractmethod
     def deadline(self) -> Optional[float]:
         """The deadline of a wait that starts now (None when there is no timeout)."""
 
+    @abc.abstractmethod
     def abort(self, code: str, reason: str) -> None:
         """Fail every wait on this transport, now and later, with HcclError(code, 'aborted: reason')."""
 
+    @abc.abstractmethod
     def mark_exited(self, rank: int) -> None:
         """`rank` will post and consume nothing more: waits on it fail at once."""
 
+    @abc.abstractmethod
     def close(self) -> None:
         """Release threads, sockets and references; waits in progress are aborted."""
+
+    # ---- optional, with defaults -------------------------------------------------------------------
+    def abort_scope(self, scope: str, code: str, reason: str, after=None) -> None:
+        """One communicator's abort (`scope`: its tags, see `scope_of`): fail the waits on that
+        scope's tags, here and at every peer, but not those of its control rounds before `after`
+        (AbortState). Default: a transport that serves one communicator aborts whole."""
+        self.abort(code, reason)
+
+    def watch_peer(self, peer: int) -> None:
+        """Until `unwatch_peer(peer)`: every wait fails with E_REMOTE naming `peer` once it is
+        lost, whichever peer it waits for. Default: no peer of this transport can be lost apart
+        from its own exit (threads of one process), so there is nothing to watch."""
+
+    def unwatch_peer(self, peer: int) -> None:
+        """Undo `watch_peer(peer)`."""
+
+    def lost(self, peer: int) -> Optional[str]:
+        """Why `peer` is lost, or None while it may live."""
+        return None
+
+    def world_rank(self, rank: int) -> int:
+        """The job's rank that this transport's `rank` is (a sub-communicator's view renumbers)."""
+        return rank
+
+    def share_host(self, memory, ranks) -> None:
+        """`ranks` (this rank among them) share this rank's host: reach them through `memory`'s
+        segments (their slices read in place, step words in `host_steps`)."""
+        raise HcclError("E_NOT_SUPPORT", f"{type(self).__name__} does not reach peers through shared memory")
+
+    def wait_for(self, peer: int, ready, deadline: Optional[float] = None, op: Optional[str] = None,
+                 for_acks: bool = False, tag=None) -> None:
+        """Wait until `ready()` holds, woken by `peer`'s step words (`host_steps`) and by this
+        transport's own traffic; fails as `take` from `peer` (for_acks: as `wait_consumed`)."""
+        raise HcclError("E_NOT_SUPPORT", f"{type(self).__name__} has no host peers to wait for")
 
 
 # ---- failure wording, one place for every transport -------------------------------------------------

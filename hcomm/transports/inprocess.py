@@ -14,7 +14,7 @@ from collections import deque
 
 from topologies.errors import Cause, HcclError
 
-from .base import (POLL_S as _POLL_S, AbortState, Message as _MessageBase, Registry, consume_exited,
+from .base import (POLL_S as _POLL_S, AbortState, Message as _MessageBase, Registry, Transport, consume_exited,
                    consume_timeout, remaining, take_exited, take_timeout, waiting_for_consumer, waiting_for_data)
 
 STALL_S = 2.0    # every live rank waiting this long with no progress anywhere is a deadlock
@@ -96,8 +96,10 @@ class _Channel:
         self.queue = deque()
 
 
-class InProcessTransport:
+class InProcessTransport(Transport):
     """Zero-copy channels among `size` ranks living in one process."""
+
+    plane = "threads"
 
     def __init__(self, size: int, timeout_s: float | None = None):
         self.size = size

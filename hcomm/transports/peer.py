@@ -18,8 +18,8 @@ import numpy as np
 
 from topologies.errors import HcclError
 
-from .base import (ABORT_NOTICE, POLL_S, PROBE_AFTER_S, PROBE_EVERY_S, AbortState, Message, Registry, check_rank,
-                   consume_exited, consume_timeout, peer_lost, remaining, take_exited, take_timeout)
+from .base import (ABORT_NOTICE, POLL_S, PROBE_AFTER_S, PROBE_EVERY_S, AbortState, Message, Registry, Transport,
+                   check_rank, consume_exited, consume_timeout, peer_lost, remaining, take_exited, take_timeout)
 
 _EMPTY_NOTICE = np.zeros(0, dtype=np.uint8)
 
@@ -66,13 +66,13 @@ class RemoteMessage(Message):
         self._endpoint._release(data)
 
 
-class PeerEndpoint(abc.ABC):
+class PeerEndpoint(Transport):
     """One rank's endpoint of a transport whose ranks share no memory.
 
     Subclasses deliver frames: `_send_data(handle, view, meta)` gets the slice to `handle.dst`,
-    which calls `_deliver(src, tag, data, meta, msg_id)`; `_send_ack(src, msg_id, reply)` gets
-    the reply back, where `_acknowledged(msg_id, reply)` completes the handle. `_peer_down(peer,
-    reason)` records a peer that is lost (every wait on it fails), `_peer_returned(peer, data,
+    which calls `deliver(src, tag, data, meta, msg_id)`; `_send_ack(src, msg_id, reply)` gets
+    the reply back, where `acknowledged(msg_id, reply)` completes the handle. `peer_down(peer,
+    reason)` records a peer that is lost (every wait on it fails), `peer_returned(peer, data,
     acks)` one that returned, once every message (`data`) or acknowledgement (`acks`) it sent has
     arrived: a rank's goodbye may overtake its last acks on another connection or call; `_probe(peer)` (optional) is called while
     a wait on `peer` lasts, to find out whether it still lives (for transports that learn of a
@@ -84,10 +84,6 @@ class PeerEndpoint(abc.ABC):
     whichever peer it happens to wait for; watched peers are probed during every long wait, and
     `_watch(peer)` (optional) makes sure a death will be seen."""
 
-    host_steps = None
-    """The step words of this rank's peers on its host (hcomm.transports.host_steps), where the
-    transport reaches them through shared memory; None elsewhere."""
-
     def __init__(self, rank: int, size: int, timeout_s: float | None = None):
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
             raise HcclError("E_PARA", f"size must be a positive int, got {size!r}")
@@ -96,7 +92,7 @@ class PeerEndpoint(abc.ABC):
         self.timeout_s = timeout_s
         self._abort = AbortState()
         self._registry = Registry()
-        self._cond = threading.Condition(threading.Lock())   # guards everything below; notified on any change
+        self.cond = threading.Condition(threading.Lock())   # guards everything below; notified on any change
         self._inbox = {}             # (src, tag) -> deque of RemoteMessage
         self._pending = {}           # msg id -> SendHandle
         self._ids = itertools.count()
@@ -131,16 +127,16 @@ class PeerEndpoint(abc.ABC):
 
     def abort(self, code: str, reason: str) -> None:
         self._abort.set(code, reason)
-        with self._cond:
-            self._cond.notify_all()
+        with self.cond:
+            self.cond.notify_all()
 
     def abort_scope(self, scope: str, code: str, reason: str, after=None) -> None:
         """Fail every wait on `scope`'s tags, here and at every peer (one notice frame each, best
         effort: a peer already gone needs none), but those of the scope's control rounds before
         `after` (the rounds this rank had finished: AbortState). Other scopes' traffic goes on."""
         self._abort.set_scope(scope, code, reason, after)
-        with self._cond:
-            self._cond.notify_all()
+        with self.cond:
+            self.cond.notify_all()
             peers = [q for q in range(self.size) if q != self.rank and q not in self._down
                      and q not in self._no_more_acks]
         for q in peers:
@@ -154,25 +150,25 @@ class PeerEndpoint(abc.ABC):
         if rank == self.rank:
             self._announce_exit()
         else:
-            self._peer_returned(rank, data=True, acks=True)
+            self.peer_returned(rank, data=True, acks=True)
 
     def watch_peer(self, peer: int) -> None:
         """Until unwatch_peer(peer): every wait fails with E_REMOTE naming `peer` once it is lost."""
         peer = check_rank(peer, self.size, "peer", self.rank)
         if peer == self.rank:
             raise HcclError("E_PARA", "a rank cannot watch itself", rank=self.rank)
-        with self._cond:
+        with self.cond:
             self._watched.add(peer)
-            self._cond.notify_all()
+            self.cond.notify_all()
         self._watch(peer)
 
     def unwatch_peer(self, peer: int) -> None:
-        with self._cond:
+        with self.cond:
             self._watched.discard(peer)
 
     def lost(self, peer: int):
         """Why `peer` is lost (its connection broke, its actor died), or None."""
-        with self._cond:
+        with self.cond:
             return self._down.get(peer)
 
     def _check_watched(self, me, op) -> None:
@@ -192,14 +188,14 @@ class PeerEndpoint(abc.ABC):
             raise HcclError("E_PARA", "a transport between processes cannot send to its own rank", rank=self.rank)
         self._abort.check(self.rank, None)
         handle = SendHandle(src, dst, tag, next(self._ids))
-        with self._cond:
+        with self.cond:
             self._pending[handle.id] = handle
         try:
             view = np.asarray(view)
             # ascontiguousarray would turn a 0-d array into shape (1,): copy only what needs it
             self._send_data(handle, view if view.flags.c_contiguous else np.ascontiguousarray(view), meta)
         except BaseException:
-            with self._cond:
+            with self.cond:
                 self._pending.pop(handle.id, None)
             raise
         return handle
@@ -209,7 +205,7 @@ class PeerEndpoint(abc.ABC):
         src = check_rank(src, self.size, "src", self.rank, op)
         key = (src, tag)
         inbox = self._inbox
-        with self._cond:
+        with self.cond:
             queue = inbox.get(key)
             if not queue:
                 self._wait_until(lambda: bool(inbox.get(key)), src, tag, deadline, op, False)
@@ -222,20 +218,20 @@ class PeerEndpoint(abc.ABC):
     def ready(self, src, dst, tag) -> bool:
         self._own(dst, "ready")
         key = (check_rank(src, self.size, "src", self.rank, "ready"), tag)
-        with self._cond:
+        with self.cond:
             if not self._inbox.get(key):
                 self._idle(0.0)          # one step of progress where the ranks drive it (MPI)
             return bool(self._inbox.get(key))
 
     def is_consumed(self, handle: SendHandle) -> bool:
-        with self._cond:
+        with self.cond:
             if not handle.done:
                 self._idle(0.0)
             return handle.done
 
     def wait_consumed(self, handle: SendHandle, deadline=None, op=None):
         if not handle.done:
-            with self._cond:
+            with self.cond:
                 self._wait_until(lambda: handle.done, handle.dst, handle.tag, deadline, op, True)
         return handle.reply
 
@@ -246,7 +242,7 @@ class PeerEndpoint(abc.ABC):
         rank exposed); `tag` is the traffic's, for the scope of an abort."""
         if not ready():
             steps = self.host_steps
-            with self._cond:
+            with self.cond:
                 self._wait_until(ready, peer, tag, deadline, op, for_acks,
                                  None if steps is None else lambda: steps.exited(peer))
 
@@ -288,56 +284,62 @@ class PeerEndpoint(abc.ABC):
                     self._down.setdefault(who, reason)
         return now + PROBE_EVERY_S
 
-    # called by subclasses --------------------------------------------------------------------------------
-    def _deliver(self, src, tag, data, meta, msg_id) -> None:
+    # the inbound interface: what a subclass, or whatever carries its frames (an MPI hub, a
+    # host's shared-memory rings), calls as frames arrive. `cond` is the endpoint's lock and the
+    # condition its waits sleep on; the *_locked calls are made with it held.
+    def deliver(self, src, tag, data, meta, msg_id) -> None:
+        """A data frame from `src` arrived (a message to take on `tag`)."""
         msg = RemoteMessage(self, src, tag, data, meta, msg_id)
-        with self._cond:
-            self._enqueue(msg)
+        with self.cond:
+            self.enqueue_locked(msg)
 
-    def _enqueue(self, msg) -> None:
+    def enqueue_locked(self, msg) -> None:
         """Queue an arrived message (lock held); an abort notice aborts its scope instead."""
         tag = msg.tag
         if type(tag) is tuple and len(tag) == 2 and tag[0] == ABORT_NOTICE:
             code, reason, after = msg.meta
             self._abort.set_scope(tag[1], code, reason, after)
-            self._cond.notify_all()
+            self.cond.notify_all()
             return
         self._inbox.setdefault((msg.src, msg.tag), deque()).append(msg)
-        self._cond.notify_all()
+        self.cond.notify_all()
 
-    def _acknowledged(self, msg_id, reply) -> None:
-        with self._cond:
-            self._complete(msg_id, reply)
+    def acknowledged(self, msg_id, reply) -> None:
+        """The receiver consumed message `msg_id` and replied `reply`."""
+        with self.cond:
+            self.complete_locked(msg_id, reply)
 
-    def _complete(self, msg_id, reply) -> None:
+    def complete_locked(self, msg_id, reply) -> None:
         """A send acknowledged (lock held)."""
         handle = self._pending.pop(msg_id, None)
         if handle is not None:
             self._acks_from[handle.dst] += 1
             handle.reply, handle.done, handle.keep = reply, True, None
-            self._cond.notify_all()
+            self.cond.notify_all()
 
-    def _peer_down(self, peer, reason) -> None:
-        with self._cond:
+    def peer_down(self, peer, reason) -> None:
+        """`peer` is lost (`reason` says how): every wait on it fails."""
+        with self.cond:
             self._down.setdefault(peer, reason)
-            self._cond.notify_all()
+            self.cond.notify_all()
 
-    def _peer_returned(self, peer, data=False, acks=False) -> None:
-        with self._cond:
+    def peer_returned(self, peer, data=False, acks=False) -> None:
+        """`peer` returned: every message (`data`) or acknowledgement (`acks`) it sent has arrived."""
+        with self.cond:
             if data:
                 self._no_more_data.add(peer)
             if acks:
                 self._no_more_acks.add(peer)
-            self._cond.notify_all()
+            self.cond.notify_all()
 
     # what subclasses provide --------------------------------------------------------------------------------
     @abc.abstractmethod
     def _send_data(self, handle, view, meta) -> None:
-        """Get `view` to `handle.dst` (which calls _deliver there)."""
+        """Get `view` to `handle.dst` (which calls deliver there)."""
 
     @abc.abstractmethod
     def _send_ack(self, src, msg_id, reply) -> None:
-        """Get `reply` back to `src` (which calls _acknowledged there)."""
+        """Get `reply` back to `src` (which calls acknowledged there)."""
 
     def _idle(self, timeout: float, for_acks: bool = False, ready=None) -> None:
         """Wait (lock held) up to `timeout` s for something to change (`for_acks`: the wait is
@@ -346,7 +348,7 @@ class PeerEndpoint(abc.ABC):
         doorbell and its sleep makes there too).
         Transports whose frames arrive on threads of their own just wait to be notified; one
         whose waiting ranks must drive the progress themselves (MPI) overrides it."""
-        self._cond.wait(timeout)
+        self.cond.wait(timeout)
 
     def _release(self, data) -> None:
         """A consumed message's array, which the endpoint may reuse for a later message."""

@@ -47,17 +47,17 @@ class RayMailbox:
     def hcomm_deliver(self, epoch, src, seq, tag, refs, meta, msg_id):
         tr = self._endpoint(epoch)
         if tr is not None:
-            tr._delivered(src, seq, tag, refs[0], meta, msg_id)
+            tr.delivered(src, seq, tag, refs[0], meta, msg_id)
 
     def hcomm_ack(self, epoch, msg_id, reply):
         tr = self._endpoint(epoch)
         if tr is not None:
-            tr._acknowledged(msg_id, reply)
+            tr.acknowledged(msg_id, reply)
 
     def hcomm_bye(self, epoch, src, sent, acked):
         tr = self._endpoint(epoch)
         if tr is not None:
-            tr._said_bye(src, sent, acked)
+            tr.said_bye(src, sent, acked)
 
     def hcomm_ping(self):
         return True
@@ -73,6 +73,8 @@ class _RayMessage(RemoteMessage):
 
 class RayObjectTransport(PeerEndpoint):
     """One rank's endpoint, living in that rank's actor; `start(actors)` joins it to the others."""
+
+    plane = "object"
 
     def __init__(self, rank: int, size: int, timeout_s: float | None = None, epoch: int = 0):
         super().__init__(rank, size, timeout_s)
@@ -104,7 +106,7 @@ class RayObjectTransport(PeerEndpoint):
         actor = self._actor(handle.dst)
         # a ray.put costs more than a call (~2 ms against ~0.5 ms here): small slices ride in the call
         ref = view if view.nbytes <= INLINE_BYTES else ray.put(view)
-        with self._cond:
+        with self.cond:
             seq = self._sent[handle.dst]
             self._sent[handle.dst] = seq + 1
             # submitted under the lock: a goodbye's count then covers every delivery submitted before it
@@ -112,38 +114,38 @@ class RayObjectTransport(PeerEndpoint):
         handle.keep = (ref, call)           # the object lives (owned by this rank) until the ack
 
     def _send_ack(self, src, msg_id, reply):
-        with self._cond:
+        with self.cond:
             self._acks_to[src] += 1
             self._actor(src).hcomm_ack.remote(self.epoch, msg_id, reply)
 
     def _announce_exit(self):
         if self._actors is None:
             return
-        with self._cond:
+        with self.cond:
             for peer in range(self.size):
                 if peer != self.rank:
                     self._actors[peer].hcomm_bye.remote(self.epoch, self.rank, self._sent[peer], self._acks_to[peer])
 
     # receiving -------------------------------------------------------------------------------------
-    def _delivered(self, src, seq, tag, ref, meta, msg_id):
-        with self._cond:
+    def delivered(self, src, seq, tag, ref, meta, msg_id):
+        with self.cond:
             self._held[(src, seq)] = (tag, ref, meta, msg_id)
             while (src, self._next[src]) in self._held:
                 tag, ref, meta, msg_id = self._held.pop((src, self._next[src]))
                 msg = _RayMessage(self, src, tag, None, meta, msg_id)
                 msg.ref = ref
-                self._enqueue(msg)
+                self.enqueue_locked(msg)
                 self._next[src] += 1
             self._check_bye(src)
 
-    def _said_bye(self, src, sent, acked):
-        with self._cond:
+    def said_bye(self, src, sent, acked):
+        with self.cond:
             self._bye_after[src] = (sent, acked)
             self._check_bye(src)
 
-    def _acknowledged(self, msg_id, reply):
-        super()._acknowledged(msg_id, reply)
-        with self._cond:
+    def acknowledged(self, msg_id, reply):
+        super().acknowledged(msg_id, reply)
+        with self.cond:
             for src in list(self._bye_after):
                 self._check_bye(src)
 
@@ -155,7 +157,7 @@ class RayObjectTransport(PeerEndpoint):
                 self._no_more_data.add(src)
             if self._acks_from[src] >= acked:
                 self._no_more_acks.add(src)
-            self._cond.notify_all()
+            self.cond.notify_all()
 
     def take(self, src, dst, tag, deadline=None, op=None):
         msg = super().take(src, dst, tag, deadline, op)
@@ -199,7 +201,7 @@ class RayObjectTransport(PeerEndpoint):
             return
         self._announce_exit()
         self.abort("E_INTERNAL", f"rank {self.rank}'s Ray transport was closed")
-        with self._cond:
+        with self.cond:
             self._closed = True
             self._pings.clear()
             for handle in self._pending.values():

@@ -101,9 +101,9 @@ class SameHost:
             if rec[0] == _DATA:
                 _, n, msg_id, tag, dtype, shape, seg, off, meta = rec
                 data = self.memory.peer_view(seg, off, shape, dtype)
-                tr._order.arrive(src, n, RemoteMessage(tr, src, tag, data, meta, msg_id), tr._enqueue)
+                tr.arrivals.arrive(src, n, RemoteMessage(tr, src, tag, data, meta, msg_id), tr.enqueue_locked)
             else:
-                tr._complete(rec[1], rec[2])
+                tr.complete_locked(rec[1], rec[2])
         return len(got)
 
     def idle(self, timeout: float, for_acks: bool = False, ready=None) -> None:
@@ -114,7 +114,7 @@ class SameHost:
         bell = self.rings.bell()
         if self.drain() or (ready is not None and ready()):
             return
-        cond, rings = self.tr._cond, self.rings
+        cond, rings = self.tr.cond, self.rings
         rings.asleep(1, for_acks)
         cond.release()
         try:

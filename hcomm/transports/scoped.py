@@ -11,11 +11,11 @@ sub-communicators working.
 """
 from __future__ import annotations
 
-from .base import SCOPED
+from .base import SCOPED, Transport
 
 
-class ScopedTransport:
-    """Transport protocol (base.Transport) over `parent` for the ranks `members` of it."""
+class ScopedTransport(Transport):
+    """A Transport over `parent` for the ranks `members` of it."""
 
     host_steps = None       # the parent's step words are its world communicator's (hcomm.transports.host_steps)
 
@@ -26,6 +26,7 @@ class ScopedTransport:
         self.parent, self.members, self.scope = parent, tuple(members), scope
         self.size = len(self.members)
         self.timeout_s = parent.timeout_s
+        self.plane = parent.plane
 
     def _tag(self, tag):
         return (SCOPED, self.scope, tag)
@@ -79,6 +80,9 @@ class ScopedTransport:
 
     def lost(self, peer: int):
         return self.parent.lost(self.members[peer])
+
+    def world_rank(self, rank: int) -> int:
+        return self.parent.world_rank(self.members[rank])
 
     def mark_exited(self, rank: int) -> None:
         pass            # a rank leaves the job, not one communicator: the parent transport is told

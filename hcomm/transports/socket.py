@@ -60,11 +60,13 @@ _REFUSED = "it refuses connections (its process is gone)"
 class SocketTransport(PeerEndpoint):
     """One rank's endpoint: listens at once; `start(peers)` joins it to the others."""
 
+    plane = "socket"
+
     def __init__(self, rank: int, size: int, timeout_s: float | None = None, connect_timeout_s: float = 120.0,
                  host: str = "127.0.0.1", port: int = 0):
         super().__init__(rank, size, timeout_s)
-        self._cond = BellCondition(threading.Lock())   # no thread uses the endpoint's yet
-        self._order = PairOrder()        # data frames to and from peers on this host, numbered
+        self.cond = BellCondition(threading.Lock())   # no thread uses the endpoint's yet
+        self.arrivals = PairOrder()        # data frames to and from peers on this host, numbered
         self._host = None                # share_host: the rings to those peers
         if not connect_timeout_s or connect_timeout_s <= 0:
             raise HcclError("E_PARA", f"connect_timeout_s must be > 0, got {connect_timeout_s!r}", rank=self.rank)
@@ -117,7 +119,7 @@ class SocketTransport(PeerEndpoint):
             prefix = f"{segments.PREFIX}{memory.session}"
             self._host = SameHost(self, memory, self._same_host | {self.rank},
                                   lambda r: f"{prefix}_{r}_rings_{self._address_of(r)[1]}")
-            self._cond.bell = self._host.rings.ring_self
+            self.cond.bell = self._host.rings.ring_self
 
     def _address_of(self, peer):
         if self._peers is None:
@@ -158,7 +160,7 @@ class SocketTransport(PeerEndpoint):
             except OSError as exc:       # not listening yet, or refused: retry until the deadline
                 last = exc
                 if peer in self._watched and isinstance(exc, ConnectionRefusedError):
-                    self._peer_down(peer, _REFUSED)     # it listened before the run: its process is gone
+                    self.peer_down(peer, _REFUSED)     # it listened before the run: its process is gone
                     raise peer_lost(peer, self.rank, _REFUSED, "connect") from None
                 time.sleep(min(delay, max(0.0, left)))
                 delay = min(delay * 2, 0.5)
@@ -199,7 +201,7 @@ class SocketTransport(PeerEndpoint):
             self._link_to(peer)
         except HcclError as exc:
             if not self._closed:
-                self._peer_down(peer, f"no connection: {exc.reason}")
+                self.peer_down(peer, f"no connection: {exc.reason}")
 
     def _accept_loop(self):
         while not self._closed:
@@ -244,7 +246,7 @@ class SocketTransport(PeerEndpoint):
             try:
                 link.sent_by_thread(parts)
             except OSError as exc:
-                self._peer_down(link.peer, f"connection broke while sending to it: {exc}")
+                self.peer_down(link.peer, f"connection broke while sending to it: {exc}")
                 return
 
     def _reader(self, link):
@@ -266,25 +268,25 @@ class SocketTransport(PeerEndpoint):
                             recv_into(sock, memoryview(data).cast("B"))
                     self._arrive(peer, head.get("n"), _tuples(head["tag"]), data, head.get("meta"), head["id"])
                 elif kind == ACK:
-                    self._acknowledged(head["id"], head.get("reply"))
+                    self.acknowledged(head["id"], head.get("reply"))
                 elif kind == BYE:        # after every frame the peer sent on this connection
                     bye = True
-                    self._peer_returned(peer, data=not link.outgoing, acks=link.outgoing)
+                    self.peer_returned(peer, data=not link.outgoing, acks=link.outgoing)
                 else:
                     raise ValueError(f"unknown frame kind {kind}")
         except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
             if not bye and not self._closed:
                 why = "its connection closed (process died?)" if isinstance(exc, EOFError) else f"{type(exc).__name__}: {exc}"
-                self._peer_down(peer, why)
+                self.peer_down(peer, why)
 
     def _arrive(self, src, n, tag, data, meta, msg_id):
         """A data frame from TCP: numbered (from a peer on this host) -> in its sender's order."""
         msg = RemoteMessage(self, src, tag, data, meta, msg_id)
-        with self._cond:
+        with self.cond:
             if n is None:
-                self._enqueue(msg)
+                self.enqueue_locked(msg)
             else:
-                self._order.arrive(src, n, msg, self._enqueue)
+                self.arrivals.arrive(src, n, msg, self.enqueue_locked)
 
     # receive buffers, reused: a fresh array for every message costs page faults on every byte -------
     def _buffer(self, shape, dtype):
@@ -314,7 +316,7 @@ class SocketTransport(PeerEndpoint):
         header = {"id": handle.id, "tag": handle.tag, "dtype": view.dtype.str, "shape": view.shape, "meta": meta}
         near = handle.dst in self._same_host
         place = self._memory.where(view) if near and view.nbytes else None
-        n = self._order.next(handle.dst) if near else None
+        n = self.arrivals.next(handle.dst) if near else None
         if place is not None and self._host is not None and self._host.send_place(handle, view, meta, place, n):
             self.sent_by_place += 1
             self.sent_by_ring += 1
@@ -332,7 +334,7 @@ class SocketTransport(PeerEndpoint):
                 if link.send_now(parts):
                     return
             except OSError as exc:
-                self._peer_down(handle.dst, f"connection broke while sending to it: {exc}")
+                self.peer_down(handle.dst, f"connection broke while sending to it: {exc}")
                 raise peer_lost(handle.dst, self.rank, self._down[handle.dst], None) from None
         link.enqueue(parts)
 
@@ -345,11 +347,11 @@ class SocketTransport(PeerEndpoint):
         try:
             link.send(encode(ACK, {"id": msg_id, "reply": reply}))
         except OSError as exc:
-            self._peer_down(src, f"connection broke while acknowledging to it: {exc}")
+            self.peer_down(src, f"connection broke while acknowledging to it: {exc}")
 
     def _idle(self, timeout, for_acks=False, ready=None):
         if self._host is None:
-            self._cond.wait(timeout)
+            self.cond.wait(timeout)
         else:
             self._host.idle(timeout, for_acks, ready)
 
@@ -362,11 +364,11 @@ class SocketTransport(PeerEndpoint):
     def _probe(self, peer):
         return self._host.rings.gone(peer) if self._host is not None and peer in self._same_host else None
 
-    def _peer_returned(self, peer, data=False, acks=False):
+    def peer_returned(self, peer, data=False, acks=False):
         if self._host is not None:       # what it put in the rings came before its goodbye
-            with self._cond:
+            with self.cond:
                 self._host.drain()
-        super()._peer_returned(peer, data, acks)
+        super().peer_returned(peer, data, acks)
 
     def _announce_exit(self):
         if self._said_bye:
@@ -412,6 +414,6 @@ class SocketTransport(PeerEndpoint):
         self._acceptor.join(max(0.0, end - time.monotonic()))
         self._listener.close()
         if self._host is not None:
-            with self._cond:
-                self._cond.bell = None
+            with self.cond:
+                self.cond.bell = None
                 self._host.close()

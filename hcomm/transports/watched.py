@@ -8,6 +8,7 @@ in-process transport's watch does.
 """
 from __future__ import annotations
 
+from .base import Transport
 from .inprocess import STALL_S
 
 __all__ = ["RankWatch", "WatchedTransport", "STALL_S"]
@@ -38,14 +39,17 @@ class RankWatch:
         return self.what, self.progress
 
 
-class WatchedTransport:
-    """A transport whose blocking waits are recorded in a RankWatch (everything else passes through)."""
+class WatchedTransport(Transport):
+    """A transport whose blocking waits are recorded in a RankWatch; every other member is the
+    wrapped transport's."""
 
-    def __init__(self, transport, watch: RankWatch):
+    def __init__(self, transport: Transport, watch: RankWatch):
         self._tr, self._watch = transport, watch
+        self.size, self.timeout_s, self.plane = transport.size, transport.timeout_s, transport.plane
 
-    def __getattr__(self, name):
-        return getattr(self._tr, name)
+    @property
+    def host_steps(self):
+        return self._tr.host_steps
 
     def take(self, src, dst, tag, deadline=None, op=None):
         with self._watch.waiting(f"data from rank {src}" + (f" ({op})" if op else "")):
@@ -59,3 +63,55 @@ class WatchedTransport:
         what = f"rank {peer} to take its data" if for_acks else f"data from rank {peer}"
         with self._watch.waiting(what + (f" ({op})" if op else "")):
             return self._tr.wait_for(peer, ready, deadline, op, for_acks, tag)
+
+    # ---- passed through ----------------------------------------------------------------------------
+    def register(self, rank, name, array):
+        self._tr.register(rank, name, array)
+
+    def deregister(self, rank, name):
+        self._tr.deregister(rank, name)
+
+    def region(self, rank, name):
+        return self._tr.region(rank, name)
+
+    def post(self, src, dst, tag, region, start, stop, meta=None):
+        return self._tr.post(src, dst, tag, region, start, stop, meta)
+
+    def post_view(self, src, dst, tag, view, meta=None):
+        return self._tr.post_view(src, dst, tag, view, meta)
+
+    def ready(self, src, dst, tag):
+        return self._tr.ready(src, dst, tag)
+
+    def is_consumed(self, handle):
+        return self._tr.is_consumed(handle)
+
+    def deadline(self):
+        return self._tr.deadline()
+
+    def abort(self, code, reason):
+        self._tr.abort(code, reason)
+
+    def abort_scope(self, scope, code, reason, after=None):
+        self._tr.abort_scope(scope, code, reason, after)
+
+    def mark_exited(self, rank):
+        self._tr.mark_exited(rank)
+
+    def watch_peer(self, peer):
+        self._tr.watch_peer(peer)
+
+    def unwatch_peer(self, peer):
+        self._tr.unwatch_peer(peer)
+
+    def lost(self, peer):
+        return self._tr.lost(peer)
+
+    def world_rank(self, rank):
+        return self._tr.world_rank(rank)
+
+    def share_host(self, memory, ranks):
+        self._tr.share_host(memory, ranks)
+
+    def close(self):
+        self._tr.close()

@@ -23,6 +23,7 @@ from hcomm.control.shm import ShmControl
 from hcomm.control.transport import TransportControl
 from ..bootstrap import communicator, start_runtime
 from .group import RayGroup
+from .planes import PLANES
 from .protocol import Outcome, RankInfo, RankStatus
 from hcomm.memory.segment_provider import SegmentProvider
 from hcomm.transports.watched import RankWatch
@@ -85,12 +86,13 @@ class RankActorBase(RayMailbox):
         if self.hcomm_transport is not None:      # left by a run that never finished here
             self.hcomm_transport.close()
             self.hcomm_transport = None
-        if data_plane == "object":
+        plane = PLANES[data_plane]
+        if plane.object_store:
             from hcomm.transports.ray_object import RayObjectTransport
             self.hcomm_transport = RayObjectTransport(self.rank, size, config.wait_timeout_s, epoch)
             return None
         from hcomm.transports.socket import SocketTransport
-        host = _node()[1] if data_plane == "socket" else "127.0.0.1"    # peers on other hosts must reach it
+        host = _node()[1] if plane.node_address else "127.0.0.1"    # peers on other hosts must reach it
         self.hcomm_transport = SocketTransport(self.rank, size, config.wait_timeout_s,
                                                connect_timeout_s=float(config.connect_timeout_s), host=host)
         return self.hcomm_transport.address
@@ -101,15 +103,16 @@ class RankActorBase(RayMailbox):
         self.device.reset_timeline()
         self.watch = RankWatch()
         try:
-            if spec.data_plane == "object":
+            plane = PLANES[spec.data_plane]
+            if plane.object_store:
                 transport.start(actors)
             else:
                 transport.start(spec.peers, eager=False)
             control = self._open_control(spec, transport)
             config = self.config if spec.config is None else spec.config
-            group = RayGroup(self.rank, self.topo, config, spec.data_plane, control, transport, self.watch,
+            group = RayGroup(self.rank, self.topo, config, plane, control, transport, self.watch,
                              self.shared)
-            if spec.data_plane == "socket":
+            if plane.host_peers_in_place:
                 self._share_host(spec, group)
             comm = communicator(self.rank, group, self.runtime)
             try:
@@ -145,11 +148,12 @@ class RankActorBase(RayMailbox):
         plan crashes ranks (their deaths are found by the transport, whose control plane is then
         the peers' allgather); the peer transport's allgather on the object plane. Blocks are
         attached once and kept across runs."""
-        if spec.data_plane == "shm":
+        plane = PLANES[spec.data_plane]
+        if plane.job_block:
             self.attach_control(spec.session, self.rank)
             self._control = ShmControl(self._block)
             return self._control
-        layout = HostLayout(spec.nodes) if spec.data_plane == "socket" and spec.nodes else None
+        layout = HostLayout(spec.nodes) if plane.node_blocks and spec.nodes else None
         config = self.config if spec.config is None else spec.config
         crashes = config.faults is not None and config.faults.crashes
         if layout is None or crashes:

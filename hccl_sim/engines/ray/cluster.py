@@ -35,10 +35,10 @@ from topologies.errors import Cause, HcclError
 from .. import rendezvous as rdv
 from hcomm.control.nodes import HostLayout
 from .actors import CONTROL_SLOT_BYTES, node_block, rank_actor_class
+from .planes import PLANES, choose
 from .protocol import RunSpec
 from hcomm.transports.watched import STALL_S
 
-PLANES = ("shm", "socket", "object")
 _TICK_S = 0.5                       # how often a running job is polled
 _START_TIMEOUT_S = 120
 
@@ -48,7 +48,7 @@ class RayCluster:
 
     def __init__(self, topo, config, address: str | None = None, data_plane: str | None = None):
         import ray
-        if data_plane not in (None,) + PLANES:
+        if data_plane is not None and data_plane not in PLANES:
             raise HcclError("E_PARA", f"data_plane {data_plane!r}: expected one of {', '.join(PLANES)}")
         self.topo, self.config = topo, config
         self._requested = data_plane
@@ -89,11 +89,8 @@ class RayCluster:
         self.pids = [i.pid for i in infos]
         self.node_of = [i.node_id for i in infos]
         self.nodes = sorted(set(self.node_of))
-        one_node = len(self.nodes) == 1
-        plane = self.data_plane = self._requested or ("shm" if one_node else "socket")
-        if plane == "shm" and not one_node:
-            raise HcclError("E_PARA", f"data_plane 'shm' needs every rank on one Ray node; ranks landed on "
-                            f"{len(self.nodes)} nodes (use 'socket' or 'object')")
+        self.plane = choose(self._requested, len(self.nodes) == 1)
+        self.data_plane = self.plane.name
         self._layout = HostLayout(self.node_of)
         self._blocks = self._control_blocks()
         self._gather([self.actors[r].create_control.remote(name, n, slot) for r, (name, n, slot) in self._blocks.items()],
@@ -103,9 +100,9 @@ class RayCluster:
         """rank -> (session, ranks, slot bytes) of the control blocks that rank creates: rank 0's
         for every rank on the shm plane; on the socket plane, each Ray node's first rank's for the
         node's ranks (hcomm.control.nodes), where a node holds more than one."""
-        if self.data_plane == "shm":
+        if self.plane.job_block:
             return {0: (self.session, self.topo.num_ranks, CONTROL_SLOT_BYTES)}
-        if self.data_plane != "socket":
+        if not self.plane.node_blocks:
             return {}
         layout = self._layout
         return {ranks[0]: (node_block(self.session, layout, ranks[0]), len(ranks), layout.slot_bytes())
@@ -161,15 +158,15 @@ class RayCluster:
         if self._closed:
             raise HcclError("E_IN_STATUS", "the Ray cluster is closed" + (f": {self._broken}" if self._broken else ""))
         config = self.config if config is None else config
-        plane = self.data_plane
+        plane = self.plane
         if self._blocks:
             self._gather([self.actors[r].reset_control.remote() for r in self._blocks], "reset its control block", 60,
                          ranks=list(self._blocks))
         self._runs += 1
-        addresses = self._gather([a.prepare.remote(plane, self._runs, config) for a in self.actors],
+        addresses = self._gather([a.prepare.remote(plane.name, self._runs, config) for a in self.actors],
                                  "open its transport", config.connect_timeout_s or 120)
-        spec = RunSpec(self.session, plane, {r: a for r, a in enumerate(addresses)}, config, tuple(self.node_of))
-        actors = self.actors if plane == "object" else None
+        spec = RunSpec(self.session, plane.name, {r: a for r, a in enumerate(addresses)}, config, tuple(self.node_of))
+        actors = self.actors if plane.object_store else None
         refs = [a.run.remote(fn, args, kwargs, spec, actors) for a in self.actors]
         outcomes = self._watch(refs, config)
         crashed = self._crashed(outcomes, config)
@@ -227,12 +224,17 @@ class RayCluster:
             self._broken = f"rank(s) {ranks} died and could not be replaced ({exc}); create a new Cluster"
             self.close()
 
+    def waiting(self, timeout_s: float = 30) -> list:
+        """What each rank waits for now (a sentence, or None when it is not waiting), as the
+        driver's stall watch reads it."""
+        return [s.waiting for s in self._ray.get([a.status.remote() for a in self.actors], timeout=timeout_s)]
+
     def _block_of(self, rank):
         """(session, index) of the control block `rank` attaches, or None."""
-        if self.data_plane == "shm":
+        if self.plane.job_block:
             return self.session, rank
         layout = self._layout
-        if self.data_plane != "socket" or len(layout.hosts[layout.host_index[rank]]) == 1:
+        if not self.plane.node_blocks or len(layout.hosts[layout.host_index[rank]]) == 1:
             return None
         return node_block(self.session, layout, rank), layout.local_index[rank]
 

@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import os
 
-from hcomm.control.nodes import NodeControl
-from hcomm.control.shm import ShmControl
-from hcomm.transports.scoped import ScopedTransport
 from hcomm.transports.watched import WatchedTransport
 
 from ..peer_group import PeerGroup
@@ -29,11 +26,11 @@ CRASH_EXIT_STATUS = 70             # the exit status of a rank process the fault
 class RayGroup(PeerGroup):
     engine = "ray"
 
-    def __init__(self, rank, topo, config, data_plane, control, transport, watch, memory=None, lost_world=None):
+    def __init__(self, rank, topo, config, plane, control, transport, watch, memory=None, lost_world=None):
         super().__init__(rank, topo, config, control, WatchedTransport(transport, watch), raw_transport=transport,
                          watch=watch)
-        self.data_plane, self.watch = data_plane, watch
-        if data_plane == "shm":
+        self.watch = watch
+        if plane is not None and plane.shared_data:       # (a RayPlane; None: a sub-communicator's)
             self._use_shared_plane(memory)
         # the job's ranks a fault plan crashed in an op of this rank's communicators (shared with
         # its sub-communicators' groups): the driver takes those deaths for the plan's
@@ -46,15 +43,7 @@ class RayGroup(PeerGroup):
         os._exit(CRASH_EXIT_STATUS)
 
     def _lost(self, dead) -> None:
-        tr = self._raw_transport
-        self.lost_world.add(tr.members[dead] if isinstance(tr, ScopedTransport) else dead)
-
-    def abort(self, rank, reason) -> None:
-        """comm.abort(): this communicator's waits fail here and at every peer (its scope of the
-        job's transport; a shared control block is the world communicator's alone)."""
-        if isinstance(self.control, (ShmControl, NodeControl)):
-            self.control.abort("E_REMOTE", reason)
-        super().abort(rank, reason)
+        self.lost_world.add(self.transport.world_rank(dead))
 
     def _subgroup(self, sub_rank, topo, config, control, transport):
-        return RayGroup(sub_rank, topo, config, "peer", control, transport, self.watch, lost_world=self.lost_world)
+        return RayGroup(sub_rank, topo, config, None, control, transport, self.watch, lost_world=self.lost_world)

@@ -16,6 +16,8 @@ __all__ = ["MpiTransport"]
 class MpiTransport(PeerEndpoint):
     """One rank's endpoint over its process's hub (PeerEndpoint semantics; see the module docstring)."""
 
+    plane = "p2p"
+
     def __init__(self, hub: MpiHub, rank: int):
         super().__init__(rank, hub.size, hub.timeout_s)
         if rank not in hub.local_ranks():
@@ -40,11 +42,11 @@ class MpiTransport(PeerEndpoint):
                 self._hub.send(BYE, self.rank, q, -1, {})
 
     def _idle(self, timeout: float, for_acks: bool = False, ready=None) -> None:
-        self._cond.release()         # the hub delivers into this endpoint under its lock
+        self.cond.release()         # the hub delivers into this endpoint under its lock
         try:
             self._hub.idle(timeout)
         finally:
-            self._cond.acquire()
+            self.cond.acquire()
 
     def _release(self, data) -> None:
         self._hub.release(data)

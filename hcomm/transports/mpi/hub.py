@@ -176,7 +176,7 @@ class MpiHub(ControlRounds):
 
     def _lost(self, rank: int, reason: str) -> None:
         for ep in list(self.endpoints.values()):
-            ep._peer_down(rank, reason)
+            ep.peer_down(rank, reason)
 
     # progress ---------------------------------------------------------------------------------------
     def progress(self) -> bool:
@@ -234,11 +234,11 @@ class MpiHub(ControlRounds):
         if ep is None:
             return                   # a rank of this process whose endpoint is closed: nothing waits
         if kind == DATA:
-            ep._deliver(src, _tuples(header["tag"]), data, header.get("meta"), msg_id)
+            ep.deliver(src, _tuples(header["tag"]), data, header.get("meta"), msg_id)
         elif kind == ACK:
-            ep._acknowledged(msg_id, header.get("reply"))
+            ep.acknowledged(msg_id, header.get("reply"))
         elif kind == BYE:
-            ep._peer_returned(src, data=True, acks=True)
+            ep.peer_returned(src, data=True, acks=True)
 
     def idle(self, timeout: float) -> None:
         """One poll of a waiting rank: progress, else yield or sleep (longer as nothing moves)."""
