@@ -9,7 +9,8 @@ HCCL_SIM_TOPOLOGY names; then ordinary torch.distributed code runs
 on it: collectives, `DistributedDataParallel` with its comm hooks, `new_group` (a communicator of
 the members, priced on their places in the topology). Every collective's simulated time is in
 `hccl_sim.torch.records()`. `SyncBatchNorm` / `convert_sync_batchnorm`: torch's SyncBatchNorm for
-CPU modules (torch's own refuses them).
+CPU modules (torch's own refuses them). What the process holds is one World (`world()`,
+hccl_sim.torch.world), whose `create` is the backend's creator.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ except ImportError as exc:                       # pragma: no cover - torch is t
 
 from topologies.errors import HcclError
 
-from . import mpi_launch
+from . import mpi_launch  # noqa: F401 - hccl_sim.torch.mpi_launch.launched(): whether mpirun started us
 from .process_group import BACKEND, ProcessGroupHcclSim
 from .device_timeline import Step, Timeline
 from .sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm

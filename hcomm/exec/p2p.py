@@ -23,21 +23,13 @@ ANY_SOURCE = -1
 
 
 class Arrived:
-    """A message taken for a receive: `source`, the sender's `meta`, `size` and `dtype` of its
-    data; `copy()` / `copy_into(out)` move the data; `reply(value)` answers the sender (after
-    which the data may no longer be read: the sender may reuse its buffer)."""
+    """A message taken for a receive: `source`, the sender's `meta`; `copy()` / `copy_into(out)`
+    move the data; `reply(value)` answers the sender (after which the data may no longer be read:
+    the sender may reuse its buffer)."""
     __slots__ = ("source", "meta", "_msg")
 
     def __init__(self, source: int, msg):
         self.source, self.meta, self._msg = source, msg.meta, msg
-
-    @property
-    def size(self) -> int:
-        return int(np.size(self._msg.data))
-
-    @property
-    def dtype(self) -> np.dtype:
-        return np.asarray(self._msg.data).dtype
 
     def copy(self) -> np.ndarray:
         """The data, as an array of this rank's own."""
