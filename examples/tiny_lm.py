@@ -202,7 +202,8 @@ def launch(train, title, args, here, compare_lm=True, layers=LAYERS):
     import os
     import hccl_sim.torch
     from topologies import hardware
-    launcher = "torchrun" if "RANK" in os.environ else "mpirun" if hccl_sim.torch.mpi_launch.launched() else None
+    # MPI's first: importing hccl_sim.torch under mpirun sets RANK as torchrun would
+    launcher = "mpirun" if hccl_sim.torch.mpi_launch.launched() else "torchrun" if "RANK" in os.environ else None
     if launcher:
         import torch.distributed as dist
         dist.init_process_group(backend="hccl_sim")

@@ -79,7 +79,8 @@ def main():
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--servers", type=int, default=1, help="910B servers when not under torchrun (default 1)")
     args = ap.parse_args()
-    launcher = "torchrun" if "RANK" in os.environ else "mpirun" if hccl_sim.torch.mpi_launch.launched() else None
+    # MPI's first: importing hccl_sim.torch under mpirun sets RANK as torchrun would
+    launcher = "mpirun" if hccl_sim.torch.mpi_launch.launched() else "torchrun" if "RANK" in os.environ else None
     if launcher:                                   # one process per rank, rank and world size the launcher's
         dist.init_process_group(backend="hccl_sim")
         log = train(args.steps, args.batch)

@@ -50,7 +50,7 @@ def test_hccls_pairwise_order():
     """Sends to the nearest rank at or below first, going down the ring; receives from the
     nearest at or above first, going up; stable within a peer."""
     def items(pairs):
-        return [Item(k, kind, peer, np.zeros(1)) for k, (kind, peer) in enumerate(pairs)]
+        return [Item.of(k, kind, peer, np.zeros(1)) for k, (kind, peer) in enumerate(pairs)]
     sends, recvs, own = pairwise_order(items([("send", 0), ("send", 5), ("recv", 0), ("send", 1), ("recv", 2),
                                               ("recv", 5), ("send", 5), ("recv", 4), ("send", 2), ("recv", 2)]), 3, 6)
     assert [(i.peer, i.index) for i in sends] == [(2, 8), (1, 3), (0, 0), (5, 1), (5, 6)]

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import hccl_sim
+import hccl_sim.torch as ht
 from hccl_sim.npu.device import Device
 from hccl_sim.torch.device_timeline import Timeline
 from topologies import hardware
@@ -17,7 +18,7 @@ TOPO = hardware("atlas800t-a2", devices_per_server=[4])
 
 
 def _timeline():
-    return Timeline(Device(0, TOPO), timeout_s=10)
+    return Timeline(Device(0, TOPO), timeout_s=10, world=ht.world())
 
 
 def _ns(flops, nbytes):

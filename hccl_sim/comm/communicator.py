@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import numpy as np
 
+from hcomm.exec.p2p import Endpoint
 from topologies.errors import Cause, HcclError
 from topologies.validate import is_integer
 
@@ -51,7 +52,7 @@ class Communicator(VariableSizeOps, PointToPointOps):
         self.topology = group.topo
         self.config = group.config
         self._group = group
-        self._transport = group.transport
+        self._p2p = Endpoint(group.transport, rank, group.size)   # point to point's byte moves (hcomm)
         self.cost = effective_cost(group.topo, group.config)   # prices point-to-point ops like collectives
         self._seq = 0
         self.scope = ""                      # unique in the job: "" for the world, derived for split/shrink
@@ -63,7 +64,6 @@ class Communicator(VariableSizeOps, PointToPointOps):
         # results smaller than this are plain host arrays, made here (comm/rank_group.py)
         self._plain_bytes = group.plain_result_bytes
         self._p2p_sent, self._p2p_received = {}, {}   # sends to each peer, receives from each peer, so far
-        self._pending_receives = []          # irecv Requests not yet complete, in issue order
         self.last_op: OpRecord | None = None
         self.runtime = None                  # the rank's Runtime, where an engine started one (engines.bootstrap)
         self.device = device if device is not None else Device(rank, group.topo)
@@ -77,6 +77,17 @@ class Communicator(VariableSizeOps, PointToPointOps):
         (a sub-communicator: p2p); shm or peer for a torchrun script; peer for a sub-communicator
         on ray or torchrun (the per-rank executor over the job's transport)."""
         return self._group.data_plane
+
+    @property
+    def wait_timeout(self) -> float | None:
+        """How long, in seconds, one of this communicator's waits may last (HCCL_EXEC_TIMEOUT, as
+        its transport applies it); None: no limit."""
+        return self._p2p.timeout_s
+
+    @property
+    def ranks_per_process(self) -> int:
+        """How many ranks of the job are threads of this rank's process (1: a process per rank)."""
+        return self._group.ranks_per_process
 
     @property
     def clock(self) -> int:

@@ -124,12 +124,11 @@ def hold_p2p(comm, op: str, kind: str, peer: int, array, tag: int) -> Pending:
 
 def launch(comm, calls: _Held) -> None:
     """One communicator's held calls: the point-to-point ones as one batch, then the collectives."""
-    from .p2p import batch_send_recv
+    from .p2p import run_batch
     if calls.p2p:
-        got = batch_send_recv(comm, [(kind, peer, arr) for kind, peer, arr, _ in calls.p2p], any_size=True)
-        received = iter(got)
-        for kind, _, _, pending in calls.p2p:
-            pending._set(next(received) if kind == "recv" else None)
+        done = run_batch(comm, [(kind, peer, arr) for kind, peer, arr, _ in calls.p2p], any_size=True)
+        for (_, _, _, pending), item in zip(calls.p2p, done):      # the batch keeps the items' order
+            pending._set(item.result())
     fixed = [c for c in calls.collectives if c[0] is not None]
     variable = [c for c in calls.collectives if c[0] is None]
     for _, run, pending in sorted(fixed, key=lambda c: -c[0]) + variable:

@@ -1,4 +1,5 @@
-"""Point-to-point operations of the Communicator: send, recv and HcclBatchSendRecv.
+"""Point-to-point operations of the Communicator: send, recv and HcclBatchSendRecv, planned and
+priced here; their bytes move in hcomm (hcomm.exec.p2p: posts, takes, copies, replies).
 
 Every transfer is priced by its receiver (CostModel.p2p_ns) from the sender's clock, which
 travels with the data, and the receiver's; the receiver replies with the sender's exit clock, or
@@ -13,13 +14,15 @@ one to one with its receives from itself and are local copies. Here every send i
 once and the receives are taken in HCCL's order, so no batch whose pairs match can deadlock;
 each stream runs its transfers one after another in simulated time: a send is ready when the
 sender's previous send would have finished (as if its receiver had been waiting), a receive
-starts when it is ready and the rank's previous receive has finished.
+starts when it is ready and the rank's previous receive has finished. An item is a `Send` or a
+`Recv`, told apart by its class from the user's ("send" | "recv", peer, array) once, at the check.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from hcomm.cost import as_cost
+from hcomm.exec.p2p import copy_local
 from hcomm.link_state import LinkFailure
 from topologies.errors import Cause, HcclError
 
@@ -29,13 +32,13 @@ from ..plan.costs import effective_cost
 from .record import OpRecord
 
 BATCH_TAG = ("batch",)          # a channel of its own: a batch never takes a tagged send's data
-KINDS = ("send", "recv")
 
 
-def priced_receive(comm, src: int, msg, nbytes: int, start: int, op: str, call_ns=None) -> int:
-    """This rank's exit clock from one receive of `nbytes` from `src` (`msg` from the transport,
-    its meta the sender's clock), the sender told its own by the reply; E_REMOTE on both ends
-    when the transfer's retransmissions run out under a fault plan."""
+def priced_receive(comm, arrived, nbytes: int, start: int, op: str, call_ns=None, sent_at=None) -> int:
+    """This rank's exit clock from one receive of `nbytes` (`arrived`, hcomm's, its meta the
+    sender's clock unless `sent_at` says it), the sender told its own by the reply; E_REMOTE on
+    both ends when the transfer's retransmissions run out under a fault plan."""
+    src = arrived.source
     before = comm._p2p_received.get(src, 0)
     comm._p2p_received[src] = before + 1
     progress = comm._group.fault_progress
@@ -45,15 +48,16 @@ def priced_receive(comm, src: int, msg, nbytes: int, start: int, op: str, call_n
         if progress.backup:
             cost = effective_cost(comm.topology, comm.config, progress.backup)
     try:
-        end, send_end = cost.p2p_ns(src, comm.rank, nbytes, msg.meta, start, crc=crc, call_ns=call_ns)
+        end, send_end = cost.p2p_ns(src, comm.rank, nbytes, arrived.meta if sent_at is None else sent_at, start,
+                                    crc=crc, call_ns=call_ns)
     except LinkFailure as f:
         level = level_of(cost, src, comm.rank)
         reason = f"{exception_location(f, 'send/recv', 'p2p', level)}; HCCL has no op retry for send/recv"
         facts = {"cause": Cause.LINK_FAILED, **failure_fields(f, level)}
-        msg.consumed(reply=[f.time_ns, reason, facts])        # plain values: every transport carries them
+        arrived.reply([f.time_ns, reason, facts])
         comm.device.clock = max(comm.device.clock, f.time_ns)
         raise HcclError("E_REMOTE", reason, rank=comm.rank, op=op, **facts) from None
-    msg.consumed(reply=send_end)
+    arrived.reply(send_end)
     return end
 
 
@@ -67,52 +71,86 @@ def sender_exit(comm, reply, op: str) -> int:
 
 
 class Item:
-    """One checked item of a batch: its kind, peer, and array (a receive's buffer to fill)."""
-    __slots__ = ("index", "kind", "peer", "array")
+    """One checked item of a batch: its index in the batch, peer, and array (a receive's buffer
+    to fill, or None: an array of what arrives). `Item.of(index, kind, peer, array)` makes a
+    Send or a Recv from the user's kind."""
+    __slots__ = ("index", "peer", "array")
+    sends = False
 
-    def __init__(self, index, kind, peer, array):
-        self.index, self.kind, self.peer, self.array = index, kind, peer, array
+    def __init__(self, index, peer, array):
+        self.index, self.peer, self.array = index, peer, array
+
+    @staticmethod
+    def of(index, kind, peer, array) -> "Item":
+        return KINDS[kind](index, peer, array)
+
+    def result(self):
+        """What the item gives the caller once the batch has run (a group's Pending)."""
+        return None
+
+
+class Send(Item):
+    __slots__ = ()
+    sends = True
+
+
+class Recv(Item):
+    __slots__ = ()
+
+    def result(self):
+        return self.array
+
+
+KINDS = {"send": Send, "recv": Recv}
+
+
+def _receive_buffer(comm, k, item, arr, any_size):
+    """A receive's buffer: the array given (writable), a new one of (shape, dtype), or None (`any_size`)."""
+    op = "batch_send_recv"
+    if arr is None and any_size:
+        return None
+    if isinstance(arr, tuple) and len(arr) == 2 and not isinstance(arr[0], np.ndarray):
+        shape, dtype = arr
+        try:
+            return np.empty(tuple(shape), dtype=numpy_dtype(dtype_name(np.dtype(dtype))))
+        except (TypeError, ValueError, HcclError):
+            raise HcclError("E_PARA", f"items[{k}]: a receive's (shape, dtype) must name an array, got {item[2]!r}",
+                            rank=comm.rank, op=op, cause=Cause.BAD_INPUT) from None
+    arr = comm._array(arr, op)
+    if not arr.flags.writeable:
+        raise HcclError("E_PARA", f"items[{k}]: the receive buffer is read-only", rank=comm.rank, op=op,
+                        cause=Cause.BAD_INPUT)
+    return arr
 
 
 def checked_items(comm, items, any_size: bool = False) -> list:
-    """The batch's items, each (kind, peer, array): "send" with the array to send, "recv" with the
-    array to receive into or (shape, dtype) of a fresh one (`any_size`: or None, an array of what
-    arrives, as a group's receive); E_PARA naming the item otherwise."""
+    """The batch's items as Sends (with the array to send) and Recvs (with the array to receive
+    into, a fresh one for (shape, dtype), or with `any_size` None: an array of what arrives, as a
+    group's receive); E_PARA naming the item otherwise."""
     op = "batch_send_recv"
     if isinstance(items, (str, bytes)) or not hasattr(items, "__iter__"):
         raise HcclError("E_PARA", f"items must be a list of (kind, peer, array) items, got {type(items).__name__}",
                         rank=comm.rank, op=op, cause=Cause.BAD_INPUT)
     out = []
     for k, item in enumerate(items):
-        if not isinstance(item, (tuple, list)) or len(item) != 3 or item[0] not in KINDS:
+        kind = KINDS.get(item[0]) if isinstance(item, (tuple, list)) and len(item) == 3 \
+            and isinstance(item[0], str) else None
+        if kind is None:
             raise HcclError("E_PARA", f"items[{k}] must be (\"send\" or \"recv\", peer, array), got {item!r}",
                             rank=comm.rank, op=op, cause=Cause.BAD_INPUT)
-        kind, peer, arr = item
+        _, peer, arr = item
         if not isinstance(peer, (int, np.integer)) or isinstance(peer, bool) or not 0 <= peer < comm.size:
             raise HcclError("E_PARA", f"items[{k}]: peer must be a rank in [0, {comm.size}), got {peer!r}",
                             rank=comm.rank, op=op, cause=Cause.BAD_INPUT)
-        if kind == "recv" and arr is None and any_size:
-            pass
-        elif kind == "recv" and isinstance(arr, tuple) and len(arr) == 2 and not isinstance(arr[0], np.ndarray):
-            shape, dtype = arr
-            try:
-                arr = np.empty(tuple(shape), dtype=numpy_dtype(dtype_name(np.dtype(dtype))))
-            except (TypeError, ValueError, HcclError):
-                raise HcclError("E_PARA", f"items[{k}]: a receive's (shape, dtype) must name an array, got {item[2]!r}",
-                                rank=comm.rank, op=op, cause=Cause.BAD_INPUT) from None
-        else:
-            arr = comm._array(arr, op)
-            if kind == "recv" and not arr.flags.writeable:
-                raise HcclError("E_PARA", f"items[{k}]: the receive buffer is read-only", rank=comm.rank, op=op,
-                                cause=Cause.BAD_INPUT)
-        out.append(Item(k, kind, int(peer), arr))
+        arr = comm._array(arr, op) if kind.sends else _receive_buffer(comm, k, item, arr, any_size)
+        out.append(kind(k, int(peer), arr))
     return out
 
 
 def pairwise_order(items, rank: int, p: int) -> tuple:
     """(sends, receives) in HCCL's order (stable within a peer), and the self pairs, checked."""
-    sends = sorted((i for i in items if i.kind == "send"), key=lambda i: (rank - i.peer) % p)
-    recvs = sorted((i for i in items if i.kind == "recv"), key=lambda i: (i.peer - rank) % p)
+    sends = sorted((i for i in items if i.sends), key=lambda i: (rank - i.peer) % p)
+    recvs = sorted((i for i in items if not i.sends), key=lambda i: (i.peer - rank) % p)
     own_s = [i for i in sends if i.peer == rank]
     own_r = [i for i in recvs if i.peer == rank]
     if len(own_s) != len(own_r) or any(r.array is not None and (s.array.size != r.array.size
@@ -124,50 +162,50 @@ def pairwise_order(items, rank: int, p: int) -> tuple:
     return ([i for i in sends if i.peer != rank], [i for i in recvs if i.peer != rank], list(zip(own_s, own_r)))
 
 
-def batch_send_recv(comm, items, any_size: bool = False) -> list:
-    """HcclBatchSendRecv on `comm`: every item's transfer; the receive buffers, in item order.
+def batch_send_recv(comm, items) -> list:
+    """HcclBatchSendRecv on `comm`: every item's transfer; the receive buffers, in item order."""
+    return [i.array for i in run_batch(comm, items) if not i.sends]
+
+
+def run_batch(comm, items, any_size: bool = False) -> list:
+    """The batch's transfers; its checked items, in item order, each Recv's array filled.
     `any_size`: receives may be None, an array of whatever the peer sends (a group's)."""
     op = "batch_send_recv"
     comm._check_usable(op)
     checked = checked_items(comm, items, any_size)
     sends, recvs, own = pairwise_order(checked, comm.rank, comm.size)
-    dev, transport = comm.device, comm._transport
+    dev, endpoint = comm.device, comm._p2p
     queue = dev.default_stream                  # HCCL launches the batch on a stream, after what it holds
     start = max(dev.clock, queue.tail)
     call = start + comm.cost.device_model.p2p_overhead_ns          # one launch for the whole batch
     posted, ready = [], call
     plain = as_cost(comm.topology)          # a send stream's estimate: the route as if nothing failed
     for item in sends:
-        data = np.ascontiguousarray(item.array)
+        data = item.array
         meta = (ready, item.index, dtype_name(data.dtype), data.size)
-        posted.append((item, transport.post_view(comm.rank, item.peer, BATCH_TAG, data, meta=meta)))
+        posted.append((item, endpoint.post(item.peer, BATCH_TAG, data, meta)))
         comm._p2p_sent[item.peer] = comm._p2p_sent.get(item.peer, 0) + 1
         ready = plain.p2p_ns(comm.rank, item.peer, data.nbytes, ready, ready, call_ns=0)[1]
     for s, r in own:
-        if r.array is None:
-            r.array = s.array.copy()
-        np.copyto(r.array.reshape(-1), s.array.reshape(-1))
+        r.array = copy_local(s.array, r.array)
     clock = call + sum(comm.cost.device_model.copy_ns(s.array.nbytes) for s, _ in own)
     for item in recvs:
-        msg = transport.take(item.peer, comm.rank, BATCH_TAG, transport.deadline(), op)
-        sent_at, index, dtype, size = msg.meta
-        if item.array is None:
-            item.array = np.empty(np.shape(msg.data), dtype=np.asarray(msg.data).dtype)
-        if size != item.array.size or dtype != dtype_name(item.array.dtype):
+        arrived = endpoint.take(item.peer, BATCH_TAG, op)
+        sent_at, index, dtype, size = arrived.meta
+        if item.array is not None and (size != item.array.size or dtype != dtype_name(item.array.dtype)):
             reason = (f"rank {comm.rank} receives {item.array.size} elements of {dtype_name(item.array.dtype)} from "
                       f"rank {item.peer} (items[{item.index}]), which sends {size} of {dtype} (its items[{index}])")
-            msg.consumed(reply=[clock, reason, {"cause": Cause.BAD_INPUT}, "E_PARA"])
+            arrived.reply([clock, reason, {"cause": Cause.BAD_INPUT}, "E_PARA"])
             raise HcclError("E_PARA", reason, rank=comm.rank, op=op, cause=Cause.BAD_INPUT, peers=(item.peer,))
-        np.copyto(item.array.reshape(-1), np.asarray(msg.data).reshape(-1))
-        msg.meta = sent_at
-        clock = priced_receive(comm, item.peer, msg, item.array.nbytes, clock, op, call_ns=0)
+        item.array = arrived.copy() if item.array is None else arrived.copy_into(item.array)
+        clock = priced_receive(comm, arrived, item.array.nbytes, clock, op, call_ns=0, sent_at=sent_at)
     end = clock
-    for item, msg in posted:
-        end = max(end, sender_exit(comm, transport.wait_consumed(msg, transport.deadline(), op), op))
+    for item, handle in posted:
+        end = max(end, sender_exit(comm, endpoint.wait_delivered(handle, op), op))
     dev.clock = queue.tail = max(end, ready)
     queue.tasks.append((op, start, dev.clock))
-    nbytes = sum(i.array.nbytes for i in checked if i.kind == "send")
+    nbytes = sum(i.array.nbytes for i in checked if i.sends)
     comm.last_op = OpRecord(op, "pairwise", nbytes, sum(i.array.size for i in checked), "mixed" if len(
         {i.array.dtype for i in checked}) > 1 else (dtype_name(checked[0].array.dtype) if checked else "uint8"), start,
         dev.clock)
-    return [i.array for i in checked if i.kind == "recv"]
+    return checked

@@ -25,11 +25,12 @@ import numpy as np
 
 from topologies.errors import Cause, HcclError
 
+from hcomm.exec.p2p import ANY_SOURCE
+
 from ..config.types import dtype_name
 from . import group, p2p
 from .record import OpRecord
 
-ANY_SOURCE = -1
 P2P_TAG = "p2p"
 _WAIT_SLICE_S = 0.002          # a polled wait's longest sleep between tests
 
@@ -37,7 +38,9 @@ _WAIT_SLICE_S = 0.002          # a polled wait's longest sleep between tests
 class Request:
     """A nonblocking send's or receive's handle: `test()` (progress without waiting; True once
     done), `wait()` (until done, within the transport's deadline; a receive returns its array),
-    `source` (the rank a receive took its data from), `record` (its OpRecord once done)."""
+    `timed_out()` (its E_TIMEOUT once past that deadline, else None), `cancel()` (withdraw a
+    receive still pending), `source` (the rank a receive took its data from), `record` (its
+    OpRecord once done)."""
     __slots__ = ("comm", "kind", "peer", "tag", "start", "source", "data", "record", "_array", "_msg", "_deadline",
                  "_on_host")
 
@@ -47,20 +50,18 @@ class Request:
         self.source = peer if kind == "isend" or peer != ANY_SOURCE else None
         self.data = self.record = None
         self._array, self._msg = array, msg
-        self._deadline = comm._transport.deadline()
+        self._deadline = comm._p2p.deadline()
 
     def done(self) -> bool:
         return self.record is not None
 
     def test(self) -> bool:
         if self.record is None:
-            if self.kind == "isend":       # a test or wait of any Request moves the pending receives on
-                _progress_receives(self.comm)
-                transport = self.comm._transport
-                if transport.is_consumed(self._msg):
-                    self._finish_send(transport.wait_consumed(self._msg, None, "isend"))
-            else:
-                _progress_receives(self.comm)
+            _progress_receives(self.comm)  # a test or wait of any Request moves the pending receives on
+            if self.kind == "isend":
+                endpoint = self.comm._p2p
+                if endpoint.delivered(self._msg):
+                    self._finish_send(endpoint.wait_delivered(self._msg, "isend", deadline=None))
         return self.record is not None
 
     def wait(self):
@@ -77,12 +78,17 @@ class Request:
         """The E_TIMEOUT of a Request past its deadline (HCCL_EXEC_TIMEOUT from its issue), else None."""
         if self.record is not None or self._deadline is None or time.monotonic() <= self._deadline:
             return None
-        if self.kind == "irecv" and self in self.comm._pending_receives:
-            self.comm._pending_receives.remove(self)         # it will take nothing now
+        self.cancel()                                          # a receive: it will take nothing now
         return HcclError("E_TIMEOUT", f"{self.kind} {'to' if self.kind == 'isend' else 'from'} "
                          f"{'any rank' if self.peer == ANY_SOURCE else f'rank {self.peer}'} (tag {self.tag}) "
-                         f"did not complete within HCCL_EXEC_TIMEOUT ({self.comm._transport.timeout_s} s)",
+                         f"did not complete within HCCL_EXEC_TIMEOUT ({self.comm.wait_timeout} s)",
                          rank=self.comm.rank, op=self.kind, cause=Cause.TIMEOUT)
+
+    def cancel(self) -> bool:
+        """Withdraw a receive not yet matched: it takes nothing now (a message meant for it stays
+        for the next receive on its channel); whether it was pending. A send, once posted, is
+        its receiver's to take: nothing to withdraw (False)."""
+        return self.comm._p2p.cancel(self)
 
     def _finish_send(self, reply):
         comm = self.comm
@@ -92,11 +98,11 @@ class Request:
         self._msg = self._array = None
         _complete(comm, self.record, self._on_host)
 
-    def _finish_receive(self, src, msg):
+    def _finish_receive(self, arrived):
         comm = self.comm
-        data = np.array(msg.data, copy=True)
-        end = p2p.priced_receive(comm, src, msg, data.nbytes, self.start, "irecv")
-        self.source, self.data = src, data
+        data = arrived.copy()
+        end = p2p.priced_receive(comm, arrived, data.nbytes, self.start, "irecv")
+        self.source, self.data = arrived.source, data
         self.record = OpRecord("irecv", "p2p", data.nbytes, data.size, dtype_name(data.dtype), self.start, end)
         _complete(comm, self.record, self._on_host)
 
@@ -108,18 +114,11 @@ def _complete(comm, record, on_host):
 
 
 def _progress_receives(comm):
-    """Take what is there for the pending receives, in issue order: a receive
-    whose channel has a message takes it; one from ANY_SOURCE, the lowest source that has one."""
-    pending, transport, me = comm._pending_receives, comm._transport, comm.rank
-    for req in list(pending):
-        srcs = range(comm.size) if req.peer == ANY_SOURCE else (req.peer,)
-        key = (P2P_TAG, req.tag)
-        for src in srcs:
-            if src != me and transport.ready(src, me, key):
-                msg = transport.take(src, me, key, transport.deadline(), "irecv")
-                pending.remove(req)
-                req._finish_receive(src, msg)
-                break
+    """Take what is there for the pending receives, in issue order (hcomm.exec.p2p matches them:
+    a receive whose channel has a message takes it; one from ANY_SOURCE, the lowest source that
+    has one), and price each."""
+    for req, arrived in comm._p2p.arrivals("irecv"):
+        req._finish_receive(arrived)
 
 
 class PointToPointOps:
@@ -144,8 +143,8 @@ class PointToPointOps:
             return group.hold_p2p(self, "send", "send", dst, x, tag)
         dev = self.device
         start = dev.clock
-        msg = self._transport.post_view(self.rank, dst, (P2P_TAG, tag), np.ascontiguousarray(x), meta=start)
-        reply = self._transport.wait_consumed(msg, self._transport.deadline(), "send")
+        handle = self._p2p.post(dst, (P2P_TAG, tag), x, meta=start)
+        reply = self._p2p.wait_delivered(handle, "send")
         self._p2p_sent[dst] = self._p2p_sent.get(dst, 0) + 1
         dev.clock = p2p.sender_exit(self, reply, "send")
         self.last_op = OpRecord("send", "p2p", x.nbytes, x.size, dtype_name(x.dtype), start, dev.clock)
@@ -160,12 +159,12 @@ class PointToPointOps:
         tag = self._tag(tag, "recv")
         if group.active():
             return group.hold_p2p(self, "recv", "recv", src, None, tag)
-        if any(r.tag == tag and r.peer in (src, ANY_SOURCE) for r in self._pending_receives):
+        if self._p2p.expecting(src, (P2P_TAG, tag)):
             return self.irecv(src, tag).wait()      # receives issued earlier on the channel come first
         start = self.device.clock
-        msg = self._transport.take(src, self.rank, (P2P_TAG, tag), self._transport.deadline(), "recv")
-        data = np.array(msg.data, copy=True)
-        self.device.clock = end = p2p.priced_receive(self, src, msg, data.nbytes, start, "recv")
+        arrived = self._p2p.take(src, (P2P_TAG, tag), "recv")
+        data = arrived.copy()
+        self.device.clock = end = p2p.priced_receive(self, arrived, data.nbytes, start, "recv")
         self.last_op = OpRecord("recv", "p2p", data.nbytes, data.size, dtype_name(data.dtype), start, end)
         return data
 
@@ -180,9 +179,9 @@ class PointToPointOps:
         dst = self._peer(dst, "isend", "dst")
         tag = self._tag(tag, "isend")
         start = self._issue_time(at, "isend")
-        msg = self._transport.post_view(self.rank, dst, (P2P_TAG, tag), x, meta=start)
+        handle = self._p2p.post(dst, (P2P_TAG, tag), x, meta=start)
         self._p2p_sent[dst] = self._p2p_sent.get(dst, 0) + 1
-        return Request(self, "isend", dst, tag, start, x, msg, on_host=at is None)
+        return Request(self, "isend", dst, tag, start, x, handle, on_host=at is None)
 
     def irecv(self, src: int = ANY_SOURCE, tag: int = 0, at: int | None = None) -> Request:
         """A Request for the next array from rank src (ANY_SOURCE: from whichever rank's is there
@@ -193,7 +192,7 @@ class PointToPointOps:
         if src != ANY_SOURCE:
             src = self._peer(src, "irecv", "src")
         req = Request(self, "irecv", src, self._tag(tag, "irecv"), self._issue_time(at, "irecv"), on_host=at is None)
-        self._pending_receives.append(req)
+        self._p2p.expect(src, (P2P_TAG, req.tag), req)
         return req
 
     def _issue_time(self, at, opname) -> int:

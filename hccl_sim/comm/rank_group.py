@@ -20,7 +20,8 @@ rank's Communicator a `RankGroup`. Every collective call then goes through the g
      consumed / wait-consumed / deadline / abort): each rank runs its own schedule, sending its
      own slices to the peers the schedule names. Used whenever ranks share no memory.
 
-Point-to-point send/recv use `group.transport` directly and are priced by the cost model; a
+Point-to-point send/recv move their bytes over `group.transport` (hcomm.exec.p2p) and are
+priced by the cost model; a
 group under a fault plan also has `fault_progress` (hccl_sim.faults.progress), which its plans advance
 and which tells a receiver which of its transfers a `corrupt` entry hits.
 Results come from `result_array` (an engine may keep them where peers can write them).

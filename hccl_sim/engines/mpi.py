@@ -288,6 +288,15 @@ def init_mpi(topo, config, ranks_per_process: int = 1, data_plane: str | None = 
     return comms[0] if len(comms) == 1 else comms
 
 
+def launch_world(topo, config, data_plane: str | None = None):
+    """(this process's one Communicator, a function that closes its job) for a launched script's
+    world (hccl_sim.torch under mpirun: every process calls the function at
+    destroy_process_group)."""
+    comm = init_mpi(topo, config, data_plane=data_plane)
+    job = _JOBS[-1]
+    return comm, lambda: close_job(job)
+
+
 def close_job(job) -> None:
     """Close one job init() opened, before the interpreter exits (every process calls it for the
     same job: hccl_sim.torch's destroy_process_group)."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from typing import Callable, NamedTuple
 
 from topologies.errors import HcclError
 
@@ -87,8 +88,18 @@ class LaunchedGroup(PeerGroup):
             self.memory = None
 
 
-def connect(store, rank: int, size: int, topo, env=None, timeout_s: float | None = None):
-    """(this rank's Communicator, its transport to close at the end), its peers found through `store`."""
+class Launched(NamedTuple):
+    """A launched script's world rank: its Communicator, the transport it connected with (its
+    counters), and `close()`, which ends what the launch opened (see `connect`)."""
+    comm: object
+    transport: object
+    close: Callable[[], None]
+
+
+def connect(store, rank: int, size: int, topo, env=None, timeout_s: float | None = None) -> Launched:
+    """This rank's world, its peers found through `store`. Its `close()` says goodbye to the
+    peers (their waits on this rank end at once), closes the transport, then the group's
+    shared-memory plane, if any."""
     from .bootstrap import communicator, start_runtime
     from hcomm.control.transport import TransportControl
     from ..config.env import Config
@@ -126,7 +137,12 @@ def connect(store, rank: int, size: int, topo, env=None, timeout_s: float | None
         atexit.register(group.close)       # a script that raised never reaches destroy_process_group
     else:
         group = PeerGroup(rank, topo, config, TransportControl(transport, rank, size), transport)
-    return communicator(rank, group, start_runtime(rank, topo)), transport
+
+    def close():
+        group.exit(rank)
+        transport.close()
+        group.close()
+    return Launched(communicator(rank, group, start_runtime(rank, topo)), transport, close)
 
 
 def host_control(store, session: str, host_of, rank: int, transport, timeout_s: float):

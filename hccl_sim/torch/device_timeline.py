@@ -37,14 +37,6 @@ from topologies.errors import Cause, HcclError
 
 from ..npu.device import Event
 
-_ACTIVE = []                          # the timeline active in this process (the groups read it at issue)
-
-
-def active():
-    """The timeline active in this process, or None (one rank per process, so at most one)."""
-    return _ACTIVE[-1] if _ACTIVE else None
-
-
 def _shape(t):
     return tuple(t.shape)
 
@@ -62,7 +54,6 @@ _CPU_ATTENTION = {
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: False,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: True,
 }
-_DEFAULT_CPU_STREAM = torch.cpu.current_stream()
 _HELD = 512                           # storages the timeline holds before it lets go of those freed
 _NO_DATA = {torch.ops.aten.empty, torch.ops.aten.empty_strided, torch.ops.aten.empty_like, torch.ops.aten.new_empty,
             torch.ops.aten.new_empty_strided, torch.ops.aten.resize_, torch.ops.aten.set_}
@@ -110,10 +101,13 @@ class Step:
 class Timeline:
     """One rank's device timeline: its compute streams (the default one, and one for each torch
     CPU stream a program selects, as FSDP2 selects its copy-in and reduce-scatter streams), each
-    group's comm stream, and when the tensors the ops wrote are ready."""
+    group's comm stream, and when the tensors the ops wrote are ready. `world`: the process's
+    hccl_sim.torch.World, where the timeline is the active one inside `with` (one rank per
+    process, so at most one), which the groups read at issue."""
 
-    def __init__(self, device, timeout_s):
+    def __init__(self, device, timeout_s, world):
         self.device = device
+        self.world = world
         self.timeout_s = timeout_s
         self.compute = device.stream()
         self._side = {}                  # id(torch.cpu.Stream) -> (it, the device stream its kernels run on)
@@ -148,22 +142,22 @@ class Timeline:
         return Step(self._start, end, _covered(self._kernels), len(self._kernels), self._flops)
 
     def __enter__(self):
-        if _ACTIVE:
+        if self.world.timeline is not None:
             raise HcclError("E_PARA", "a timeline is already active in this process (one rank, one timeline)",
                             cause=Cause.BAD_INPUT)
-        _ACTIVE.append(self)
+        self.world.timeline = self
         self._mode.__enter__()
         return self
 
     def __exit__(self, *exc):
         self._mode.__exit__(*exc)
-        _ACTIVE.remove(self)
+        self.world.timeline = None
         return False
 
     def current(self):
         """The device stream of the torch CPU stream the program has selected (torch.cpu.stream)."""
         selected = torch.cpu.current_stream()
-        if selected is _DEFAULT_CPU_STREAM:
+        if selected is self.world.default_cpu_stream:
             return self.compute
         entry = self._side.get(id(selected))
         if entry is None:

@@ -5,14 +5,18 @@ buffer calls), on the topology HCCL_SIM_TOPOLOGY names (hccl_sim.engines.torchru
 HCCL_SIM_DATA_PLANE names ("window" or "p2p"; unset, the engine's default: "window" when every
 process is on one node, else "p2p").
 
-torch's default init method, env://, needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, which
-only torchrun sets. Importing hccl_sim.torch wraps torch's env:// handler: in a process that an
-MPI launcher started (MPICH/Intel MPI's PMI_RANK/PMI_SIZE, Open MPI's OMPI_COMM_WORLD_RANK/SIZE)
-and whose environment lacks them, the rank and world size are MPI's, and MPI rank 0 hosts
-torch's TCPStore on a port the OS picks and broadcasts its address (MPI_Ibcast, polled against
-HCCL_CONNECT_TIMEOUT) — a real store shared by the job, so other backends (a gloo `new_group`)
-work too. Everywhere else torch's handler runs unchanged. MASTER_ADDR/MASTER_PORT, when set,
-are used as they are (rank 0 hosts the store there).
+torch's default init method, env://, reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, which
+only torchrun sets, and torch keeps its env:// handler (register_rendezvous_handler refuses a
+scheme it has). So importing hccl_sim.torch in a process an MPI launcher started (MPICH/Intel
+MPI's PMI_RANK/PMI_SIZE, Open MPI's OMPI_COMM_WORLD_RANK/SIZE) whose environment lacks them sets
+them, as torchrun would have: RANK and WORLD_SIZE are MPI's; MPI rank 0 hosts torch's TCPStore
+on a port the OS picks and broadcasts its address (MPI_Ibcast, polled against
+HCCL_CONNECT_TIMEOUT), which becomes MASTER_ADDR and MASTER_PORT. torch's own env:// handler then
+runs unchanged: on rank 0 it makes its store multi-tenant, so it serves from the one hosted here
+(kept until then) — a real store shared by the job, so other backends (a gloo `new_group`) work
+too. The import is where the processes meet: every process of the job imports hccl_sim.torch.
+MASTER_ADDR/MASTER_PORT, when set, are used as they are (rank 0 hosts the store there), and an
+environment torchrun made is left alone.
 """
 from __future__ import annotations
 
@@ -21,7 +25,6 @@ import socket
 import struct
 import time
 from datetime import timedelta
-from urllib.parse import parse_qs, urlparse
 
 from topologies.errors import HcclError
 
@@ -43,15 +46,10 @@ def launched() -> tuple | None:
     return None
 
 
-def _needs_mpi(url: str) -> bool:
-    """torch's env:// would fail here (no RANK/WORLD_SIZE/MASTER_* from torchrun) and MPI knows."""
-    if launched() is None:
-        return False
-    query = parse_qs(urlparse(url).query)
-    have_rank = "rank" in query or "RANK" in os.environ
-    have_size = "world_size" in query or "WORLD_SIZE" in os.environ
-    have_addr = "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ
-    return not (have_rank and have_size and have_addr)
+def _needs_env() -> bool:
+    """An MPI launcher started this process and torch's env:// would fail (no torchrun variables)."""
+    return launched() is not None and not all(v in os.environ for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                                                         "MASTER_PORT"))
 
 
 def _mpi_world():
@@ -59,36 +57,36 @@ def _mpi_world():
     return world()
 
 
-def _mpi_rendezvous(url: str, timeout: timedelta):
-    """(store, rank, world size) for an MPI-launched process; a generator, as torch's handlers are."""
+def launch_env():
+    """torch's env:// variables for an MPI-launched process that lacks them (see the module's
+    docstring): set in os.environ; returns rank 0's TCPStore (to keep until torch's env:// store
+    has taken its server over), else None. Does nothing elsewhere."""
+    if not _needs_env():
+        return None
     import torch.distributed as dist
     from ..config.env import Config
     comm = _mpi_world()
     rank, size = comm.Get_rank(), comm.Get_size()
-    query = {k: int(v[-1]) for k, v in parse_qs(urlparse(url).query).items() if k in ("rank", "world_size")}
-    if query.get("rank", rank) != rank or query.get("world_size", size) != size:
-        raise HcclError("E_PARA", f"init_process_group(rank={query.get('rank')}, world_size={query.get('world_size')}) "
-                        f"under mpirun: MPI made this process rank {rank} of {size}")
-    deadline = time.monotonic() + float(Config.from_env().connect_timeout_s)
-    fixed = "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ
+    os.environ.setdefault("RANK", str(rank))
+    os.environ.setdefault("WORLD_SIZE", str(size))
+    if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+        return None
+    connect_s = float(Config.from_env().connect_timeout_s)
+    timeout = timedelta(seconds=connect_s)
     store = None
-    if fixed:
-        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    elif rank == 0:
+    if rank == 0:
         local = any(int(os.environ.get(v, 0)) == size for v in LOCAL_SIZES)
         host = "127.0.0.1" if local else socket.gethostbyname(socket.gethostname())
-        store = dist.TCPStore(host, 0, size, is_master=True, timeout=timeout, wait_for_workers=False)
-        port = store.port
-    buf = bytearray(_ADDR.pack(port, host.encode()) if rank == 0 and not fixed else _ADDR.size)
-    if not fixed:
-        _bcast(comm, buf, deadline)
-        port, raw = _ADDR.unpack(bytes(buf))
-        host = raw.rstrip(b"\0").decode()
-    if store is None:
-        store = dist.TCPStore(host, port, size, is_master=fixed and rank == 0, timeout=timeout,
-                              wait_for_workers=False)
-    yield store, rank, size
-    raise RuntimeError("hccl_sim: an MPI job cannot re-rendezvous (its ranks are fixed at launch)")
+        # multi-tenant, as torch's env:// makes rank 0's: torch's then serves from this one's server
+        store = dist.TCPStore(host, 0, size, is_master=True, timeout=timeout, wait_for_workers=False,
+                              multi_tenant=True)
+        buf = bytearray(_ADDR.pack(store.port, host.encode()))
+    else:
+        buf = bytearray(_ADDR.size)
+    _bcast(comm, buf, time.monotonic() + connect_s)
+    port, raw = _ADDR.unpack(bytes(buf))
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = raw.rstrip(b"\0").decode(), str(port)
+    return store
 
 
 def _bcast(comm, buf, deadline: float) -> None:
@@ -96,35 +94,16 @@ def _bcast(comm, buf, deadline: float) -> None:
     req = comm.Ibcast(buf, root=0)
     while not req.Test():
         if time.monotonic() > deadline:
-            raise HcclError("E_TIMEOUT", f"MPI rank {comm.Get_rank()}: the other processes did not join torch's "
-                            "rendezvous within HCCL_CONNECT_TIMEOUT (did every process call init_process_group?)")
+            raise HcclError("E_TIMEOUT", f"MPI rank {comm.Get_rank()}: the other processes did not meet to set up "
+                            "torch's env:// within HCCL_CONNECT_TIMEOUT (does every process import hccl_sim.torch?)")
         time.sleep(1e-3)
 
 
-def install() -> None:
-    """Wrap torch's env:// rendezvous handler (once per process)."""
-    import importlib
-    rdv = importlib.import_module("torch.distributed.rendezvous")   # the module (the package exports a function of that name)
-    # torch offers register_rendezvous_handler but refuses to replace a scheme: the handler table
-    # is where the env:// entry lives
-    handlers = rdv._rendezvous_handlers
-    torch_env = handlers["env"]
-    if getattr(torch_env, "_hccl_sim", False):
-        return
-
-    def env_or_mpi(url, timeout=rdv.default_pg_timeout, **kwargs):
-        if _needs_mpi(url):
-            return _mpi_rendezvous(url, timeout)
-        return torch_env(url, timeout=timeout, **kwargs)
-    env_or_mpi._hccl_sim = True
-    handlers["env"] = env_or_mpi
-
-
 def world_communicator(rank: int, size: int, topo):
-    """This process's rank on the MPI engine, for the default group of an MPI-launched script
-    (the job closes at destroy_process_group, or at exit)."""
+    """(this process's rank on the MPI engine, a function that closes its job), for the default
+    group of an MPI-launched script (the job closes at destroy_process_group, or at exit)."""
     from mpi4py import MPI
-    from ..engines.mpi import PLANES, init_mpi
+    from ..engines.mpi import PLANES, launch_world
     from ..config.env import Config
     comm = _mpi_world()
     if (comm.Get_rank(), comm.Get_size()) != (rank, size):
@@ -137,4 +116,4 @@ def world_communicator(rank: int, size: int, topo):
     if plane is not None and plane not in PLANES:
         raise HcclError("E_PARA", f"{PLANE_ENV}={plane!r}: expected one of {', '.join(PLANES)} (or unset: the MPI "
                         "engine's default)")
-    return init_mpi(topo, Config.from_env(), data_plane=plane)
+    return launch_world(topo, Config.from_env(), data_plane=plane)

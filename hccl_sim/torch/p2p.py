@@ -27,7 +27,6 @@ from topologies.errors import Cause, HcclError
 
 from ..comm.communicator import MAX_TAG
 from ..comm.p2p_calls import ANY_SOURCE
-from . import device_timeline as timeline
 from .tensors import as_numpy
 from .work import Deferred
 
@@ -80,7 +79,7 @@ class PointToPoint:
 
     def _timed(self, outputs, inputs):
         """Under a timeline: when a transfer issued now starts, and its SimEnd; else (None, None)."""
-        tl = timeline.active()
+        tl = self.world.timeline
         if tl is None:
             return None, None
         tl.stream_of(self)                   # the group is the timeline's rank's
@@ -91,7 +90,7 @@ class PointToPoint:
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
         comm = self.comm
-        seconds = comm._transport.timeout_s if timeout is None else (
+        seconds = comm.wait_timeout if timeout is None else (
             timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout))
 
         def job():
@@ -129,7 +128,7 @@ def _within(comm, reqs, seconds) -> list:
         delay = min(0.002, delay * 2 + 1e-4)
     late = [r for r in reqs if not r.done()]
     for r in late:
-        comm._pending_receives.remove(r)
+        r.cancel()
     return [r.peer for r in late]
 
 

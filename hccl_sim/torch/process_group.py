@@ -18,7 +18,6 @@ import torch.distributed as dist
 
 from topologies.errors import HcclError
 
-from . import device_timeline as timeline
 from .p2p import PointToPoint
 from .tensors import Reduction, as_numpy
 from .work import Worker
@@ -27,13 +26,14 @@ BACKEND = "hccl_sim"
 
 
 class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
-    def __init__(self, comm, on_shutdown=None, timeout=None):
+    def __init__(self, comm, world, on_shutdown=None, timeout=None):
         super().__init__(comm.rank, comm.size)
         self.comm = comm
+        self.world = world                   # this process's hccl_sim.torch.World (its active timeline)
         self._on_shutdown = on_shutdown      # the world group's: close what the launch opened
         self.records = []            # comm.last_op of every op, in order of completion
         # torch's group timeout bounds every wait on the group's Works (DistBackendError past it)
-        self._worker = Worker(f"{comm.rank}", None if timeout is None else timeout.total_seconds())
+        self._worker = Worker(f"{comm.rank}", world, None if timeout is None else timeout.total_seconds())
         self._name, self._desc = "", ""
         self._stream = None          # the comm stream of the job running now, under a timeline
 
@@ -64,7 +64,7 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
     def wait_timeout_s(self):
         """How long a wait for one of the group's ops may last: torch's group timeout, else
         HCCL_EXEC_TIMEOUT."""
-        return self._worker.timeout_s if self._worker.timeout_s is not None else self.comm._transport.timeout_s
+        return self._worker.timeout_s if self._worker.timeout_s is not None else self.comm.wait_timeout
 
     @property
     def last_op(self):
@@ -75,7 +75,7 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
         """Submit `body` (it runs the op's Communicator calls) as the group's job; its Work
         completes with `result`. Under a timeline (hccl_sim.torch.timeline) the op runs on the
         group's comm stream from the point it was issued at, and its Work knows when it ends."""
-        tl = timeline.active()
+        tl = self.world.timeline
         if tl is None:
             def job():
                 body()

@@ -19,8 +19,6 @@ import torch.distributed as dist
 
 from topologies.errors import Cause, HcclError
 
-from . import device_timeline as timeline
-
 _IDLE_SLICE_S = 0.002         # longest sleep of a worker with Requests pending and no job
 
 
@@ -29,9 +27,10 @@ class FutureWork(dist.Work):
     drops a failed future's exception (its wait() returns True), so a failed op would pass
     unnoticed: here wait() and get_future().wait() raise the HcclError, `exception()` returns it."""
 
-    def __init__(self, fut, request=None, timeout_s=None):
+    def __init__(self, fut, world, request=None, timeout_s=None):
         super().__init__()
         self.sim = None                  # when the op ends in simulated time, under a timeline
+        self._world = world              # the process's World: the timeline that waits for the op
         self._fut = fut
         self._request = request          # a receive's Request: the source rank it took from
         self._timeout_s = timeout_s      # the group's timeout: what a wait() without one waits at most
@@ -47,7 +46,7 @@ class FutureWork(dist.Work):
                                         f"({'Work.wait' if explicit else 'the process group'}'s timeout)")
         self._fut.wait()                 # raises what the op raised
         if self.sim is not None:         # the compute stream waits for it, as on an NPU
-            tl = timeline.active()
+            tl = self._world.timeline
             if tl is not None:
                 tl.join(self.sim)
         return True
@@ -90,7 +89,8 @@ class Deferred:
 class Worker:
     """One thread running a group's jobs in issue order, and moving its pending Requests on."""
 
-    def __init__(self, name, timeout_s=None):
+    def __init__(self, name, world, timeout_s=None):
+        self.world = world               # the process's World, which the group's Works know
         self.timeout_s = timeout_s       # the group's timeout, if torch gave one
         self._jobs = queue.SimpleQueue()
         self._pending = []               # (Deferred, Future or None), in issue order
@@ -111,7 +111,7 @@ class Worker:
         self.issued += 1
         holder = [] if receive else None
         self._jobs.put((fn, fut, holder))
-        return FutureWork(fut, _SourceOf(holder) if receive else None, self.timeout_s)
+        return FutureWork(fut, self.world, _SourceOf(holder) if receive else None, self.timeout_s)
 
     def _loop(self):
         delay = 0.0

@@ -7,7 +7,9 @@
 - `per_rank`: one rank's own schedule over a Transport (ranks that share no memory; or some of
   them, on one host, its buffers in shared memory: `run_rank_in`);
 - `own_result`: one rank's output from every rank's input (the small-op eager path);
-- `planes`: the DataPlane a group holds (shared, hosted or per-rank), over the executors above.
+- `planes`: the DataPlane a group holds (shared, hosted or per-rank), over the executors above;
+- `p2p`: one rank's sends, receives and pending-receive matching over a Transport (send / recv,
+  isend / irecv, BatchSendRecv), which the collective layer prices.
 """
 from .central import run_share
 from .data_program import DataLoop, DataProgram, LoopBody, with_scratch

@@ -22,7 +22,8 @@ PREFIX = "hccl_sim_"
 
 def _untrack(shm):
     try:
-        resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001 - see module docstring
+        # the tracker knows a segment by its POSIX name, "/" and the public name (POSIX only: /dev/shm)
+        resource_tracker.unregister("/" + shm.name, "shared_memory")
     except Exception:   # noqa: BLE001 - the tracker may not know the segment
         pass
 
@@ -31,7 +32,7 @@ def unlink_segment(seg) -> None:
     """Remove a segment's name. SharedMemory.unlink() would also unregister it from the resource
     tracker, which no longer knows it (_untrack) and complains on stderr for every segment."""
     try:
-        os.unlink(f"/dev/shm/{seg._name.lstrip('/')}")  # noqa: SLF001 - the POSIX name of the segment
+        os.unlink(f"/dev/shm/{seg.name}")
     except FileNotFoundError:
         pass
 

@@ -39,8 +39,8 @@ mine = {"rank": rank, "allreduce": t.tolist(), "sub": s.tolist(), "plane": plane
         "big": sorted(set(big.tolist())),
         "params": [q.detach().flatten().tolist() for q in model.parameters()],
         "ops": len(hccl_sim.torch.records()), "sim": sum(r.time for r in hccl_sim.torch.records()),
-        "by_place": hccl_sim.torch._World.transport.sent_by_place + (
-            hccl_sim.torch._World.transport.host_steps.read_in_place if hccl_sim.torch._World.transport.host_steps
+        "by_place": hccl_sim.torch.world().transport.sent_by_place + (
+            hccl_sim.torch.world().transport.host_steps.read_in_place if hccl_sim.torch.world().transport.host_steps
             else 0)}
 everyone = [None] * world
 dist.all_gather_object(everyone, mine)

@@ -18,7 +18,9 @@ import hccl_sim.torch as ht
 import topologies
 from hccl_sim.engines.mpi import MpiGroup
 
-assert "RANK" not in os.environ and "MASTER_ADDR" not in os.environ, "meant for mpiexec, not torchrun"
+assert "TORCHELASTIC_RUN_ID" not in os.environ, "meant for mpiexec, not torchrun"
+# importing hccl_sim.torch under mpiexec set torch's env:// variables, as torchrun would have
+assert os.environ["RANK"] == str(hccl_sim.engines.mpi.world().Get_rank()) and "MASTER_PORT" in os.environ
 STEPS = 3
 
 
