@@ -19,7 +19,9 @@ import numpy as np
 
 from topologies.errors import Cause, HcclError
 
-from . import AllToAll, Collective, Loops
+from .base import Collective, Loops
+from ..algorithms import grouped_mesh, hierarchy, mesh, pairwise
+from .fixed import AllToAll
 from . import verifiable as vf
 
 _I64 = np.int64
@@ -221,6 +223,25 @@ class AllToAllV(Collective):
         loop's whole send data copied in, its own block into the output."""
         lengths, _, _ = self.round_blocks(v, a, b)
         return lengths.sum(axis=1) * itemsize, np.diagonal(lengths).copy() * itemsize
+
+    # ---- how a loop's program is built (hccl_sim.plan.loop_programs asks) ----------------------
+    def v_program(self, choice, view, v: VCounts, a: int, b: int, itemsize: int) -> list:
+        """The program of loop [a, b) (view: plan.loop_programs.Levels): the algorithm selection
+        chose for the collective it follows, each pair moving its own count. Unstaged: the plan
+        adds `v_staging` around it."""
+        blocks = self.round_blocks(v, a, b)
+        if choice.flat:
+            if choice.level1 == "grouped_fullmesh":
+                return grouped_mesh.alltoallv(view.sdma_groups, blocks, itemsize)
+            if choice.level1 == "fullmesh":
+                return mesh.alltoallv(blocks, itemsize)
+            return pairwise.alltoallv(blocks, itemsize)
+        return hierarchy.alltoallv(view.servers, blocks, itemsize)
+
+    def v_staging(self, v: VCounts, a: int, b: int, itemsize: int):
+        """(in, out) bytes each rank stages around loop [a, b) on presets that stage, or None where
+        the program carries its own staging (AllGatherV, ReduceScatterV)."""
+        return self.stage_bytes_v(v, a, b, itemsize)
 
     def busbw_factor(self, p):
         return (p - 1) / p
