@@ -291,7 +291,7 @@ def _draw_count(rng, size_class, coll, p, itemsize) -> int:
         m = int(rng.choice([0, 1, 2, 3])) if coll.divisible else int(rng.choice([0, 1, 2, p - 1, p, p + 1]))
         return m * unit
     # small and medium sizes as nccl-tests counts them: an AllGather's is its whole output (p inputs)
-    share = p if coll.name == "allgather" else 1
+    share = p if coll.input_is_block else 1
     if size_class == "small":
         return int(rng.integers(4, 5000)) // share // unit * unit + unit
     if size_class == "medium":
@@ -302,7 +302,7 @@ def _draw_count(rng, size_class, coll, p, itemsize) -> int:
         return cap * p * loops + int(rng.integers(1, cap // 8 + 2))
     cap = collectives.of(coll.name).loops(1 << 40, p, itemsize, LOOP_BUFFSIZE_MB << 20).cap
     per = cap * (loops - 1) + int(rng.integers(1, cap // 8 + 2))    # per block for block collectives
-    if coll.block and coll.name != "allgather":
+    if coll.block and not coll.input_is_block:
         return per * p
     return per
 

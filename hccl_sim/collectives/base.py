@@ -69,6 +69,7 @@ class Collective:
     name: str = ""              # HCCL / nccl-tests name: "allreduce"
     method: str = ""            # the Communicator method: "all_reduce"
     block: bool = False         # schedules rank blocks (True) or one vector (False)
+    input_is_block: bool = False    # a block collective whose input is one rank block, not p (AllGather)
     reducing: bool = False      # takes a reduce op
     rooted: bool = False        # takes a root
     min_ndim: int = 0           # inputs need at least this many dimensions
@@ -83,6 +84,7 @@ class Collective:
     releases_together: bool = False     # every rank leaves when the last has arrived (Barrier)
     double_ring: bool = True        # on A3's double ring a loop runs as two halves side by side
     max_ranks_priced = None         # most ranks hccl_sim.simulate prices it on (None: no limit of its own)
+    max_ranks_priced_why = ""       # the constant behind that limit and why, as the error says it
 
     def __repr__(self):
         return f"<collective {self.name}>"
@@ -92,6 +94,12 @@ class Collective:
         """The call's root as an int, None for a collective without one; E_PARA naming the root when
         it is not a rank in [0, p). The one check hccl_sim.simulate and the Communicator both make."""
         return integer(root, "root", 0, p - 1, where=where) if self.rooted else None
+
+    def priced_ranks_problem(self, p: int) -> Optional[str]:
+        """None if hccl_sim.simulate (or bench on the timing engine) prices it on p ranks, else why not."""
+        if self.max_ranks_priced is None or p <= self.max_ranks_priced:
+            return None
+        return f"{p} ranks are over the limit of {self.max_ranks_priced} {self.max_ranks_priced_why}"
 
     def check_input(self, shape: tuple, p: int) -> Optional[str]:
         """None if an input of `shape` is valid on p ranks, else what is wrong."""
@@ -196,7 +204,7 @@ class Collective:
     def loops(self, count: int, p: int, itemsize: int, buffsize: int) -> Loops:
         """op-base mode: data larger than the CCL buffer is processed in buffer-sized loops."""
         if self.block:
-            per = count if self.name == "allgather" else count // p
+            per = count if self.input_is_block else count // p
             return Loops(per, max(1, buffsize // (p * itemsize)))
         return Loops(count, max(1, buffsize // itemsize))
 

@@ -108,6 +108,7 @@ class Reduce(Collective):
 
 class AllGather(Collective):
     name, method, block, min_ndim = "allgather", "all_gather", True, 1
+    input_is_block = True
 
     def server_program(self, srv, length, unit, root, l0, l1):
         return hierarchy.allgather(srv, unit, l0, l1)
@@ -193,6 +194,7 @@ class AllToAll(Collective):
     # hccl_sim.simulate prices larger ones without payload
     max_ranks_with_data = 512
     max_ranks_priced = MAX_ALLTOALL_RANKS
+    max_ranks_priced_why = "(hccl_sim.MAX_ALLTOALL_RANKS): its p(p-1) blocks are priced one by one"
     # HCCL's A3 AlltoAll is the grouped full mesh: no double ring
     double_ring = False
 

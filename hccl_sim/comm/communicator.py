@@ -104,11 +104,12 @@ class Communicator(VariableSizeOps, PointToPointOps):
                             rank=self.rank, op=opname, cause=Cause.BAD_INPUT)
         return x
 
-    def _root(self, root, opname):
-        if not isinstance(root, (int, np.integer)) or isinstance(root, bool) or not 0 <= root < self.size:
-            raise HcclError("E_PARA", f"root must be a rank in [0, {self.size}), got {root!r}", rank=self.rank,
-                            op=opname, cause=Cause.BAD_INPUT)
-        return int(root)
+    def _root(self, coll, root):
+        """The call's root, checked as hccl_sim.simulate checks it (Collective.checked_root)."""
+        try:
+            return coll.checked_root(root, self.size)
+        except HcclError as exc:
+            raise HcclError("E_PARA", exc.reason, rank=self.rank, op=coll.method, cause=Cause.BAD_INPUT) from None
 
     def _redop(self, op, opname):
         try:
@@ -205,7 +206,7 @@ class Communicator(VariableSizeOps, PointToPointOps):
         if problem:
             raise HcclError("E_PARA", problem, rank=self.rank, op=coll.method, cause=Cause.BAD_INPUT)
         redop = self._redop(op, coll.method) if coll.reducing else None
-        root = self._root(root, coll.method) if coll.rooted else None
+        root = self._root(coll, root)
         out_shape = coll.output_shape(x.shape, self.size)
         target, inplace = (None, False) if out is None else self._out(out, out_shape, x.dtype, x, coll.method)
         sig = Signature(name, x.shape, dtype_name(x.dtype), None if redop is None else redop.value, root, algo,
