@@ -80,11 +80,13 @@ class Collective:
     variable: bool = False      # every pair moves a count of its own (collectives.variable)
     selects_as: Optional[str] = None    # the collective whose selection and HCCL_ALGO setting it follows
     stages_itself: bool = False     # its programs carry their own CCL-buffer staging (AllGatherV, ReduceScatterV)
-    not_on: tuple = ()              # devices HCCL does not run it on
     releases_together: bool = False     # every rank leaves when the last has arrived (Barrier)
     double_ring: bool = True        # on A3's double ring a loop runs as two halves side by side
     max_ranks_priced = None         # most ranks hccl_sim.simulate prices it on (None: no limit of its own)
     max_ranks_priced_why = ""       # the constant behind that limit and why, as the error says it
+    # a small input may travel with its call (MPI's eager protocol): every rank's input has one shape,
+    # so each rank can compute its own result from the calls (not the variable-size ops)
+    eager: bool = True
 
     def __repr__(self):
         return f"<collective {self.name}>"
@@ -142,6 +144,15 @@ class Collective:
     def bytes_of(self, sig, p: int, itemsize: int) -> int:
         """The call's size as nccl-tests counts it."""
         return self.op_bytes(sig.count, p, itemsize) if self.carries_data else 0
+
+    def buffer_bytes(self, sig, p: int, itemsize: int) -> int:
+        """Bytes of each rank's buffer, which the emulator can price up to MAX_OP_BYTES."""
+        return (sig.count if self.carries_data else 0) * itemsize
+
+    def data_loops(self, sig, p: int, loops, loop_programs) -> tuple:
+        """(((start, stop, program), ...), scratch shape) of the op's DataProgram (plan.lowering), from
+        the plan's loops and its ((start, stop), program) pairs: each loop views [start, stop)."""
+        return tuple((a, b, program) for (a, b), program in loop_programs), self.scratch_shape_of(sig, p, loops)
 
     def scratch_shape_of(self, sig, p: int, loops: "Loops"):
         return self.scratch_shape(p, loops)

@@ -116,7 +116,6 @@ class _OneCountPerBlock(AllToAllV):
     V executors cut them, and staging whose copies the programs make themselves where they must
     (a layout that is not the blocks end to end)."""
     max_ranks_with_data = None
-    not_on = ("910A",)          # HCCL: "only support A3, A2 and 310P" (all_gather_v_operator.cc)
     stages_itself = True
 
     def selection_signature(self, sig):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hcomm.program import SCRATCH
 from topologies.errors import Cause, HcclError
 
 from .base import Collective, Loops
@@ -157,18 +158,33 @@ def merge(locals_: list, row_elems: int, what: str) -> VCounts:
     return VCounts(send * row_elems, sd * row_elems, rd * row_elems)
 
 
+def _scratch_end(program) -> int:
+    """Elements of the scratch area a flat program addresses (0: none)."""
+    end = 0
+    for step in program:
+        for buf, hi in ((step.t_dbuf, step.t_dhi), (step.c_dbuf, step.c_dhi)):
+            hit = np.asarray(buf) == SCRATCH
+            if hit.any():
+                end = max(end, int(np.asarray(hi)[hit].max()))
+    return end
+
+
 class AllToAllV(Collective):
     """HcclAlltoAllV: rank i sends send_counts[j] rows, from send_displs[j], to rank j, which
     receives them at its recv_displs[i]. The result holds the received rows in rank order (at
     the receive displacements)."""
     name, method = "alltoallv", "all_to_all_v"
     variable, min_ndim = True, 1
+    eager = False                   # each rank's input has a shape of its own
     selects_as = "alltoall"
     max_ranks_with_data = AllToAll.max_ranks_with_data     # p(p-1) blocks moved one by one, as AlltoAll's
 
     def loops_of(self, sig, p, itemsize, buffsize, modules=1):
         per = int(sig.v.counts.max()) if sig.v.counts.size else 0
         return Loops(per, max(1, buffsize // (p * itemsize)))
+
+    def buffer_bytes(self, sig, p, itemsize):
+        return self.bytes_of(sig, p, itemsize)
 
     def bytes_of(self, sig, p, itemsize):
         return int(sig.v.counts.sum(axis=1).max()) * itemsize if p else 0     # the largest send buffer
@@ -205,6 +221,14 @@ class AllToAllV(Collective):
 
     def scratch_shape_of(self, sig, p, loops):
         return None
+
+    def data_loops(self, sig, p, loops, loop_programs):
+        # programs address whole flat buffers at absolute offsets: every loop's view is all of them,
+        # and the scratch area is what the programs address of it
+        programs = [program for _, program in loop_programs]
+        scratch = max((_scratch_end(program) for program in programs), default=0)
+        whole = max(self.whole(sig), scratch)
+        return tuple((0, whole, program) for program in programs), ((scratch,) if scratch else None)
 
     def whole(self, sig) -> int:  # noqa: D401
         """Elements a loop's view spans: every rank's whole buffers."""

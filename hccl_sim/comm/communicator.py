@@ -358,7 +358,7 @@ class Communicator(VariableSizeOps, PointToPointOps):
         else:
             itemsize = x.dtype.itemsize
             # inputs of one shape travel with the calls (each rank then computes its own result)
-            eager = x if x.nbytes <= group.eager_bytes and sig.v is None and sig.local is None else None
+            eager = x if x.nbytes <= group.eager_bytes and colls.of(sig.name).eager else None
         progress = group.fault_progress if faults is not None else None
         sent = progress.sent_by(self.rank, self._p2p_sent) if progress is not None and progress.pairs else ()
         try:

@@ -194,8 +194,7 @@ class ShiftedPlan:
 
 def op_loops(sig: Signature, p: int, itemsize: int, config, modules: int = 1) -> colls.Loops:
     coll = colls.of(sig.name)
-    colls.check_op_bytes(coll.bytes_of(sig, p, itemsize) if coll.variable else
-                         (sig.count if coll.carries_data else 0) * itemsize)
+    colls.check_op_bytes(coll.buffer_bytes(sig, p, itemsize))
     return coll.loops_of(sig, p, itemsize, config.buffsize_bytes, modules)
 
 
