@@ -250,7 +250,7 @@ def _draw_call(rng, space: Space, p: int):
     dtype = ("int32", "int64")[int(rng.integers(2))]
     redop = ("sum", "prod", "max", "min")[int(rng.choice(4, p=[0.55, 0.15, 0.15, 0.15]))] if coll.reducing else None
     dm = space.topo.device_model
-    if coll.stages_itself and coll.reducing and dm.hierarchical and not dm.inline(dtype, redop):
+    if coll.inline_only and dm.hierarchical and not dm.inline(dtype, redop):
         dtype, redop = "int32", ("sum", "max", "min")[int(rng.integers(3))]     # HCCL's ReduceScatterV: inline only
     itemsize = numpy_dtype(dtype).itemsize
     root = int(rng.integers(p)) if coll.rooted else None

@@ -87,6 +87,7 @@ class Collective:
     # a small input may travel with its call (MPI's eager protocol): every rank's input has one shape,
     # so each rank can compute its own result from the calls (not the variable-size ops)
     eager: bool = True
+    inline_only: bool = False       # HCCL runs it only where the DMA engine reduces inline (ReduceScatterV)
 
     def __repr__(self):
         return f"<collective {self.name}>"

@@ -246,6 +246,7 @@ class ReduceScatterV(_OneCountPerBlock):
     name, method = "reducescatterv", "reduce_scatter_v"
     selects_as = "reducescatter"
     reducing = True
+    inline_only = True              # reduce_scatter_v_operator.cc (docs/references.md §6.9)
     level_run = staticmethod(hierarchy.reducescatter_blocks)
     uneven_program = staticmethod(uneven.reducescatterv)
 
