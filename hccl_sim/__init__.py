@@ -60,7 +60,7 @@ MAX_LOCAL_RANKS = 1024
 """Most ranks the local engine runs: one thread each (1,024 ranks start, do an AllReduce and
 finish in about 4 s on two cores; 2,048 in 2-7 s). Larger clusters: `simulate` (payload-free, up
 to topologies.MAX_RANKS)."""
-MAX_ALLTOALL_RANKS = 2048
+MAX_ALLTOALL_RANKS = collectives.MAX_ALLTOALL_RANKS
 """Most ranks `simulate` prices an AlltoAll on: its p(p-1) blocks are each priced on their own
 (2,048 ranks: 3 s, 1 GB here; 4,096: 10 s, 3.8 GB; 16,384 would need about 60 GB)."""
 
@@ -290,11 +290,12 @@ def simulate(op: str, nbytes: int | None = None, topology=None, algo: str | None
     if coll.variable or counts is not None:
         return _simulate_variable(coll, nbytes, counts, topo, algo, dname, itemsize, env, trace, policy, faults, redop)
     nbytes = integer(nbytes, "nbytes", 0, where="simulate")
-    if name == "alltoall" and p > MAX_ALLTOALL_RANKS:
-        raise HcclError("E_PARA", f"simulate alltoall: {p} ranks are over the limit of {MAX_ALLTOALL_RANKS} "
-                        "(hccl_sim.MAX_ALLTOALL_RANKS): its p(p-1) blocks are priced one by one")
-    if name in ("broadcast", "reduce"):
-        root = integer(root, "root", 0, p - 1, where=f"simulate {name}")
+    problem = coll.priced_ranks_problem(p)
+    if problem:
+        raise HcclError("E_PARA", f"simulate {name}: {problem}")
+    # the root is checked as the Communicator checks it (Collective.checked_root), for every rooted op
+    if coll.rooted:
+        root = coll.checked_root(root, p, where=f"simulate {name}")
     elif not is_integer(root):
         raise HcclError("E_PARA", f"simulate: root must be an integer rank, got {root!r} ({type(root).__name__})")
     if algo is not None and not isinstance(algo, str):

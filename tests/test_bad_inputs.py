@@ -139,8 +139,9 @@ BAD_ON_RANKS = [
     ("algo=['ring'] on 1 of 1", on_ranks(lambda c: c.all_reduce(np.ones(2), algo=["ring"]), p=1), "E_PARA", "algo must be a string"),
     ("algo={} broadcast", on_ranks(lambda c: c.broadcast(np.ones(2), algo={})), "E_PARA", "algo must be a string"),
     ("stream=3", on_ranks(lambda c: c.all_gather(np.ones(2), stream=3)), "E_PARA", "stream must be a Stream"),
-    ("broadcast root=1.0", on_ranks(lambda c: c.broadcast(np.ones(2), root=1.0)), "E_PARA", "root must be a rank"),
-    ("broadcast root=None", on_ranks(lambda c: c.broadcast(np.ones(2), root=None)), "E_PARA", "root must be a rank"),
+    ("broadcast root=1.0", on_ranks(lambda c: c.broadcast(np.ones(2), root=1.0)), "E_PARA",
+     "root must be an integer in [0, 1], got 1.0 (float)"),
+    ("broadcast root=None", on_ranks(lambda c: c.broadcast(np.ones(2), root=None)), "E_PARA", "root must be an integer"),
     ("send dst='1'", on_ranks(lambda c: c.send(np.ones(2), "1")), "E_PARA", "dst must be a rank"),
     ("all_reduce of bools", on_ranks(lambda c: c.all_reduce(np.ones(2, dtype=bool))), "E_PARA", "unsupported data type"),
     ("all_reduce result of 4 TiB", on_ranks(lambda c: c.all_reduce(np.broadcast_to(np.float32(1), (1 << 40,)))),
@@ -281,3 +282,37 @@ def test_transfers_past_int64_nanosecond_bytes_are_exact():
     for m in (1 << 34, 1 << 36):     # ring AllReduce, p = 2: 2(p-1) alpha + 2(p-1)/p n beta (one buffer loop)
         est = hccl_sim.simulate("allreduce", m, topology=topo, env=env, algo="ring")
         assert est.time == pytest.approx(2 * 5e-6 + m / 25e9, abs=2e-9)
+
+
+# Every rooted collective checks its root the same way on both paths (Collective.checked_root): a
+# root past the last rank is E_PARA naming the root, never an IndexError from the schedule.
+ROOTED = [name for name, c in hccl_sim.collectives.COLLECTIVES.items() if c.rooted]
+
+
+@pytest.mark.unit
+def test_rooted_collectives_are_listed():
+    assert {"broadcast", "reduce", "scatter"} <= set(ROOTED)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("op", ROOTED)
+@pytest.mark.parametrize("root", [99, -1, 8])
+def test_simulate_bad_root_of_every_rooted_op(op, root):
+    topo = hccl_sim.topology(A2, servers=1)
+    with pytest.raises(HcclError) as e:
+        hccl_sim.simulate(op, 1 << 20, topology=topo, root=root)
+    assert e.value.code == "E_PARA"
+    assert f"root must be an integer in [0, 7], got {root}" in str(e.value)
+
+
+@pytest.mark.local
+@pytest.mark.parametrize("op", ROOTED)
+def test_run_bad_root_of_every_rooted_op(op):
+    method = hccl_sim.collectives.of(op).method
+
+    def call(comm):
+        return getattr(comm, method)(np.ones(8, dtype=np.float32), root=99)
+    with pytest.raises(HcclError) as e:
+        hccl_sim.run(call, topology=fullmesh(2))
+    assert e.value.code == "E_PARA"
+    assert "root must be an integer in [0, 1], got 99" in str(e.value)

@@ -88,8 +88,8 @@ def test_exec_timeout_bounds_waits():
 BAD_ARGS = [
     (lambda c: c.reduce_scatter(np.ones(5)), "divisible by the number of ranks"),
     (lambda c: c.all_to_all(np.ones(6)), "divisible by the number of ranks"),
-    (lambda c: c.broadcast(np.ones(2), root=4), "root must be a rank"),
-    (lambda c: c.reduce(np.ones(2), root=-1), "root must be a rank"),
+    (lambda c: c.broadcast(np.ones(2), root=4), "root must be an integer in"),
+    (lambda c: c.reduce(np.ones(2), root=-1), "root must be an integer in"),
     (lambda c: c.all_reduce(np.ones(2, dtype=np.complex64)), "unsupported data type"),
     (lambda c: c.all_reduce(np.ones(2), op="avg"), "unsupported reduce op"),
     (lambda c: c.all_reduce(np.ones(2), algo="fastest"), "unknown algorithm"),

@@ -136,6 +136,21 @@ class DeviceModel:
     # HCCL_OP_EXPANSION_MODE=AIV, small ops): the kernel does its own steps, so no dispatch per
     # step either (topologies.presets.with_aiv). Empty: the preset has no AIV path.
     aiv_op_overhead_ns: dict = field(default_factory=dict)
+    # What HCCL does on this device, read from the preset (each cites docs/references.md there);
+    # the defaults are a synthetic preset's, one flat level where every op runs.
+    # HCCL plans ops in levels: level0 inside a server, level1 across (§6.4).
+    hierarchical: bool = False
+    # How a server's NPUs are linked (the preset's intra_server.layout): "fullmesh" (910B), "groups"
+    # (910A: two 4-NPU HCCS meshes joined by PCIe, §3.1), "die_pairs" (A3); HCCL's level0 follows it.
+    server_layout: str = "fullmesh"
+    # HCCL picks level1 by its cost model (§6.5 items 2-3), else by its V1 defaults (§6.5 item 4).
+    level1_cost_model: bool = False
+    # HCCL's op-base pipeline executors run here (§6.5 item 2).
+    pipeline: bool = False
+    # HCCL re-executes ops after a link flap (HCCL_OP_RETRY_ENABLE) here: A3 only (§10.4).
+    op_retry: bool = False
+    # HCCL runs AllGatherV and ReduceScatterV here: not on 910A (§6.9).
+    gather_v: bool = True
 
     def kernel_ns(self, flops: float = 0.0, nbytes: int = 0) -> int:
         """A kernel's duration on the roofline: launch + max(compute time, memory time)."""

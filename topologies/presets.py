@@ -74,6 +74,12 @@ def device_model_from(data: dict) -> DeviceModel:
         loop_overhead_ns=seconds_to_ns(d["loop_overhead"]),
         dispatch_ns=seconds_to_ns(d.get("dispatch", 0.0)),
         aiv_op_overhead_ns={k: seconds_to_ns(v) for k, v in d.get("aiv_op_overhead", {}).items()},
+        hierarchical=bool(d["hierarchical"]),
+        server_layout=str(data["intra_server"]["layout"]),
+        level1_cost_model=bool(d["level1_cost_model"]),
+        pipeline=bool(d["pipeline"]),
+        op_retry=bool(d["op_retry"]),
+        gather_v=bool(d["gather_v"]),
     )
 
 

@@ -16,28 +16,34 @@ from . import registry
 from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, relay_scatter
 
 
+def _allgather(mod, p, n, unit, root):
+    r, rows = np.arange(p), np.arange(p + 1)
+    return [StepBuilder().copies(r, unit, INPUT, 0, 1, OUTPUT, r).build()] + mod.allgather(p, rows, unit, OUTPUT)
+
+
+# How a flat algorithm module builds each collective over all p ranks: one table, keyed by the
+# collective's name (hccl_sim.collectives' classes build their other levels themselves; this is
+# the algorithms' side of the interface, which knows no collective class).
+FLAT = {
+    "barrier": lambda mod, p, n, unit, root: mod.barrier(p),
+    "allreduce": lambda mod, p, n, unit, root: mod.allreduce(p, n, unit, INPUT, OUTPUT),
+    "broadcast": lambda mod, p, n, unit, root: mod.broadcast(p, n, unit, root, INPUT, OUTPUT),
+    "reduce": lambda mod, p, n, unit, root: mod.reduce(p, n, unit, root, INPUT, OUTPUT),
+    "allgather": _allgather,
+    "reducescatter": lambda mod, p, n, unit, root: mod.reducescatter(p, np.arange(p + 1), unit, INPUT, SCRATCH, OUTPUT,
+                                                                     np.zeros(p, dtype=np.int64)),
+    "alltoall": lambda mod, p, n, unit, root: mod.alltoall(p, unit),
+    "scatter": lambda mod, p, n, unit, root: relay_scatter(mod.scatter_rounds(p, root), np.arange(p + 1), unit, root,
+                                                           INPUT, SCRATCH, OUTPUT),
+}
+
+
 def flat_program(collective: str, algo: str, p: int, n: int, unit: int, root: int = 0) -> list:
     """The program of `collective` over all p ranks with one flat algorithm.
 
     Vector collectives: n elements of `unit` bytes. Block collectives: p rank blocks of `unit` bytes."""
-    mod = registry.module(algo)
-    if collective == "barrier":
-        return mod.barrier(p)
-    if collective == "allreduce":
-        return mod.allreduce(p, n, unit, INPUT, OUTPUT)
-    if collective == "broadcast":
-        return mod.broadcast(p, n, unit, root, INPUT, OUTPUT)
-    if collective == "reduce":
-        return mod.reduce(p, n, unit, root, INPUT, OUTPUT)
-    rows = np.arange(p + 1)
-    if collective == "allgather":
-        r = np.arange(p)
-        return [StepBuilder().copies(r, unit, INPUT, 0, 1, OUTPUT, r).build()] + mod.allgather(p, rows, unit, OUTPUT)
-    if collective == "reducescatter":
-        return mod.reducescatter(p, rows, unit, INPUT, SCRATCH, OUTPUT, np.zeros(p, dtype=np.int64))
-    if collective == "alltoall":
-        return mod.alltoall(p, unit)
-    if collective == "scatter":
-        return relay_scatter(mod.scatter_rounds(p, root), rows, unit, root, INPUT, SCRATCH, OUTPUT)
-    raise HcclError("E_PARA", f"unknown collective {collective!r}")
-
+    mod = registry.module(algo)         # an unknown algorithm is said first
+    build = FLAT.get(collective)
+    if build is None:
+        raise HcclError("E_PARA", f"unknown collective {collective!r}")
+    return build(mod, p, n, unit, root)

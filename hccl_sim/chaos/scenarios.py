@@ -250,7 +250,7 @@ def _draw_call(rng, space: Space, p: int):
     dtype = ("int32", "int64")[int(rng.integers(2))]
     redop = ("sum", "prod", "max", "min")[int(rng.choice(4, p=[0.55, 0.15, 0.15, 0.15]))] if coll.reducing else None
     dm = space.topo.device_model
-    if coll.stages_itself and coll.reducing and space.topo.device != "synthetic" and not dm.inline(dtype, redop):
+    if coll.inline_only and dm.hierarchical and not dm.inline(dtype, redop):
         dtype, redop = "int32", ("sum", "max", "min")[int(rng.integers(3))]     # HCCL's ReduceScatterV: inline only
     itemsize = numpy_dtype(dtype).itemsize
     root = int(rng.integers(p)) if coll.rooted else None
@@ -291,7 +291,7 @@ def _draw_count(rng, size_class, coll, p, itemsize) -> int:
         m = int(rng.choice([0, 1, 2, 3])) if coll.divisible else int(rng.choice([0, 1, 2, p - 1, p, p + 1]))
         return m * unit
     # small and medium sizes as nccl-tests counts them: an AllGather's is its whole output (p inputs)
-    share = p if coll.name == "allgather" else 1
+    share = p if coll.input_is_block else 1
     if size_class == "small":
         return int(rng.integers(4, 5000)) // share // unit * unit + unit
     if size_class == "medium":
@@ -302,7 +302,7 @@ def _draw_count(rng, size_class, coll, p, itemsize) -> int:
         return cap * p * loops + int(rng.integers(1, cap // 8 + 2))
     cap = collectives.of(coll.name).loops(1 << 40, p, itemsize, LOOP_BUFFSIZE_MB << 20).cap
     per = cap * (loops - 1) + int(rng.integers(1, cap // 8 + 2))    # per block for block collectives
-    if coll.block and coll.name != "allgather":
+    if coll.block and not coll.input_is_block:
         return per * p
     return per
 

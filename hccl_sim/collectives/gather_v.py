@@ -21,7 +21,10 @@ import numpy as np
 
 from topologies.errors import Cause, HcclError
 
-from . import Loops
+from hcomm.program import StepBuilder
+
+from .base import Loops
+from ..algorithms import hierarchy, registry, uneven
 from . import verifiable as vf
 from .variable import AllToAllV, VCounts, exclusive_sums
 
@@ -113,7 +116,6 @@ class _OneCountPerBlock(AllToAllV):
     V executors cut them, and staging whose copies the programs make themselves where they must
     (a layout that is not the blocks end to end)."""
     max_ranks_with_data = None
-    not_on = ("910A",)          # HCCL: "only support A3, A2 and 310P" (all_gather_v_operator.cc)
     stages_itself = True
 
     def selection_signature(self, sig):
@@ -143,12 +145,50 @@ class _OneCountPerBlock(AllToAllV):
     def busbw_factor(self, p):
         return (p - 1) / p
 
+    def v_program(self, choice, view, v, a, b, itemsize):
+        """Loop [a, b): the block algorithm selection chose, on the loop's blocks
+        (algorithms.uneven), with HCCL's staging around it on presets that stage."""
+        lengths = np.clip(self.block_counts(v) - a, 0, b - a)
+        user_lo = self.block_displs(v) + a
+        p = len(lengths)
+        if choice.flat:
+            run = self.flat_run(registry.module(choice.level1), p, itemsize)
+            anywhere = choice.level1 in ("ring", "fullmesh")        # they take blocks anywhere
+        else:
+            srv = view.servers
+            anywhere = srv.m <= 1                                   # level0 alone: the mesh or the ring
+            run = self.level_run(srv, itemsize, choice.level0 or "fullmesh", choice.level1 or "ring")
+        program, in_place = self.uneven_program(lengths, user_lo, a, itemsize, run, anywhere)
+        if view.staging:
+            ins, outs = self.stage_bytes_v(v, a, b, itemsize, view.servers.m, in_place)
+            program = _staged(program, ins, outs)
+        return program
+
+    def v_staging(self, v, a, b, itemsize):
+        return None             # the program stages itself (v_program)
+
+
+def _staged(program, ins, outs) -> list:
+    """The program between its CCL-buffer copies: `ins` bytes per rank before, `outs` after."""
+    r = np.arange(len(ins))
+    before = [StepBuilder().stages(r[ins > 0], ins[ins > 0], "in").build()] if (ins > 0).any() else []
+    after = [StepBuilder().stages(r[outs > 0], outs[outs > 0], "out").build()] if (outs > 0).any() else []
+    return before + list(program) + after
+
 
 class AllGatherV(_OneCountPerBlock):
     """HcclAllGatherV: rank i's x (recv_counts[i] rows) lands at recv_displs[i] in every rank's
     result; every rank gives the same counts and displacements."""
     name, method = "allgatherv", "all_gather_v"
     selects_as = "allgather"
+    level_run = staticmethod(hierarchy.allgather_blocks)
+    uneven_program = staticmethod(uneven.allgatherv)
+
+    @staticmethod
+    def flat_run(mod, p, itemsize):
+        def run(buf, offs):
+            return mod.allgather(p, offs, itemsize, buf)
+        return run
     names = ("recv_counts", "recv_displs")
 
     @staticmethod
@@ -206,6 +246,15 @@ class ReduceScatterV(_OneCountPerBlock):
     name, method = "reducescatterv", "reduce_scatter_v"
     selects_as = "reducescatter"
     reducing = True
+    inline_only = True              # reduce_scatter_v_operator.cc (docs/references.md §6.9)
+    level_run = staticmethod(hierarchy.reducescatter_blocks)
+    uneven_program = staticmethod(uneven.reducescatterv)
+
+    @staticmethod
+    def flat_run(mod, p, itemsize):
+        def run(src, offs, acc, out, out_lo):
+            return mod.reducescatter(p, offs, itemsize, src, acc, out, out_lo)
+        return run
     names = ("send_counts", "send_displs")
 
     @staticmethod
@@ -252,7 +301,7 @@ class ReduceScatterV(_OneCountPerBlock):
         return np.full(p, int(lengths.sum()) if in_place else 0, dtype=np.int64), lengths.copy()
 
     def reference_v(self, inputs, v: VCounts, out_rows: list, row_shape: tuple, redop=None):
-        from . import _reduce_all
+        from .fixed import _reduce_all
         counts, displs = self.block_counts(v), self.block_displs(v)
         flats = [x.reshape(-1) for x in inputs]
         outs = []

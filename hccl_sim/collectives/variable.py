@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from hcomm.program import SCRATCH
 from topologies.errors import Cause, HcclError
 
-from . import AllToAll, Collective, Loops
+from .base import Collective, Loops
+from ..algorithms import grouped_mesh, hierarchy, mesh, pairwise
+from .fixed import AllToAll
 from . import verifiable as vf
 
 _I64 = np.int64
@@ -155,18 +158,33 @@ def merge(locals_: list, row_elems: int, what: str) -> VCounts:
     return VCounts(send * row_elems, sd * row_elems, rd * row_elems)
 
 
+def _scratch_end(program) -> int:
+    """Elements of the scratch area a flat program addresses (0: none)."""
+    end = 0
+    for step in program:
+        for buf, hi in ((step.t_dbuf, step.t_dhi), (step.c_dbuf, step.c_dhi)):
+            hit = np.asarray(buf) == SCRATCH
+            if hit.any():
+                end = max(end, int(np.asarray(hi)[hit].max()))
+    return end
+
+
 class AllToAllV(Collective):
     """HcclAlltoAllV: rank i sends send_counts[j] rows, from send_displs[j], to rank j, which
     receives them at its recv_displs[i]. The result holds the received rows in rank order (at
     the receive displacements)."""
     name, method = "alltoallv", "all_to_all_v"
     variable, min_ndim = True, 1
+    eager = False                   # each rank's input has a shape of its own
     selects_as = "alltoall"
     max_ranks_with_data = AllToAll.max_ranks_with_data     # p(p-1) blocks moved one by one, as AlltoAll's
 
     def loops_of(self, sig, p, itemsize, buffsize, modules=1):
         per = int(sig.v.counts.max()) if sig.v.counts.size else 0
         return Loops(per, max(1, buffsize // (p * itemsize)))
+
+    def buffer_bytes(self, sig, p, itemsize):
+        return self.bytes_of(sig, p, itemsize)
 
     def bytes_of(self, sig, p, itemsize):
         return int(sig.v.counts.sum(axis=1).max()) * itemsize if p else 0     # the largest send buffer
@@ -204,6 +222,14 @@ class AllToAllV(Collective):
     def scratch_shape_of(self, sig, p, loops):
         return None
 
+    def data_loops(self, sig, p, loops, loop_programs):
+        # programs address whole flat buffers at absolute offsets: every loop's view is all of them,
+        # and the scratch area is what the programs address of it
+        programs = [program for _, program in loop_programs]
+        scratch = max((_scratch_end(program) for program in programs), default=0)
+        whole = max(self.whole(sig), scratch)
+        return tuple((0, whole, program) for program in programs), ((scratch,) if scratch else None)
+
     def whole(self, sig) -> int:  # noqa: D401
         """Elements a loop's view spans: every rank's whole buffers."""
         v = sig.v
@@ -221,6 +247,25 @@ class AllToAllV(Collective):
         loop's whole send data copied in, its own block into the output."""
         lengths, _, _ = self.round_blocks(v, a, b)
         return lengths.sum(axis=1) * itemsize, np.diagonal(lengths).copy() * itemsize
+
+    # ---- how a loop's program is built (hccl_sim.plan.loop_programs asks) ----------------------
+    def v_program(self, choice, view, v: VCounts, a: int, b: int, itemsize: int) -> list:
+        """The program of loop [a, b) (view: plan.loop_programs.Levels): the algorithm selection
+        chose for the collective it follows, each pair moving its own count. Unstaged: the plan
+        adds `v_staging` around it."""
+        blocks = self.round_blocks(v, a, b)
+        if choice.flat:
+            if choice.level1 == "grouped_fullmesh":
+                return grouped_mesh.alltoallv(view.sdma_groups, blocks, itemsize)
+            if choice.level1 == "fullmesh":
+                return mesh.alltoallv(blocks, itemsize)
+            return pairwise.alltoallv(blocks, itemsize)
+        return hierarchy.alltoallv(view.servers, blocks, itemsize)
+
+    def v_staging(self, v: VCounts, a: int, b: int, itemsize: int):
+        """(in, out) bytes each rank stages around loop [a, b) on presets that stage, or None where
+        the program carries its own staging (AllGatherV, ReduceScatterV)."""
+        return self.stage_bytes_v(v, a, b, itemsize)
 
     def busbw_factor(self, p):
         return (p - 1) / p

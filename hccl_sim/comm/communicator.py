@@ -116,11 +116,12 @@ class Communicator(VariableSizeOps, PointToPointOps):
                             rank=self.rank, op=opname, cause=Cause.BAD_INPUT)
         return x
 
-    def _root(self, root, opname):
-        if not isinstance(root, (int, np.integer)) or isinstance(root, bool) or not 0 <= root < self.size:
-            raise HcclError("E_PARA", f"root must be a rank in [0, {self.size}), got {root!r}", rank=self.rank,
-                            op=opname, cause=Cause.BAD_INPUT)
-        return int(root)
+    def _root(self, coll, root):
+        """The call's root, checked as hccl_sim.simulate checks it (Collective.checked_root)."""
+        try:
+            return coll.checked_root(root, self.size)
+        except HcclError as exc:
+            raise HcclError("E_PARA", exc.reason, rank=self.rank, op=coll.method, cause=Cause.BAD_INPUT) from None
 
     def _redop(self, op, opname):
         try:
@@ -217,7 +218,7 @@ class Communicator(VariableSizeOps, PointToPointOps):
         if problem:
             raise HcclError("E_PARA", problem, rank=self.rank, op=coll.method, cause=Cause.BAD_INPUT)
         redop = self._redop(op, coll.method) if coll.reducing else None
-        root = self._root(root, coll.method) if coll.rooted else None
+        root = self._root(coll, root)
         out_shape = coll.output_shape(x.shape, self.size)
         target, inplace = (None, False) if out is None else self._out(out, out_shape, x.dtype, x, coll.method)
         sig = Signature(name, x.shape, dtype_name(x.dtype), None if redop is None else redop.value, root, algo,
@@ -369,7 +370,7 @@ class Communicator(VariableSizeOps, PointToPointOps):
         else:
             itemsize = x.dtype.itemsize
             # inputs of one shape travel with the calls (each rank then computes its own result)
-            eager = x if x.nbytes <= group.eager_bytes and sig.v is None and sig.local is None else None
+            eager = x if x.nbytes <= group.eager_bytes and colls.of(sig.name).eager else None
         progress = group.fault_progress if faults is not None else None
         sent = progress.sent_by(self.rank, self._p2p_sent) if progress is not None and progress.pairs else ()
         try:

@@ -147,7 +147,7 @@ def priced_with_retry(price, sig, algo: str, cost, config, entry: list, backup: 
                                 f"tried while the link stayed down{why}", op=sig.name, cause=Cause.OPRETRY_FAIL,
                                 **facts) from None
             tries += 1
-            if cost.topology.device != "910C":
+            if not cost.topology.device_model.op_retry:
                 log.warning("op retry on %s: real HCCL retries ops only on A3 (910C); hccl-sim retries here too",
                             cost.topology.device)
             wait = params["HoldTime"] * MS + (params["IntervalTime"] * MS if tries > 1 else 0)

@@ -194,8 +194,7 @@ class ShiftedPlan:
 
 def op_loops(sig: Signature, p: int, itemsize: int, config, modules: int = 1) -> colls.Loops:
     coll = colls.of(sig.name)
-    colls.check_op_bytes(coll.bytes_of(sig, p, itemsize) if coll.variable else
-                         (sig.count if coll.carries_data else 0) * itemsize)
+    colls.check_op_bytes(coll.buffer_bytes(sig, p, itemsize))
     return coll.loops_of(sig, p, itemsize, config.buffsize_bytes, modules)
 
 
@@ -267,8 +266,8 @@ def _check_overflow(clock, step: int, remaining: int):
 
 def op_programs(sig, cost, config, itemsize, choice):
     """(loops, programs by loop length, data parts or None) of the op (programs cached in the cost model)."""
-    modules = servers_of(cost).m if sig.v is not None and cost.topology.device != "synthetic" else 1
-    loops = op_loops(sig, cost.num_ranks, itemsize, config, modules)
+    # servers the CCL buffer is shared across (AllGatherV's loops; a synthetic topology is one server)
+    loops = op_loops(sig, cost.num_ranks, itemsize, config, servers_of(cost).m)
     if sig.v is not None:
         if len(loops) > LOOPS_REPLAYED:
             raise HcclError("E_NOT_SUPPORT", f"{sig.describe()}: {len(loops)} buffer loops, over the "
@@ -277,10 +276,7 @@ def op_programs(sig, cost, config, itemsize, choice):
                     for a, b in loops}
         return loops, programs or {(0, 0): []}, None
     lengths = [n for n in {loops.cap if loops.full else None, loops.tail or None} if n]
-    if sig.name == "barrier":
-        lengths = [1]
-    built = {n: loop_parts(cost, sig.name, choice, n if sig.name != "barrier" else 0, itemsize, sig.root)
-             for n in lengths}
+    built = {n: loop_parts(cost, sig.name, choice, n, itemsize, sig.root) for n in lengths}
     parts = {n: got[1] for n, got in built.items() if got[1] is not None}
     return loops, {n: got[0] for n, got in built.items()}, parts or None
 
@@ -317,9 +313,6 @@ def op_transfers(sig, loops, programs, p: int, pairs) -> dict:
     """(src, dst) -> the op's transfers on each pair: every loop's, in loop order."""
     out = {}
     for src, dst in pairs:
-        if sig.name == "barrier":
-            out[(src, dst)] = sends(programs[1], p, src, dst)
-            continue
         if sig.v is not None:
             out[(src, dst)] = sum(sends(programs[(a, b)], p, src, dst) for a, b in loops)
             continue
@@ -364,7 +357,7 @@ def make_plan(sig: Signature, topo, config, entry: list, itemsize: int, trace: b
             price, sig, choice.label, cost, config, entry, now.backup)
     else:
         loops, programs, exits, parts = plan_times(sig, cost, config, itemsize, choice, entry)
-    if sig.name == "barrier":
+    if colls.of(sig.name).releases_together:
         # A barrier releases every rank together: when the last rank has heard from all others.
         exits = [max(exits)] * p
     events = None

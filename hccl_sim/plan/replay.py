@@ -39,7 +39,7 @@ def replayed_exits(sig, loops, programs, entry, cost, marks=None, events=None, c
     p = cost.num_ranks
     dm = cost.device_model
     clock = [int(t) + op_overhead_ns(dm, sig.name) for t in entry]
-    spans = [(0, 1)] if sig.name == "barrier" else list(loops)
+    spans = list(loops)             # a barrier's one loop is (0, 1) (collectives.Barrier.loops)
     before = dict.fromkeys({(a, b) for a, b, _ in corrupt}, 0) if corrupt else None   # the pairs' earlier transfers
     for k, (a, b) in enumerate(spans):
         if k:

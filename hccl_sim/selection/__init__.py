@@ -77,7 +77,7 @@ class Context:
 
     @property
     def flat(self) -> bool:
-        return self.topo.device == "synthetic"
+        return not self.topo.device_model.hierarchical      # a synthetic preset: one flat level
 
 
 def requested_token(name: str, algo, config, level: str = "level1") -> Optional[str]:
@@ -126,7 +126,7 @@ def _check_expansion(ctx) -> None:
 
 
 def select(ctx: Context) -> Choice:
-    v_op = colls.of(ctx.signature.name).stages_itself       # AllGatherV, ReduceScatterV: their executors' rules
+    v_op = ctx.signature.name in variable.V_EXECUTORS      # AllGatherV, ReduceScatterV: their executors' rules
     if v_op:
         variable.check_device(ctx)
     choice = _select(ctx, v_op)

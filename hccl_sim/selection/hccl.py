@@ -38,7 +38,7 @@ NOT_BUILT = ("NHR_V1", "AHC", "AHC_BROKE")
 
 def level0_for(topo, srv) -> str:
     """HCCL's level0 from the hardware (alg_configurator.cc)."""
-    if topo.device == "910A":
+    if topo.device_model.server_layout == "groups":      # 910A: two HCCS groups joined by PCIe
         if srv.equal and srv.K == 8:
             return "ring"          # 8P ring over the two HCCS groups and the PCIe link between them
         if srv.K == 4:
@@ -59,7 +59,7 @@ def pipeline_refusal(name, topo, srv):
     """None if HCCL would run pipeline for `name` here, else why not."""
     if name not in registry.get("pipeline").collectives:
         return f"pipeline does not run {name}"
-    if topo.device != "910B":
+    if not topo.device_model.pipeline:
         return f"pipeline runs on 910B only, not {topo.device}"
     if not srv.equal:
         return "pipeline needs servers with equal card counts"
@@ -121,7 +121,7 @@ def choose(ctx, flat: bool, level0) -> str:
         if name in ("allreduce", "allgather", "reducescatter") and is_power_of_two(p) and p > 1:
             return "H-D_R"
         return "ring"
-    if topo.device != "910B" or name in ("broadcast", "reduce"):
+    if not topo.device_model.level1_cost_model or name in ("broadcast", "reduce"):
         return "H-D_R" if name == "broadcast" else v1_default(srv.m)
     per_rank = math.prod(sig.shape) * ctx.itemsize   # AllReduce: the buffer; AllGather: send bytes
     if name == "reducescatter":

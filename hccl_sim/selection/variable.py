@@ -18,6 +18,8 @@ from topologies.errors import HcclError
 from .. import collectives as colls
 
 V_LEVEL1 = ("ring", "NB", "NHR")
+V_EXECUTORS = ("allgatherv", "reducescatterv")
+"""The ops HCCL runs by its V executors' rules (all_gather_v_operator.cc, reduce_scatter_v_operator.cc)."""
 
 
 def _join(*notes):
@@ -28,7 +30,7 @@ def check_device(ctx) -> None:
     """E_NOT_SUPPORT where HCCL does not run the op (910A; ReduceScatterV without inline reduction)."""
     sig, topo = ctx.signature, ctx.topo
     coll = colls.of(sig.name)
-    if topo.device in coll.not_on:
+    if not topo.device_model.gather_v:
         raise HcclError("E_NOT_SUPPORT", f"{coll.method} does not run on {topo.device}: HCCL runs AllGatherV and "
                         "ReduceScatterV on A3 and 910B only")
     if coll.reducing and not ctx.flat and not topo.device_model.inline(sig.dtype, sig.redop or "sum"):

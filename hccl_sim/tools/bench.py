@@ -28,7 +28,7 @@ from topologies.errors import HcclError
 from topologies.validate import integer, is_integer
 
 from ..engines import registry
-from .. import MAX_ALLTOALL_RANKS, MAX_LOCAL_RANKS, busbw_factor, canonical_op, collectives, op_count, simulate
+from .. import MAX_LOCAL_RANKS, busbw_factor, canonical_op, collectives, op_count, simulate
 from ..npu import chrome_trace as chrome
 from ..config.env import Config
 from ..plan.faulted import with_faults
@@ -202,9 +202,9 @@ def check_spec(spec: BenchSpec, p: int) -> None:
     if spec.counts is not None and not _variable(spec):
         raise HcclError("E_PARA", f"--counts is for the variable-size ops ({', '.join(collectives.VARIABLE)}), "
                         f"not {spec.op}")
-    if not engine.real_data and canonical_op(spec.op) == "alltoall" and p > MAX_ALLTOALL_RANKS:
-        raise HcclError("E_PARA", f"bench alltoall on engine timing: {p} ranks are over the limit of "
-                        f"{MAX_ALLTOALL_RANKS} (hccl_sim.MAX_ALLTOALL_RANKS)")
+    problem = collectives.get(spec.op).priced_ranks_problem(p)
+    if not engine.real_data and problem:
+        raise HcclError("E_PARA", f"bench {canonical_op(spec.op)} on engine timing: {problem}")
     limit = collectives.get(spec.op).max_ranks_with_data
     if engine.real_data and limit is not None and p > limit:
         raise HcclError("E_PARA", f"bench {spec.op} on engine {spec.engine}: {p} ranks are over the limit of "
@@ -384,6 +384,9 @@ receive count) while nccl-tests' size is the whole p-block buffer: sizes differ 
 others both count one NPU's buffer. With that, hccl_test's alg_bandwidth (AllReduce, Broadcast,
 Reduce: size / t; AllGather: whole output / t; ReduceScatter: whole input / t; AlltoAll: whole
 send buffer / t; docs/references.md §11.2) is nccl-tests' algbw exactly."""
+HCCL_TEST_RANK_SHARES = ("alltoallv",)
+"""Ops whose hccl_test binary (alltoallv_test) rounds its element count up to a multiple of the rank
+count: one equal share per peer. hccl_test's tables, like these, are keyed by its binaries' ops."""
 
 
 def hccl_test_sizes(op: str, data_sizes: list, p: int, itemsize: int) -> list:
@@ -392,7 +395,7 @@ def hccl_test_sizes(op: str, data_sizes: list, p: int, itemsize: int) -> list:
     op = canonical_op(op)
     if op in HCCL_TEST_PER_NPU_BLOCKS:
         return [s * p for s in data_sizes]
-    if op == "alltoallv":
+    if op in HCCL_TEST_RANK_SHARES:
         share = p * itemsize
         return [-(-(s // itemsize) // p) * share for s in data_sizes]
     return list(data_sizes)
