@@ -151,6 +151,8 @@ class DeviceModel:
     op_retry: bool = False
     # HCCL runs AllGatherV and ReduceScatterV here: not on 910A (§6.9).
     gather_v: bool = True
+    # HCCL's group calls (HcclGroupStart/End) run here: not on 910A (§6.10).
+    group_calls: bool = True
 
     def kernel_ns(self, flops: float = 0.0, nbytes: int = 0) -> int:
         """A kernel's duration on the roofline: launch + max(compute time, memory time)."""

@@ -80,6 +80,7 @@ def device_model_from(data: dict) -> DeviceModel:
         pipeline=bool(d["pipeline"]),
         op_retry=bool(d["op_retry"]),
         gather_v=bool(d["gather_v"]),
+        group_calls=bool(d["group_calls"]),
     )
 
 

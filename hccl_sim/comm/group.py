@@ -72,7 +72,7 @@ class Group:
         self.comm = comm
 
     def __enter__(self):
-        if self.comm.topology.device == "910A":
+        if not self.comm.topology.device_model.group_calls:
             raise HcclError("E_NOT_SUPPORT", "comm.group() does not run on 910A: HCCL's group calls are not supported "
                             "on Atlas training series (HcclGroupStart)", rank=self.comm.rank, op="group")
         depth = getattr(_state, "depth", 0)
