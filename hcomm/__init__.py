@@ -18,10 +18,10 @@
 Nothing here knows what an AllReduce is, or which engine placed the ranks.
 """
 from topologies.errors import HcclError
-from .steps import Copy, Recv, Send, Slice, Stage, Step
+from .steps import Copy, RankStep, Recv, Send, Slice, Stage
 from .timing import replay
 from .transports import InProcessTransport, Message, Transport
 from .exec import run_schedule as execute
 
-__all__ = ["HcclError", "Copy", "Recv", "Send", "Slice", "Stage", "Step", "replay",
+__all__ = ["HcclError", "Copy", "Recv", "Send", "Slice", "Stage", "RankStep", "replay",
            "InProcessTransport", "Message", "Transport", "execute"]

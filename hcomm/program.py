@@ -37,7 +37,7 @@ TIMING_ARRAYS = ("t_src", "t_dst", "t_bytes", "t_rbuf", "c_rank", "c_bytes", "g_
 _EMPTY = np.empty(0, dtype=_I64)
 
 
-class Step:
+class GlobalStep:
     """One global step. Transfer arrays are t_*, copy arrays c_*, staging arrays g_*.
 
     `tkey`, when set, names the step's timing-relevant structure (who sends how many bytes to
@@ -53,7 +53,7 @@ class Step:
         self.cache = {}
         self.tview = None           # a compacted timing view of this step (see `compacted`)
 
-    def full(self) -> "Step":
+    def full(self) -> "GlobalStep":
         return self
 
     def timing(self):
@@ -124,7 +124,7 @@ def expand_timing(view):
                       view.c_bytes, view.g_rank, view.g_bytes)
 
 
-def compacted(step: Step) -> Step:
+def compacted(step: GlobalStep) -> GlobalStep:
     """Give an eager step a compacted timing view when that shrinks it (the data program,
     step.full(), is the step itself, unchanged)."""
     view = compact_timing(step)
@@ -161,7 +161,7 @@ class LazyStep:
         routes, ports and service order and only re-price their bytes."""
         self._full, self._timing, self.tkey, self.skey, self.cache = full, timing, tkey, skey, {}
 
-    def full(self) -> Step:
+    def full(self) -> GlobalStep:
         return self._full()
 
     def timing(self):
@@ -205,8 +205,8 @@ class StepBuilder:
             self._g.append((rank, _arr(nbytes, rank.size), _arr(0 if direction == "in" else 1, rank.size)))
         return self
 
-    def build(self) -> Step:
-        step = Step()
+    def build(self) -> GlobalStep:
+        step = GlobalStep()
         if self._t:
             cols = [np.concatenate(c) for c in zip(*self._t)]
             (step.t_src, step.t_dst, step.t_bytes, step.t_sbuf, step.t_slo, step.t_shi, step.t_dbuf, step.t_dlo,
@@ -244,13 +244,13 @@ def concat_steps(steps: list):
     """Several groups' steps that run at the same time, as one global step."""
     if len(steps) == 1:
         return steps[0]
-    if all(isinstance(s, Step) for s in steps):
-        out = _concat(steps, ARRAYS, Step)
+    if all(isinstance(s, GlobalStep) for s in steps):
+        out = _concat(steps, ARRAYS, GlobalStep)
         if any(s.tview is not None for s in steps):      # keep the parts' compacted timing views
             out.tview = _concat([s.timing() for s in steps], TIMING_ARRAYS, TimingView)
         return out
     keys = tuple(s.tkey for s in steps)
-    return LazyStep(lambda: _concat([s.full() for s in steps], ARRAYS, Step),
+    return LazyStep(lambda: _concat([s.full() for s in steps], ARRAYS, GlobalStep),
                     lambda: _concat([s.timing() for s in steps], TIMING_ARRAYS, TimingView),
                     ("cat",) + keys if all(k is not None for k in keys) else None)
 

@@ -54,4 +54,5 @@ class Stage(NamedTuple):
 
 
 Op = Union[Send, Recv, Copy, Stage]
-Step = tuple
+RankStep = tuple
+"""One rank's step: the ops (Send, Recv, Copy, Stage) that run at once."""

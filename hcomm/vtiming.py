@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from .cost import as_cost
-from .program import RolledView, Step, compact_timing, counts, expand_timing
+from .program import GlobalStep, RolledView, compact_timing, counts, expand_timing
 from .vcontention import contended
 
 _I64 = np.int64
@@ -184,7 +184,7 @@ def _content_key(st):
 def step_key(st):
     if st.tkey is not None:
         return st.tkey
-    if isinstance(st, Step):
+    if isinstance(st, GlobalStep):
         return _content_key(st)
     return None
 
@@ -275,7 +275,7 @@ def _prep_for(st, cost, dtype, redop, p, cache):
     local = st.cache.get((cost.key, dtype, redop)) if hasattr(st, "cache") else None
     if local is None:
         local = _prep(st.timing(), cost, dtype, redop, p)
-        if isinstance(st, Step):   # eager steps keep their prep; lazy ones are rebuilt each time
+        if isinstance(st, GlobalStep):   # eager steps keep their prep; lazy ones are rebuilt each time
             st.cache[(cost.key, dtype, redop)] = local
     return local
 

@@ -297,7 +297,7 @@ def test_what_a_crashing_rank_does_before_it_dies():
     from hccl_sim.config.env import Config
     from hccl_sim.plan.faulted import crash_steps, with_faults
     from hccl_sim.plan.planner import Signature, make_plan
-    from hccl_sim.plan.replay import step_starts
+    from hccl_sim.plan.event_replay import step_starts
     from hcomm.transports import InProcessTransport
     topo = hccl_sim.topology("fullmesh", ranks=4)
     sig = Signature("allreduce", (64,), "int64", "sum", None, "ring")

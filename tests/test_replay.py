@@ -5,7 +5,7 @@ import json
 import pytest
 
 import hccl_sim
-from hccl_sim.tools import replay
+from hccl_sim.tools import trace_replay as replay
 from hccl_sim.tools.cli import main
 from topologies.subset import subset
 

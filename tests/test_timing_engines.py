@@ -182,7 +182,7 @@ def _plain(st):
     """A step's transfer list as an eager step without a compacted view."""
     from hcomm import program as prog
     full = st.full()
-    out = prog.Step()
+    out = prog.GlobalStep()
     for name in prog.ARRAYS:
         setattr(out, name, getattr(full, name))
     return out

@@ -56,7 +56,7 @@ def test_tensor_parallel_by_fsdp2_on_a_2d_mesh_equals_one_process_and_its_step_r
     _check(res, lm, 3, 16, {("tp", "all_reduce"), ("dp", "all_gather"), ("dp", "reduce_scatter"),
                             ("world", "all_reduce")})
     import hccl_sim
-    from hccl_sim.tools import replay
+    from hccl_sim.tools import trace_replay as replay
     trace = replay.load(ex.TRACE)
     last_step = res[0][0][-1][1]                               # rank 0's (dim, op, algo, time) of its last step
     assert sorted((op["dim"], op["op"]) for op in trace["ops"]) == \

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hcomm.program import (INPUT, NONE, OUTPUT, SCRATCH, LazyStep, Step, StepBuilder, TimingView, compacted,
+from hcomm.program import (INPUT, NONE, OUTPUT, SCRATCH, GlobalStep, LazyStep, StepBuilder, TimingView, compacted,
                            counts, merge_parallel)
 
 __all__ = ["INPUT", "OUTPUT", "SCRATCH", "NONE", "Step", "StepBuilder", "compacted", "bounds", "fold", "tile",
@@ -135,9 +135,9 @@ def merge_runs(src, dst, sbuf, slo, shi, dbuf, dlo, rbuf, rlo):
             rbuf[starts], rlo[starts])
 
 
-def _tile_full(st, ranks, shift) -> Step:
+def _tile_full(st, ranks, shift) -> GlobalStep:
     G = ranks.shape[0]
-    new = Step()
+    new = GlobalStep()
     if len(st.t_src):
         def sh(buf, lo):
             return (lo[None, :] + np.where(buf[None, :] >= 0, shift[:, np.maximum(buf, 0)], 0)).reshape(-1)
@@ -191,7 +191,7 @@ def tile(program: list, ranks, shifts=None) -> list:
     out = []
     for st in program:
         skey = None if getattr(st, "skey", None) is None else ("tile", st.skey, key)
-        if isinstance(st, Step) and G * (len(st.t_src) + len(st.c_rank) + len(st.g_rank)) <= _EAGER_OPS:
+        if isinstance(st, GlobalStep) and G * (len(st.t_src) + len(st.c_rank) + len(st.g_rank)) <= _EAGER_OPS:
             new = _tile_full(st, ranks, shift)
             new.tkey = None if st.tkey is None else ("tile", st.tkey, key)
             new.skey = skey
@@ -203,8 +203,8 @@ def tile(program: list, ranks, shifts=None) -> list:
     return out
 
 
-def _rebuffer_full(st, frm: int, to: int, shift: int) -> Step:
-    new = Step()
+def _rebuffer_full(st, frm: int, to: int, shift: int) -> GlobalStep:
+    new = GlobalStep()
     for name in st.__slots__:
         if name not in ("cache", "tview"):
             setattr(new, name, getattr(st, name))
@@ -229,7 +229,7 @@ def rebuffered(program: list, frm: int, to: int, shift: int) -> list:
     area it accumulates in. Timing is unchanged (it never looks at buffers)."""
     out = []
     for st in program:
-        if isinstance(st, Step):
+        if isinstance(st, GlobalStep):
             new = _rebuffer_full(st, frm, to, shift)
             new.tview = st.tview
             out.append(new)
@@ -269,7 +269,7 @@ def spread(program: list, strides) -> list:
     out = []
     for st in program:
         st = st.full()
-        new = Step()
+        new = GlobalStep()
         if len(st.t_src):
             k = st.t_shi - st.t_slo
             counts = np.maximum(k, 1)

@@ -271,7 +271,7 @@ class Communicator(VariableSizeOps, PointToPointOps):
         """`with comm.group():` HcclGroupStart / HcclGroupEnd: the sends, receives and collectives
         issued inside it (on any communicator) are launched when the outermost group ends, each
         call returning a Pending for its result (hccl_sim.comm.group)."""
-        return group.Group(self)
+        return group.GroupedLaunch(self)
 
     def barrier(self, stream=None):
         """HcclBarrier; with `stream`, a Work (it enters at the stream's time, as a collective does)."""

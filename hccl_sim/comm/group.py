@@ -65,7 +65,7 @@ class _Held:
         self.p2p, self.collectives = [], []
 
 
-class Group:
+class GroupedLaunch:
     """The context manager `comm.group()` returns."""
 
     def __init__(self, comm):

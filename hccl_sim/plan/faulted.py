@@ -13,7 +13,7 @@ from topologies.errors import HcclError
 
 from ..faults.fault_plan import BoundFaults, FaultPlan
 from .costs import effective_cost
-from .replay import step_clock, step_starts
+from .event_replay import step_clock, step_starts
 
 
 def with_faults(topo, config, faults):

@@ -38,7 +38,7 @@ from ..faults.progress import NO_FAULTS, OpFaults
 from ..faults.retry import priced_with_retry
 from .costs import effective_cost, with_expansion
 from .loop_programs import loop_parts, op_overhead_ns, pods_of, program_of, servers_of
-from .replay import LOOPS_REPLAYED, replayed_exits, sends, trace_events
+from .event_replay import LOOPS_REPLAYED, replayed_exits, sends, trace_events
 from ..selection import Choice, Context, select
 
 

@@ -356,7 +356,7 @@ def cmd_topo(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    from . import replay
+    from . import trace_replay as replay
     trace, mesh = replay.load(args.trace), replay.parse_mesh(args.mesh)
     topo = _topology(args)
     print(replay.report(replay.replay(trace, topo, mesh), trace, topo))

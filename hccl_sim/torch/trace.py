@@ -1,5 +1,5 @@
 """A rank's communication as a trace `hccl-sim replay` prices on a bigger cluster
-(hccl_sim.tools.replay): the collectives the rank ran on each named group, in issue order.
+(hccl_sim.tools.trace_replay): the collectives the rank ran on each named group, in issue order.
 
 Each op gives its name, its size as nccl-tests counts it (the op's global bytes: the AllReduce
 buffer, the whole AllGather output, the whole ReduceScatter input, the whole AlltoAll send
@@ -15,7 +15,7 @@ import torch.distributed as dist
 from topologies.errors import HcclError
 
 from .. import canonical_op
-from ..tools.replay import FORMAT
+from ..tools.trace_replay import FORMAT
 
 
 def export_trace(path, groups: dict, since: dict | None = None) -> dict:

@@ -2,7 +2,7 @@
 world communicator is.
 
 The ranks of one process (ranks_per_process threads) first meet among themselves; the last to
-arrive runs one MPI allgather for the process (the hub's `ctl_allgather`, transports.mpi.rounds: MPI's
+arrive runs one MPI allgather for the process (the hub's `ctl_allgather`, transports.mpi.hub_allgather: MPI's
 Iallgather of fixed-size slots, polled against the deadline) and hands every rank its share. So
 an eager small op costs one MPI_Iallgather whatever the number of ranks per process.
 
@@ -21,7 +21,7 @@ import time
 
 from topologies.errors import Cause, HcclError
 
-from ..transports.mpi.rounds import SLOT_BYTES
+from ..transports.mpi.hub_allgather import SLOT_BYTES
 from .base import ControlPlane
 
 CALL, LEFT, FAILED, LOST = 0, 1, 2, 3

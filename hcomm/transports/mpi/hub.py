@@ -29,7 +29,7 @@ stops taking part while its process lives on: a LOST frame makes every endpoint 
 it for lost, as a dead peer's closed connection does on the socket transport.
 
 The world communicator's control allgather (`ctl_allgather`, on a second duplicate) and the
-waits' polling policy are hcomm.transports.mpi.rounds, which the hub inherits. A process that gave up on a
+waits' polling policy are hcomm.transports.mpi.hub_allgather, which the hub inherits. A process that gave up on a
 round (aborted) or called fewer than its peers (returned early) evens the count at `close`: the
 processes exchange how many they posted and how many frames each sent every other, post the
 missing rounds, and receive until every frame sent to them is in, so no request is left pending.
@@ -45,7 +45,7 @@ import numpy as np
 
 from topologies.errors import Cause, HcclError
 
-from .rounds import SLOT_BYTES, ControlRounds, _BUSY_S, _POLL_S, _oversubscribed, _pause, _tightened
+from .hub_allgather import SLOT_BYTES, ControlRounds, _BUSY_S, _POLL_S, _oversubscribed, _pause, _tightened
 from ..peer import json_plain as _plain, json_tuples as _tuples
 
 FRAME, PAYLOAD = 11, 12             # MPI tags on the hub's communicator
