@@ -145,8 +145,7 @@ def blocked_in(thread_id, where=("take", "wait_consumed")) -> bool:
 def waiting_ranks(watch) -> set:
     """The ranks an in-process transport's deadlock watch (hcomm.transports.inprocess.Watch) records
     as waiting: a rank is there from inside its wait loop until the wait ends."""
-    with watch._lock:
-        return set(watch._waiting)
+    return set(watch.waiting_ranks())
 
 
 # ---- processes and shared memory a test leaves behind ----------------------------------------------

@@ -47,6 +47,11 @@ class Watch:
         with self._lock:
             self._waiting[rank] = what
 
+    def waiting_ranks(self) -> dict:
+        """rank -> what it waits for, of the ranks inside a wait now."""
+        with self._lock:
+            return dict(self._waiting)
+
     def done(self, rank):
         with self._lock:
             self._waiting.pop(rank, None)
