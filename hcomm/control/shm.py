@@ -26,7 +26,7 @@ acquire load of each rank's sequence (so every payload is visible to it) and the
 word, so a waiter that finds the done word set by then needs one acquire load of it alone: each
 payload's release store reaches it through the completer's. Aborts, reasons and a rank's state are
 published the same way (the word that says so last, released). So it runs on weakly ordered
-machines (aarch64) as on x86-64; machines without a known futex number get E_NOT_SUPPORT
+machines (aarch64) as on TSO ones (amd64); machines without a known futex number get E_NOT_SUPPORT
 (hcomm.memory.shared_file.check_machine). One handle per process, used by one thread at a time.
 
 Use in an engine: the driver creates the block before it starts the ranks and closes it (which

@@ -2,12 +2,12 @@
 shared memory (a control block's sequences, a ring's head and tail, a rank's step words, doorbells).
 
 Why: a publisher writes data (a payload, a ring slot, a numpy slice), then a word that says it is
-there; a reader reads the word, then the data. x86-64 keeps stores in order and loads in order, so
-plain memoryview accesses sufficed there; aarch64 (Kunpeng) and POWER reorder both, and a reader
-could see the word before the data. So the word is written with a release store and read with an
+there; a reader reads the word, then the data. A TSO machine (amd64) keeps stores in order and
+loads in order, so plain memoryview accesses sufficed there; aarch64 (Kunpeng) and POWER reorder
+both, and a reader could see the word before the data. So the word is written with a release store and read with an
 acquire load: everything the writer did before the store is visible to a reader after the load.
 Python has no such accesses; the `atomics` package (patomic's lock-free ops, manylinux wheels for
-x86-64, aarch64, ppc64le) has them.
+amd64, aarch64, ppc64le) has them.
 
 Cost: `atomics`' own view objects wrap every call's result in a fresh cffi buffer (about 6 us a
 load, measured); the same ops called here straight from its op table cost one ctypes call (about
@@ -17,8 +17,8 @@ one acquire load, on the word that was seen to change, only when they act on it.
 
 `store_fenced` is for the two sides of a sleep protocol (a Dekker pattern: "I changed X, do you
 sleep?" against "I sleep, did X change?"): a sequentially consistent store followed by a
-sequentially consistent load of the same word, after which later loads cannot be performed before the store
-(ARMv8: stlr then ldar; x86-64: a locked store), so a waker that reads the sleepers' words next
+sequentially consistent load of the same word, after which later loads cannot be performed
+before the store (ARMv8: stlr then ldar; amd64: a locked store), so a waker that reads the sleepers' words next
 sees every sleeper whose futex compare could have missed its store.
 """
 from __future__ import annotations

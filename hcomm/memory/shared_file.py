@@ -26,7 +26,8 @@ FUTEX_WAIT, FUTEX_WAKE = 0, 1        # not FUTEX_PRIVATE: the words are shared b
 # Only little-endian machines: a futex compares the first 4 bytes of an 8-byte word, which are its
 # low half only there. Machines with an atomics wheel but left out: s390x (big-endian), i686 and
 # 32-bit Arm (32-bit userlands, never tried).
-MACHINES = {62: ("x86-64", 202), 183: ("aarch64", 98), 21: ("ppc64le", 221)}
+# Named as Debian names them (amd64 is uname's x86_64).
+MACHINES = {62: ("amd64", 202), 183: ("aarch64", 98), 21: ("ppc64le", 221)}
 
 
 def _elf_machine():
