@@ -123,9 +123,12 @@ class Mapping:
 
 
 def proc_start_time(pid: int):
-    """The process's start time in clock ticks (tells a live peer from a reused pid), None if gone."""
+    """The process's start time in clock ticks (tells a live peer from a reused pid), None if gone.
+
+    Read from its main thread's entry (task/<pid>), the same figure as /proc/<pid>/stat's: that one
+    qemu-user answers itself for its own process, with the calling thread's start time."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
+        with open(f"/proc/{pid}/task/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return None
