@@ -43,6 +43,10 @@ if [ ! -d "$ROOT/site/numpy" ]; then
         numpy networkx PyYAML ml_dtypes atomics cffi pytest pytest-timeout
 fi
 
+# qemu's -L serves a path from the root when it exists there: an empty $ROOT/dev/shm would hide the
+# host's /dev/shm from directory listings (segments are opened on the host's, but not listed)
+rm -rf "$ROOT/dev/shm"
+
 cat > "$ROOT/python" <<EOF
 #!/bin/sh
 exec qemu-aarch64-static -L "$ROOT" "$PY" "\$@"
@@ -57,6 +61,7 @@ EOF
 echo "arm64 python: $("$ROOT/python" -c 'import platform, sys; print(platform.machine(), sys.version.split()[0])')"
 export PYTHONPATH="$REPO:$ROOT/site"
 export PYTHONDONTWRITEBYTECODE=1          # leave no bytecode caches of a second interpreter in the checkout
+export HCCL_SIM_TEST_SLOWDOWN=${HCCL_SIM_TEST_SLOWDOWN:-10}     # tests scale their time bounds by it (tests/test_shm_control.py)
 TESTS=${*:-tests/test_shm_control.py tests/test_same_host.py tests/test_hosted.py tests/test_memory.py}
 # shellcheck disable=SC2086
 exec "$ROOT/python" -m pytest -p no:cacheprovider -q $TESTS
