@@ -20,10 +20,14 @@ a missing rank closed its handle (E_PARA) or its process is gone (E_REMOTE). An 
 also changes the done words (a high bit), so no waiter sleeps through it; a dead process cannot,
 so a blocked waiter polls its missing peers' liveness.
 
-Ordering: a publisher writes payload, then sequence; readers read in the reverse order.
-That is safe on x86-64 (stores are not reordered with stores, loads not with loads); other
-architectures would need fences Python cannot issue, so `create` refuses them (E_NOT_SUPPORT).
-One handle per process, used by one thread at a time.
+Ordering (hcomm.memory.ordered): a publisher writes its payload, then its sequence with a release
+store. Waiters poll the sequences with plain loads; the first to see every rank arrived makes one
+acquire load of each rank's sequence (so every payload is visible to it) and then stores the done
+word, so a waiter that finds the done word set by then needs one acquire load of it alone: each
+payload's release store reaches it through the completer's. Aborts, reasons and a rank's state are
+published the same way (the word that says so last, released). So it runs on weakly ordered
+machines (aarch64) as on TSO ones (amd64); machines without a known futex number get E_NOT_SUPPORT
+(hcomm.memory.shared_file.check_machine). One handle per process, used by one thread at a time.
 
 Use in an engine: the driver creates the block before it starts the ranks and closes it (which
 unlinks it) at shutdown; shm.cleanup(session) removes it too, shm.sweep_orphans() once the driver
@@ -37,16 +41,17 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
 import time
 
 from topologies.errors import HCCL_RESULT, Cause, HcclError
 
 from ..memory import segments as shm
-from .base import ControlPlane
+from ..memory.ordered import Words as _Words
 from ..memory.shared_file import FUTEX_WAIT as _FUTEX_WAIT, FUTEX_WAKE as _FUTEX_WAKE, SYS_FUTEX as _SYS_FUTEX
+from ..memory.shared_file import check_machine as _check_machine
 from ..memory.shared_file import L as _L, Mapping as _Mapping, Timespec as _Timespec, futex_call as _syscall
 from ..memory.shared_file import proc_start_time as _proc_start_time
+from .base import ControlPlane
 
 DEFAULT_SLOT_BYTES = 4096
 MAGIC = 0x6863636c63746c31          # "hcclctl1"
@@ -78,7 +83,8 @@ class ControlBlock:
     def __init__(self, seg, session: str, rank, owner: bool):
         self._seg, self.session, self.rank, self._owner = seg, session, rank, owner
         self._q = seg.buf.cast("q")
-        magic = self._q[_W_MAGIC]
+        self._w = _Words(seg.buf)          # the ordered accesses (module docstring: Ordering)
+        magic = self._w.load(_W_MAGIC)     # acquire: the header written before it
         if magic != MAGIC:
             self._q.release()
             seg.close()
@@ -88,9 +94,7 @@ class ControlBlock:
         self.size, self.slot_bytes = int(self._q[_W_SIZE]), int(self._q[_W_SLOT])
         self._stride = (8 + self.slot_bytes + 63) // 64 * 64
         self._slots = _HEADER + (self.size + 1) * _RECORD
-        probe = ctypes.c_char.from_buffer(seg.buf)
-        self._base = ctypes.addressof(probe)     # the mapping's address, for futex calls
-        del probe                                 # an export would keep the segment from closing
+        self._base = self._w.base                 # the mapping's address, for futex calls
         self._ts = _Timespec()
         self._seq_at = [self._rec(j) + _R_SEQ for j in range(self.size)]
         # every rank's _R_SLEEP word (the seq + 1 it sleeps for, 0 when awake) as one strided view
@@ -118,9 +122,7 @@ class ControlBlock:
     @classmethod
     def create(cls, session: str, size: int, slot_bytes: int = DEFAULT_SLOT_BYTES) -> "ControlBlock":
         """Create the session's segment (E_PARA if it exists). The creator's handle unlinks it on close."""
-        if _SYS_FUTEX is None:
-            raise HcclError("E_NOT_SUPPORT", f"the shared-memory control plane needs x86-64 memory ordering "
-                                             f"(this is {platform.machine()}); use the hub")
+        _check_machine()
         for what, v, lo in (("size", size, 1), ("slot_bytes", slot_bytes, 0)):
             if isinstance(v, bool) or not isinstance(v, int) or v < lo or v > 1 << 30:
                 raise HcclError("E_PARA", f"control block {what} {v!r}: expected an integer from {lo} to 2**30")
@@ -130,8 +132,9 @@ class ControlBlock:
         except FileExistsError:
             raise HcclError("E_PARA", f"session {session!r} already has a control block") from None
         q = seg.buf.cast("q")
-        q[_W_SIZE], q[_W_SLOT], q[_W_MAGIC] = size, slot_bytes, MAGIC
+        q[_W_SIZE], q[_W_SLOT] = size, slot_bytes
         q.release()
+        _Words(seg.buf).store(_W_MAGIC, MAGIC)      # release: the header before it
         return cls(seg, session, None, owner=True)
 
     @classmethod
@@ -163,14 +166,14 @@ class ControlBlock:
             block.close()
             raise HcclError("E_PARA", f"rank {rank} is already attached by live process {q[r + _R_PID]}", rank=rank)
         q[r + _R_PID], q[r + _R_START] = os.getpid(), _proc_start_time(os.getpid())
-        q[r + _R_STATE] = _ATTACHED
+        block._w.store(r + _R_STATE, _ATTACHED)     # release: the pid and start time before it
         return block
 
     def leave(self):
         """This rank makes no more calls this run (it returned): peers waiting for it get E_PARA at
         once. The handle stays attached; the creator's reset() brings the rank back for a new run."""
         if self.rank is not None and not self._closed:
-            self._q[self._rec(self.rank) + _R_STATE] = _LEFT
+            self._w.store(self._rec(self.rank) + _R_STATE, _LEFT)
             self._break()
 
     def close(self):
@@ -180,8 +183,7 @@ class ControlBlock:
             return
         self._closed = True
         if self.rank is not None:
-            r = self._rec(self.rank)
-            self._q[r + _R_STATE] = _CLOSED
+            self._w.store(self._rec(self.rank) + _R_STATE, _CLOSED)
             self._break()
         self._release()
         if self._owner:
@@ -231,12 +233,12 @@ class ControlBlock:
         q = self._q
         q[r + _R_RLEN], q[r + _R_ASEQ], q[r + _R_CODE] = len(raw), seq, HCCL_RESULT[code]
         if q[_W_ABORT] == 0:               # the first abort is the one reported
-            q[_W_ABORT] = who + 1
+            self._w.store(_W_ABORT, who + 1)    # release: its record before it
         self._break()
 
     def abort_error(self):
         """The session's abort as an HcclError for this rank, or None."""
-        who = self._q[_W_ABORT]
+        who = self._w.load(_W_ABORT)      # acquire: the aborter's record is visible
         if not who:
             return None
         r = self._rec(who - 1)
@@ -273,7 +275,7 @@ class ControlBlock:
         q[off >> 3] = n
         buf[off + 8:off + 8 + n] = payload
         target = seq + 1
-        q[r + _R_SEQ] = target
+        self._w.store(r + _R_SEQ, target)          # release: the payload before it
         self._wait(target, deadline, seq, op)
         out = []
         for j in range(self.size):
@@ -343,15 +345,24 @@ class ControlBlock:
             q[sleep_at] = 0
 
     def _announce_done(self, target, done_at):
-        """Every rank has published seq: mark it done and wake ranks that sleep for it (one syscall).
+        """Every rank has published seq: make their payloads visible here, mark it done and wake
+        ranks that sleep for it (one syscall).
 
-        A sleeper writes its _R_SLEEP word before its last look at the sequences, and the completer
-        writes the sequence before reading _R_SLEEP words, so one of them sees the other; should a
-        store still sit in a store buffer, the kernel's compare of the done word catches it, and
-        failing even that the sleeper wakes after BLOCK_SLICE_S."""
-        q = self._q
-        if q[done_at] != target & _MASK:
-            q[done_at] = target & _MASK
+        Visibility (module docstring: Ordering): the done word already set (acquire) carries every
+        payload through its completer; else this rank completes: an acquire load of each rank's
+        sequence, then the done word (released to later readers).
+        Wake-ups: a sleeper writes its _R_SLEEP word, and the kernel's futex wait compares the done
+        word after a full barrier; the completer stores the done word before reading _R_SLEEP words,
+        its later loads held behind the store (`store_fenced`). So either the sleeper's compare sees
+        the new done word or the completer sees the sleeper (failing both, it would wake after
+        BLOCK_SLICE_S)."""
+        w = self._w
+        if w.load(done_at) != target & _MASK:
+            mine = self._seq_at[self.rank]
+            for at in self._seq_at:
+                if at != mine:
+                    w.load(at)
+            w.store_fenced(done_at, target & _MASK)
         if target in self._sleepers.tolist():
             _syscall(*self._wake_args[done_at - _W_DONE])
 
@@ -362,7 +373,8 @@ class ControlBlock:
             r = self._rec(k)
             if q[r + _R_SEQ] >= target:
                 continue
-            state, pid = q[r + _R_STATE], q[r + _R_PID]
+            state = self._w.load(r + _R_STATE)     # acquire: the pid and start time written before it
+            pid = q[r + _R_PID]
             if state in (_CLOSED, _LEFT):
                 raise HcclError("E_PARA", f"collective #{self._call(seq)}: rank {self._who(k)} returned without "
                                           f"calling it (ranks made different sequences of collective calls)",
@@ -381,7 +393,7 @@ class ControlBlock:
     def _break(self):
         """Change both done words and wake every sleeper, so none sleeps through an abort or close."""
         for i in (0, 1):
-            self._q[_W_DONE + i] = self._q[_W_DONE + i] | _BROKEN
+            self._w.store(_W_DONE + i, self._q[_W_DONE + i] | _BROKEN)    # release: the state or abort before it
             _syscall(*self._wake_args[i])
 
     def status(self) -> list:

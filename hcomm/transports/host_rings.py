@@ -23,27 +23,32 @@ it is (the step whose sends it exposes, the step whose receives it has finished)
 buffers lie for the op (its places, stamped with the op); peers read those words through their
 mapping of its segment, and the publisher rings the doorbells of the peers that wait on it.
 
-Ordering: a slot is written before its head, and read after it; x86-64 keeps stores in order and
-loads in order, as the control block (hcomm.control.shm) relies on too. A store and a later load
-may pass each other, though: a producer's doorbell store and its look at the sleepers word are
-parted by its ring lock's release, a consumer's sleepers store and its futex compare by its
-transport lock's release (both atomic instructions, full fences on x86-64), so a producer that
-finds no sleeper wrote its doorbell before the sleeper's compare.
+Ordering (hcomm.memory.ordered, so that weakly ordered machines such as aarch64 run it as
+store-ordered (TSO) ones do): a word that says data is there is stored with release after the data and loaded with
+acquire before it: a ring's head after its slot, its tail after the slot was read (the producer
+reuses it), a step word after the slices it exposes or read, the places stamp after the record,
+the segment's magic after its header. The doorbell is stored after the head (release) and loaded
+with acquire before the rings are read, so a consumer that read an old bell reads at least the
+heads that bell stood for. Waking is a store against a later load on each side: a producer's
+doorbell store is `store_fenced`, so its look at the sleepers word that follows cannot pass it, and
+a consumer's sleepers store is parted from its futex compare by the kernel's full barrier in the
+futex wait; so a producer that finds no sleeper stored its doorbell before the sleeper's compare.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import struct
 import threading
 
+from ..memory.ordered import Words
 from ..memory.shared_file import Futex, Mapping, proc_start_time
 
 MAGIC = 0x68636f6d72696e67          # "hcomring"
 SLOTS = 64                           # records in flight per ordered pair (a step posts a few)
 SLOT_BYTES = 512                     # a record at most, with its length; longer ones go by TCP
 _HEADER = 192                        # magic, producers; the doorbell on a line of its own; the step words
-_BELL = 64
+_BELL = 64                           # a 4-byte futex word, the low half of word 8 (bytes 68-71 unused)
+_BELL_W = _BELL >> 3
 _SLEEPERS_W = 9                      # word index (byte 72): the consumer's threads asleep on the doorbell
 _ACK_SLEEPERS_W = 10                 # (byte 80): those of them waiting for an acknowledgement
 POSTED_W, TAKEN_W = 16, 17           # (bytes 128, 136) the owner's step words: sends exposed, receives done
@@ -67,21 +72,18 @@ def _pid_namespace() -> int:
 
 class _Ring:
     """This rank's end of one ring: the producer's view of a peer's segment, or the consumer's own."""
-    __slots__ = ("mapping", "q", "base", "head", "tail", "bell", "futex", "lock")
+    __slots__ = ("mapping", "q", "w", "base", "head", "tail", "futex", "lock")
 
     def __init__(self, mapping, index):
         self.mapping = mapping
-        self.q = mapping.buf.cast("q")
+        self.q = mapping.buf.cast("q")        # plain loads: polls, and words only this rank writes
+        self.w = Words(mapping.buf)           # ordered ones (module docstring: Ordering)
         self.base = _HEADER + index * _RING
         self.head, self.tail = self.base >> 3, (self.base + 64) >> 3
-        self.bell = mapping.buf[_BELL:_BELL + 4].cast("I")
-        probe = ctypes.c_char.from_buffer(mapping.buf)
-        self.futex = Futex(ctypes.addressof(probe) + _BELL)
-        del probe                            # an export would keep the mapping from closing
+        self.futex = Futex(self.w.base + _BELL)
         self.lock = threading.Lock()
 
     def close(self):
-        self.bell.release()
         self.q.release()
         self.mapping.close()
 
@@ -101,7 +103,9 @@ class HostRings:
         self._own_q = self._own.buf.cast("q")
         self._own_q[_PID_W], self._own_q[_START_W] = os.getpid(), proc_start_time(os.getpid()) or 0
         self._own_q[_PIDNS_W] = self._pidns = _pid_namespace()
-        self._own_q[1], self._own_q[0] = len(self.ranks), MAGIC
+        self._own_q[1] = len(self.ranks)
+        self._own_w = Words(self._own.buf)
+        self._own_w.store(0, MAGIC)           # release: the header before it
         self._rings = [_Ring(self._own, i) for i in range(len(self.ranks))]   # the consumer's: one per producer
         self._tails = [0] * len(self.ranks)
         self._me_ring = self._rings[self.index[me]]
@@ -125,21 +129,22 @@ class HostRings:
         q = ring.q
         with ring.lock:
             h = q[ring.head]
-            if h - q[ring.tail] >= SLOTS:
+            if h - ring.w.load(ring.tail) >= SLOTS:       # acquire: the consumer read the slot it freed
                 return False
             at = ring.base + _RING_HEAD + (h % SLOTS) * SLOT_BYTES
             buf = ring.mapping.buf
             _LEN.pack_into(buf, at, n)
             buf[at + _LEN.size:at + _LEN.size + n] = record
-            q[ring.head] = h + 1
+            ring.w.store(ring.head, h + 1)                # release: the slot before it
             self._ring(ring)
         if q[_ACK_SLEEPERS_W if ack else _SLEEPERS_W]:      # after the lock's release: the module docstring
             ring.futex.wake()
         return True
 
     def _ring(self, ring) -> None:
+        """Store a new doorbell value: after what it announces, before the look at the sleepers."""
         self._count += 1
-        ring.bell[0] = ((self._count & 0x3FFFFFF) << 6 | self.index[self.me] & 0x3F) & 0xFFFFFFFF
+        ring.w.store_fenced(_BELL_W, ((self._count & 0x3FFFFFF) << 6 | self.index[self.me] & 0x3F) & 0xFFFFFFFF)
 
     def _attach(self, dst):
         """This rank's ring in `dst`'s segment, mapped once; None while `dst` has not made it."""
@@ -151,9 +156,7 @@ class HostRings:
                 mapping = Mapping(self.name_of(dst), header_bytes=_HEADER)
             except FileNotFoundError:
                 return None
-            q = mapping.buf.cast("q")
-            ready = q[0] == MAGIC
-            q.release()
+            ready = Words(mapping.buf).load(0) == MAGIC     # acquire: the header written before it
             if not ready:
                 mapping.close()
                 return None
@@ -173,13 +176,15 @@ class HostRings:
 
     # ---- step words (hcomm.exec.hosted) ------------------------------------------------------------
     def publish(self, word: int, value: int) -> None:
-        """Set this rank's step word (POSTED_W, TAKEN_W) to `value`."""
-        self._own_q[word] = value
+        """Set this rank's step word (POSTED_W, TAKEN_W) to `value`: a release store, after the
+        slices it exposes or has read."""
+        self._own_w.store(word, value)
 
     def word_of(self, peer: int, word: int) -> int:
-        """`peer`'s step word as it is now (0 while its segment is not there)."""
+        """`peer`'s step word as it is now (0 while its segment is not there): an acquire load, so
+        what `peer` did before storing it is visible."""
         ring = self._out.get(peer) or self._attach(peer)
-        return 0 if ring is None else ring.q[word]
+        return 0 if ring is None else ring.w.load(word)
 
     def gone(self, peer: int):
         """Why `peer`'s process is known to be gone (its segment names a process that is not
@@ -201,7 +206,7 @@ class HostRings:
         q, at = self._own_q, self._places_at
         self._own.buf[at:at + n] = record
         q[_PLACES_LEN_W] = n
-        q[_PLACES_W] = stamp
+        self._own_w.store(_PLACES_W, stamp)           # release: the record and its length before it
         return True
 
     def places_stamp(self, peer: int) -> int:
@@ -224,8 +229,8 @@ class HostRings:
 
     # ---- consuming -----------------------------------------------------------------------------
     def bell(self) -> int:
-        """The doorbell as it is now: read before `drain`, handed to `sleep`."""
-        return self._me_ring.bell[0]
+        """The doorbell as it is now: read (acquire) before `drain`, handed to `sleep`."""
+        return self._me_ring.w.load(_BELL_W) & 0xFFFFFFFF
 
     def drain(self) -> list:
         """Every record sent to this rank since the last drain, as (src, record), in each sender's
@@ -234,9 +239,10 @@ class HostRings:
         buf, tails = self._own.buf, self._tails
         for i, ring in enumerate(self._rings):
             q = ring.q
-            h, t = q[ring.head], tails[i]
-            if h == t:
+            t = tails[i]
+            if q[ring.head] == t:                 # a plain poll; the acquire load once it moved
                 continue
+            h = ring.w.load(ring.head)
             src = self.ranks[i]
             while t < h:
                 at = ring.base + _RING_HEAD + (t % SLOTS) * SLOT_BYTES
@@ -244,7 +250,7 @@ class HostRings:
                 got.append((src, bytes(buf[at + _LEN.size:at + _LEN.size + n])))
                 t += 1
             tails[i] = t
-            q[ring.tail] = t
+            ring.w.store(ring.tail, t)            # release: the slots read before the producer reuses them
         return got
 
     def asleep(self, delta: int, for_acks: bool = False) -> None:
@@ -269,7 +275,6 @@ class HostRings:
         self._out.clear()
         for ring in self._rings:
             ring.q.release()
-            ring.bell.release()
         self._own_q.release()
         self._own.close()
         try:

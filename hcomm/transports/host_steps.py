@@ -21,6 +21,12 @@ its segments publishes an empty record: its peers then take its slices as messag
 Changing a word rings the doorbells of the peers that wait on it (`post`, `took`); they read the
 words in their wait's readiness check (PeerEndpoint.wait_for), so the wake-up protocol of the rings
 (bell read, check, sleep while the bell holds) covers the words too.
+
+Ordering: a word is stored with release after the slices it speaks of were exposed or read, and
+loaded with acquire (HostRings.publish, word_of): a receiver that sees POSTED reach a step sees
+the sender's slices as they were written, and a sender that sees TAKEN reach it writes them again
+only after its receivers' reads. On a TSO machine (amd64) this is what plain stores already did; on aarch64 it is
+what keeps a reader from seeing the word before the data.
 """
 from __future__ import annotations
 
