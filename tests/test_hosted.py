@@ -16,7 +16,7 @@ from hcomm.exec.hosted import run_hosted
 from topologies.errors import Cause, HcclError
 from topologies.presets import hardware
 
-from conftest import SocketHosts, ranks_as_threads
+from conftest import SocketHosts, ranks_as_threads, wait_until
 
 pytestmark = [pytest.mark.local, pytest.mark.timeout(180), pytest.mark.usefixtures("no_transport_leaks")]
 
@@ -170,7 +170,7 @@ def test_an_abort_wakes_a_rank_asleep_on_a_peers_words():
     t = threading.Thread(target=rank0)
     try:
         t.start()
-        time.sleep(0.5)
+        wait_until(lambda: hosts.tr[0].asleep_on_doorbell() > 0, "rank 0 asleep on its doorbell")
         at = time.monotonic()
         hosts.tr[0].abort("E_INTERNAL", "test abort")
         t.join(10)
@@ -213,7 +213,7 @@ def test_a_host_peer_whose_process_dies_is_found_by_its_pid():
                 got.append((exc, time.monotonic()))
         t = threading.Thread(target=rank0)
         t.start()
-        time.sleep(0.5)
+        wait_until(lambda: tr.asleep_on_doorbell() > 0, "rank 0 asleep on its doorbell, waiting for rank 1")
         at = time.monotonic()
         proc.kill()
         t.join(20)

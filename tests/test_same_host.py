@@ -15,7 +15,7 @@ from hcomm.transports.host_rings import SLOTS
 from hcomm.transports.socket import SocketTransport
 from topologies.errors import HcclError
 
-from conftest import SocketHosts as Host, ranks_as_threads
+from conftest import SocketHosts as Host, ranks_as_threads, wait_until
 from transport_cases import CASES, case_buffers, case_expected, case_steps
 
 pytestmark = [pytest.mark.local, pytest.mark.timeout(120), pytest.mark.usefixtures("no_transport_leaks")]
@@ -80,7 +80,7 @@ def test_a_waiting_rank_hears_tcp_frames_and_aborts_while_asleep_on_its_doorbell
         got = []
         t = threading.Thread(target=lambda: got.append(tr0.take(2, 0, "x", time.monotonic() + 20)))
         t.start()
-        time.sleep(0.3)
+        wait_until(lambda: tr0.asleep_on_doorbell() > 0, "rank 0 asleep on its doorbell")
         t0 = time.monotonic()
         h = tr2.post_view(2, 0, "x", np.arange(5))
         t.join(10)
@@ -96,7 +96,7 @@ def test_a_waiting_rank_hears_tcp_frames_and_aborts_while_asleep_on_its_doorbell
                 errors.append(exc)
         t = threading.Thread(target=wait)
         t.start()
-        time.sleep(0.3)
+        wait_until(lambda: tr0.asleep_on_doorbell() > 0, "rank 0 asleep on its doorbell")
         tr0.abort("E_REMOTE", "told to stop")
         t.join(10)
         assert errors and errors[0].code == "E_REMOTE" and "told to stop" in errors[0].reason

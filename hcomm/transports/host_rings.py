@@ -253,6 +253,10 @@ class HostRings:
             ring.w.store(ring.tail, t)            # release: the slots read before the producer reuses them
         return got
 
+    def sleepers(self) -> int:
+        """How many threads of this rank are asleep on its doorbell (counted as they go to sleep)."""
+        return self._me_ring.q[_SLEEPERS_W]
+
     def asleep(self, delta: int, for_acks: bool = False) -> None:
         """A thread of this rank is going to sleep (+1) or woke (-1), waiting for an
         acknowledgement or not: under the caller's lock, released between the two (the fence the

@@ -110,6 +110,12 @@ class SocketTransport(PeerEndpoint):
                                           f"ranks {missing} never connected to this rank")
                 self._links_cond.wait(min(POLL_S, left))
 
+    def asleep_on_doorbell(self) -> int:
+        """How many threads of this rank sleep on its same-host doorbell now (0 without host peers):
+        what a caller that is about to wake them can wait for."""
+        host = self._host
+        return 0 if host is None else host.rings.sleepers()
+
     def share_host(self, memory, ranks) -> None:
         """Send `ranks` (peers on this host) the places of slices that lie in `memory`'s segments
         (a SegmentProvider: `where`, `peer_view`, `session`), and read theirs in place; places and
