@@ -21,7 +21,7 @@ import numpy as np
 import topologies
 from topologies import Topology
 from topologies.errors import HCCL_RESULT, Cause, HcclError
-from topologies.validate import integer, is_integer
+from topologies.validate import is_integer
 
 from . import collectives
 from .comm.communicator import Communicator, OpRecord
@@ -287,12 +287,7 @@ def simulate(op: str, nbytes: int | None = None, topology=None, algo: str | None
     itemsize = numpy_dtype(dname).itemsize
     p = topo.num_ranks
     coll = collectives.get(name)
-    if coll.variable or counts is not None:
-        return _simulate_variable(coll, nbytes, counts, topo, algo, dname, itemsize, env, trace, policy, faults, redop)
-    nbytes = integer(nbytes, "nbytes", 0, where="simulate")
-    problem = coll.priced_ranks_problem(p)
-    if problem:
-        raise HcclError("E_PARA", f"simulate {name}: {problem}")
+    shape, v, count = coll.simulated_size(nbytes, counts, p, itemsize)      # E_PARA on a bad size
     # the root is checked as the Communicator checks it (Collective.checked_root), for every rooted op
     if coll.rooted:
         root = coll.checked_root(root, p, where=f"simulate {name}")
@@ -303,10 +298,8 @@ def simulate(op: str, nbytes: int | None = None, topology=None, algo: str | None
                         f"got {algo!r} ({type(algo).__name__})")
     if not isinstance(trace, (bool, np.bool_)):
         raise HcclError("E_PARA", f"simulate: trace must be True or False, got {trace!r}")
-    count = coll.count_for_bytes(nbytes, p, itemsize)
-    shape = coll.input_shape_for_bytes(nbytes, p, itemsize)
     red = parse_reduce_op(redop).value if coll.reducing else None
-    sig = Signature(name, shape, dname, red, root if coll.rooted else None, algo)
+    sig = Signature(name, shape, dname, red, root if coll.rooted else None, algo, False, v)
     config = with_faults(topo, Config.from_env(env, policy), faults)
     entry = [0] * p if config.faults is None else [config.faults.straggle_ns(r, 0) for r in range(p)]
     now = None if config.faults is None else FaultProgress(config.faults).before()   # the job's first op
@@ -316,47 +309,7 @@ def simulate(op: str, nbytes: int | None = None, topology=None, algo: str | None
         if crash is not None:       # what the survivors get (the dead rank's own end is its crash)
             survivor = next(r for r in range(p) if r != crash[0]) if p > 1 else crash[0]
             raise config.faults.lost_error(crash, plan, config, survivor, name)[1]
+    count = plan.nbytes // itemsize if count is None else count
     est = Estimate(name, count * itemsize, count, dname, plan.algo, p,
-                   tuple((e - s) / 1e9 for s, e in zip(plan.entry, plan.exits)), plan.retries, plan.notes)
-    return (est, plan) if trace else est
-
-
-def _simulate_variable(coll, nbytes, counts, topo, algo, dname, itemsize, env, trace, policy, faults, redop):
-    """simulate() of a variable-size op from its counts (elements)."""
-    p = topo.num_ranks
-    if not coll.variable:
-        raise HcclError("E_PARA", f"simulate {coll.name}: counts= is for the variable-size ops "
-                        f"({', '.join(collectives.VARIABLE)}); give nbytes")
-    if p > MAX_ALLTOALL_RANKS:
-        raise HcclError("E_PARA", f"simulate {coll.name}: {p} ranks are over the limit of {MAX_ALLTOALL_RANKS} "
-                        "(hccl_sim.MAX_ALLTOALL_RANKS): its blocks are held as a p x p count matrix")
-    if nbytes is not None:
-        raise HcclError("E_PARA", f"simulate {coll.name}: give counts= (elements), not nbytes")
-    shape, what = ((p, p), f"a {p} x {p} matrix of non-negative integers (elements rank i sends to rank j)") \
-        if coll.counts_ndim == 2 else ((p,), f"{p} non-negative integers (elements of each rank's block)")
-    try:
-        matrix = np.asarray(counts)
-        ok = matrix.shape == shape and matrix.dtype.kind in "iu" and not (matrix < 0).any()
-    except (TypeError, ValueError):      # ragged or not numbers: said below
-        ok = False
-    if not ok:
-        raise HcclError("E_PARA", f"simulate {coll.name}: counts must be {what}, got {counts!r}")
-    if algo is not None and not isinstance(algo, str):
-        raise HcclError("E_PARA", f"simulate: algo must be a string (an HCCL token or HCCL_ALGO string), "
-                        f"got {algo!r} ({type(algo).__name__})")
-    if not isinstance(trace, (bool, np.bool_)):
-        raise HcclError("E_PARA", f"simulate: trace must be True or False, got {trace!r}")
-    red = parse_reduce_op(redop).value if coll.reducing else None
-    sig = Signature(coll.name, (), dname, red, None, algo, False, coll.vcounts_of(matrix.astype(np.int64)))
-    config = with_faults(topo, Config.from_env(env, policy), faults)
-    entry = [0] * p if config.faults is None else [config.faults.straggle_ns(r, 0) for r in range(p)]
-    now = None if config.faults is None else FaultProgress(config.faults).before()
-    plan = make_plan(sig, topo, config, entry, itemsize, trace=trace, faults_now=now)
-    if config.faults is not None and config.faults.crashes:
-        crash = crash_in(config.faults, plan, 0, topo, config)
-        if crash is not None:
-            survivor = next(r for r in range(p) if r != crash[0]) if p > 1 else crash[0]
-            raise config.faults.lost_error(crash, plan, config, survivor, coll.name)[1]
-    est = Estimate(coll.name, plan.nbytes, plan.nbytes // itemsize, dname, plan.algo, p,
                    tuple((e - s) / 1e9 for s, e in zip(plan.entry, plan.exits)), plan.retries, plan.notes)
     return (est, plan) if trace else est

@@ -63,6 +63,26 @@ class Loops:
         a = i * self.cap
         return a, min(a + self.cap, self.per)
 
+    # ---- how the planner keys, builds and prices the loops' programs --------------------------
+    closed_form = True
+    """Every full loop runs one program: full loops are priced in closed form once they repeat."""
+
+    def key(self, a: int, b: int):
+        """The key of loop [a, b)'s program: its length (equal loops run one program)."""
+        return b - a
+
+    def uses(self) -> list:
+        """(program key, how many loops run it), in loop order."""
+        return [(n, k) for n, k in ((self.cap, self.full), (self.tail, 1)) if n and k]
+
+    def build_args(self, key) -> tuple:
+        """(length, variable-size part) of the program `key` names: here the length alone."""
+        return key, None
+
+    def no_programs(self) -> dict:
+        """The programs of an op of no loops."""
+        return {}
+
 
 class Collective:
     """Base of every collective. Subclasses set the class attributes and override what differs."""
@@ -170,6 +190,29 @@ class Collective:
         """The collective whose selection (and HCCL_ALGO setting) this one follows: its own, or
         HCCL's parser's choice for a variant (AlltoAllV follows `alltoall`)."""
         return self.selects_as or self.name
+
+    # ---- what the rendezvous and the planner ask of a call ---------------------------------------
+    def merged_signatures(self, signatures: list) -> list:
+        """Every rank's signature as the op is planned (the rendezvous asks): as they are, for a
+        collective whose calls carry nothing of their own (a variable-size op merges its rows)."""
+        return signatures
+
+    def describe_counts(self, sig) -> list:
+        """What a call's description adds about its counts (none here)."""
+        return []
+
+    def simulated_size(self, nbytes, counts, p: int, itemsize: int) -> tuple:
+        """(input shape, variable-size counts or None, the Estimate's element count or None: the
+        plan's bytes) of hccl_sim.simulate(op, nbytes, counts=...): a size in bytes here; E_PARA
+        naming what is wrong."""
+        if counts is not None:
+            raise HcclError("E_PARA", f"simulate {self.name}: counts= is for the variable-size ops (alltoallv, "
+                            "alltoallvc, allgatherv, reducescatterv); give nbytes")
+        nbytes = integer(nbytes, "nbytes", 0, where="simulate")
+        problem = self.priced_ranks_problem(p)
+        if problem:
+            raise HcclError("E_PARA", f"simulate {self.name}: {problem}")
+        return self.input_shape_for_bytes(nbytes, p, itemsize), None, self.count_for_bytes(nbytes, p, itemsize)
 
     # ---- how one loop's program is built (hccl_sim.plan.loop_programs asks; the algorithms build) --
     def program(self, choice, view, length: int, unit: int, root: int) -> list:

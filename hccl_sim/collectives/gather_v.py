@@ -26,7 +26,7 @@ from hcomm.program import StepBuilder
 from .base import Loops
 from ..algorithms import hierarchy, registry, uneven
 from . import verifiable as vf
-from .variable import AllToAllV, VCounts, exclusive_sums
+from .variable import AllToAllV, PerLoop, VCounts, exclusive_sums
 
 # HCCL's slice alignments (alg_template_base_pub.h): CCL-buffer loops are cut at multiples of these
 HCCL_MIN_SLICE_ALIGN = 128                # bytes; the shared (multi-server) CCL buffer
@@ -136,8 +136,10 @@ class _OneCountPerBlock(AllToAllV):
     def loops_of(self, sig, p, itemsize, buffsize, modules: int = 1):
         counts = self.block_counts(sig.v)
         if modules > 1:
-            return shared_levels(counts, max(1, buffsize // HCCL_MIN_SLICE_ALIGN * HCCL_MIN_SLICE_ALIGN // itemsize))
-        return Loops(int(counts.max(initial=0)), max(1, self.one_server_loop_bytes(buffsize) // itemsize))
+            return PerLoop(shared_levels(counts, max(1, buffsize // HCCL_MIN_SLICE_ALIGN * HCCL_MIN_SLICE_ALIGN
+                                                     // itemsize)), sig.v)
+        return PerLoop(Loops(int(counts.max(initial=0)), max(1, self.one_server_loop_bytes(buffsize) // itemsize)),
+                       sig.v)
 
     def one_server_loop_bytes(self, buffsize: int) -> int:
         return buffsize // HCCL_MIN_SLICE_ALIGN * HCCL_MIN_SLICE_ALIGN

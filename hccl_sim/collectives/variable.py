@@ -15,6 +15,8 @@ its length.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from hcomm.program import SCRATCH
@@ -22,7 +24,7 @@ from topologies.errors import Cause, HcclError
 
 from .base import Collective, Loops
 from ..algorithms import grouped_mesh, hierarchy, mesh, pairwise
-from .fixed import AllToAll
+from .fixed import MAX_ALLTOALL_RANKS, AllToAll
 from . import verifiable as vf
 
 _I64 = np.int64
@@ -169,6 +171,54 @@ def _scratch_end(program) -> int:
     return end
 
 
+class PerLoop:
+    """A variable-size op's loops (`loops`: Loops, or gather_v.LoopRanges of unequal lengths):
+    each loop's program depends on where it starts (which rows of every block it moves), so each
+    is keyed by its range, built with the op's counts `v`, and priced one by one (no closed form).
+    Iterates, indexes and measures as its loops do."""
+    __slots__ = ("loops", "v")
+    closed_form = False
+
+    def __init__(self, loops, v):
+        self.loops, self.v = loops, v
+
+    def __len__(self) -> int:
+        return len(self.loops)
+
+    def __iter__(self):
+        return iter(self.loops)
+
+    def __getitem__(self, i: int):
+        return self.loops[i]
+
+    def __eq__(self, other):
+        return isinstance(other, PerLoop) and other.loops == self.loops
+
+    def __hash__(self):
+        return hash(self.loops)
+
+    def __repr__(self):
+        return f"PerLoop({self.loops!r})"
+
+    per = property(lambda self: self.loops.per)
+    extent = property(lambda self: self.loops.extent)
+    cap = property(lambda self: self.loops.cap)
+    full = tail = 0
+
+    def key(self, a: int, b: int):
+        return (a, b)
+
+    def uses(self) -> list:
+        return [((a, b), 1) for a, b in self.loops]
+
+    def build_args(self, key) -> tuple:
+        a, b = key
+        return b - a, (self.v, a)
+
+    def no_programs(self) -> dict:
+        return {(0, 0): []}
+
+
 class AllToAllV(Collective):
     """HcclAlltoAllV: rank i sends send_counts[j] rows, from send_displs[j], to rank j, which
     receives them at its recv_displs[i]. The result holds the received rows in rank order (at
@@ -181,7 +231,7 @@ class AllToAllV(Collective):
 
     def loops_of(self, sig, p, itemsize, buffsize, modules=1):
         per = int(sig.v.counts.max()) if sig.v.counts.size else 0
-        return Loops(per, max(1, buffsize // (p * itemsize)))
+        return PerLoop(Loops(per, max(1, buffsize // (p * itemsize))), sig.v)
 
     def buffer_bytes(self, sig, p, itemsize):
         return self.bytes_of(sig, p, itemsize)
@@ -215,6 +265,45 @@ class AllToAllV(Collective):
     def merged(self, locals_, row_elems) -> VCounts:
         """The op's VCounts from every rank's `local` rows (see `merge`)."""
         return merge(locals_, row_elems, self.method)
+
+    def merged_signatures(self, signatures: list) -> list:
+        """Every rank's rows of counts (its signature's `local`) merged into the op's VCounts (`v`),
+        E_PARA naming both ranks and both counts where a pair disagrees; calls that differ
+        otherwise are left as they are, without their rows, for the mismatch check to name."""
+        first = signatures[0]
+        if first.local is None or any(s.local is None for s in signatures):
+            return signatures
+        common = [s._replace(local=None) for s in signatures]
+        if any(c != common[0] for c in common):
+            return common
+        v = self.merged([s.local for s in signatures], math.prod(first.shape))
+        return [common[0]._replace(v=v)] * len(signatures)
+
+    def simulated_size(self, nbytes, counts, p, itemsize):
+        """simulate() of a variable-size op takes `counts` in elements, not nbytes: AlltoAllV's
+        p x p matrix, AllGatherV's and ReduceScatterV's p block counts (`counts_ndim`)."""
+        if p > MAX_ALLTOALL_RANKS:
+            raise HcclError("E_PARA", f"simulate {self.name}: {p} ranks are over the limit of {MAX_ALLTOALL_RANKS} "
+                            "(hccl_sim.MAX_ALLTOALL_RANKS): its blocks are held as a p x p count matrix")
+        if nbytes is not None:
+            raise HcclError("E_PARA", f"simulate {self.name}: give counts= (elements), not nbytes")
+        shape, what = ((p, p), f"a {p} x {p} matrix of non-negative integers (elements rank i sends to rank j)") \
+            if self.counts_ndim == 2 else ((p,), f"{p} non-negative integers (elements of each rank's block)")
+        try:
+            matrix = np.asarray(counts)
+            ok = matrix.shape == shape and matrix.dtype.kind in "iu" and not (matrix < 0).any()
+        except (TypeError, ValueError):      # ragged or not numbers: said below
+            ok = False
+        if not ok:
+            raise HcclError("E_PARA", f"simulate {self.name}: counts must be {what}, got {counts!r}")
+        return (), self.vcounts_of(matrix.astype(np.int64)), None
+
+    def describe_counts(self, sig) -> list:
+        if sig.local is not None:
+            return [f"send_counts={list(sig.local[0])}, recv_counts={list(sig.local[2])}"]
+        if sig.v is not None:
+            return [f"{int(sig.v.counts.sum())} elements between {sig.v.size} ranks"]
+        return []
 
     def layout(self, p):
         return (0, 0, 0)

@@ -50,10 +50,9 @@ def plan_calls(calls: list, topo, config, progress: FaultProgress | None = None)
 
 def merged_calls(calls: list) -> list:
     """The calls with a variable-size op's rows of counts merged (planner.merge_signatures)."""
-    if calls[0].signature.local is None:
-        return calls
-    sigs = merge_signatures([c.signature for c in calls])
-    return [c._replace(signature=s) for c, s in zip(calls, sigs)]
+    sigs = [c.signature for c in calls]
+    merged = merge_signatures(sigs)
+    return calls if merged is sigs else [c._replace(signature=s) for c, s in zip(calls, merged)]
 
 
 # ---- what a waiting rank is told -------------------------------------------------------------------
@@ -126,9 +125,9 @@ class PlanCache:
         """The plan when every rank made the same call (`sig`), entered at `clocks`, having sent
         `sent` (every rank's Call.sent). `key`: a hashable standing for (sig, itemsize) alone, if
         the caller has one (bytes cache their hash; a signature tuple is hashed anew each time)."""
-        if sig.local is not None:            # the same rows of counts on every rank
-            sig = merge_signatures([sig] * len(clocks))[0]
-            key = None
+        merged = merge_signatures([sig] * len(clocks))[0]       # a variable-size op's rows of counts
+        if merged is not sig:
+            sig, key = merged, None
         faults = self.config.faults
         now = self.progress.before(sent)
         if (faults is not None and faults.link_state) or now.corrupt:

@@ -11,7 +11,7 @@ from hcomm.steps import Send
 from topologies.errors import HcclError
 
 from .costs import effective_cost, with_expansion
-from .loop_programs import op_overhead_ns, program_of, program_rank_steps
+from .loop_programs import op_overhead_ns, program_rank_steps
 
 LOOPS_REPLAYED = 4096
 """Most buffer loops an op may have to be replayed loop by loop (traced, under link faults or
@@ -44,7 +44,7 @@ def replayed_exits(sig, loops, programs, entry, cost, marks=None, events=None, c
     for k, (a, b) in enumerate(spans):
         if k:
             clock = [t + dm.loop_overhead_ns for t in clock]
-        program = program_of(programs, a, b)
+        program = programs[loops.key(a, b)]
         clock = replay(program_rank_steps(program, p), clock, cost, dtype=sig.dtype,
                        redop=sig.redop or "sum", op_name=sig.name, links=cost.link_state, marks=marks,
                        events=events, corrupt=corrupt, first=before)

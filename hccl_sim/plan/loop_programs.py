@@ -143,8 +143,3 @@ def op_overhead_ns(dm, name: str) -> int:
     got = dm.op_overhead_ns.get(name)
     return got if got is not None else dm.op_overhead_ns.get(colls.of(name).selection_name(), 0)
 
-
-def program_of(programs: dict, a: int, b: int):
-    """The program of loop [a, b): by its length, or for a variable-size op by the loop itself."""
-    got = programs.get((a, b))
-    return programs[b - a] if got is None else got

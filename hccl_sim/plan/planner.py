@@ -37,7 +37,7 @@ from .. import collectives as colls
 from ..faults.progress import NO_FAULTS, OpFaults
 from ..faults.retry import priced_with_retry
 from .costs import effective_cost, with_expansion
-from .loop_programs import loop_parts, op_overhead_ns, pods_of, program_of, servers_of
+from .loop_programs import loop_parts, op_overhead_ns, pods_of, servers_of
 from .event_replay import LOOPS_REPLAYED, replayed_exits, sends, trace_events
 from ..selection import Choice, Context, select
 
@@ -68,15 +68,8 @@ class Signature(NamedTuple):
             parts.append(f"algo={self.algo!r}")
         if self.inplace:
             parts.append("out=input")
-        if self.local is not None:
-            parts.append(f"send_counts={list(self.local[0])}, recv_counts={list(self.local[2])}")
-        elif self.v is not None:
-            parts.append(f"{int(self.v.counts.sum())} elements between {self.v.size} ranks")
+        parts += colls.of(self.name).describe_counts(self)
         return f"{colls.of(self.name).method}({', '.join(parts)})"
-
-    def common(self) -> "Signature":
-        """What every rank's call must have in common: all but its own rows of counts."""
-        return self if self.local is None else self._replace(local=None)
 
     @property
     def count(self) -> int:
@@ -136,7 +129,7 @@ class OpPlan:
         for a, b in self.loops:
             split = parts.get(b - a) if parts else None
             if split is None:
-                yield (a, b), program_of(self.programs, a, b)
+                yield (a, b), self.programs[self.loops.key(a, b)]
             else:
                 for lo, hi, program in split:
                     yield (a + lo, a + hi), program
@@ -198,7 +191,7 @@ def op_loops(sig: Signature, p: int, itemsize: int, config, modules: int = 1) ->
     return coll.loops_of(sig, p, itemsize, config.buffsize_bytes, modules)
 
 
-def _time_loops(loops, programs, rel, cost, dtype, redop, variable=False) -> np.ndarray:
+def _time_loops(loops, programs, rel, cost, dtype, redop) -> np.ndarray:
     """Exit clocks after every loop, full loops priced in closed form once they repeat.
 
     Every loop after the first starts with the preset's per-loop fixed cost (HCCL re-launches the
@@ -210,9 +203,9 @@ def _time_loops(loops, programs, rel, cost, dtype, redop, variable=False) -> np.
     The search starts after the first loop, so that every loop it compares pays the same fixed cost."""
     clock = np.asarray(rel, dtype=np.int64)
     again = cost.device_model.loop_overhead_ns
-    if variable:                           # a variable-size op: every loop a program of its own
+    if not loops.closed_form:              # every loop a program of its own (a variable-size op's)
         for k, (a, b) in enumerate(loops):
-            clock = program_times(programs[(a, b)], clock + (again if k else 0), cost, dtype, redop)
+            clock = program_times(programs[loops.key(a, b)], clock + (again if k else 0), cost, dtype, redop)
         return clock
     full = programs.get(loops.cap)
     done = 0
@@ -268,17 +261,15 @@ def op_programs(sig, cost, config, itemsize, choice):
     """(loops, programs by loop length, data parts or None) of the op (programs cached in the cost model)."""
     # servers the CCL buffer is shared across (AllGatherV's loops; a synthetic topology is one server)
     loops = op_loops(sig, cost.num_ranks, itemsize, config, servers_of(cost).m)
-    if sig.v is not None:
-        if len(loops) > LOOPS_REPLAYED:
-            raise HcclError("E_NOT_SUPPORT", f"{sig.describe()}: {len(loops)} buffer loops, over the "
-                            f"{LOOPS_REPLAYED} a variable-size op is priced loop by loop; use a larger HCCL_BUFFSIZE")
-        programs = {(a, b): loop_parts(cost, sig.name, choice, b - a, itemsize, sig.root, (sig.v, a))[0]
-                    for a, b in loops}
-        return loops, programs or {(0, 0): []}, None
-    lengths = [n for n in {loops.cap if loops.full else None, loops.tail or None} if n]
-    built = {n: loop_parts(cost, sig.name, choice, n, itemsize, sig.root) for n in lengths}
-    parts = {n: got[1] for n, got in built.items() if got[1] is not None}
-    return loops, {n: got[0] for n, got in built.items()}, parts or None
+    if not loops.closed_form and len(loops) > LOOPS_REPLAYED:
+        raise HcclError("E_NOT_SUPPORT", f"{sig.describe()}: {len(loops)} buffer loops, over the "
+                        f"{LOOPS_REPLAYED} a variable-size op is priced loop by loop; use a larger HCCL_BUFFSIZE")
+    built = {}
+    for key, _ in loops.uses():
+        length, part = loops.build_args(key)
+        built[key] = loop_parts(cost, sig.name, choice, length, itemsize, sig.root, part)
+    parts = {key: got[1] for key, got in built.items() if got[1] is not None}
+    return loops, {key: got[0] for key, got in built.items()} or loops.no_programs(), parts or None
 
 
 def plan_times(sig, cost, config, itemsize, choice, entry, faults: bool = True, corrupt: Optional[dict] = None):
@@ -300,7 +291,7 @@ def plan_times(sig, cost, config, itemsize, choice, entry, faults: bool = True, 
     if rel_exits is None:
         # the op's fixed host-side cost (expansion and launch) delays every rank before its first step
         start = np.asarray(rel, dtype=np.int64) + op_overhead_ns(cost.device_model, sig.name)
-        clock = _time_loops(loops, programs, start, cost, sig.dtype, sig.redop or "sum", sig.v is not None)
+        clock = _time_loops(loops, programs, start, cost, sig.dtype, sig.redop or "sum")
         rel_exits = cache[key] = tuple(int(t) for t in clock)
     exits = [base + t for t in rel_exits]
     links = cost.link_state
@@ -312,12 +303,9 @@ def plan_times(sig, cost, config, itemsize, choice, entry, faults: bool = True, 
 def op_transfers(sig, loops, programs, p: int, pairs) -> dict:
     """(src, dst) -> the op's transfers on each pair: every loop's, in loop order."""
     out = {}
+    uses = loops.uses()
     for src, dst in pairs:
-        if sig.v is not None:
-            out[(src, dst)] = sum(sends(programs[(a, b)], p, src, dst) for a, b in loops)
-            continue
-        n = loops.full * sends(programs[loops.cap], p, src, dst) if loops.full else 0
-        out[(src, dst)] = n + (sends(programs[loops.tail], p, src, dst) if loops.tail else 0)
+        out[(src, dst)] = sum(n * sends(programs[key], p, src, dst) for key, n in uses)
     return out
 
 
@@ -374,15 +362,7 @@ def merge_signatures(signatures: list) -> list:
     rank's `local`) merged into the op's VCounts (collectives.variable.merge: E_PARA naming both
     ranks and both counts where a pair disagrees); other signatures as they are. Calls that
     differ otherwise are left for check_signatures to name."""
-    first = signatures[0]
-    if first.local is None or any(s.local is None for s in signatures):
-        return signatures
-    common = [s.common() for s in signatures]
-    if check_signatures(common):
-        return common
-    v = colls.of(first.name).merged([s.local for s in signatures], math.prod(first.shape))
-    sig = common[0]._replace(v=v)
-    return [sig] * len(signatures)
+    return colls.of(signatures[0].name).merged_signatures(signatures)
 
 
 def check_signatures(signatures: list) -> Optional[str]:
