@@ -201,6 +201,11 @@ class Collective:
         """What a call's description adds about its counts (none here)."""
         return []
 
+    def counts_for(self, split, p: int, elements: int):
+        """The counts a call of `elements` elements takes when `split` (hccl_sim.tools.counts.Counts)
+        says how it divides among ranks: None, a call of this collective takes none."""
+        return None
+
     def simulated_size(self, nbytes, counts, p: int, itemsize: int) -> tuple:
         """(input shape, variable-size counts or None, the Estimate's element count or None: the
         plan's bytes) of hccl_sim.simulate(op, nbytes, counts=...): a size in bytes here; E_PARA

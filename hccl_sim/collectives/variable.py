@@ -279,6 +279,11 @@ class AllToAllV(Collective):
         v = self.merged([s.local for s in signatures], math.prod(first.shape))
         return [common[0]._replace(v=v)] * len(signatures)
 
+    def counts_for(self, split, p, elements):
+        """AlltoAllV's p x p matrix (`elements`: each rank's send buffer), AllGatherV's and
+        ReduceScatterV's p block counts (`elements`: the whole output, the whole input)."""
+        return split.matrix(p, elements) if self.counts_ndim == 2 else split.vector(p, elements)
+
     def simulated_size(self, nbytes, counts, p, itemsize):
         """simulate() of a variable-size op takes `counts` in elements, not nbytes: AlltoAllV's
         p x p matrix, AllGatherV's and ReduceScatterV's p block counts (`counts_ndim`)."""

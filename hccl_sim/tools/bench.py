@@ -118,19 +118,11 @@ class BenchSpec:
                                    # None: uniform)
 
 
-def _variable(spec) -> bool:
-    return collectives.get(spec.op).variable
-
-
 def _matrix(spec, p: int, count: int):
-    """A variable-size op's counts for a size of `count` elements (None otherwise): AlltoAllV's
-    p x p matrix (count: each rank's send buffer), AllGatherV's and ReduceScatterV's p block
-    counts (count: the whole output, the whole input)."""
-    if not _variable(spec):
-        return None
+    """A variable-size op's counts for a size of `count` elements, split as `--counts` says
+    (Collective.counts_for; None for an op that takes no counts)."""
     from .counts import parse
-    counts = spec.counts or parse("uniform")
-    return counts.matrix(p, count) if collectives.get(spec.op).counts_ndim == 2 else counts.vector(p, count)
+    return collectives.get(spec.op).counts_for(spec.counts or parse("uniform"), p, count)
 
 
 def _simulate(spec, topo, count: int, itemsize: int, **kw):
@@ -199,7 +191,7 @@ def check_spec(spec: BenchSpec, p: int) -> None:
         integer(size, "size", 0, where="bench")
     engine = _engine(spec)
     _check_local_size_of(p, engine)
-    if spec.counts is not None and not _variable(spec):
+    if spec.counts is not None and _matrix(spec, p, p) is None:       # an op that takes no counts
         raise HcclError("E_PARA", f"--counts is for the variable-size ops ({', '.join(collectives.VARIABLE)}), "
                         f"not {spec.op}")
     problem = collectives.get(spec.op).priced_ranks_problem(p)
