@@ -70,8 +70,7 @@ def rank_input(call: Call, rank: int, p: int) -> np.ndarray:
     rng = np.random.default_rng([call.data_seed, rank])
     lo, hi = (1, 3) if call.redop == "prod" else (0, 1000)
     x = rng.integers(lo, hi, size=call.count, dtype=np.dtype(call.dtype))
-    coll = collectives.of(call.op)
-    return x[:coll.input_rows(count_matrix(call, p), rank)] if coll.variable else x
+    return collectives.of(call.op).input_of(x, count_matrix(call, p), rank)
 
 
 def digest(y) -> Optional[str]:
@@ -84,9 +83,8 @@ def digest(y) -> Optional[str]:
 def rank_program(comm, call: Call) -> list:
     """Runs on every rank: the call `call.calls` times; a CallRecord each, up to the first error."""
     coll = collectives.of(call.op)
-    method = getattr(comm, coll.method)
-    if coll.variable:                    # its counts are its first arguments
-        method = _with_counts(method, call, comm.rank, comm.size)
+    counts = count_matrix(call, comm.size)
+    method = _with_counts(getattr(comm, coll.method), coll.call_counts(counts, comm.rank))
     kwargs = {"algo": call.algo}
     if call.redop is not None:
         kwargs["op"] = call.redop
@@ -98,9 +96,7 @@ def rank_program(comm, call: Call) -> list:
         if call.out == "inplace":
             kwargs["out"] = x
         elif call.out == "out":
-            shape = ((coll.output_rows(count_matrix(call, comm.size), comm.rank),) if coll.variable
-                     else coll.output_shape(x.shape, comm.size))
-            kwargs["out"] = np.empty(shape, dtype=x.dtype)
+            kwargs["out"] = np.empty(coll.output_shape_of(x, comm.size, counts, comm.rank), dtype=x.dtype)
         start = comm.clock
         try:
             y = method(x, **kwargs)
@@ -113,9 +109,8 @@ def rank_program(comm, call: Call) -> list:
     return records
 
 
-def _with_counts(method, call, rank, p):
-    counts = collectives.of(call.op).call_counts(count_matrix(call, p), rank)
-
+def _with_counts(method, counts: tuple):
+    """`method` with a variable-size op's count arguments first (none for other ops)."""
     def run(x, **kwargs):
         return method(x, *counts, **kwargs)
     return run
@@ -124,14 +119,9 @@ def _with_counts(method, call, rank, p):
 def reference_digests(call: Call, p: int) -> list:
     """Every rank's expected result digest from numpy (hccl_sim.collectives' reference)."""
     inputs = [rank_input(call, r, p) for r in range(p)]
-    coll = collectives.of(call.op)
-    if coll.variable:
-        counts = count_matrix(call, p)
-        rows = [coll.output_rows(counts, r) for r in range(p)]
-        redop = parse_reduce_op(call.redop) if call.redop is not None else None
-        return [digest(y) for y in coll.reference_v(inputs, coll.vcounts_of(counts), rows, (), redop)]
     redop = parse_reduce_op(call.redop) if call.redop is not None else None
-    return [digest(y) for y in collectives.of(call.op).reference(inputs, redop, call.root or 0)]
+    return [digest(y) for y in collectives.of(call.op).references(inputs, count_matrix(call, p), redop,
+                                                                   call.root or 0)]
 
 
 # ---- classification ----------------------------------------------------------------------------

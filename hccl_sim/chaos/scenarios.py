@@ -102,16 +102,33 @@ class Scenario:
                 "rdma_retry_cnt": self.rdma[1]}
 
 
-def count_matrix(call: Call, p: int) -> np.ndarray:
-    """A variable-size call's counts, skewed, some empty, the same in the scenario and its twin:
-    AlltoAllV's p x p matrix (elements rank i sends rank j), rows summing to the call's count;
-    AllGatherV's and ReduceScatterV's p block counts, summing to it."""
-    rng = np.random.default_rng([call.data_seed, p, 0xA2A])
-    rows = p if collectives.of(call.op).counts_ndim == 2 else 1
-    weights = rng.random((rows, p)) ** 3 * (rng.random((rows, p)) > 0.2)
-    weights[weights.sum(axis=1) == 0, 0] = 1.0
-    counts = np.stack([rng.multinomial(call.count, w / w.sum()) for w in weights]).astype(np.int64)
-    return counts if rows == p else counts[0]
+class SkewedSplit:
+    """How a chaos call's elements divide among ranks: skewed, some blocks empty, the same in the
+    scenario and its twin (seeded by the call's data seed and the rank count)."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+
+    def _draw(self, p: int, rows: int, elements: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, p, 0xA2A])
+        weights = rng.random((rows, p)) ** 3 * (rng.random((rows, p)) > 0.2)
+        weights[weights.sum(axis=1) == 0, 0] = 1.0
+        return np.stack([rng.multinomial(elements, w / w.sum()) for w in weights]).astype(np.int64)
+
+    def matrix(self, p: int, elements: int) -> np.ndarray:
+        """p x p (elements rank i sends rank j), rows summing to `elements`."""
+        return self._draw(p, p, elements)
+
+    def vector(self, p: int, elements: int) -> np.ndarray:
+        """p block counts summing to `elements`."""
+        return self._draw(p, 1, elements)[0]
+
+
+def count_matrix(call: Call, p: int):
+    """A call's counts (Collective.counts_for over a SkewedSplit): a variable-size op's AlltoAllV
+    p x p matrix or AllGatherV's and ReduceScatterV's p block counts, summing to the call's
+    count; None for an op that takes none."""
+    return collectives.of(call.op).counts_for(SkewedSplit(call.data_seed), p, call.count)
 
 
 # ---- what a topology offers ----------------------------------------------------------------------
@@ -179,14 +196,13 @@ def _algos_for(topo, op: str) -> tuple:
 
 
 def _simulate_label(topo, op, token):
+    """What `token` runs as for a call of 512 elements per rank (a variable-size op's split evenly)."""
     from .. import simulate
-    if collectives.of(op).variable:
-        p = topo.num_ranks
-        coll = collectives.of(op)
-        shape = (p, p) if coll.counts_ndim == 2 else (p,)
-        dtype = "int32" if coll.reducing else "int64"        # what HCCL's ReduceScatterV reduces inline
-        return simulate(op, topology=topo, algo=token, dtype=dtype, counts=np.full(shape, max(1, 512 // p))).algo
-    return simulate(op, 4096, topology=topo, algo=token, dtype="int64").algo
+    from ..tools.counts import parse
+    coll = collectives.of(op)
+    p = topo.num_ranks
+    dtype = "int32" if coll.inline_only else "int64"        # what HCCL's ReduceScatterV reduces inline
+    return simulate(op, topology=topo, algo=token, dtype=dtype, **coll.size_args(parse("uniform"), p, 512, 8)).algo
 
 
 class quiet_logs:

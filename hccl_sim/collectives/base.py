@@ -201,6 +201,27 @@ class Collective:
         """What a call's description adds about its counts (none here)."""
         return []
 
+    # ---- a call for a given size, as bench, chaos and tests make one ----------------------------
+    def call_counts(self, counts, rank: int) -> tuple:
+        """The Communicator method's count arguments on `rank` (none: a fixed-size collective)."""
+        return ()
+
+    def input_of(self, x, counts, rank: int):
+        """`rank`'s input, cut from `x` for a call of `counts` (all of it here)."""
+        return x
+
+    def output_shape_of(self, x, p: int, counts, rank: int) -> tuple:
+        """The shape of `rank`'s result for input `x` and `counts`."""
+        return self.output_shape(x.shape, p)
+
+    def references(self, inputs: list, counts, redop=None, root: int = 0) -> list:
+        """Every rank's expected result of a call on `inputs` (and `counts`), by numpy."""
+        return self.reference(inputs, redop, root)
+
+    def size_args(self, split, p: int, elements: int, itemsize: int) -> dict:
+        """hccl_sim.simulate's size arguments for a call of `elements` elements per rank."""
+        return {"nbytes": elements * itemsize}
+
     def counts_for(self, split, p: int, elements: int):
         """The counts a call of `elements` elements takes when `split` (hccl_sim.tools.counts.Counts)
         says how it divides among ranks: None, a call of this collective takes none."""

@@ -279,6 +279,19 @@ class AllToAllV(Collective):
         v = self.merged([s.local for s in signatures], math.prod(first.shape))
         return [common[0]._replace(v=v)] * len(signatures)
 
+    def input_of(self, x, counts, rank):
+        return x[:self.input_rows(counts, rank)]
+
+    def output_shape_of(self, x, p, counts, rank):
+        return (self.output_rows(counts, rank),)
+
+    def references(self, inputs, counts, redop=None, root=0):
+        rows = [self.output_rows(counts, r) for r in range(len(inputs))]
+        return self.reference_v(inputs, self.vcounts_of(counts), rows, (), redop)
+
+    def size_args(self, split, p, elements, itemsize):
+        return {"counts": self.counts_for(split, p, elements)}
+
     def counts_for(self, split, p, elements):
         """AlltoAllV's p x p matrix (`elements`: each rank's send buffer), AllGatherV's and
         ReduceScatterV's p block counts (`elements`: the whole output, the whole input)."""
