@@ -11,7 +11,7 @@ import pytest
 import hccl_sim
 from hccl_sim import FaultPlan, HcclError
 from hccl_sim.engines import rendezvous as rdv
-from hccl_sim.engines.mpi import _error, _outcome
+from hccl_sim.engines.mpi import error_of, outcome_of
 from hccl_sim.engines.ray.protocol import Outcome, died_outcome
 from topologies.errors import CAUSES, CONSEQUENCES, Cause
 
@@ -70,9 +70,9 @@ def test_fields_cross_ray_outcomes_and_mpi_outcome_dicts():
     err = _link_error()
     ray_back = pickle.loads(pickle.dumps(Outcome.failed(3, err, at=1.5))).error()
     assert str(ray_back) == str(err) and ray_back.fields() == err.fields()
-    mpi_back = _error(pickle.loads(pickle.dumps(_outcome(3, err))))
+    mpi_back = error_of(pickle.loads(pickle.dumps(outcome_of(3, err))))
     assert str(mpi_back) == str(err) and mpi_back.fields() == err.fields()
-    other = _error(_outcome(1, ZeroDivisionError("boom")))
+    other = error_of(outcome_of(1, ZeroDivisionError("boom")))
     assert other.code == "E_INTERNAL" and other.cause is None and "ZeroDivisionError: boom" in str(other)
     dead = died_outcome(2, "its actor died: ...", 1.0).error()
     assert dead.cause == Cause.RANK_DIED and not dead.consequence
@@ -252,7 +252,7 @@ def test_transport_and_control_plane_waits_say_who():
     from hcomm.control.mpi import FAILED, LEFT, LOST, MpiControl
     for kind, cause in ((LEFT, Cause.PEER_RETURNED), (FAILED, Cause.PEER_FAILED), (LOST, Cause.PEER_LOST)):
         with pytest.raises(HcclError) as e:
-            MpiControl._decide([(0, b""), (kind, b"why")], 4, 0, "all_reduce")
+            MpiControl.decide([(0, b""), (kind, b"why")], 4, 0, "all_reduce")
         assert e.value.cause == cause and e.value.peers == (1,)
 
 

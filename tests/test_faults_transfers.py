@@ -108,7 +108,7 @@ def test_a_cached_plan_is_never_served_for_an_op_holding_a_corrupt_transfer():
     sig = Signature("allreduce", (N,), "int64", "sum", None, "ring")
     exits = [cache.agreed(sig, 8, [0, 0], [(0,), (0,)]).exits for _ in range(3)]
     assert exits[0] == exits[2] and exits[1] == [t + DELTA for t in exits[0]]
-    assert cache.progress.collective == {(0, 1): 4} and len(cache._plans) == 1    # counted while an entry is due
+    assert cache.progress.collective == {(0, 1): 4} and len(cache) == 1    # counted while an entry is due
     local = hccl_sim.run(allreduces, topology=topo, faults=FaultPlan().corrupt(0, 1, nth=3), env=FAST)
     assert [e - s for _, s, e, _ in local[0]] == [x[0] for x in exits]
     # a rank's sends on the pair (carried by its Call) come first: one send and nth=3 is the second op's first

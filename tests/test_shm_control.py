@@ -113,7 +113,7 @@ def wait_asleep(block, ranks, seq=0):
 
     def asleep():
         published = {r for r in ranks if block.status()[r][0] == seq + 1}
-        seen.update(r for r in published if block._sleepers[r] == seq + 1)
+        seen.update(r for r in published if block.asleep_for(r) == seq + 1)
         return seen == set(ranks)
     wait_until(asleep, f"ranks {sorted(ranks)} asleep in their futex in collective #{seq}", timeout=20 * SLOW)
 

@@ -205,7 +205,7 @@ class MpiJob:
 
 # ---- hccl_sim.run(engine="mpi") --------------------------------------------------------------------
 
-def _outcome(rank, exc) -> dict:
+def outcome_of(rank, exc) -> dict:
     """A failed rank's outcome as every process gets it: plain values, the HcclError's fields with them."""
     if isinstance(exc, HcclError):
         return {"rank": rank, "ok": False, "code": exc.code, "reason": exc.reason, "op": exc.op, "at": time.time(),
@@ -214,8 +214,8 @@ def _outcome(rank, exc) -> dict:
             "at": time.time(), "traceback": traceback.format_exc(limit=8), "fields": {}}
 
 
-def _error(o) -> HcclError:
-    """The HcclError of a failed rank's outcome (_outcome), every field of it."""
+def error_of(o) -> HcclError:
+    """The HcclError of a failed rank's outcome (outcome_of), every field of it."""
     return HcclError(o["code"], o["reason"], rank=o["rank"], op=o["op"], **o.get("fields", {}))
 
 
@@ -238,7 +238,7 @@ def run_mpi(fn, topo, config, args=(), kwargs=None, ranks_per_process: int = 1, 
             outcomes[rank] = {"rank": rank, "ok": True, "value": None}
             job.crash(rank, str(dead))
         except BaseException as exc:   # noqa: BLE001 - reported to every process below
-            outcomes[rank] = _outcome(rank, exc)
+            outcomes[rank] = outcome_of(rank, exc)
             outcomes[rank]["exc"] = exc
             job.finish(rank, exc)
 
@@ -256,14 +256,14 @@ def run_mpi(fn, topo, config, args=(), kwargs=None, ranks_per_process: int = 1, 
         try:
             pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:   # noqa: BLE001 - an unpicklable result is that rank's error
-            o = _outcome(r, HcclError("E_PARA", f"fn's result cannot be sent to the other processes "
+            o = outcome_of(r, HcclError("E_PARA", f"fn's result cannot be sent to the other processes "
                                       f"(pickle: {type(exc).__name__}: {exc})", rank=r))
         mine.append(o)
     blobs = job.close(pickle.dumps(mine, protocol=pickle.HIGHEST_PROTOCOL))
     every = [o for b in blobs for o in pickle.loads(b)]
     failed = [o for o in every if not o["ok"]]
     if failed:
-        _, err, _, root = rdv.root_cause([(o["rank"], _error(o), o["at"], o) for o in failed])
+        _, err, _, root = rdv.root_cause([(o["rank"], error_of(o), o["at"], o) for o in failed])
         if root.get("traceback"):
             err.remote_traceback = root["traceback"]
         cause = outcomes.get(root["rank"], {}).get("exc")

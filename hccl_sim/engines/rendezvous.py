@@ -114,6 +114,10 @@ class PlanCache:
         self._plans = {}
         self.progress = FaultProgress(config.faults)
 
+    def __len__(self) -> int:
+        """How many plans the cache holds."""
+        return len(self._plans)
+
     def plan(self, calls: list):
         calls = merged_calls(calls)
         first = calls[0]

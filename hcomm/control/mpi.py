@@ -111,7 +111,7 @@ class MpiControl:
                 self._rounds.pop(seq, None)
         if rnd.error is not None:
             raise rnd.error.replace(rank=self.base + local, op=op)
-        return self._decide(rnd.result, seq, self.base + local, op)
+        return self.decide(rnd.result, seq, self.base + local, op)
 
     def _alone(self, seq, payload, deadline, op=None) -> list:
         if seq != self._next:
@@ -132,7 +132,7 @@ class MpiControl:
             elif b[0] == CALL:
                 bodies.append(b[at:])
             else:
-                return self._decide([(CALL, b"") if b is None else (b[0], b[at:]) for b in blobs], seq, self.base, op)
+                return self.decide([(CALL, b"") if b is None else (b[0], b[at:]) for b in blobs], seq, self.base, op)
         return bodies
 
     def _fill(self, seq, rnd) -> bool:
@@ -161,7 +161,7 @@ class MpiControl:
             self._cond.notify_all()
 
     @staticmethod
-    def _decide(items, seq, rank, op) -> list:
+    def decide(items, seq, rank, op) -> list:
         for r, (kind, body) in enumerate(items):
             if kind == LEFT:
                 raise HcclError("E_PARA", f"collective round {seq}: rank {r} returned without calling it",

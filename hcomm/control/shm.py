@@ -396,6 +396,10 @@ class ControlBlock:
             self._w.store(_W_DONE + i, self._q[_W_DONE + i] | _BROKEN)    # release: the state or abort before it
             _syscall(*self._wake_args[i])
 
+    def asleep_for(self, rank: int) -> int:
+        """The round + 1 that `rank` sleeps in its futex for (0: it is not asleep)."""
+        return int(self._sleepers[rank])
+
     def status(self) -> list:
         """Per rank (published seq count, pid, state) for diagnostics."""
         names = {_DETACHED: "detached", _ATTACHED: "attached", _CLOSED: "closed", _LEFT: "left"}
