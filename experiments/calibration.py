@@ -49,7 +49,7 @@ def simulated_seconds(point) -> float:
         return send_end / 1e9
     dtype = point.get("dtype", "float32")
     if hccl_sim.collectives.get(op).variable:     # hccl_test's alltoallv_test: the send buffer split evenly
-        from hccl_sim.tools.counts import parse
+        from hccl_sim.collectives.splits import parse
         p = topo.num_ranks
         elements = nbytes // np.dtype(dtype).itemsize
         return hccl_sim.simulate(op, topology=topo, env=env, dtype=dtype,

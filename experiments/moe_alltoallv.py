@@ -2,7 +2,7 @@
 loads, one expert per rank.
 
 Tokens are 7168 bf16 each (a DeepSeek-V3 hidden size), 4,096 per rank; each rank routes its tokens
-to the experts by zipf popularity (hccl_sim.tools.counts, `zipf:S`, seeded). Prints, on 8 x 910B
+to the experts by zipf popularity (hccl_sim.collectives.splits, `zipf:S`, seeded). Prints, on 8 x 910B
 (one server) and on 2 and 16 servers: the simulated time and busbw of the dispatch (HCCL's choice),
 against the same bytes sent uniformly, and on one and two servers the wall time the local engine
 takes to move the real tokens (median of repeats).
@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 import hccl_sim
-from hccl_sim.tools.counts import parse
+from hccl_sim.collectives.splits import parse
 
 HIDDEN = 7168
 TOKENS = 4096

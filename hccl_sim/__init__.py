@@ -287,7 +287,7 @@ def simulate(op: str, nbytes: int | None = None, topology=None, algo: str | None
     itemsize = numpy_dtype(dname).itemsize
     p = topo.num_ranks
     coll = collectives.get(name)
-    shape, v, count = coll.simulated_size(nbytes, counts, p, itemsize)      # E_PARA on a bad size
+    shape, v = coll.simulated_size(nbytes, counts, p, itemsize)      # E_PARA on a bad size
     # the root is checked as the Communicator checks it (Collective.checked_root), for every rooted op
     if coll.rooted:
         root = coll.checked_root(root, p, where=f"simulate {name}")
@@ -309,7 +309,6 @@ def simulate(op: str, nbytes: int | None = None, topology=None, algo: str | None
         if crash is not None:       # what the survivors get (the dead rank's own end is its crash)
             survivor = next(r for r in range(p) if r != crash[0]) if p > 1 else crash[0]
             raise config.faults.lost_error(crash, plan, config, survivor, name)[1]
-    count = plan.nbytes // itemsize if count is None else count
-    est = Estimate(name, count * itemsize, count, dname, plan.algo, p,
+    est = Estimate(name, plan.nbytes, plan.nbytes // itemsize, dname, plan.algo, p,
                    tuple((e - s) / 1e9 for s, e in zip(plan.entry, plan.exits)), plan.retries, plan.notes)
     return (est, plan) if trace else est

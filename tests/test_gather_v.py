@@ -335,7 +335,7 @@ def test_bench_on_real_data_equals_the_timing_engine(capsys, tmp_path, op):
 
 @pytest.mark.unit
 def test_count_vectors_split_the_op_exactly():
-    from hccl_sim.tools.counts import parse
+    from hccl_sim.collectives.splits import parse
     for text in ("uniform", "zipf:1.2"):
         v = parse(text).vector(6, 1001)
         assert v.shape == (6,) and (v >= 0).all() and v.sum() == 1001

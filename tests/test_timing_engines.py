@@ -12,7 +12,7 @@ from hccl_sim.engines.local import run_local
 from hccl_sim import collectives
 from hccl_sim.collectives.verifiable import rank_input
 from hccl_sim.config.env import Config
-from hccl_sim.tools import counts
+from hccl_sim.collectives import splits as counts
 from hcomm.transports.inprocess import InProcessTransport
 
 from conftest import wait_until, waiting_ranks

@@ -226,7 +226,7 @@ def test_simulate_counts_are_checked():
 
 @pytest.mark.unit
 def test_count_distributions_split_each_send_buffer_exactly(tmp_path):
-    from hccl_sim.tools.counts import parse
+    from hccl_sim.collectives.splits import parse
     for text in ("uniform", "zipf:1.2", "zipf:0.5"):
         m = parse(text).matrix(6, 1001)
         assert m.shape == (6, 6) and (m >= 0).all() and (m.sum(axis=1) == 1001).all(), text

@@ -198,7 +198,7 @@ def _algos_for(topo, op: str) -> tuple:
 def _simulate_label(topo, op, token):
     """What `token` runs as for a call of 512 elements per rank (a variable-size op's split evenly)."""
     from .. import simulate
-    from ..tools.counts import parse
+    from ..collectives.splits import parse
     coll = collectives.of(op)
     p = topo.num_ranks
     dtype = "int32" if coll.inline_only else "int64"        # what HCCL's ReduceScatterV reduces inline

@@ -75,9 +75,10 @@ class Loops:
         """(program key, how many loops run it), in loop order."""
         return [(n, k) for n, k in ((self.cap, self.full), (self.tail, 1)) if n and k]
 
-    def build_args(self, key) -> tuple:
-        """(length, variable-size part) of the program `key` names: here the length alone."""
-        return key, None
+    def build(self, key, builder):
+        """The program `key` names, by `builder` (hccl_sim.plan.loop_programs.LoopBuilder): here a
+        loop of `key` elements."""
+        return builder.fixed(key)
 
     def no_programs(self) -> dict:
         """The programs of an op of no loops."""
@@ -223,14 +224,13 @@ class Collective:
         return {"nbytes": elements * itemsize}
 
     def counts_for(self, split, p: int, elements: int):
-        """The counts a call of `elements` elements takes when `split` (hccl_sim.tools.counts.Counts)
+        """The counts a call of `elements` elements takes when `split` (hccl_sim.collectives.splits.Counts)
         says how it divides among ranks: None, a call of this collective takes none."""
         return None
 
     def simulated_size(self, nbytes, counts, p: int, itemsize: int) -> tuple:
-        """(input shape, variable-size counts or None, the Estimate's element count or None: the
-        plan's bytes) of hccl_sim.simulate(op, nbytes, counts=...): a size in bytes here; E_PARA
-        naming what is wrong."""
+        """(input shape, variable-size counts or None) of hccl_sim.simulate(op, nbytes, counts=...):
+        a size in bytes here; E_PARA naming what is wrong."""
         if counts is not None:
             raise HcclError("E_PARA", f"simulate {self.name}: counts= is for the variable-size ops (alltoallv, "
                             "alltoallvc, allgatherv, reducescatterv); give nbytes")
@@ -238,7 +238,7 @@ class Collective:
         problem = self.priced_ranks_problem(p)
         if problem:
             raise HcclError("E_PARA", f"simulate {self.name}: {problem}")
-        return self.input_shape_for_bytes(nbytes, p, itemsize), None, self.count_for_bytes(nbytes, p, itemsize)
+        return self.input_shape_for_bytes(nbytes, p, itemsize), None
 
     # ---- how one loop's program is built (hccl_sim.plan.loop_programs asks; the algorithms build) --
     def program(self, choice, view, length: int, unit: int, root: int) -> list:

@@ -211,9 +211,9 @@ class PerLoop:
     def uses(self) -> list:
         return [((a, b), 1) for a, b in self.loops]
 
-    def build_args(self, key) -> tuple:
+    def build(self, key, builder):
         a, b = key
-        return b - a, (self.v, a)
+        return builder.variable(self.v, a, b)
 
     def no_programs(self) -> dict:
         return {(0, 0): []}
@@ -314,7 +314,7 @@ class AllToAllV(Collective):
             ok = False
         if not ok:
             raise HcclError("E_PARA", f"simulate {self.name}: counts must be {what}, got {counts!r}")
-        return (), self.vcounts_of(matrix.astype(np.int64)), None
+        return (), self.vcounts_of(matrix.astype(np.int64))
 
     def describe_counts(self, sig) -> list:
         if sig.local is not None:

@@ -103,22 +103,12 @@ def loop_program(cost, name, choice, length, itemsize, root) -> list:
     return loop_parts(cost, name, choice, length, itemsize, root)[0]
 
 
-def loop_parts(cost, name, choice, length, itemsize, root, v=None) -> tuple:
-    """(the timing program of one loop, its data parts or None when it is one part), cached.
-    `v`: a variable-size op's (VCounts, the loop's first element of every block)."""
+def loop_parts(cost, name, choice, length, itemsize, root) -> tuple:
+    """(the timing program of one loop of `length` elements, its data parts or None when it is one
+    part), staged on presets that stage; cached in the cost model."""
     cache = cost.cache("programs")
-    key = (name, choice.structure, length, itemsize, root, v)
+    key = (name, choice.structure, length, itemsize, root, None)
     got = cache.get(key)
-    if got is None and v is not None:
-        counts, a = v
-        program = build_variable(name, choice, cost, counts, a, a + length, itemsize)
-        staged = colls.of(name).v_staging(counts, a, a + length, itemsize) if cost.device_model.staging else None
-        if staged is not None:
-            ins, outs = staged
-            r = np.arange(cost.num_ranks)
-            program = ([prog.StepBuilder().stages(r[ins > 0], ins[ins > 0], "in").build()] + list(program)
-                       + [prog.StepBuilder().stages(r[outs > 0], outs[outs > 0], "out").build()])
-        got = cache[key] = (program, None)
     if got is None:
         parts = build_parts(name, choice, cost, length, itemsize, root)
         program = side_by_side(*[prog for _, _, prog in parts]) if len(parts) > 1 else parts[0][2]
@@ -130,6 +120,39 @@ def loop_parts(cost, name, choice, length, itemsize, root, v=None) -> tuple:
                        + [prog.StepBuilder().stages(r[outs > 0], outs[outs > 0], "out").build()])
         got = cache[key] = (program, tuple(parts) if len(parts) > 1 else None)
     return got
+
+
+def variable_loop_parts(cost, name, choice, v, a: int, b: int, itemsize, root) -> tuple:
+    """(the timing program of loop [a, b) of a variable-size op with counts `v`, None): its
+    collective's program, staged as the collective says on presets that stage; cached."""
+    cache = cost.cache("programs")
+    key = (name, choice.structure, b - a, itemsize, root, (v, a))
+    got = cache.get(key)
+    if got is None:
+        program = build_variable(name, choice, cost, v, a, b, itemsize)
+        staged = colls.of(name).v_staging(v, a, b, itemsize) if cost.device_model.staging else None
+        if staged is not None:
+            ins, outs = staged
+            r = np.arange(cost.num_ranks)
+            program = ([prog.StepBuilder().stages(r[ins > 0], ins[ins > 0], "in").build()] + list(program)
+                       + [prog.StepBuilder().stages(r[outs > 0], outs[outs > 0], "out").build()])
+        got = cache[key] = (program, None)
+    return got
+
+
+class LoopBuilder:
+    """What an op's loops (collectives' Loops, PerLoop) build their programs with: `fixed(length)`
+    a loop of that many elements, `variable(v, a, b)` loop [a, b) of a variable-size op."""
+    __slots__ = ("cost", "name", "choice", "itemsize", "root")
+
+    def __init__(self, cost, name, choice, itemsize, root):
+        self.cost, self.name, self.choice, self.itemsize, self.root = cost, name, choice, itemsize, root
+
+    def fixed(self, length: int) -> tuple:
+        return loop_parts(self.cost, self.name, self.choice, length, self.itemsize, self.root)
+
+    def variable(self, v, a: int, b: int) -> tuple:
+        return variable_loop_parts(self.cost, self.name, self.choice, v, a, b, self.itemsize, self.root)
 
 
 def program_rank_steps(program, p) -> list:

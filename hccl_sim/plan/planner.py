@@ -37,7 +37,7 @@ from .. import collectives as colls
 from ..faults.progress import NO_FAULTS, OpFaults
 from ..faults.retry import priced_with_retry
 from .costs import effective_cost, with_expansion
-from .loop_programs import loop_parts, op_overhead_ns, pods_of, servers_of
+from .loop_programs import LoopBuilder, op_overhead_ns, pods_of, servers_of
 from .event_replay import LOOPS_REPLAYED, replayed_exits, sends, trace_events
 from ..selection import Choice, Context, select
 
@@ -264,10 +264,8 @@ def op_programs(sig, cost, config, itemsize, choice):
     if not loops.closed_form and len(loops) > LOOPS_REPLAYED:
         raise HcclError("E_NOT_SUPPORT", f"{sig.describe()}: {len(loops)} buffer loops, over the "
                         f"{LOOPS_REPLAYED} a variable-size op is priced loop by loop; use a larger HCCL_BUFFSIZE")
-    built = {}
-    for key, _ in loops.uses():
-        length, part = loops.build_args(key)
-        built[key] = loop_parts(cost, sig.name, choice, length, itemsize, sig.root, part)
+    builder = LoopBuilder(cost, sig.name, choice, itemsize, sig.root)
+    built = {key: loops.build(key, builder) for key, _ in loops.uses()}
     parts = {key: got[1] for key, got in built.items() if got[1] is not None}
     return loops, {key: got[0] for key, got in built.items()} or loops.no_programs(), parts or None
 

@@ -114,14 +114,14 @@ class BenchSpec:
     ranks_per_process: int = 1     # engine mpi: ranks (threads) per MPI process
     data_plane: str | None = None  # a real engine's plane (README, "Engines"; the CLI's --data-plane: mpi's);
                                    # None: the engine's default. Once the sweep runs, the plane it runs on
-    counts: object = None          # variable-size ops: how a send buffer splits among peers (tools.counts;
+    counts: object = None          # variable-size ops: how a send buffer splits among peers (collectives.splits;
                                    # None: uniform)
 
 
 def _matrix(spec, p: int, count: int):
     """A variable-size op's counts for a size of `count` elements, split as `--counts` says
     (Collective.counts_for; None for an op that takes no counts)."""
-    from .counts import parse
+    from ..collectives.splits import parse
     return collectives.get(spec.op).counts_for(spec.counts or parse("uniform"), p, count)
 
 

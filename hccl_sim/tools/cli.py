@@ -16,7 +16,7 @@ from topologies.errors import HcclError
 
 from .. import OPS, __version__
 from ..collectives import VARIABLE
-from .counts import parse as parse_counts
+from ..collectives.splits import parse as parse_counts
 from .bench import (BenchSpec, footer, format_row, hccl_test_header, hccl_test_row, hccl_test_sizes, header,
                     parse_size, run_bench, sizes, write_json)
 from ..engines import registry

@@ -1,5 +1,6 @@
-"""Counts for variable-size benches (`hccl-sim bench --op alltoallv --counts ...`): how each
-rank's send buffer splits among its peers (AlltoAllV, VC: a p x p matrix), or how an op's data
+"""How a variable-size call's elements split among ranks (`hccl-sim bench --op alltoallv --counts
+...`, tests and experiments; `Collective.counts_for` takes one): how each rank's send buffer
+splits among its peers (AlltoAllV, VC: a p x p matrix), or how an op's data
 splits into rank blocks (AllGatherV, ReduceScatterV: p counts, `vector`).
 
 - `uniform`: every peer (block) the same share (the remainder to the first), AlltoAll's pattern;
