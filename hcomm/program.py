@@ -44,6 +44,9 @@ class GlobalStep:
     whom, which receives reduce, local copies): steps with equal keys are priced from one
     precomputation."""
     __slots__ = ARRAYS + ("tkey", "skey", "cache", "tview")
+    # a full step is also its own timing view (`timing()`): one transfer per entry, never compacted
+    t_count = None
+    expand = None
 
     def __init__(self):
         for name in ARRAYS:
@@ -83,7 +86,7 @@ class TimingView:
 
 def counts(view):
     """A timing view's transfer multiplicities (int64 array), or None when every entry is one transfer."""
-    c = getattr(view, "t_count", None)
+    c = view.t_count
     return None if c is None else np.asarray(c, dtype=_I64)
 
 
@@ -109,12 +112,12 @@ def compact_timing(view):
     old = counts(view)
     count = np.diff(np.append(starts, n)).astype(_I64) if old is None else np.add.reduceat(old, starts)
     return TimingView(src[starts], dst[starts], nb[starts], np.asarray(view.t_rbuf)[starts], view.c_rank,
-                      view.c_bytes, view.g_rank, view.g_bytes, count, getattr(view, "expand", None))
+                      view.c_bytes, view.g_rank, view.g_bytes, count, view.expand)
 
 
 def expand_timing(view):
     """A compacted view's transfer list, one entry per transfer (the inverse of compact_timing)."""
-    if getattr(view, "expand", None) is not None:
+    if view.expand is not None:
         return view.expand()
     c = counts(view)
     if c is None:
@@ -235,7 +238,7 @@ def _concat(steps, names, factory):
         # multiplicities of compacted views; one per entry for the others
         out.t_count = np.concatenate([counts(s) if counts(s) is not None else np.ones(len(s.t_src), dtype=_I64)
                                       for s in steps])
-    if factory is TimingView and any(getattr(s, "expand", None) is not None for s in steps):
+    if factory is TimingView and any(s.expand is not None for s in steps):
         out.expand = lambda: _concat([expand_timing(s) for s in steps], names, TimingView)
     return out
 

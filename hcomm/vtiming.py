@@ -245,7 +245,7 @@ def _rolled(base, view, cost, dtype, redop, cache, ck):
 
 def _prep_for(st, cost, dtype, redop, p, cache):
     key = step_key(st)
-    skey = getattr(st, "skey", None)
+    skey = st.skey
     if key is None and skey is not None:
         ck = ("structure", skey, dtype, redop)
         base = cache.get(ck)
@@ -272,7 +272,7 @@ def _prep_for(st, cost, dtype, redop, p, cache):
                 cache.clear()
             pr = cache[ck] = _prep(st.timing(), cost, dtype, redop, p)
         return pr
-    local = st.cache.get((cost.key, dtype, redop)) if hasattr(st, "cache") else None
+    local = st.cache.get((cost.key, dtype, redop))
     if local is None:
         local = _prep(st.timing(), cost, dtype, redop, p)
         if isinstance(st, GlobalStep):   # eager steps keep their prep; lazy ones are rebuilt each time

@@ -164,7 +164,7 @@ def _tile_full(st, ranks, shift) -> GlobalStep:
 def _tile_timing(view, ranks) -> TimingView:
     G = ranks.shape[0]
     c = counts(view)                       # a compacted view stays compacted: its runs tile as runs
-    grouped = getattr(view, "expand", None)
+    grouped = view.expand
     return TimingView(ranks[:, view.t_src].reshape(-1), ranks[:, view.t_dst].reshape(-1), np.tile(view.t_bytes, G),
                       np.tile(view.t_rbuf, G), ranks[:, view.c_rank].reshape(-1), np.tile(view.c_bytes, G),
                       ranks[:, view.g_rank].reshape(-1), np.tile(view.g_bytes, G), None if c is None else np.tile(c, G),
@@ -190,7 +190,7 @@ def tile(program: list, ranks, shifts=None) -> list:
     key = hash((ranks.tobytes(), ranks.shape))
     out = []
     for st in program:
-        skey = None if getattr(st, "skey", None) is None else ("tile", st.skey, key)
+        skey = None if st.skey is None else ("tile", st.skey, key)
         if isinstance(st, GlobalStep) and G * (len(st.t_src) + len(st.c_rank) + len(st.g_rank)) <= _EAGER_OPS:
             new = _tile_full(st, ranks, shift)
             new.tkey = None if st.tkey is None else ("tile", st.tkey, key)
