@@ -23,12 +23,20 @@ import threading
 
 from topologies.errors import Cause, HcclError
 
-_state = threading.local()
+from ..npu.device import Work
+
+class _ThreadGroups(threading.local):
+    """This thread's group nesting (HCCL's thread-local depth) and, while inside, its held calls."""
+    depth = 0
+    held = None
+
+
+_state = _ThreadGroups()
 
 
 def active() -> bool:
     """Whether this thread is inside a group."""
-    return getattr(_state, "depth", 0) > 0
+    return _state.depth > 0
 
 
 class Pending:
@@ -47,7 +55,7 @@ class Pending:
             raise HcclError("E_PARA", f"{self.op} was issued inside comm.group(): its result is there once the group "
                             "has ended")
         value = self._value
-        return value.wait() if hasattr(value, "wait") and hasattr(value, "stream") else value
+        return value.wait() if isinstance(value, Work) else value
 
     @property
     def result(self):
@@ -75,7 +83,7 @@ class GroupedLaunch:
         if not self.comm.topology.device_model.group_calls:
             raise HcclError("E_NOT_SUPPORT", "comm.group() does not run on 910A: HCCL's group calls are not supported "
                             "on Atlas training series (HcclGroupStart)", rank=self.comm.rank, op="group")
-        depth = getattr(_state, "depth", 0)
+        depth = _state.depth
         if depth == 0:
             _state.held = {}                  # communicator -> _Held, in the order first used
         _state.depth = depth + 1

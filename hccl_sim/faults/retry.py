@@ -45,12 +45,11 @@ def level_of(cost, src: int, dst: int) -> str:
     return "L1"
 
 
-def exception_location(f: LinkFailure, sig, algo: str, level: str) -> str:
-    """HCCL's `Cluster Exception Location` sentence of an error CQE (`sig`: the op's Signature, or
-    its name)."""
+def exception_location(f: LinkFailure, op: str, algo: str, level: str) -> str:
+    """HCCL's `Cluster Exception Location` sentence of an error CQE in op `op` (its name)."""
     where = " -> ".join(str(h) for h in f.hops) if f.hops else f"rank {f.src} -> rank {f.dst}"
     step = "" if f.step is None else f", step {f.step}"
-    return (f"Cluster Exception Location[link {where} ({level})], op {getattr(sig, 'name', sig)}, algorithm {algo}"
+    return (f"Cluster Exception Location[link {where} ({level})], op {op}, algorithm {algo}"
             f"{step}, simulated time {f.time_ns / 1e9:.6f} s: error CQE, rank {f.src} -> rank {f.dst} failed after "
             f"{f.attempts} attempts ({f.label})")
 
@@ -120,7 +119,7 @@ def priced_with_retry(price, sig, algo: str, cost, config, entry: list, backup: 
             # result segments on Ray) for as long as the plan lives
             history.append((current, f.with_traceback(None), backup))
             level = level_of(cost, f.src, f.dst)
-            where = exception_location(f, sig, algo, level)
+            where = exception_location(f, sig.name, algo, level)
             switch, no_backup = backup_nic(f, cost, level, enabled.get(level, False), backup)
             why = f"; no backup NIC: {no_backup}" if no_backup else ""
             facts = failure_fields(f, level)
