@@ -32,6 +32,7 @@ from .faults.fault_plan import FaultPlan
 from .plan.faulted import crash_in, with_faults
 from .plan.planner import Signature, make_plan
 from .config.types import ReduceOp, dtype_name, numpy_dtype, parse_reduce_op
+from .engines import interception
 from .engines import registry as _registry
 
 __all__ = ["topology", "run", "init", "finalize", "simulate", "Cluster", "FaultPlan", "Communicator", "ANY_SOURCE", "Request", "ReduceOp", "HcclError", "HCCL_RESULT",
@@ -101,8 +102,15 @@ def run(fn, topology=None, engine: str = "local", args=(), kwargs=None, env: dic
     topo = _topology(topology)
     config = with_faults(topo, Config.from_env(env, policy), faults)
     _check_call(fn, args, kwargs, topo, eng)
-    return eng.launch(fn, topo, config, args, kwargs, data_plane=data_plane, address=address,
-                      ranks_per_process=None if ranks_per_process == 1 else ranks_per_process)
+    rpp = None if ranks_per_process == 1 else ranks_per_process
+
+    def launch(f, cfg):
+        return eng.launch(f, topo, cfg, args, kwargs, data_plane=data_plane, address=address, ranks_per_process=rpp)
+    hook = interception.current()
+    if hook is not None and not eng.spmd:
+        return hook.run(interception.Run(fn, tuple(args), dict(kwargs or {}), topo, eng.name, faults,
+                                         lambda plan: with_faults(topo, Config.from_env(env, policy), plan), launch))
+    return launch(fn, config)
 
 
 def init(topology=None, ranks_per_process: int = 1, env: dict | None = None, policy: str | None = None,
@@ -171,9 +179,20 @@ class Cluster:
             config = with_faults(self.topology, Config.from_env(self._env if env is None else env, self._policy),
                                  self._faults if faults is None else faults)
         _check_call(fn, args, kwargs, self.topology, self._engine)
-        if self._ray is not None:
-            return self._ray.run(fn, args=args, kwargs=kwargs, config=config)
-        return self._engine.launch(fn, self.topology, config, args, kwargs, data_plane=self._data_plane)
+
+        def launch(f, cfg):
+            if self._ray is not None:
+                return self._ray.run(f, args=args, kwargs=kwargs, config=cfg)
+            return self._engine.launch(f, self.topology, cfg, args, kwargs, data_plane=self._data_plane)
+        hook = interception.current()
+        if hook is not None:
+            def config_for(plan):
+                return with_faults(self.topology, Config.from_env(self._env if env is None else env, self._policy),
+                                   plan)
+            return hook.run(interception.Run(fn, tuple(args), dict(kwargs or {}), self.topology, self.engine,
+                                             self._faults if faults is None else faults, config_for, launch,
+                                             self.close if self._ray is not None else None))
+        return launch(fn, config)
 
     @property
     def data_plane(self) -> str:
@@ -205,6 +224,12 @@ class Cluster:
             raise HcclError("E_NOT_SUPPORT", "Cluster.waiting() reads the ranks of engine ray; engine local's ranks "
                             "are threads of the caller's run")
         return self._ray.waiting(timeout_s)
+
+    @property
+    def closed(self) -> bool:
+        """Whether the cluster can no longer run: closed by its user, or (engine ray) by itself,
+        after a rank it could not replace or a run that would not end; `run` then says why."""
+        return not self._open or (self._ray is not None and self._ray.closed)
 
     def close(self):
         self._open = False

@@ -235,9 +235,24 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="session")
-def torch_cluster(ray_cluster):
+def _torch_clusters(ray_cluster):
+    """The torch tests' Ray cluster, made when first asked for and again should one close itself
+    (a test's time limit ended a run whose ranks would not return): the later tests then get ranks
+    of their own, not the closed cluster's error."""
+    from topologies import hardware
+    made = []
+
+    def live():
+        if not made or made[-1].closed:
+            made.append(hccl_sim.Cluster(hardware("atlas800t-a2", devices_per_server=[4]), engine="ray"))
+        return made[-1]
+    yield live
+    for cluster in made:
+        cluster.close()
+
+
+@pytest.fixture
+def torch_cluster(_torch_clusters):
     """One set of 4 Ray rank actors (one 4-card 910B server) for the torch tests: torch is imported
     once per actor; every test's function initialises and destroys its process group."""
-    from topologies import hardware
-    with hccl_sim.Cluster(hardware("atlas800t-a2", devices_per_server=[4]), engine="ray") as cluster:
-        yield cluster
+    return _torch_clusters()

@@ -233,17 +233,24 @@ def _recovered(sc, twin, faulty, survivors, config) -> Verdict:
 
 
 def _error_problem(sc, rank, rec, config, dead) -> Optional[str]:
-    """Why rank's error is not one the scenario's faults can produce (None if it is), from the
-    error's fields: the fault-plan entry it names, its cause, level, peers and details."""
+    return error_problem(sc.plan.entries, rank, rec, config, dead, sc.call.out == "inplace")
+
+
+def error_problem(entries, rank, rec, config, dead, in_place=None) -> Optional[str]:
+    """Why rank's error (`rec`: its code, message, fields as `error` and clock as `end`) is not one
+    a plan of `entries` can produce (None if it is), from the error's fields: the entry it names,
+    its cause, level, peers and details. `dead`: the ranks the plan killed; `in_place`: whether
+    the failed call was in place (out=x), which decides an op retry's refusal (None: unknown, not
+    checked)."""
     fields = rec.error or {}
     detail = fields.get("detail") or {}
-    named = [e for i, e in enumerate(sc.plan.entries) if fields.get("fault") == entry_label(i, e)]
+    named = [e for i, e in enumerate(entries) if fields.get("fault") == entry_label(i, e)]
     if not named:
         return f"rank {rank}: {rec.code} does not name a fault of the plan: {short(rec.message)}"
     entry = named[0]
     kind = entry["kind"]
     cause = fields.get("cause")
-    if kind == "corrupt" and not any(e["kind"] in LINK_FAILING for e in sc.plan.entries):
+    if kind == "corrupt" and not any(e["kind"] in LINK_FAILING for e in entries):
         return f"rank {rank}: a corrupted transfer alone is retransmitted, yet it got {rec.code}: {short(rec.message)}"
     if kind in CQE_KINDS:
         if rec.code not in CQE_CAUSES:
@@ -259,8 +266,9 @@ def _error_problem(sc, rank, rec, config, dead) -> Optional[str]:
         if rec.code == "E_OPRETRY_FAIL":
             if not enabled:
                 return f"rank {rank}: E_OPRETRY_FAIL although op retry is off for {level}"
-            if (detail.get("refused") == "in-place") != (sc.call.out == "inplace"):
-                return f"rank {rank}: the refusal does not match the call's out= mode ({sc.call.out}): {short(rec.message)}"
+            if in_place is not None and (detail.get("refused") == "in-place") != in_place:
+                return (f"rank {rank}: the refusal does not match the call's out= mode "
+                        f"({'out=x' if in_place else 'not in place'}): {short(rec.message)}")
             cap = dict(config.retry_params)["MaxCnt"]
             if detail.get("max_cnt") != cap:
                 return f"rank {rank}: refusal names MaxCnt={detail.get('max_cnt')}, the environment set {cap}"

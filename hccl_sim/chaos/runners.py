@@ -144,8 +144,8 @@ def run_scenario(sc: Scenario, runner, deadline_s: float = 60.0, margin_s: float
     reference = reference_digests(sc.call, runner.topo.num_ranks)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)
-        twin = _bounded(lambda: runner.run(sc.call, sc.env, None), limit)
-        faulty = _bounded(lambda: runner.run(sc.call, sc.env, sc.plan), limit) if twin[0] == "done" else twin
+        twin = bounded(lambda: runner.run(sc.call, sc.env, None), limit)
+        faulty = bounded(lambda: runner.run(sc.call, sc.env, sc.plan), limit) if twin[0] == "done" else twin
     wall = time.perf_counter() - t0
     if "hang" in (twin[0], faulty[0]):
         which = "fault-free twin" if twin[0] == "hang" else "scenario"
@@ -169,7 +169,7 @@ def run_scenario(sc: Scenario, runner, deadline_s: float = 60.0, margin_s: float
                   faulty[1] if faulty[0] == "done" else None)
 
 
-def _bounded(fn, limit_s: float):
+def bounded(fn, limit_s: float):
     """("done", value), ("raised", exception) or ("hang", None): fn run in a thread of its own,
     waited for `limit_s` wall seconds."""
     box = {}

@@ -26,7 +26,7 @@ from topologies.validate import is_integer
 from .. import collectives as colls
 from . import split as subcomm
 from . import group
-from .record import OpRecord
+from .record import LoggedOp, OpRecord
 from .p2p_calls import PointToPointOps
 from .variable_calls import VariableSizeOps
 from .rank_group import Call, RankBuffers
@@ -65,6 +65,9 @@ class Communicator(VariableSizeOps, PointToPointOps):
         self._plain_bytes = group.plain_result_bytes
         self._p2p_sent, self._p2p_received = {}, {}   # sends to each peer, receives from each peer, so far
         self.last_op: OpRecord | None = None
+        # a list every op of this rank's is logged to (LoggedOp), shared with the communicators split
+        # from this one; None: not kept (hccl_sim.testing sets it on the ranks of a test's runs)
+        self.op_log: list | None = None
         self.runtime = None                  # the rank's Runtime, where an engine started one (engines.bootstrap)
         self.device = device if device is not None else Device(rank, group.topo)
         # HCCL allocates the communicator's CCL buffer, 2 x HCCL_BUFFSIZE (in + out), from HBM.
@@ -388,6 +391,8 @@ class Communicator(VariableSizeOps, PointToPointOps):
         queue.tasks.append((opname, entry, end))
         self.last_op = _new(OpRecord, (opname, plan.algo, plan.nbytes, 0 if x is None else x.size, sig.dtype, entry,
                                        end, plan.retries, plan.notes))
+        if self.op_log is not None:
+            self.op_log.append(LoggedOp(self.scope, self.world_ranks, seq, self.last_op))
         if stream is not None:
             return Work(result, stream, end, self.last_op)
         if end > dev.clock:

@@ -29,7 +29,7 @@ from topologies.errors import Cause, HcclError
 from ..config.types import dtype_name, numpy_dtype
 from ..faults.retry import exception_location, failure_fields, level_of
 from ..plan.costs import effective_cost
-from .record import OpRecord
+from .record import OpRecord, note_p2p
 
 BATCH_TAG = ("batch",)          # a channel of its own: a batch never takes a tagged send's data
 
@@ -205,7 +205,7 @@ def run_batch(comm, items, any_size: bool = False) -> list:
     dev.clock = queue.tail = max(end, ready)
     queue.tasks.append((op, start, dev.clock))
     nbytes = sum(i.array.nbytes for i in checked if i.sends)
-    comm.last_op = OpRecord(op, "pairwise", nbytes, sum(i.array.size for i in checked), "mixed" if len(
+    note_p2p(comm, OpRecord(op, "pairwise", nbytes, sum(i.array.size for i in checked), "mixed" if len(
         {i.array.dtype for i in checked}) > 1 else (dtype_name(checked[0].array.dtype) if checked else "uint8"), start,
-        dev.clock)
+        dev.clock))
     return checked

@@ -29,7 +29,7 @@ from hcomm.exec.p2p import ANY_SOURCE
 
 from ..config.types import dtype_name
 from . import group, p2p
-from .record import OpRecord
+from .record import OpRecord, note_p2p
 
 P2P_TAG = "p2p"
 _WAIT_SLICE_S = 0.002          # a polled wait's longest sleep between tests
@@ -110,7 +110,7 @@ class Request:
 def _complete(comm, record, on_host):
     if on_host and record.end > comm.device.clock:
         comm.device.clock = record.end
-    comm.last_op = record
+    note_p2p(comm, record)
 
 
 def _progress_receives(comm):
@@ -147,7 +147,7 @@ class PointToPointOps:
         reply = self._p2p.wait_delivered(handle, "send")
         self._p2p_sent[dst] = self._p2p_sent.get(dst, 0) + 1
         dev.clock = p2p.sender_exit(self, reply, "send")
-        self.last_op = OpRecord("send", "p2p", x.nbytes, x.size, dtype_name(x.dtype), start, dev.clock)
+        note_p2p(self, OpRecord("send", "p2p", x.nbytes, x.size, dtype_name(x.dtype), start, dev.clock))
 
     def recv(self, src: int, tag: int = 0) -> np.ndarray:
         """The next array rank src sends this rank (on `tag`). Under a fault plan the transfer is
@@ -165,7 +165,7 @@ class PointToPointOps:
         arrived = self._p2p.take(src, (P2P_TAG, tag), "recv")
         data = arrived.copy()
         self.device.clock = end = p2p.priced_receive(self, arrived, data.nbytes, start, "recv")
-        self.last_op = OpRecord("recv", "p2p", data.nbytes, data.size, dtype_name(data.dtype), start, end)
+        note_p2p(self, OpRecord("recv", "p2p", data.nbytes, data.size, dtype_name(data.dtype), start, end))
         return data
 
     def isend(self, x, dst: int, tag: int = 0, at: int | None = None) -> Request:

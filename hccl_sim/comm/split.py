@@ -92,6 +92,7 @@ def _derive(parent, members: tuple, scope: str, opname: str, start: int):
     group = parent._group.subgroup(parent.rank, members, scope, topo, config)
     comm = type(parent)(members.index(parent.rank), group, parent.device)
     comm.scope, comm.world_ranks = scope, world
+    comm.op_log = parent.op_log
     comm.runtime = parent.runtime
     # the init: every member's view of the members, gathered on the new communicator
     view = zlib.crc32(np.asarray(world, dtype=np.int64).tobytes())

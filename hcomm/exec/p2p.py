@@ -112,11 +112,17 @@ class Endpoint:
         each is withdrawn as it is given. Lazy: a consumer that stops early leaves the rest
         pending (and their messages where they are)."""
         me, transport = self.rank, self.transport
+        # (source, channel) pairs an earlier receive still waits on: a message that arrives on one
+        # while this walk goes on is that receive's, never a later one's
+        waiting = set()
         for entry in list(self._expected):
             src, channel, token = entry
-            for s in (range(self.size) if src == ANY_SOURCE else (src,)):
-                if s != me and transport.ready(s, me, channel):
+            sources = [s for s in (range(self.size) if src == ANY_SOURCE else (src,)) if s != me]
+            for s in sources:
+                if (s, channel) not in waiting and transport.ready(s, me, channel):
                     msg = transport.take(s, me, channel, transport.deadline(), op)
                     self._expected.remove(entry)
                     yield token, Arrived(s, msg)
                     break
+            else:
+                waiting.update((s, channel) for s in sources)

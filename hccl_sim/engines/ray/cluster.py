@@ -40,6 +40,7 @@ from .protocol import RunSpec
 from hcomm.transports.watched import STALL_S
 
 _TICK_S = 0.5                       # how often a running job is polled
+_ABANDON_S = 20                     # how long the ranks of a run the driver left get to return
 _START_TIMEOUT_S = 120
 
 
@@ -168,7 +169,11 @@ class RayCluster:
         spec = RunSpec(self.session, plane.name, {r: a for r, a in enumerate(addresses)}, config, tuple(self.node_of))
         actors = self.actors if plane.object_store else None
         refs = [a.run.remote(fn, args, kwargs, spec, actors) for a in self.actors]
-        outcomes = self._watch(refs, config)
+        try:
+            outcomes = self._watch(refs, config)
+        except BaseException:
+            self._abandon(refs)
+            raise
         crashed = self._crashed(outcomes, config)
         dead = [o.rank for o in outcomes if o.died]
         if dead and not self._closed:
@@ -177,6 +182,21 @@ class RayCluster:
         if errors:
             raise rdv.root_cause([(o.rank, o.error(), o.at) for o in errors])[1]
         return [None if o.rank in crashed else o.value for o in outcomes]
+
+    def _abandon(self, refs):
+        """The driver stopped waiting for a run (Ctrl-C, a test's time limit): end its ranks'
+        waits and give them a little while to return, so the next run does not meet this one's
+        ranks still inside fn; a rank still there after that closes the cluster (its actors are
+        killed), which then says why."""
+        ray = self._ray
+        self._stop(list(range(len(refs))), "E_TIMEOUT", "the driver stopped waiting for this run")
+        try:
+            _, pending = ray.wait(refs, num_returns=len(refs), timeout=_ABANDON_S)
+        except BaseException:       # noqa: BLE001 - interrupted again: close below
+            pending = refs
+        if pending:
+            self._broken = "a run the driver stopped waiting for did not end; create a new Cluster"
+            self.close()
 
     def _crashed(self, outcomes, config) -> set:
         """Ranks whose actor died as the fault plan said: a rank_crash of theirs that the survivors'
@@ -303,6 +323,11 @@ class RayCluster:
             return True
         except ray.exceptions.RayError:
             return False            # a dead or stuck actor: its outcome, or the run's limit, will say so
+
+    @property
+    def closed(self) -> bool:
+        """Whether this cluster can no longer run (closed, or closed itself: `run` says why)."""
+        return self._closed
 
     def close(self):
         if getattr(self, "_closing", False):
