@@ -192,8 +192,10 @@ class RayCluster:
         self._stop(list(range(len(refs))), "E_TIMEOUT", "the driver stopped waiting for this run")
         try:
             _, pending = ray.wait(refs, num_returns=len(refs), timeout=_ABANDON_S)
-        except BaseException:       # noqa: BLE001 - interrupted again: close below
-            pending = refs
+        except BaseException:       # interrupted again: no waiting now, the cluster closes
+            self._broken = "the driver was interrupted while its ranks were ending a run; create a new Cluster"
+            self.close()
+            raise
         if pending:
             self._broken = "a run the driver stopped waiting for did not end; create a new Cluster"
             self.close()
