@@ -107,7 +107,10 @@ def run(fn, topology=None, engine: str = "local", args=(), kwargs=None, env: dic
     def launch(f, cfg):
         return eng.launch(f, topo, cfg, args, kwargs, data_plane=data_plane, address=address, ranks_per_process=rpp)
     hook = interception.current()
-    if hook is not None and not eng.spmd:
+    if hook is not None:
+        if eng.spmd:
+            raise HcclError("E_NOT_SUPPORT", f"a fault suite runs the engines whose ranks one call starts (local, "
+                            f"ray), not {eng.name} (under mpiexec every process calls run)")
         return hook.run(interception.Run(fn, tuple(args), dict(kwargs or {}), topo, eng.name, faults,
                                          lambda plan: with_faults(topo, Config.from_env(env, policy), plan), launch))
     return launch(fn, config)
@@ -174,10 +177,11 @@ class Cluster:
         ranks (a chaos campaign's scenarios on one set of actors: starting them takes seconds)."""
         if not self._open:
             raise HcclError("E_IN_STATUS", "the cluster is closed")
-        config = self.config
-        if faults is not None or env is not None:
-            config = with_faults(self.topology, Config.from_env(self._env if env is None else env, self._policy),
-                                 self._faults if faults is None else faults)
+
+        def config_for(plan):
+            return with_faults(self.topology, Config.from_env(self._env if env is None else env, self._policy), plan)
+        config = self.config if faults is None and env is None else config_for(self._faults if faults is None
+                                                                               else faults)
         _check_call(fn, args, kwargs, self.topology, self._engine)
 
         def launch(f, cfg):
@@ -186,9 +190,6 @@ class Cluster:
             return self._engine.launch(f, self.topology, cfg, args, kwargs, data_plane=self._data_plane)
         hook = interception.current()
         if hook is not None:
-            def config_for(plan):
-                return with_faults(self.topology, Config.from_env(self._env if env is None else env, self._policy),
-                                   plan)
             return hook.run(interception.Run(fn, tuple(args), dict(kwargs or {}), self.topology, self.engine,
                                              self._faults if faults is None else faults, config_for, launch,
                                              self.close if self._ray is not None else None))

@@ -222,6 +222,30 @@ def test_straggler_enters_late_and_the_others_wait():
     assert got[0][0] == base[0][0] and got[0][1] - base[0][1] == 2_000_000 and got[0][2] - base[0][2] == 2_000_000
 
 
+def _slow_peer(comm):
+    comm.all_reduce(np.ones(4))
+    try:
+        comm.all_reduce(np.ones(4))
+    except HcclError as e:
+        return e.code, e.cause, e.peers, e.fault, e.time_ns, e.detail["slow"], comm.clock
+    return "ok", comm.clock
+
+
+@pytest.mark.local
+def test_a_peer_later_than_hccl_exec_timeout_fails_the_op_with_e_timeout_naming_it():
+    topo = hccl_sim.topology("atlas800t-a2")
+    env = {"HCCL_EXEC_TIMEOUT": "10"}
+    got = hccl_sim.run(_slow_peer, topology=topo, env=env, faults=FaultPlan().straggler(3, 12.0, ops=[1]))
+    first = got[0][4] - 10_000_000_000              # the first rank's entry into the op
+    for r, (code, cause, peers, fault, at, slow, clock) in enumerate(got):
+        assert (code, cause, peers, slow) == ("E_TIMEOUT", "TIMEOUT", (3,), 3)
+        assert fault == "fault plan entry 0 (straggler rank 3)" and at == first + 10_000_000_000
+        assert clock == at if r != 3 else clock > at + 1_000_000_000        # the late rank: its own entry
+    assert hccl_sim.run(_slow_peer, topology=topo, env=env, faults=FaultPlan().straggler(3, 9.0, ops=[1]))[0][0] == "ok"
+    assert hccl_sim.run(_slow_peer, topology=topo, env={"HCCL_EXEC_TIMEOUT": "0"},        # 0: never
+                        faults=FaultPlan().straggler(3, 5000.0, ops=[1]))[0][0] == "ok"
+
+
 @pytest.mark.local
 def test_in_place_op_is_not_retried():
     env = {**FAST, "HCCL_OP_RETRY_ENABLE": "L0:1", "HCCL_OP_RETRY_PARAMS": "MaxCnt:2,HoldTime:1"}

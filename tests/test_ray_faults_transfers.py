@@ -67,3 +67,17 @@ def test_corrupt_and_p2p_faults_results_errors_and_op_clocks_equal_on_ray_and_lo
     with hccl_sim.Cluster(topo, engine="ray", faults=plan, env=FAST) as cluster:
         assert cluster.data_plane == "socket"
         assert cluster.run(_job) == local
+
+
+def test_a_slow_peer_past_hccl_exec_timeout_fails_alike_on_ray_and_local(ray_cluster):
+    """A straggler entering 12 s late under HCCL_EXEC_TIMEOUT=10: every rank's E_TIMEOUT, its time
+    and fields, and every clock, as on the local engine (the Ray ranks plan from cached relative
+    clocks: the timeout is found at the real ones)."""
+    from test_faults import _slow_peer
+    import topologies
+    topo = topologies.hardware("atlas800t-a2", devices_per_server=[4, 4])
+    plan = hccl_sim.FaultPlan().straggler(6, 12.0, ops=[1])
+    env = {"HCCL_EXEC_TIMEOUT": "10"}
+    local = hccl_sim.run(_slow_peer, topology=topo, env=env, faults=plan)
+    assert local[0][0] == "E_TIMEOUT" and local[0][2] == (6,)
+    assert hccl_sim.run(_slow_peer, topology=topo, env=env, faults=plan, engine="ray") == local

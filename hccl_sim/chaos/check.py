@@ -291,6 +291,14 @@ def error_problem(entries, rank, rec, config, dead, in_place=None) -> Optional[s
             return (f"rank {rank}: told at {rec.end / 1e9:.6f} s, before the {wait} s wait since the crash "
                     f"({'unknown' if crashed is None else f'{crashed / 1e9:.6f} s'}) was over")
         return None
+    if kind == "straggler":
+        if rec.code != "E_TIMEOUT" or cause != Cause.TIMEOUT:
+            return f"rank {rank}: a slow rank gave {rec.code} ({cause}), expected E_TIMEOUT: {short(rec.message)}"
+        late, timeout = detail.get("late_ns"), config.exec_timeout_s
+        if detail.get("slow") != entry["rank"] or not timeout or late is None or late <= seconds_to_ns(timeout):
+            return (f"rank {rank}: E_TIMEOUT names rank {detail.get('slow')} late by {late} ns, but the plan's straggler "
+                    f"is rank {entry['rank']} and HCCL_EXEC_TIMEOUT is {timeout} s: {short(rec.message)}")
+        return None
     return f"rank {rank}: a {kind} fault cannot fail an op, yet it got {rec.code}: {short(rec.message)}"
 
 

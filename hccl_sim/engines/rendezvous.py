@@ -16,6 +16,7 @@ from topologies.errors import Cause, HcclError
 
 from .. import collectives as colls
 from ..faults.progress import FaultProgress
+from ..plan.faulted import late_entry_error
 from ..plan.planner import ShiftedPlan, check_signatures, make_plan, merge_signatures
 
 
@@ -132,6 +133,9 @@ class PlanCache:
         merged = merge_signatures([sig] * len(clocks))[0]       # a variable-size op's rows of counts
         if merged is not sig:
             sig, key = merged, None
+        late = late_entry_error(sig.name, self.config, clocks)     # at the real clocks, not the cache's
+        if late is not None:
+            raise late
         faults = self.config.faults
         now = self.progress.before(sent)
         if (faults is not None and faults.link_state) or now.corrupt:

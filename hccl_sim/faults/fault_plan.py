@@ -34,6 +34,7 @@ class BoundFaults:
     plan: tuple                   # the plan's entries, for messages
     crashes: tuple = ()           # ((rank, at_op or None, at ns or None, at_step or None, label), ...)
     corrupt: tuple = ()           # ((src, dst, nth, label), ...): the nth transfer src -> dst fails its CRC
+    late_labels: tuple = ()       # ((rank, label), ...) of the straggler entries
 
     def restricted(self, world: tuple) -> "BoundFaults":
         """The plan as a communicator of the job's ranks `world` (its rank i is world[i]) sees it:
@@ -45,7 +46,12 @@ class BoundFaults:
         late = tuple((index[r], None, d) for r, ops, d in self.late if ops is None and r in index)
         crashes = tuple((index[r], None, at, None, label) for r, at_op, at, _, label in self.crashes
                         if at_op is None and r in index)
-        return dataclasses.replace(self, late=late, crashes=crashes, corrupt=())
+        labels = tuple((index[r], label) for r, label in self.late_labels if r in index)
+        return dataclasses.replace(self, late=late, crashes=crashes, corrupt=(), late_labels=labels)
+
+    def late_label(self, rank: int):
+        """The label of `rank`'s straggler entry (its first), or None."""
+        return next((label for r, label in self.late_labels if r == rank), None)
 
     def straggle_ns(self, rank: int, op_index: int) -> int:
         """How late `rank` enters its op number `op_index` (0-based, per communicator)."""
@@ -291,9 +297,10 @@ class FaultPlan:
                          _describe(i, e)) for i, e in enumerate(self.entries) if e["kind"] == "rank_crash")
         corrupt = tuple((e["a"], e["b"], e["nth"], _describe(i, e)) for i, e in enumerate(self.entries)
                         if e["kind"] == "corrupt")
+        labels = tuple((e["rank"], _describe(i, e)) for i, e in enumerate(self.entries) if e["kind"] == "straggler")
         return BoundFaults(self.link_state(topo, interval, config.rdma_retry_cnt), late,
                            tuple(tuple(sorted(e.items(), key=lambda kv: kv[0])) for e in self.entries), crashes,
-                           corrupt)
+                           corrupt, labels)
 
     def link_state(self, topo, interval_ns: int = 4096 << 20, retries: int = 7) -> LinkState:
         """hcomm's LinkState of the plan's link entries on `topo` (edges of each route, ns windows)."""

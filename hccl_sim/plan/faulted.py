@@ -1,5 +1,6 @@
-"""Where a fault plan meets the planner: a FaultPlan bound to the topology an op is priced on, and
-the crash a bound plan puts in an op, found from the op's plan and its event-driven replay.
+"""Where a fault plan meets the planner: a FaultPlan bound to the topology an op is priced on, the
+crash a bound plan puts in an op, found from the op's plan and its event-driven replay, and an op
+whose last rank comes later than HCCL_EXEC_TIMEOUT after its first (`late_entry_error`).
 
 The plan itself is data (hccl_sim.faults.fault_plan); what needs pricing (the topology an op
 runs on, when a step starts) is here, so the faults package never reaches up into the planner.
@@ -9,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from topologies.errors import HcclError
+from topologies.errors import Cause, HcclError
+from topologies.model import seconds_to_ns
 
 from ..faults.fault_plan import BoundFaults, FaultPlan
 from .costs import effective_cost
@@ -64,3 +66,25 @@ def _first_crash(faults: BoundFaults, plan, op_index, topo, config):
         if found is None or (t, rank) < (found[1], found[0]):
             found = (rank, t, label, at_step)
     return found
+
+
+def late_entry_error(opname: str, config, entry: list):
+    """The E_TIMEOUT of an op whose last rank enters more than HCCL_EXEC_TIMEOUT after its first
+    (a slow peer: a straggler of the fault plan, or a long host step), or None. HCCL's ranks wait
+    for their peers' notifies that long and then fail the op (docs/references.md §7.2; §10.2:
+    EI0002, "a rank crashed or slow"); every rank is told, at its first rank's deadline (the later ranks find their peers gone), with the
+    slow rank in `peers` and its straggler entry, if the plan has one, as the fault."""
+    timeout = config.exec_timeout_s
+    if not timeout or len(entry) < 2:
+        return None
+    first, last = min(entry), max(entry)
+    limit = seconds_to_ns(timeout)
+    if last - first <= limit:
+        return None
+    slow, early = entry.index(last), entry.index(first)
+    label = config.faults.late_label(slow) if config.faults is not None else None
+    why = f" ({label})" if label else ""
+    return HcclError("E_TIMEOUT", f"rank {slow} entered {opname} {(last - first) / 1e9:.6f} s after rank {early}: its "
+                     f"peers' notify wait passed HCCL_EXEC_TIMEOUT ({timeout} s){why}", op=opname,
+                     cause=Cause.TIMEOUT, peers=(slow,), time_ns=first + limit, fault=label,
+                     detail={"slow": slow, "late_ns": last - first, "exec_timeout_s": timeout})

@@ -39,6 +39,7 @@ from ..faults.retry import priced_with_retry
 from .costs import effective_cost, with_expansion
 from .loop_programs import LoopBuilder, op_overhead_ns, pods_of, servers_of
 from .event_replay import LOOPS_REPLAYED, replayed_exits, sends, trace_events
+from .faulted import late_entry_error
 from ..selection import Choice, Context, select
 
 
@@ -324,6 +325,9 @@ def make_plan(sig: Signature, topo, config, entry: list, itemsize: int, trace: b
               faults_now: Optional[OpFaults] = None) -> OpPlan:
     """Plan one collective call on `topo` (a Topology or its CostModel) from every rank's entry clock;
     `faults_now`: what the communicator's fault progress says about this op (hccl_sim.faults.progress)."""
+    late = late_entry_error(sig.name, config, entry)
+    if late is not None:
+        raise late
     now = faults_now or NO_FAULTS
     cost = effective_cost(topo, config, now.backup)
     p = cost.num_ranks

@@ -30,6 +30,8 @@ from ..plan.costs import effective_cost
 MILDEST_FIRST = ("straggler", "link_slow", "corrupt", "link_flap", "nic_down", "link_down", "rank_crash")
 """Fault kinds from the mildest (a late rank, a slow link: nothing fails) to the worst (a dead
 rank); what a shrunk plan's kind tends to."""
+SLOW_PEER_MARGIN_S = 5.0
+"""How much later than HCCL_EXEC_TIMEOUT the slowest straggler drawn enters (simulated s)."""
 OUTAGES = ("one interval", "under budget", "past budget", "past budget, back within HoldTime")
 """How long a flapping link or NIC stays down, mildest first: within one retransmission interval
 (the next attempt gets through), under the whole RDMA budget, past it (an error CQE), past it
@@ -144,7 +146,7 @@ def _entry(draw, st, facts: Facts):
     world_op = t.scope == "" and t.seq is not None
     if kind == "straggler":
         rank = draw(st.sampled_from(members))
-        delay = draw(st.sampled_from(STRAGGLER_DELAYS_S))
+        delay = draw(st.sampled_from(_delays(facts.config)))
         every = draw(st.booleans()) or not world_op
         return kind, dict(rank=rank, delay=delay, ops=None if every else [t.seq])
     if kind == "rank_crash":
@@ -173,6 +175,13 @@ def _entry(draw, st, facts: Facts):
     if kind == "corrupt":
         return kind, dict(a=a, b=b, nth=draw(st.sampled_from((0, 1, 3))))
     raise HcclError("E_NOT_SUPPORT", f"fault kind {kind} is not drawn by hccl_sim.testing")
+
+
+def _delays(config) -> tuple:
+    """How late a straggler enters, shortest first: chaos's, then past HCCL_EXEC_TIMEOUT (its
+    peers' notify waits time out: E_TIMEOUT naming it)."""
+    timeout = config.exec_timeout_s
+    return STRAGGLER_DELAYS_S + ((timeout + SLOW_PEER_MARGIN_S,) if timeout else ())
 
 
 def _outage(draw, st, facts: Facts) -> int:

@@ -84,6 +84,7 @@ class Link:
         self.queue = queue.SimpleQueue() if outgoing else None
         self.pending = 0            # frames handed to the sender thread and not yet sent
         self.threads = []
+        self.bye = False            # the peer's BYE has come in on it (its last frame there)
 
     def send(self, parts):
         with self.send_lock:

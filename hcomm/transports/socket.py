@@ -82,6 +82,7 @@ class SocketTransport(PeerEndpoint):
         self._links_cond = threading.Condition()
         self._connect_lock = threading.Lock()
         self._said_bye = False
+        self._acks_after_bye = set()     # peers whose acknowledgements end with their own connection's BYE
         self._pool, self._pool_lock = {}, threading.Lock()
         self._memory, self._same_host = None, frozenset()     # share_host
         self.sent_by_place = 0           # data frames that carried a slice's place, not its bytes
@@ -277,7 +278,7 @@ class SocketTransport(PeerEndpoint):
                     self.acknowledged(head["id"], head.get("reply"))
                 elif kind == BYE:        # after every frame the peer sent on this connection
                     bye = True
-                    self.peer_returned(peer, data=not link.outgoing, acks=link.outgoing)
+                    self._bye_from(peer, link)
                 else:
                     raise ValueError(f"unknown frame kind {kind}")
         except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
@@ -375,6 +376,20 @@ class SocketTransport(PeerEndpoint):
             with self.cond:
                 self._host.drain()
         super().peer_returned(peer, data, acks)
+
+    def _bye_from(self, peer, link):
+        """`peer`'s BYE on `link`: no more data (its connection here) or acknowledgements (this
+        rank's connection to it). What it sent on its own connection (an abort notice, say) may
+        still be on the way when the BYE on this rank's comes in, so its acknowledgements end
+        with both: a wait for them then fails as the notice says, not as a peer that returned."""
+        with self._links_cond:          # the two connections' readers decide one after the other
+            link.bye = True
+            theirs = self._incoming.get(peer)
+            if link.outgoing and theirs is not None and not theirs.bye:
+                self._acks_after_bye.add(peer)
+                return
+            acks = link.outgoing or peer in self._acks_after_bye
+        self.peer_returned(peer, data=not link.outgoing, acks=acks)
 
     def _announce_exit(self):
         if self._said_bye:
