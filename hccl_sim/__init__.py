@@ -29,7 +29,7 @@ from .comm.p2p_calls import ANY_SOURCE, Request
 from .config.env import Config
 from .faults.progress import FaultProgress
 from .faults.fault_plan import FaultPlan
-from .plan.faulted import crash_in, with_faults
+from .plan.faulted import NEVER_NS, crash_in, with_faults
 from .plan.planner import Signature, make_plan
 from .config.types import ReduceOp, dtype_name, numpy_dtype, parse_reduce_op
 from .engines import interception
@@ -328,6 +328,8 @@ def simulate(op: str, nbytes: int | None = None, topology=None, algo: str | None
     sig = Signature(name, shape, dname, red, root if coll.rooted else None, algo, False, v)
     config = with_faults(topo, Config.from_env(env, policy), faults)
     entry = [0] * p if config.faults is None else [config.faults.straggle_ns(r, 0) for r in range(p)]
+    if config.faults is not None and config.faults.stalls:      # a rank stalled before the op never enters it
+        entry = [NEVER_NS if config.faults.stall_of(r, 0, t) else t for r, t in enumerate(entry)]
     now = None if config.faults is None else FaultProgress(config.faults).before()   # the job's first op
     plan = make_plan(sig, topo, config, entry, itemsize, trace=trace, faults_now=now)
     if config.faults is not None and config.faults.crashes:

@@ -246,6 +246,38 @@ def test_a_peer_later_than_hccl_exec_timeout_fails_the_op_with_e_timeout_naming_
                         faults=FaultPlan().straggler(3, 5000.0, ops=[1]))[0][0] == "ok"
 
 
+def _stalled_peer(comm):
+    comm.all_reduce(np.ones(4))
+    try:
+        comm.all_reduce(np.ones(4))
+    except HcclError as e:
+        return e.code, e.cause, e.peers, e.fault, e.time_ns, e.detail.get("stalled"), comm.clock
+    return "ok", comm.clock
+
+
+@pytest.mark.local
+def test_a_stalled_rank_is_found_by_its_peers_exec_timeout_and_returns_none():
+    import topologies
+    topo = topologies.hardware("atlas800t-a2", devices_per_server=[4, 4])
+    env = {"HCCL_EXEC_TIMEOUT": "10"}
+    got = hccl_sim.run(_stalled_peer, topology=topo, env=env, faults=FaultPlan().rank_stall(5, at_op=1))
+    assert got[5] is None                                              # it never comes back
+    first = got[0][4] - 10_000_000_000
+    for r in (0, 1, 2, 3, 4, 6, 7):
+        assert got[r] == ("E_TIMEOUT", "TIMEOUT", (5,), "fault plan entry 0 (rank_stall rank 5)",
+                          first + 10_000_000_000, True, first + 10_000_000_000)
+    # a stall during op 0 stops the rank before op 1: the device finishes what it was given
+    assert hccl_sim.run(_stalled_peer, topology=topo, env=env, faults=FaultPlan().rank_stall(5, at=1e-6)) == got
+    with pytest.raises(HcclError, match="found only by its peers' HCCL_EXEC_TIMEOUT, which is 0"):
+        hccl_sim.run(_stalled_peer, topology=topo, env={"HCCL_EXEC_TIMEOUT": "0"},
+                     faults=FaultPlan().rank_stall(5, at_op=1))
+    with pytest.raises(HcclError, match="give exactly one of at_op"):
+        FaultPlan().rank_stall(5)
+    with pytest.raises(HcclError, match=r"rank 5 never entered allreduce \(stalled") as e:
+        hccl_sim.simulate("allreduce", 1 << 20, topology=topo, env=env, faults=FaultPlan().rank_stall(5, at_op=0))
+    assert e.value.time_ns == 10_000_000_000 and e.value.peers == (5,)
+
+
 @pytest.mark.local
 def test_in_place_op_is_not_retried():
     env = {**FAST, "HCCL_OP_RETRY_ENABLE": "L0:1", "HCCL_OP_RETRY_PARAMS": "MaxCnt:2,HoldTime:1"}

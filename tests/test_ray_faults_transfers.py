@@ -81,3 +81,18 @@ def test_a_slow_peer_past_hccl_exec_timeout_fails_alike_on_ray_and_local(ray_clu
     local = hccl_sim.run(_slow_peer, topology=topo, env=env, faults=plan)
     assert local[0][0] == "E_TIMEOUT" and local[0][2] == (6,)
     assert hccl_sim.run(_slow_peer, topology=topo, env=env, faults=plan, engine="ray") == local
+
+
+def test_a_stalled_rank_is_found_alike_on_ray_and_local_and_its_actor_lives_on(ray_cluster):
+    """A rank the plan stalls before op 1: its peers' E_TIMEOUT and clocks as on the local engine;
+    its result None, and its actor (alive: a stall is no crash) runs the cluster's next run."""
+    from test_faults import _stalled_peer
+    import topologies
+    topo = topologies.hardware("atlas800t-a2", devices_per_server=[4, 4])
+    plan = hccl_sim.FaultPlan().rank_stall(6, at_op=1)
+    env = {"HCCL_EXEC_TIMEOUT": "10"}
+    local = hccl_sim.run(_stalled_peer, topology=topo, env=env, faults=plan)
+    with hccl_sim.Cluster(topo, engine="ray") as cluster:
+        pids = cluster.pids
+        assert cluster.run(_stalled_peer, env=env, faults=plan) == local and local[6] is None
+        assert cluster.run(lambda comm: comm.rank) == list(range(8)) and cluster.pids == pids

@@ -36,7 +36,7 @@ from topologies.model import seconds_to_ns
 
 from .. import collectives
 from ..config.env import Config
-from ..faults.fault_plan import HEARTBEAT_LOST_S, _describe as entry_label
+from ..faults.fault_plan import HEARTBEAT_LOST_S, STOPPING, _describe as entry_label
 from ..config.types import parse_reduce_op
 from .scenarios import Call, Scenario, count_matrix
 
@@ -146,7 +146,7 @@ def classify(sc: Scenario, twin, faulty, reference=None) -> Verdict:
     p, calls = len(twin), sc.call.calls
     config = Config.from_env(sc.env)
     entries = sc.plan.entries
-    crashing = {e["rank"] for e in entries if e["kind"] == "rank_crash"}
+    crashing = {e["rank"] for e in entries if e["kind"] in STOPPING}
     dead = [r for r in range(p) if faulty[r] is None]
     if set(dead) - crashing:
         return Verdict("WRONG", f"rank {min(set(dead) - crashing)} returned no result, but the plan does not crash it")
@@ -290,6 +290,12 @@ def error_problem(entries, rank, rec, config, dead, in_place=None) -> Optional[s
         if crashed is None or rec.end < crashed + seconds_to_ns(wait):
             return (f"rank {rank}: told at {rec.end / 1e9:.6f} s, before the {wait} s wait since the crash "
                     f"({'unknown' if crashed is None else f'{crashed / 1e9:.6f} s'}) was over")
+        return None
+    if kind == "rank_stall":
+        if rec.code != "E_TIMEOUT" or cause != Cause.TIMEOUT or not detail.get("stalled"):
+            return f"rank {rank}: a stalled rank gave {rec.code} ({cause}), expected E_TIMEOUT: {short(rec.message)}"
+        if detail.get("slow") != entry["rank"] or entry["rank"] not in dead:
+            return f"rank {rank}: E_TIMEOUT names rank {detail.get('slow')}, the plan stalls rank {entry['rank']}"
         return None
     if kind == "straggler":
         if rec.code != "E_TIMEOUT" or cause != Cause.TIMEOUT:

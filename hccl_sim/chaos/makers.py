@@ -132,8 +132,17 @@ def _make_corrupt(rng, space, spans, target, budget, env):
     return dict(a=a, b=b, nth=nth), f"corrupt {a}->{b} ({level}) transfer {nth}"
 
 
+def _make_stall(rng, space, spans, target, budget, env):
+    rank = int(rng.integers(space.topo.num_ranks))
+    if rng.random() < 0.5:
+        return dict(rank=rank, at_op=target), f"rank_stall rank {rank} before op {target}"
+    at = _inside(rng, spans, target)
+    return dict(rank=rank, at=at / 1e9), f"rank_stall rank {rank} at {fmt_s(at / 1e9)} (stops before its next op)"
+
+
 MAKERS = {"link_flap": _make_flap, "link_down": _make_down, "link_slow": _make_slow, "nic_down": _make_nic,
-               "straggler": _make_straggler, "rank_crash": _make_crash, "corrupt": _make_corrupt}
+               "straggler": _make_straggler, "rank_crash": _make_crash, "corrupt": _make_corrupt,
+               "rank_stall": _make_stall}
 """kind -> maker(rng, space, spans, target, rdma budget, env) -> (the FaultPlan method's keyword
 arguments, a few words saying what it does). A kind of hccl_sim.faults.fault_plan.MODELLED missing here is
 not drawn (and the campaign says so)."""

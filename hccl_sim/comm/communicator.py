@@ -31,7 +31,8 @@ from .p2p_calls import PointToPointOps
 from .variable_calls import VariableSizeOps
 from .rank_group import Call, RankBuffers
 
-from ..faults.fault_plan import RankCrashed, lost_fields
+from ..faults.fault_plan import RankCrashed, RankStalled, lost_fields
+from ..plan.faulted import NEVER_NS
 from ..plan.costs import effective_cost
 from ..plan.faulted import crash_in, crash_steps
 from ..plan.planner import Signature
@@ -365,8 +366,11 @@ class Communicator(VariableSizeOps, PointToPointOps):
                             rank=self.rank, op=opname, **lost_fields(self._lost))
         entry = queue.tail if queue.tail > dev.clock else dev.clock
         faults = self.config.faults
+        stalled = None
         if faults is not None:
             entry += faults.straggle_ns(self.rank, seq)     # a straggler enters late
+            if faults.stalls:
+                stalled = faults.stall_of(self.rank, seq, entry)
         group = self._group
         if x is None:
             itemsize, eager = 1, None
@@ -377,11 +381,17 @@ class Communicator(VariableSizeOps, PointToPointOps):
         progress = group.fault_progress if faults is not None else None
         sent = progress.sent_by(self.rank, self._p2p_sent) if progress is not None and progress.pairs else ()
         try:
-            plan = group.rendezvous(self.rank, _new(Call, (seq, sig, entry, itemsize, eager, sent)))
+            # a stalled rank never enters: its peers' plan finds them waiting past HCCL_EXEC_TIMEOUT
+            plan = group.rendezvous(self.rank, _new(Call, (seq, sig, NEVER_NS if stalled else entry, itemsize,
+                                                           eager, sent)))
         except HcclError as exc:
+            if stalled:
+                raise RankStalled(self.rank, entry, opname) from None
             if exc.time_ns is not None:     # a failure the plan priced (an error CQE): this rank's
                 dev.clock = max(dev.clock, entry, exc.time_ns)  # clock moves on to when it was found
             raise
+        if stalled:                         # alone in its communicator: nobody waits for it
+            raise RankStalled(self.rank, entry, opname)
         buffers = _new(RankBuffers, (x, out, None))
         if faults is not None and faults.crashes:
             self._meet_crash(faults, plan, seq, opname, buffers, redop)

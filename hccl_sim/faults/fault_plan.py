@@ -35,6 +35,7 @@ class BoundFaults:
     crashes: tuple = ()           # ((rank, at_op or None, at ns or None, at_step or None, label), ...)
     corrupt: tuple = ()           # ((src, dst, nth, label), ...): the nth transfer src -> dst fails its CRC
     late_labels: tuple = ()       # ((rank, label), ...) of the straggler entries
+    stalls: tuple = ()            # ((rank, at_op or None, at ns or None, label), ...): ranks that stop progressing
 
     def restricted(self, world: tuple) -> "BoundFaults":
         """The plan as a communicator of the job's ranks `world` (its rank i is world[i]) sees it:
@@ -47,11 +48,22 @@ class BoundFaults:
         crashes = tuple((index[r], None, at, None, label) for r, at_op, at, _, label in self.crashes
                         if at_op is None and r in index)
         labels = tuple((index[r], label) for r, label in self.late_labels if r in index)
-        return dataclasses.replace(self, late=late, crashes=crashes, corrupt=(), late_labels=labels)
+        stalls = tuple((index[r], None, at, label) for r, at_op, at, label in self.stalls
+                       if at_op is None and r in index)
+        return dataclasses.replace(self, late=late, crashes=crashes, corrupt=(), late_labels=labels, stalls=stalls)
 
     def late_label(self, rank: int):
         """The label of `rank`'s straggler entry (its first), or None."""
         return next((label for r, label in self.late_labels if r == rank), None)
+
+    def stall_of(self, rank: int, op_index: int, entry_ns: int):
+        """The label of the stall that stops `rank` before it enters its op `op_index` (entering
+        at `entry_ns`), or None: an at_op stall of this op, or an `at` stall at or before the
+        entry (a host thread that hangs stops launching ops; the device finishes the one it has)."""
+        for r, at_op, at, label in self.stalls:
+            if r == rank and (at_op == op_index if at_op is not None else at <= entry_ns):
+                return label
+        return None
 
     def straggle_ns(self, rank: int, op_index: int) -> int:
         """How late `rank` enters its op number `op_index` (0-based, per communicator)."""
@@ -90,9 +102,12 @@ KINDS = {
     "corrupt": (("a", "b"), {"nth": 0}),
     "rank_crash": (("rank",), {"at_op": None, "at": None, "at_step": None}),
     "straggler": (("rank", "delay"), {"ops": None}),
+    "rank_stall": (("rank",), {"at_op": None, "at": None}),
 }
 LINK_KINDS = ("link_flap", "link_down", "link_slow", "nic_down")
-MODELLED = LINK_KINDS + ("straggler", "rank_crash", "corrupt")
+MODELLED = LINK_KINDS + ("straggler", "rank_crash", "corrupt", "rank_stall")
+STOPPING = ("rank_crash", "rank_stall")
+"""Kinds that stop a rank: its function ends there and its result is None."""
 """Kinds a run prices today; a plan holding another kind is refused (E_NOT_SUPPORT) when run."""
 HEARTBEAT_LOST_S = 30
 """A rank that stops answering is LOST after 30 s without heartbeat (HCCL_LOST_THRESHOLD,
@@ -106,6 +121,15 @@ class RankCrashed(BaseException):
     def __init__(self, rank: int, time_ns: int, op: str):
         self.rank, self.time_ns, self.op = rank, time_ns, op
         super().__init__(f"rank {rank} crashed in {op} at {time_ns / 1e9:.6f} s (fault plan)")
+
+
+class RankStalled(RankCrashed):
+    """Raised on a rank the fault plan stalls (its host thread hangs: the process lives, no op is
+    launched any more): its function stops there, its result is None, its process goes on."""
+
+    def __init__(self, rank: int, time_ns: int, op: str):
+        BaseException.__init__(self, f"rank {rank} stalled before {op} at {time_ns / 1e9:.6f} s (fault plan)")
+        self.rank, self.time_ns, self.op = rank, time_ns, op
 
 
 def _describe(index: int, entry: dict) -> str:
@@ -154,7 +178,7 @@ def check_entry(index: int, entry: dict) -> dict:
     if "a" in out and out["a"] == out["b"]:
         raise _bad(index, out, f"a and b are the same rank ({out['a']}): a rank has no link to itself")
     if "at" in out:
-        _time_field(index, out, "at", optional=kind == "rank_crash")
+        _time_field(index, out, "at", optional=kind in ("rank_crash", "rank_stall"))
     if "duration" in out:
         _time_field(index, out, "duration", positive=True, optional=kind != "link_flap")
     if kind == "link_slow":
@@ -173,6 +197,13 @@ def check_entry(index: int, entry: dict) -> dict:
                                                               and o >= 0 for o in ops):
                 raise _bad(index, out, f"ops must be a list of op indices (integers >= 0) or None, got {ops!r}")
             out["ops"] = sorted(set(ops))
+    if kind == "rank_stall":
+        given = [f for f in ("at_op", "at") if out[f] is not None]
+        if len(given) != 1:
+            raise _bad(index, out, "give exactly one of at_op (an op index) or at (seconds)")
+        v = out["at_op"]
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise _bad(index, out, f"at_op must be an integer >= 0, got {v!r}")
     if kind == "rank_crash":
         given = [f for f in ("at_op", "at") if out[f] is not None]
         if len(given) != 1:
@@ -221,6 +252,9 @@ class FaultPlan:
 
     def rank_crash(self, rank, at_op=None, at=None, at_step=None):
         return self._add(kind="rank_crash", rank=rank, at_op=at_op, at=at, at_step=at_step)
+
+    def rank_stall(self, rank, at_op=None, at=None):
+        return self._add(kind="rank_stall", rank=rank, at_op=at_op, at=at)
 
     def straggler(self, rank, delay, ops=None):
         return self._add(kind="straggler", rank=rank, delay=delay, ops=ops)
@@ -298,9 +332,14 @@ class FaultPlan:
         corrupt = tuple((e["a"], e["b"], e["nth"], _describe(i, e)) for i, e in enumerate(self.entries)
                         if e["kind"] == "corrupt")
         labels = tuple((e["rank"], _describe(i, e)) for i, e in enumerate(self.entries) if e["kind"] == "straggler")
+        stalls = tuple((e["rank"], e["at_op"], None if e["at"] is None else seconds_to_ns(e["at"]), _describe(i, e))
+                       for i, e in enumerate(self.entries) if e["kind"] == "rank_stall")
+        if stalls and not config.exec_timeout_s:
+            raise HcclError("E_PARA", f"{stalls[0][3]}: a stalled rank is found only by its peers' HCCL_EXEC_TIMEOUT, "
+                            "which is 0 (never): they would wait for it for ever")
         return BoundFaults(self.link_state(topo, interval, config.rdma_retry_cnt), late,
                            tuple(tuple(sorted(e.items(), key=lambda kv: kv[0])) for e in self.entries), crashes,
-                           corrupt, labels)
+                           corrupt, labels, stalls)
 
     def link_state(self, topo, interval_ns: int = 4096 << 20, retries: int = 7) -> LinkState:
         """hcomm's LinkState of the plan's link entries on `topo` (edges of each route, ns windows)."""

@@ -32,8 +32,9 @@ def crash_in(faults: BoundFaults, plan, op_index: int, topo, config):
     """(rank, simulated ns, label) of the first crash `faults` has in this op, or None.
 
     at_op: on entering op number at_op (or, with at_step, when its step at_step starts, from the
-    event-driven replay of the op); at: in the first op the rank has not left by that time (on
-    entry if it was idle then)."""
+    event-driven replay of the op); at: in the first op the rank has not left by that time, at that
+    time (a time before the rank's entry is in its host code between ops: it dies there, and its
+    peers' clocks for finding it lost count from then)."""
     found = _first_crash(faults, plan, op_index, topo, config)
     return None if found is None else found[:3]
 
@@ -62,10 +63,14 @@ def _first_crash(faults: BoundFaults, plan, op_index, topo, config):
         else:
             if plan.exits[rank] <= at_ns:
                 continue
-            t = max(at_ns, plan.entry[rank])
+            t = at_ns           # in the op, or before it: in the rank's host code since its last op
         if found is None or (t, rank) < (found[1], found[0]):
             found = (rank, t, label, at_step)
     return found
+
+
+NEVER_NS = 1 << 62
+"""The entry clock a stalled rank's call carries: it never enters (no simulated time reaches it)."""
 
 
 def late_entry_error(opname: str, config, entry: list):
@@ -82,6 +87,12 @@ def late_entry_error(opname: str, config, entry: list):
     if last - first <= limit:
         return None
     slow, early = entry.index(last), entry.index(first)
+    if last >= NEVER_NS:                # a stalled rank: alive, never entering
+        label = next((lb for r, _, _, lb in config.faults.stalls if r == slow), None)
+        return HcclError("E_TIMEOUT", f"rank {slow} never entered {opname} (stalled, {label}): its peers' notify "
+                         f"wait passed HCCL_EXEC_TIMEOUT ({timeout} s)", op=opname, cause=Cause.TIMEOUT,
+                         peers=(slow,), time_ns=first + limit, fault=label,
+                         detail={"slow": slow, "stalled": True, "exec_timeout_s": timeout})
     label = config.faults.late_label(slow) if config.faults is not None else None
     why = f" ({label})" if label else ""
     return HcclError("E_TIMEOUT", f"rank {slow} entered {opname} {(last - first) / 1e9:.6f} s after rank {early}: its "

@@ -27,7 +27,8 @@ from ..faults.fault_plan import FaultPlan
 from ..faults.retry import level_of
 from ..plan.costs import effective_cost
 
-MILDEST_FIRST = ("straggler", "link_slow", "corrupt", "link_flap", "nic_down", "link_down", "rank_crash")
+MILDEST_FIRST = ("straggler", "link_slow", "corrupt", "link_flap", "nic_down", "link_down", "rank_stall",
+                 "rank_crash")
 """Fault kinds from the mildest (a late rank, a slow link: nothing fails) to the worst (a dead
 rank); what a shrunk plan's kind tends to."""
 SLOW_PEER_MARGIN_S = 5.0
@@ -149,6 +150,11 @@ def _entry(draw, st, facts: Facts):
         delay = draw(st.sampled_from(_delays(facts.config)))
         every = draw(st.booleans()) or not world_op
         return kind, dict(rank=rank, delay=delay, ops=None if every else [t.seq])
+    if kind == "rank_stall":
+        rank = draw(st.sampled_from(members))
+        if world_op and not draw(st.booleans()):
+            return kind, dict(rank=rank, at_op=t.seq)
+        return kind, dict(rank=rank, at=at / 1e9)
     if kind == "rank_crash":
         rank = draw(st.sampled_from(members))
         mode = draw(st.sampled_from(("at_op", "at_step", "at") if world_op else ("at",)))
@@ -222,7 +228,7 @@ def describe(plan: FaultPlan, topology) -> str:
         text = f"{kind} {where}"
         if kind == "straggler":
             text += f" +{fmt_s(e['delay'])} in " + ("every op" if e.get("ops") is None else f"op {e['ops']}")
-        elif kind == "rank_crash":
+        elif kind in ("rank_crash", "rank_stall"):
             text += (f" at {fmt_s(e['at'])}" if e.get("at") is not None else f" entering op {e['at_op']}"
                      + (f" at step {e['at_step']}" if e.get("at_step") is not None else ""))
         elif kind == "corrupt":

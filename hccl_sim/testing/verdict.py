@@ -29,6 +29,7 @@ from topologies.errors import HcclError
 from ..chaos.check import CallRecord, Verdict, error_problem, short
 from ..comm.record import OpRecord
 from ..engines.rendezvous import is_consequence, root_cause
+from ..faults.fault_plan import STOPPING
 from .recording import ScenarioHang
 
 DEFAULT_ALLOW = ("E_REMOTE", "E_TIMEOUT", "E_OPRETRY_FAIL")
@@ -101,7 +102,7 @@ def judge_run(twin, run, allow, check: Optional[Callable] = None) -> Verdict:
             return Verdict("skipped", short(str(exc)))
         return Verdict("WRONG", f"the run was refused: {short(f'{type(exc).__name__}: {exc}')}")
     outcomes, entries = run.outcomes, run.plan.entries if run.plan is not None else []
-    crashing = {e["rank"] for e in entries if e["kind"] == "rank_crash"}
+    crashing = {e["rank"] for e in entries if e["kind"] in STOPPING}
     dead = [r for r, o in enumerate(outcomes) if o is None]
     if set(dead) - crashing:
         return Verdict("WRONG", f"rank {min(set(dead) - crashing)} returned no result, but the plan does not crash it")

@@ -25,6 +25,7 @@ from ..bootstrap import communicator, start_runtime
 from .group import RayGroup
 from .planes import PLANES
 from .protocol import Outcome, RankInfo, RankStatus
+from ...faults.fault_plan import RankStalled
 from hcomm.memory.segment_provider import SegmentProvider
 from hcomm.transports.watched import RankWatch
 
@@ -119,6 +120,10 @@ class RankActorBase(RayMailbox):
                 value = fn(comm, *args, **(kwargs or {}))
             finally:
                 self.device.free(comm.ccl_buffer)
+        except RankStalled:            # the plan stalled it (a crash's process has exited already)
+            group.exit(self.rank)
+            self._finish(transport)
+            return Outcome(self.rank, True, value=None, lost=_lost(group))
         except BaseException as exc:   # noqa: BLE001 - reported to the driver and the other ranks
             at = time.time()
             if group is not None:
