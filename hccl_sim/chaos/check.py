@@ -46,6 +46,8 @@ LINK_FAILING = ("link_flap", "link_down", "nic_down")      # kinds that take lin
 CQE_KINDS = LINK_FAILING + ("corrupt",)
 """Kinds an error CQE can name: a down link's, or a corrupted transfer's when its lost attempt was
 the one past HCCL_RDMA_RETRY_CNT (the others lost to a down link: alone, it is retransmitted)."""
+DELAYING = ("link_flap", "link_slow", "nic_down", "corrupt")
+"""Kinds that can hold a transfer up (retransmitted or slowed) without failing it."""
 CQE_CAUSES = {"E_REMOTE": Cause.LINK_FAILED, "E_OPRETRY_FAIL": Cause.OPRETRY_FAIL}
 """The cause an error CQE's error carries, by its code."""
 
@@ -245,6 +247,8 @@ def error_problem(entries, rank, rec, config, dead, in_place=None) -> Optional[s
     fields = rec.error or {}
     detail = fields.get("detail") or {}
     named = [e for i, e in enumerate(entries) if fields.get("fault") == entry_label(i, e)]
+    if not named and _late_behind_slow_links(entries, rec, fields, detail, config):
+        return None
     if not named:
         return f"rank {rank}: {rec.code} does not name a fault of the plan: {short(rec.message)}"
     entry = named[0]
@@ -306,6 +310,17 @@ def error_problem(entries, rank, rec, config, dead, in_place=None) -> Optional[s
                     f"is rank {entry['rank']} and HCCL_EXEC_TIMEOUT is {timeout} s: {short(rec.message)}")
         return None
     return f"rank {rank}: a {kind} fault cannot fail an op, yet it got {rec.code}: {short(rec.message)}"
+
+
+def _late_behind_slow_links(entries, rec, fields, detail, config) -> bool:
+    """Whether the error is a later op's timeout behind a peer that the plan's link faults held
+    up: a transfer retransmitted until its link came back (or slowed) kept that rank in an op
+    while the others went on, and its next op then began past their HCCL_EXEC_TIMEOUT. It names
+    no entry (the slow rank's lateness is its last op's); it is only possible with such faults."""
+    timeout = config.exec_timeout_s
+    return (rec.code == "E_TIMEOUT" and fields.get("cause") == Cause.TIMEOUT and fields.get("fault") is None
+            and detail.get("late_ns") is not None and bool(timeout) and detail["late_ns"] > seconds_to_ns(timeout)
+            and any(e["kind"] in DELAYING for e in entries))
 
 
 def short(text: str, n: int = 240) -> str:
