@@ -30,6 +30,9 @@ from .peer_group import PeerGroup
 
 DEFAULT_TOPOLOGY = "atlas800t-a2"
 ENV = "HCCL_SIM_TOPOLOGY"
+FAULTS_ENV = "HCCL_SIM_FAULTS"
+"""A fault plan file (FaultPlan.save's YAML) the launched job's first attempt meets."""
+CRASH_EXIT_STATUS = 70             # the exit status of a rank process the fault plan kills (EX_SOFTWARE)
 
 
 def topology_from_env(world_size: int):
@@ -61,7 +64,20 @@ def topology_from_env(world_size: int):
     return topo
 
 
-class LaunchedGroup(PeerGroup):
+class LaunchedPeers(PeerGroup):
+    """A launched script's group over the peer transport: a rank the fault plan crashes ends its
+    process at once, as a crashed one does (no goodbye; its peers find its connections closed),
+    and so do its sub-communicators' ranks."""
+    engine = "torchrun"
+
+    def _end_rank(self, rank) -> None:
+        os._exit(CRASH_EXIT_STATUS)
+
+    def _subgroup(self, sub_rank, topo, config, control, transport):
+        return LaunchedPeers(sub_rank, topo, config, control, transport)
+
+
+class LaunchedGroup(LaunchedPeers):
     """A launched script's world group with the rank's segments (`memory`, a SegmentProvider):
     every rank on one host, the shared-memory data plane over them; some of them (a job across
     hosts), the per-rank executor with the buffers in them, so that the ranks of one host read
@@ -96,15 +112,33 @@ class Launched(NamedTuple):
     close: Callable[[], None]
 
 
-def connect(store, rank: int, size: int, topo, env=None, timeout_s: float | None = None) -> Launched:
+def config_from_env(topo, env=None):
+    """The launched rank's Config: HCCL's variables, and HCCL_SIM_FAULTS's plan on the job's first
+    attempt (torchrun's TORCHELASTIC_RESTART_COUNT 0): a plan is what goes wrong in one run of the
+    job, and an elastic restart starts it again on hardware that works (a crashed process is
+    started anew, a flapping link has been repaired)."""
+    from ..config.env import Config
+    from ..faults.fault_plan import FaultPlan
+    from ..plan.faulted import with_faults
+    config = Config.from_env(env)
+    path = os.environ.get(FAULTS_ENV)
+    if path and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) == 0:
+        config = with_faults(topo, config, FaultPlan.load(path))
+    return config
+
+
+def connect(store, rank: int, size: int, topo, env=None, timeout_s: float | None = None, config=None,
+            session: str | None = None) -> Launched:
     """This rank's world, its peers found through `store`. Its `close()` says goodbye to the
     peers (their waits on this rank end at once), closes the transport, then the group's
-    shared-memory plane, if any."""
+    shared-memory plane, if any. `config`: the run's Config (default: `config_from_env`);
+    `session`: the shared-memory session its segments are named for (default: one rank 0 makes;
+    a launcher that cleans up after the job gives its own)."""
     from .bootstrap import communicator, start_runtime
     from hcomm.control.transport import TransportControl
-    from ..config.env import Config
     from hcomm.transports.socket import SocketTransport
-    config = Config.from_env(env)
+    if config is None:
+        config = config_from_env(topo, env)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", size)) == size
     host = "127.0.0.1" if local else socket.gethostbyname(socket.gethostname())
     transport = SocketTransport(rank, size, config.wait_timeout_s, connect_timeout_s=float(config.connect_timeout_s),
@@ -123,9 +157,10 @@ def connect(store, rank: int, size: int, topo, env=None, timeout_s: float | None
     if local or len(here) > 1:
         from hcomm.memory import segments as shm
         from hcomm.memory.segment_provider import SegmentProvider
-        if rank == 0:
-            store.set("hccl_sim/shm_session", shm.new_session())
-        session = store.get("hccl_sim/shm_session").decode()
+        if session is None:
+            if rank == 0:
+                store.set("hccl_sim/shm_session", shm.new_session())
+            session = store.get("hccl_sim/shm_session").decode()
         crashes = config.faults is not None and config.faults.crashes
         control, owner = (TransportControl(transport, rank, size), None) if crashes else \
             host_control(store, session, [found[r][2] for r in range(size)], rank, transport,
@@ -136,7 +171,7 @@ def connect(store, rank: int, size: int, topo, env=None, timeout_s: float | None
         import atexit
         atexit.register(group.close)       # a script that raised never reaches destroy_process_group
     else:
-        group = PeerGroup(rank, topo, config, TransportControl(transport, rank, size), transport)
+        group = LaunchedPeers(rank, topo, config, TransportControl(transport, rank, size), transport)
 
     def close():
         group.exit(rank)

@@ -140,12 +140,15 @@ def build_parser():
     c.add_argument("--engine", default="local", help="local (threads) or ray (one actor per rank) (default local)")
     _add_topology_args(c)
     c.set_defaults(servers=None)
-    c.add_argument("--replay", type=int, default=None, metavar="N",
-                   help="rerun scenario N alone, in full detail (its plan as YAML, every rank's outcome)")
+    c.add_argument("--replay", default=None, metavar="N|TOKEN",
+                   help="rerun scenario N alone, in full detail (its plan as YAML, every rank's outcome); with "
+                        "--script, the scenario of a replay token")
     c.add_argument("--json", default=None, metavar="FILE", help="write every scenario (plan, env, call, outcome, times)")
     c.add_argument("--deadline", type=float, default=60.0, metavar="S",
                    help="wall seconds a run may take before it counts as a HANG (at least HCCL_EXEC_TIMEOUT + 15; "
                         "default 60)")
+    from .script_chaos import add_arguments as add_script_arguments
+    add_script_arguments(c)
 
     from ..training.command import add_parser as add_train_parser
     add_train_parser(sub, _add_topology_args)
@@ -282,14 +285,29 @@ CHAOS_SERVERS = 2
 inside a server (L0) and between servers (L1)."""
 
 
+SCRIPT_ONLY = {"nproc": None, "script_args": "", "max_restarts": 0, "kinds": None, "max_faults": 2, "allow": None,
+               "script_check": None, "no_shrink": False, "env": None}
+"""chaos's options for --script, with their defaults (given without --script: refused)."""
+
+
 def cmd_chaos(args) -> int:
     from ..chaos import report
     if not 1 <= args.scenarios <= MAX_SCENARIOS:
         raise HcclError("E_PARA", f"-n {args.scenarios}: the number of scenarios must be in [1, {MAX_SCENARIOS}]")
-    if args.replay is not None and args.replay < 0:
-        raise HcclError("E_PARA", f"--replay {args.replay}: a scenario number is >= 0")
     if not (args.deadline > 0 and math.isfinite(args.deadline)):
         raise HcclError("E_PARA", f"--deadline {args.deadline}: wall seconds > 0")
+    if args.script is not None:
+        from .script_chaos import cmd_script_chaos
+        return cmd_script_chaos(args, _topology, _env_pairs)
+    given = [name for name, default in SCRIPT_ONLY.items() if getattr(args, name) != default]
+    if given:
+        raise HcclError("E_PARA", f"chaos: --{given[0].replace('_', '-')} is an option of a script's fault suite "
+                        "(--script FILE.py)")
+    if args.replay is not None:
+        if not args.replay.isdigit():
+            raise HcclError("E_PARA", f"--replay {args.replay}: a scenario number is an integer >= 0 (a replay "
+                            "token goes with --script)")
+        args.replay = int(args.replay)
     registry.get(args.engine, "chaos", f"--engine {args.engine!r}")
     lname = topologies.ALIASES.get(args.topology.lower(), args.topology.lower())
     if lname in topologies.HARDWARE_PRESETS and args.servers is None:

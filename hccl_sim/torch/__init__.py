@@ -9,7 +9,9 @@ HCCL_SIM_TOPOLOGY names; then ordinary torch.distributed code runs
 on it: collectives, `DistributedDataParallel` with its comm hooks, `new_group` (a communicator of
 the members, priced on their places in the topology). Every collective's simulated time is in
 `hccl_sim.torch.records()`. `SyncBatchNorm` / `convert_sync_batchnorm`: torch's SyncBatchNorm for
-CPU modules (torch's own refuses them). What the process holds is one World (`world()`,
+CPU modules (torch's own refuses them). `launch(script, nproc)`: a torch script on emulated NPUs
+under torchrun or Ray, each rank's `report(value)` its result (hccl_sim.torch.scripts: what fault
+suites run torch scripts through). What the process holds is one World (`world()`,
 hccl_sim.torch.world), whose `create` is the backend's creator.
 """
 from __future__ import annotations
@@ -27,12 +29,14 @@ from topologies.errors import HcclError
 from . import mpi_launch  # noqa: F401 - hccl_sim.torch.mpi_launch.launched(): whether mpirun started us
 from .process_group import BACKEND, ProcessGroupHcclSim
 from .device_timeline import Step, Timeline
+from .scripts import launch, report
 from .sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 from .trace import export_trace
 from .world import Options, World
 
 __all__ = ["init_process_group", "destroy_process_group", "ProcessGroupHcclSim", "BACKEND", "records", "export_trace",
-           "timeline", "Timeline", "Step", "Options", "SyncBatchNorm", "convert_sync_batchnorm", "world", "World"]
+           "timeline", "Timeline", "Step", "Options", "SyncBatchNorm", "convert_sync_batchnorm", "world", "World",
+           "launch", "report"]
 
 _WORLD = World()
 dist.Backend.register_backend(BACKEND, _WORLD.create, extended_api=True, devices=["cpu"])

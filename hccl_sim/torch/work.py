@@ -32,6 +32,7 @@ class FutureWork(dist.Work):
         self.sim = None                  # when the op ends in simulated time, under a timeline
         self._world = world              # the process's World: the timeline that waits for the op
         self._fut = fut
+        self._chained = None             # get_future's
         self._request = request          # a receive's Request: the source rank it took from
         self._timeout_s = timeout_s      # the group's timeout: what a wait() without one waits at most
         self._done = threading.Event()
@@ -52,7 +53,13 @@ class FutureWork(dist.Work):
         return True
 
     def get_future(self):
-        return self._fut
+        """The op's future as C++ callers (DDP's reducer, torch's comm hooks) need it: a failed op is
+        an error of the future itself, which they raise as a RuntimeError of its words (a Python
+        future's set_exception is only a result they would take for tensors, and crash on). Its
+        Python wait() raises that RuntimeError too; Work.wait() raises the HcclError itself."""
+        if self._chained is None:
+            self._chained = self._fut.then(_unwrapped)
+        return self._chained
 
     def is_completed(self):
         return self._fut.done()
@@ -74,6 +81,11 @@ class FutureWork(dist.Work):
             raise HcclError("E_PARA", "only a receive's Work has a source rank")
         self._fut.wait()
         return self._request.source
+
+
+def _unwrapped(fut):
+    """A Work future's value, or the error the op failed with raised (see FutureWork.get_future)."""
+    return fut.value()
 
 
 class Deferred:
@@ -134,6 +146,7 @@ class Worker:
         try:
             value = fn()
         except BaseException as exc:    # noqa: BLE001 - handed to whoever waits on the Work
+            self.world.note_failure(exc)
             fut.set_exception(exc)
             return
         if isinstance(value, Deferred):
@@ -157,6 +170,7 @@ class Worker:
                     continue
                 value = deferred.finish(deferred.request)
             except BaseException as exc:   # noqa: BLE001 - handed to whoever waits on the Work
+                self.world.note_failure(exc)
                 self._pending.remove(item)
                 if deferred.failed is not None:
                     deferred.failed(exc)

@@ -34,8 +34,26 @@ class World:
         self.transport = None            # a torchrun script's endpoint (its counters), while its world is open
         self.timeline = None             # the device timeline active on this rank (hccl_sim.torch.timeline)
         self.default_cpu_stream = torch.cpu.current_stream()
+        self.reported = None             # a launched script's result (hccl_sim.torch.report)
+        self.failed = None               # the first HcclError an op of this rank failed with (note_failure)
         self._close = None               # ends what a launched script's world opened
         self._launch_store = None        # rank 0's store an MPI launch hosts until torch's env:// takes it over
+
+    def note_failure(self, exc) -> None:
+        """An op of this rank failed with `exc`: the first HcclError is kept, because torch turns
+        the error of an op it waits for in C++ (DDP's gradient buckets) into a RuntimeError of
+        its own words, and a launched script's end must still say which fault it was."""
+        if self.failed is None and isinstance(exc, HcclError):
+            self.failed = exc
+
+    def failed_op_error(self):
+        """The first HcclError an op of this rank failed with since the script began, or None."""
+        return self.failed
+
+    def provide(self, launched) -> None:
+        """Take a launched rank's world (hccl_sim.engines.torchrun.Launched) as this process's:
+        the script's init_process_group runs on its communicator, destroy closes it."""
+        self.comm, self.transport, self._close = launched.comm, launched.transport, launched.close
 
     def meet_launcher(self) -> None:
         """Under mpirun without torchrun's variables, set them (hccl_sim.torch.mpi_launch; every
@@ -53,7 +71,9 @@ class World:
             world = self._launch(dist_opts)
             return ProcessGroupHcclSim(world, self, on_shutdown=self.close, timeout=dist_opts.timeout)
         members = sorted(int(r) for r in dist_opts.global_ranks_in_group)
-        if members == list(range(world.size)):
+        if not members or members == list(range(world.size)):      # none: the default group's
+            if not members and self._close is not None:              # a launched rank's world (provide)
+                return ProcessGroupHcclSim(world, self, on_shutdown=self.close, timeout=dist_opts.timeout)
             return ProcessGroupHcclSim(world, self, timeout=dist_opts.timeout)
         others = [r for r in range(world.size) if r not in set(members)]
         return ProcessGroupHcclSim(world.shrink(exclude=others), self, timeout=dist_opts.timeout)
