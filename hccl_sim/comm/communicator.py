@@ -32,9 +32,9 @@ from .variable_calls import VariableSizeOps
 from .rank_group import Call, RankBuffers
 
 from ..faults.fault_plan import RankCrashed, RankStalled, lost_fields
-from ..plan.faulted import NEVER_NS
+from ..faults.progress import EXCHANGE
 from ..plan.costs import effective_cost
-from ..plan.faulted import crash_in, crash_steps
+from ..plan.faulted import NEVER_NS, LinkSetupFailed, crash_in, crash_steps
 from ..plan.planner import Signature
 from ..npu.device import Device, DeviceArray, Stream, Work
 from ..config.types import dtype_name, parse_reduce_op
@@ -47,7 +47,7 @@ MAX_TAG = 2**31 - 1          # point-to-point tags: non-negative 32-bit ints, as
 class Communicator(VariableSizeOps, PointToPointOps):
     """One rank's handle on a group of ranks."""
 
-    def __init__(self, rank: int, group, device: Device | None = None):
+    def __init__(self, rank: int, group, device: Device | None = None, keep_init_error: bool = False):
         self.rank = rank
         self.size = group.size
         self.topology = group.topo
@@ -71,8 +71,17 @@ class Communicator(VariableSizeOps, PointToPointOps):
         self.op_log: list | None = None
         self.runtime = None                  # the rank's Runtime, where an engine started one (engines.bootstrap)
         self.device = device if device is not None else Device(rank, group.topo)
+        self._exchange = False               # a bootstrap exchange (comm.split's gathers) is in progress
+        self._init_error = None
         # HCCL allocates the communicator's CCL buffer, 2 x HCCL_BUFFSIZE (in + out), from HBM.
-        self.ccl_buffer = self.device.malloc(2 * self.config.buffsize_bytes, tag="ccl-buffer")
+        try:
+            self.ccl_buffer = self.device.malloc(2 * self.config.buffsize_bytes, tag="ccl-buffer")
+        except HcclError as exc:
+            # `keep_init_error` (a communicator comm.split makes): its init exchange tells the other
+            # members, who would otherwise wait for this rank in it (comm/split.py)
+            if not keep_init_error or exc.code != "E_MEMORY":
+                raise
+            self.ccl_buffer, self._init_error = None, exc
 
     @property
     def data_plane(self) -> str | None:
@@ -342,6 +351,18 @@ class Communicator(VariableSizeOps, PointToPointOps):
             raise error from exc
         raise error
 
+    def _setup_word(self, seq: int, entry: int) -> int:
+        """What this rank's call tells its peers about its link setup under hbm_pressure entries
+        (hccl_sim.faults.progress.sent_by): which entry of its device's, if any, leaves the setup no
+        memory at its entry, or that the call is a bootstrap exchange. An at_op entry holds from the
+        rank's entry into that op of its world communicator."""
+        pressure = self.device.pressure
+        if pressure is None:
+            return EXCHANGE if self._exchange else 0
+        if not self.scope:
+            pressure.enter_op(seq, entry)
+        return EXCHANGE if self._exchange else pressure.starving(entry, self.device.allocator.free_bytes)
+
     # the common path -------------------------------------------------------------------------------
     def _collective(self, sig: Signature, x, out, redop, stream, result):
         """Run a collective; with `stream`, it enters at the stream's time and returns a Work.
@@ -379,7 +400,10 @@ class Communicator(VariableSizeOps, PointToPointOps):
             # inputs of one shape travel with the calls (each rank then computes its own result)
             eager = x if x.nbytes <= group.eager_bytes and colls.of(sig.name).eager else None
         progress = group.fault_progress if faults is not None else None
-        sent = progress.sent_by(self.rank, self._p2p_sent) if progress is not None and progress.pairs else ()
+        if progress is not None and progress.carries:
+            sent = progress.sent_by(self.rank, self._p2p_sent, self._setup_word(seq, entry) if progress.pressures else 0)
+        else:
+            sent = ()
         try:
             # a stalled rank never enters: its peers' plan finds them waiting past HCCL_EXEC_TIMEOUT
             plan = group.rendezvous(self.rank, _new(Call, (seq, sig, NEVER_NS if stalled else entry, itemsize,
@@ -387,6 +411,10 @@ class Communicator(VariableSizeOps, PointToPointOps):
         except HcclError as exc:
             if stalled:
                 raise RankStalled(self.rank, entry, opname) from None
+            if isinstance(exc, LinkSetupFailed):    # an hbm_pressure starved the link setup: this rank's side
+                mine = exc.for_rank(self.rank, entry)
+                dev.clock = max(dev.clock, mine.time_ns)
+                raise mine from None
             if exc.time_ns is not None:     # a failure the plan priced (an error CQE): this rank's
                 dev.clock = max(dev.clock, entry, exc.time_ns)  # clock moves on to when it was found
             raise
