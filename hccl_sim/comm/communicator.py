@@ -27,14 +27,14 @@ from .. import collectives as colls
 from . import split as subcomm
 from . import group
 from .record import LoggedOp, OpRecord
+from .fault_hooks import FaultHooks
 from .p2p_calls import PointToPointOps
 from .variable_calls import VariableSizeOps
 from .rank_group import Call, RankBuffers
 
-from ..faults.fault_plan import RankCrashed, RankStalled, lost_fields
-from ..faults.progress import EXCHANGE
+from ..faults.fault_plan import RankStalled, lost_fields
 from ..plan.costs import effective_cost
-from ..plan.faulted import NEVER_NS, LinkSetupFailed, crash_in, crash_steps
+from ..plan.faulted import NEVER_NS, LinkSetupFailed
 from ..plan.planner import Signature
 from ..npu.device import Device, DeviceArray, Stream, Work
 from ..config.types import dtype_name, parse_reduce_op
@@ -44,7 +44,7 @@ _new = tuple.__new__         # a NamedTuple from a tuple of its fields, without 
 MAX_TAG = 2**31 - 1          # point-to-point tags: non-negative 32-bit ints, as MPI_TAG_UB allows at least
 
 
-class Communicator(VariableSizeOps, PointToPointOps):
+class Communicator(VariableSizeOps, PointToPointOps, FaultHooks):
     """One rank's handle on a group of ranks."""
 
     def __init__(self, rank: int, group, device: Device | None = None, keep_init_error: bool = False):
@@ -325,43 +325,6 @@ class Communicator(VariableSizeOps, PointToPointOps):
         if self._aborted:
             raise HcclError("E_PARA", "this communicator was aborted on this rank (comm.abort()): make a new one "
                             "with comm.shrink()", rank=self.rank, op=opname)
-
-    def _meet_crash(self, faults, plan, seq, opname, buffers, redop):
-        """A crash the fault plan puts in this op: the dead rank stops, every other rank fails when
-        HCCL would notice (faults.BoundFaults.lost_error), at the same simulated time on every engine.
-
-        An engine whose ranks are processes makes it real (the group's `die` and `execute_lost`):
-        the dead rank's process moves the data of the steps it runs before it dies and exits (Ray)
-        or stops the rank (MPI); the others run the op until their data plane finds the dead peer. In-process ranks move no data:
-        the dead one raises RankCrashed (its result is None)."""
-        crash = crash_in(faults, plan, seq, self.topology, self.config)
-        if crash is None:
-            return
-        self._lost = crash
-        group = self._group
-        if crash[0] == self.rank:
-            self.device.clock = max(self.device.clock, crash[1])
-            group.die(self.rank, seq, plan.data, buffers, crash_steps(faults, plan, seq, self.topology, self.config))
-            raise RankCrashed(self.rank, crash[1], opname)
-        at, error = faults.lost_error(crash, plan, self.config, self.rank, opname)
-        self.device.clock = max(self.device.clock, at)
-        try:
-            group.execute_lost(self.rank, seq, plan.data, buffers, crash[0])
-        except HcclError as exc:            # how this rank found the dead one: the planned error stands
-            raise error from exc
-        raise error
-
-    def _setup_word(self, seq: int, entry: int) -> int:
-        """What this rank's call tells its peers about its link setup under hbm_pressure entries
-        (hccl_sim.faults.progress.sent_by): which entry of its device's, if any, leaves the setup no
-        memory at its entry, or that the call is a bootstrap exchange. An at_op entry holds from the
-        rank's entry into that op of its world communicator."""
-        pressure = self.device.pressure
-        if pressure is None:
-            return EXCHANGE if self._exchange else 0
-        if not self.scope:
-            pressure.enter_op(seq, entry)
-        return EXCHANGE if self._exchange else pressure.starving(entry, self.device.allocator.free_bytes)
 
     # the common path -------------------------------------------------------------------------------
     def _collective(self, sig: Signature, x, out, redop, stream, result):
