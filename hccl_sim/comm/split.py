@@ -36,9 +36,8 @@ import zlib
 import numpy as np
 
 from topologies.errors import Cause, HcclError
-from topologies.subset import subset
-
 from topologies.model import seconds_to_ns
+from topologies.subset import subset
 
 from ..plan.costs import effective_cost
 from ..plan.faulted import CONNECT_GRACE_S
