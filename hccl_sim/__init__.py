@@ -27,9 +27,11 @@ from . import collectives
 from .comm.communicator import Communicator, OpRecord
 from .comm.p2p_calls import ANY_SOURCE, Request
 from .config.env import Config
+from .faults.hbm import starving_first_op
 from .faults.progress import FaultProgress
 from .faults.fault_plan import FaultPlan
-from .plan.faulted import NEVER_NS, crash_in, with_faults
+from .npu.device import Allocator
+from .plan.faulted import NEVER_NS, LinkSetupFailed, crash_in, with_faults
 from .plan.planner import Signature, make_plan
 from .config.types import ReduceOp, dtype_name, numpy_dtype, parse_reduce_op
 from .engines import interception
@@ -289,6 +291,17 @@ def op_count(op: str, nbytes: int, p: int, itemsize: int) -> int:
     return collectives.get(op).count_for_bytes(nbytes, p, itemsize)
 
 
+def _first_op(config, topo, entry):
+    """What the fault progress gives the job's first op: on each rank an hbm_pressure entry may
+    starve its link setup, beside the world communicator's CCL buffer."""
+    progress = FaultProgress(config.faults)
+    if not progress.pressures:
+        return progress.before()
+    free = topo.device_model.hbm_bytes - Allocator.rounded(2 * config.buffsize_bytes)
+    return progress.before([progress.sent_by(r, {}, starving_first_op(config.faults, r, t, free))
+                            for r, t in enumerate(entry)])
+
+
 def simulate(op: str, nbytes: int | None = None, topology=None, algo: str | None = None, dtype="float32", redop="sum",
              root: int = 0, env: dict | None = None, trace: bool = False, policy: str | None = None, faults=None,
              counts=None):
@@ -300,7 +313,8 @@ def simulate(op: str, nbytes: int | None = None, topology=None, algo: str | None
 
     `nbytes` is the op's size as nccl-tests counts it: the AllReduce/Broadcast/Reduce buffer, the
     whole AllGather output, the whole ReduceScatter input, the whole AlltoAll send buffer.
-    `faults`: a FaultPlan; the op is the job's first (op index 0), entered at time 0.
+    `faults`: a FaultPlan; the op is the job's first (op index 0), entered at time 0 (an
+    hbm_pressure that starves its link setup raises the starved rank's E_MEMORY).
 
     Variable-size ops take `counts` instead of `nbytes`, in elements, blocks laid out in rank
     order: alltoallv and alltoallvc the p x p matrix of what rank i sends rank j (their size: the
@@ -330,8 +344,12 @@ def simulate(op: str, nbytes: int | None = None, topology=None, algo: str | None
     entry = [0] * p if config.faults is None else [config.faults.straggle_ns(r, 0) for r in range(p)]
     if config.faults is not None and config.faults.stalls:      # a rank stalled before the op never enters it
         entry = [NEVER_NS if config.faults.stall_of(r, 0, t) else t for r, t in enumerate(entry)]
-    now = None if config.faults is None else FaultProgress(config.faults).before()   # the job's first op
-    plan = make_plan(sig, topo, config, entry, itemsize, trace=trace, faults_now=now)
+    now = None if config.faults is None else _first_op(config, topo, entry)
+    try:
+        plan = make_plan(sig, topo, config, entry, itemsize, trace=trace, faults_now=now)
+    except LinkSetupFailed as exc:  # what the starved rank gets (its peers time out 140 s later)
+        rank = exc.detail["starved"][0][0]
+        raise exc.for_rank(rank, entry[rank]) from None
     if config.faults is not None and config.faults.crashes:
         crash = crash_in(config.faults, plan, 0, topo, config)
         if crash is not None:       # what the survivors get (the dead rank's own end is its crash)

@@ -1,6 +1,7 @@
 """Corrupted transfers and point-to-point faults on the Ray engine: every rank plans for itself, its
 sends on a counted pair travel in its rendezvous payload, and the receiver's error reaches the
-sender in its acknowledgement; outcomes and simulated times equal the local engine's."""
+sender in its acknowledgement; outcomes and simulated times equal the local engine's. So do a slow
+peer's, a stalled rank's and an HBM pressure's (whose starved link setup a rank's payload tells)."""
 import numpy as np
 import pytest
 
@@ -96,3 +97,32 @@ def test_a_stalled_rank_is_found_alike_on_ray_and_local_and_its_actor_lives_on(r
         pids = cluster.pids
         assert cluster.run(_stalled_peer, env=env, faults=plan) == local and local[6] is None
         assert cluster.run(lambda comm: comm.rank) == list(range(8)) and cluster.pids == pids
+
+
+def test_an_hbm_pressure_fails_alike_on_ray_and_local(ray_cluster):
+    """Rank 6's free HBM held from op 0 for 10 us: its first AllReduce's link setup fails (E_MEMORY at
+    once, its peers' E_TIMEOUT 140 s later); its second, entered after the tenant left, sets up. From
+    op 3 on rank 3's is held: the split's new CCL buffer fails there (E_MEMORY; the odd ranks' init
+    times out), the even ranks' split goes on; an AllGather then fails its link setup (E_MEMORY on 3,
+    E_TIMEOUT on the others). Every error, its fields and every clock as on the local engine."""
+    from test_faults_hbm import _ops
+    import topologies
+    topo = topologies.hardware("atlas800t-a2", devices_per_server=[4, 4])
+
+    def job(comm):
+        out = _ops(comm, ("allreduce", "allreduce", "empty"))
+        try:
+            sub = comm.split(comm.rank % 2)
+            out.append(("split", sub.size, int(sub.all_reduce(np.ones(2, np.int64))[0]), comm.clock))
+        except HcclError as e:
+            out.append((e.code, e.cause, e.peers, e.fault, e.time_ns, e.detail, comm.clock))
+        return out + _ops(comm, ("allgather",))
+    plan = hccl_sim.FaultPlan().hbm_pressure(6, at=0.0, duration=1e-5).hbm_pressure(3, at_op=3)
+    local = hccl_sim.run(job, topology=topo, faults=plan)
+    assert local[6][0][0] == "E_MEMORY" and local[0][0][:3] == ("E_TIMEOUT", "TIMEOUT", (6,))
+    assert [out[1][0] for out in local] == ["ok"] * 8
+    assert local[3][3][0] == "E_MEMORY" and [local[r][3][0] for r in (1, 5, 7)] == ["E_TIMEOUT"] * 3
+    assert [local[r][3][0] for r in (0, 2, 4, 6)] == ["split"] * 4
+    assert local[3][4][0] == "E_MEMORY" and local[0][4][2] == (3,)
+    with hccl_sim.Cluster(topo, engine="ray") as cluster:
+        assert cluster.run(job, faults=plan) == local

@@ -42,6 +42,8 @@ class Cause:
     RANK_LOST = "RANK_LOST"            # the fault plan crashed a peer, found LOST by the heartbeat or a notify
     #                                    wait's HCCL_EXEC_TIMEOUT (detail "crashed_ns", "detected_by")
     RANK_DIED = "RANK_DIED"            # this rank's own process died (the Ray driver's outcome of a dead actor)
+    NO_MEMORY = "NO_MEMORY"            # an HBM allocation of this rank's failed (HCCL's EI0011 in link setup): the
+    #                                    device is full, or the fault plan's hbm_pressure holds what is free
     MISMATCH = "MISMATCH"              # the ranks' calls of one collective differ
     BAD_INPUT = "BAD_INPUT"            # an argument of this rank's call is invalid
 

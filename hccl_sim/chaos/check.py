@@ -15,7 +15,9 @@ both: hccl_sim.chaos.runners). Outcomes (docs/design.md, "Faults contract"):
   but refused: in-place only for an in-place call, MaxCnt as set), E_TIMEOUT for a lost rank
   (RANK_LOST, naming the dead rank, by the heartbeat's 30 s or HCCL_EXEC_TIMEOUT, whichever the
   environment makes first, docs/references.md §10.3, not before that wait since the crash), the
-  dead rank None;
+  dead rank None; under an hbm_pressure that starved the first call's link setup, E_MEMORY on the
+  pressured rank and E_TIMEOUT on its peers once HCCL_CONNECT_TIMEOUT + 20 s ran out
+  (docs/references.md §7.2, §10.2) (a pressure that starved no link setup changes nothing);
 - skipped: the engine refuses the scenario (E_NOT_SUPPORT), counted and reported;
 - WRONG: anything else; HANG: a run did not end by the wall deadline; LEAK: /dev/shm segments,
   child processes, rank threads or device allocations left that were not there before.
@@ -36,7 +38,9 @@ from topologies.model import seconds_to_ns
 
 from .. import collectives
 from ..config.env import Config
-from ..faults.fault_plan import HEARTBEAT_LOST_S, STOPPING, _describe as entry_label
+from ..faults.entries import entry_label
+from ..faults.fault_plan import HEARTBEAT_LOST_S, STOPPING
+from ..plan.faulted import CONNECT_GRACE_S
 from ..config.types import parse_reduce_op
 from .scenarios import Call, Scenario, count_matrix
 
@@ -50,6 +54,11 @@ DELAYING = ("link_flap", "link_slow", "nic_down", "corrupt")
 """Kinds that can hold a transfer up (retransmitted or slowed) without failing it."""
 CQE_CAUSES = {"E_REMOTE": Cause.LINK_FAILED, "E_OPRETRY_FAIL": Cause.OPRETRY_FAIL}
 """The cause an error CQE's error carries, by its code."""
+HOLDING_UP = DELAYING + ("hbm_pressure",)
+"""Kinds that can make a rank enter its next op late: DELAYING's, and a starved link setup, whose
+peers wait out their connect timeout (140 s by default) while the starved rank goes on."""
+PRESSURE_CODES = ["E_MEMORY", "E_TIMEOUT"]
+"""The codes of an op whose link setup an hbm_pressure starved: the pressured rank's, its peers'."""
 
 
 class CallRecord(NamedTuple):
@@ -186,7 +195,8 @@ def classify(sc: Scenario, twin, faulty, reference=None) -> Verdict:
     codes = sorted({rec.code for rec in errors.values()})
     if codes == ["E_NOT_SUPPORT"]:
         return Verdict("skipped", errors[survivors[0]].message)
-    if len(codes) > 1:
+    pressed = codes == PRESSURE_CODES and any(e["kind"] == "hbm_pressure" for e in entries)
+    if len(codes) > 1 and not pressed:
         return Verdict("WRONG", f"ranks disagree on the error: codes {', '.join(codes)}")
     for r in survivors:
         problem = _error_problem(sc, r, errors[r], config, dead)
@@ -301,6 +311,8 @@ def error_problem(entries, rank, rec, config, dead, in_place=None) -> Optional[s
         if detail.get("slow") != entry["rank"] or entry["rank"] not in dead:
             return f"rank {rank}: E_TIMEOUT names rank {detail.get('slow')}, the plan stalls rank {entry['rank']}"
         return None
+    if kind == "hbm_pressure":
+        return _pressure_problem(entry, rank, rec, cause, fields, detail, config)
     if kind == "straggler":
         if rec.code != "E_TIMEOUT" or cause != Cause.TIMEOUT:
             return f"rank {rank}: a slow rank gave {rec.code} ({cause}), expected E_TIMEOUT: {short(rec.message)}"
@@ -312,15 +324,40 @@ def error_problem(entries, rank, rec, config, dead, in_place=None) -> Optional[s
     return f"rank {rank}: a {kind} fault cannot fail an op, yet it got {rec.code}: {short(rec.message)}"
 
 
+def _pressure_problem(entry, rank, rec, cause, fields, detail, config) -> Optional[str]:
+    """Why an error naming an hbm_pressure entry is not one it makes (None if it is): E_MEMORY on
+    the pressured rank (a starved link setup, or an allocation that did not fit beside it), or
+    E_TIMEOUT on a peer of it whose link setup (or new communicator's init) waited out
+    HCCL_CONNECT_TIMEOUT + 20 s for it."""
+    if rec.code == "E_MEMORY":
+        if cause != Cause.NO_MEMORY or not detail.get("no_memory"):
+            return f"rank {rank}: E_MEMORY from hbm_pressure has cause {cause}, expected NO_MEMORY: {short(rec.message)}"
+        if rank != entry["rank"]:
+            return f"rank {rank}: E_MEMORY names the hbm_pressure of rank {entry['rank']}: {short(rec.message)}"
+        return None
+    if rec.code != "E_TIMEOUT" or cause != Cause.TIMEOUT or not (detail.get("link_setup") or detail.get("comm_init")):
+        return (f"rank {rank}: an hbm_pressure gave {rec.code} ({cause}), expected E_MEMORY on its rank or a link "
+                f"setup's E_TIMEOUT: {short(rec.message)}")
+    limit = config.connect_timeout_s + CONNECT_GRACE_S
+    if detail.get("connect_timeout_s") != limit or not fields.get("peers") or rank == entry["rank"]:
+        return (f"rank {rank}: the link setup's E_TIMEOUT names peers {fields.get('peers')} after "
+                f"{detail.get('connect_timeout_s')} s; expected a peer of rank {entry['rank']} after {limit} s "
+                f"(HCCL_CONNECT_TIMEOUT + {CONNECT_GRACE_S}): {short(rec.message)}")
+    if rec.end - rec.start < seconds_to_ns(limit):
+        return f"rank {rank}: told {(rec.end - rec.start) / 1e9:.6f} s after its call began, before {limit} s"
+    return None
+
+
 def _late_behind_slow_links(entries, rec, fields, detail, config) -> bool:
-    """Whether the error is a later op's timeout behind a peer that the plan's link faults held
-    up: a transfer retransmitted until its link came back (or slowed) kept that rank in an op
-    while the others went on, and its next op then began past their HCCL_EXEC_TIMEOUT. It names
-    no entry (the slow rank's lateness is its last op's); it is only possible with such faults."""
+    """Whether the error is a later op's timeout behind a peer that the plan's faults held up: a
+    transfer retransmitted until its link came back (or slowed) kept that rank in an op while the
+    others went on, or a starved link setup kept the pressured rank's peers waiting out their
+    connect timeout, and its next op then began past their HCCL_EXEC_TIMEOUT. It names no entry
+    (the slow rank's lateness is its last op's); it is only possible with such faults."""
     timeout = config.exec_timeout_s
     return (rec.code == "E_TIMEOUT" and fields.get("cause") == Cause.TIMEOUT and fields.get("fault") is None
             and detail.get("late_ns") is not None and bool(timeout) and detail["late_ns"] > seconds_to_ns(timeout)
-            and any(e["kind"] in DELAYING for e in entries))
+            and any(e["kind"] in HOLDING_UP for e in entries))
 
 
 def short(text: str, n: int = 240) -> str:

@@ -5,6 +5,8 @@ campaign's table shows for it."""
 from __future__ import annotations
 
 from ..config.env import Config
+from ..faults.hbm import LINK_SETUP_BYTES
+from ..npu.device import Allocator
 from ..plan.costs import effective_cost
 from ..faults.retry import level_of
 
@@ -140,9 +142,29 @@ def _make_stall(rng, space, spans, target, budget, env):
     return dict(rank=rank, at=at / 1e9), f"rank_stall rank {rank} at {fmt_s(at / 1e9)} (stops before its next op)"
 
 
+def _make_pressure(rng, space, spans, target, budget, env):
+    # every call of a scenario is the same op and algorithm: only the first sets its links up, so
+    # only a pressure held at its entry (time 0) can fail it; the rest must change nothing
+    rank = int(rng.integers(space.topo.num_ranks))
+    free = space.topo.device_model.hbm_bytes - Allocator.rounded(2 * Config.from_env(env).buffsize_bytes)
+    nbytes, left = [(None, "all its free HBM"), (free - 1024, "all but 1 KiB"),
+                    (free - 4 * LINK_SETUP_BYTES, "all but 1 MiB"), (free // 2, "half its free HBM")][int(rng.integers(4))]
+    mode = int(rng.integers(3))
+    if mode == 0:
+        fields, when = dict(at_op=target), f"from op {target}"
+    elif mode == 1:
+        at = _inside(rng, spans, target)
+        fields, when = dict(at=at / 1e9), f"from {fmt_s(at / 1e9)} (op {target})"
+    else:
+        fields, when = dict(at=0.0), "from the start"
+    duration = None if rng.random() < 0.5 else max(1, int((spans[0][1] - spans[0][0]) * rng.uniform(0.5, 3.0))) / 1e9
+    text = f"hbm_pressure rank {rank} holds {left} {when}" + (" for good" if duration is None else f" for {fmt_s(duration)}")
+    return dict(rank=rank, bytes=nbytes, duration=duration, **fields), text
+
+
 MAKERS = {"link_flap": _make_flap, "link_down": _make_down, "link_slow": _make_slow, "nic_down": _make_nic,
                "straggler": _make_straggler, "rank_crash": _make_crash, "corrupt": _make_corrupt,
-               "rank_stall": _make_stall}
+               "rank_stall": _make_stall, "hbm_pressure": _make_pressure}
 """kind -> maker(rng, space, spans, target, rdma budget, env) -> (the FaultPlan method's keyword
 arguments, a few words saying what it does). A kind of hccl_sim.faults.fault_plan.MODELLED missing here is
 not drawn (and the campaign says so)."""

@@ -27,14 +27,14 @@ from .. import collectives as colls
 from . import split as subcomm
 from . import group
 from .record import LoggedOp, OpRecord
+from .fault_hooks import FaultHooks
 from .p2p_calls import PointToPointOps
 from .variable_calls import VariableSizeOps
 from .rank_group import Call, RankBuffers
 
-from ..faults.fault_plan import RankCrashed, RankStalled, lost_fields
-from ..plan.faulted import NEVER_NS
+from ..faults.fault_plan import RankStalled, lost_fields
 from ..plan.costs import effective_cost
-from ..plan.faulted import crash_in, crash_steps
+from ..plan.faulted import NEVER_NS, LinkSetupFailed
 from ..plan.planner import Signature
 from ..npu.device import Device, DeviceArray, Stream, Work
 from ..config.types import dtype_name, parse_reduce_op
@@ -44,10 +44,10 @@ _new = tuple.__new__         # a NamedTuple from a tuple of its fields, without 
 MAX_TAG = 2**31 - 1          # point-to-point tags: non-negative 32-bit ints, as MPI_TAG_UB allows at least
 
 
-class Communicator(VariableSizeOps, PointToPointOps):
+class Communicator(VariableSizeOps, PointToPointOps, FaultHooks):
     """One rank's handle on a group of ranks."""
 
-    def __init__(self, rank: int, group, device: Device | None = None):
+    def __init__(self, rank: int, group, device: Device | None = None, keep_init_error: bool = False):
         self.rank = rank
         self.size = group.size
         self.topology = group.topo
@@ -71,8 +71,17 @@ class Communicator(VariableSizeOps, PointToPointOps):
         self.op_log: list | None = None
         self.runtime = None                  # the rank's Runtime, where an engine started one (engines.bootstrap)
         self.device = device if device is not None else Device(rank, group.topo)
+        self._exchange = False               # a bootstrap exchange (comm.split's gathers) is in progress
+        self._init_error = None
         # HCCL allocates the communicator's CCL buffer, 2 x HCCL_BUFFSIZE (in + out), from HBM.
-        self.ccl_buffer = self.device.malloc(2 * self.config.buffsize_bytes, tag="ccl-buffer")
+        try:
+            self.ccl_buffer = self.device.malloc(2 * self.config.buffsize_bytes, tag="ccl-buffer")
+        except HcclError as exc:
+            # `keep_init_error` (a communicator comm.split makes): its init exchange tells the other
+            # members, who would otherwise wait for this rank in it (comm/split.py)
+            if not keep_init_error or exc.code != "E_MEMORY":
+                raise
+            self.ccl_buffer, self._init_error = None, exc
 
     @property
     def data_plane(self) -> str | None:
@@ -317,31 +326,6 @@ class Communicator(VariableSizeOps, PointToPointOps):
             raise HcclError("E_PARA", "this communicator was aborted on this rank (comm.abort()): make a new one "
                             "with comm.shrink()", rank=self.rank, op=opname)
 
-    def _meet_crash(self, faults, plan, seq, opname, buffers, redop):
-        """A crash the fault plan puts in this op: the dead rank stops, every other rank fails when
-        HCCL would notice (faults.BoundFaults.lost_error), at the same simulated time on every engine.
-
-        An engine whose ranks are processes makes it real (the group's `die` and `execute_lost`):
-        the dead rank's process moves the data of the steps it runs before it dies and exits (Ray)
-        or stops the rank (MPI); the others run the op until their data plane finds the dead peer. In-process ranks move no data:
-        the dead one raises RankCrashed (its result is None)."""
-        crash = crash_in(faults, plan, seq, self.topology, self.config)
-        if crash is None:
-            return
-        self._lost = crash
-        group = self._group
-        if crash[0] == self.rank:
-            self.device.clock = max(self.device.clock, crash[1])
-            group.die(self.rank, seq, plan.data, buffers, crash_steps(faults, plan, seq, self.topology, self.config))
-            raise RankCrashed(self.rank, crash[1], opname)
-        at, error = faults.lost_error(crash, plan, self.config, self.rank, opname)
-        self.device.clock = max(self.device.clock, at)
-        try:
-            group.execute_lost(self.rank, seq, plan.data, buffers, crash[0])
-        except HcclError as exc:            # how this rank found the dead one: the planned error stands
-            raise error from exc
-        raise error
-
     # the common path -------------------------------------------------------------------------------
     def _collective(self, sig: Signature, x, out, redop, stream, result):
         """Run a collective; with `stream`, it enters at the stream's time and returns a Work.
@@ -379,7 +363,10 @@ class Communicator(VariableSizeOps, PointToPointOps):
             # inputs of one shape travel with the calls (each rank then computes its own result)
             eager = x if x.nbytes <= group.eager_bytes and colls.of(sig.name).eager else None
         progress = group.fault_progress if faults is not None else None
-        sent = progress.sent_by(self.rank, self._p2p_sent) if progress is not None and progress.pairs else ()
+        if progress is not None and progress.carries:
+            sent = progress.sent_by(self.rank, self._p2p_sent, self._setup_word(seq, entry) if progress.pressures else 0)
+        else:
+            sent = ()
         try:
             # a stalled rank never enters: its peers' plan finds them waiting past HCCL_EXEC_TIMEOUT
             plan = group.rendezvous(self.rank, _new(Call, (seq, sig, NEVER_NS if stalled else entry, itemsize,
@@ -387,6 +374,10 @@ class Communicator(VariableSizeOps, PointToPointOps):
         except HcclError as exc:
             if stalled:
                 raise RankStalled(self.rank, entry, opname) from None
+            if isinstance(exc, LinkSetupFailed):    # an hbm_pressure starved the link setup: this rank's side
+                mine = exc.for_rank(self.rank, entry)
+                dev.clock = max(dev.clock, mine.time_ns)
+                raise mine from None
             if exc.time_ns is not None:     # a failure the plan priced (an error CQE): this rank's
                 dev.clock = max(dev.clock, entry, exc.time_ns)  # clock moves on to when it was found
             raise

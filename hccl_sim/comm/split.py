@@ -20,6 +20,13 @@ of `at_op` crashes and of stragglers' `ops` count the collectives of the communi
 handed each rank (the world), and a `corrupt` entry's nth its transfers, so they do not apply to
 communicators made from it. A new communicator starts on its dies' own NICs (a backup NIC the
 parent switched to is the parent's links': its own L2 retry switches again).
+
+Both gathers stand for host-side negotiation (ncclCommSplit's bootstrap allgather; HCCL builds a
+sub-communicator from what its ranks know), not HCCL ops: they set up no links, so an
+hbm_pressure cannot starve them (`_exchange`). A member whose new CCL buffer does not fit in its
+HBM (E_MEMORY: full, or an hbm_pressure holds the rest) says so in the init's gather instead of
+its view: it raises its E_MEMORY, and every other member an E_TIMEOUT naming it, when its
+HCCL_CONNECT_TIMEOUT + 20 s for the init runs out (docs/references.md §7.2, §8.3).
 """
 from __future__ import annotations
 
@@ -29,10 +36,16 @@ import zlib
 import numpy as np
 
 from topologies.errors import Cause, HcclError
+from topologies.model import seconds_to_ns
 from topologies.subset import subset
 
 from ..plan.costs import effective_cost
+from ..plan.faulted import CONNECT_GRACE_S
 from .record import OpRecord
+
+NO_BUFFER = -1
+"""What a member without its CCL buffer gathers instead of its view (-2 - k: the plan's hbm_pressure
+k held the HBM it needed)."""
 
 
 def _int(value, what, opname, rank, minimum=None):
@@ -51,7 +64,7 @@ def split(comm, color, key=0):
     key = _int(key, "key", "split", comm.rank)
     seq, start = comm._seq, comm.clock
     mine = np.array([[-1 if color is None else color, key]], dtype=np.int64)
-    everyone = comm.all_gather(mine)
+    everyone = _exchange(comm, mine)
     if color is None:
         return None
     members = sorted((int(k), r) for r, (c, k) in enumerate(everyone.tolist()) if c == color)
@@ -90,13 +103,19 @@ def _derive(parent, members: tuple, scope: str, opname: str, start: int):
     if config.faults is not None:
         config = dataclasses.replace(config, faults=config.faults.restricted(world))
     group = parent._group.subgroup(parent.rank, members, scope, topo, config)
-    comm = type(parent)(members.index(parent.rank), group, parent.device)
+    comm = type(parent)(members.index(parent.rank), group, parent.device, keep_init_error=True)
     comm.scope, comm.world_ranks = scope, world
     comm.op_log = parent.op_log
     comm.runtime = parent.runtime
-    # the init: every member's view of the members, gathered on the new communicator
+    # the init: every member's view of the members (or that it has no CCL buffer), gathered on the
+    # new communicator
     view = zlib.crc32(np.asarray(world, dtype=np.int64).tobytes())
-    views = comm.all_gather(np.array([[view, parent.world_ranks[parent.rank]]], dtype=np.int64))
+    said = view if comm._init_error is None else _no_buffer_word(config, comm._init_error)
+    began = comm.clock
+    views = _exchange(comm, np.array([[said, parent.world_ranks[parent.rank]]], dtype=np.int64))
+    short = [(members[i], int(v)) for i, (v, _) in enumerate(views.tolist()) if v < 0]
+    if short:
+        _init_failed(comm, parent, short, began, opname)
     differ = [int(w) for v, w in views.tolist() if v != view]
     if differ:
         raise HcclError("E_PARA", f"{opname}: ranks disagree on the members of the new communicator (world ranks "
@@ -104,3 +123,38 @@ def _derive(parent, members: tuple, scope: str, opname: str, start: int):
                         rank=comm.rank, op=opname, cause=Cause.MISMATCH, peers=differ)
     comm.last_op = OpRecord(opname, "init", 0, 0, "int64", start, comm.clock)
     return comm
+
+
+def _exchange(comm, rows):
+    """comm.all_gather(rows) as a bootstrap exchange: host negotiation, not an HCCL op (no link setup)."""
+    comm._exchange = True
+    try:
+        return comm.all_gather(rows)
+    finally:
+        comm._exchange = False
+
+
+def _no_buffer_word(config, error) -> int:
+    """NO_BUFFER, or -2 - k when the plan's hbm_pressure k (the error's fault) held the HBM."""
+    labels = [p[-1] for p in config.faults.pressures] if config.faults is not None else []
+    return -2 - labels.index(error.fault) if error.fault in labels else NO_BUFFER
+
+
+def _init_failed(comm, parent, short, began: int, opname: str):
+    """The init of a new communicator some of whose members (`short`: (parent rank, word)) have no
+    CCL buffer: theirs is their E_MEMORY; every other member waited for them from `began` until
+    HCCL_CONNECT_TIMEOUT + 20 s ran out, freeing its own buffer (HCCL's failed init frees what it made)."""
+    if comm._init_error is not None:
+        raise comm._init_error.replace(rank=parent.rank, op=opname)
+    comm.device.free(comm.ccl_buffer)
+    faults = comm.config.faults
+    label = next((faults.pressures[-2 - w][-1] for _, w in short if w != NO_BUFFER), None)
+    limit = comm.config.connect_timeout_s + CONNECT_GRACE_S
+    at = began + seconds_to_ns(limit)
+    comm.device.clock = max(comm.device.clock, at)
+    ranks = tuple(r for r, _ in short)
+    raise HcclError("E_TIMEOUT", f"{opname}: rank {ranks[0]} could not allocate the new communicator's CCL buffer "
+                    f"(out of HBM{f': {label}' if label else ''}); the communicator's init waited for it from "
+                    f"{began / 1e9:.6f} s until HCCL_CONNECT_TIMEOUT + {CONNECT_GRACE_S} s ran out at {at / 1e9:.6f} s",
+                    rank=parent.rank, op=opname, time_ns=at, cause=Cause.TIMEOUT, peers=ranks, fault=label,
+                    detail={"comm_init": True, "connect_timeout_s": limit})

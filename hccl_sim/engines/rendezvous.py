@@ -45,7 +45,7 @@ def plan_calls(calls: list, topo, config, progress: FaultProgress | None = None)
     now = None if progress is None else progress.before([c.sent for c in calls])
     plan = make_plan(first.signature, topo, config, [c.clock for c in calls], first.itemsize, faults_now=now)
     if progress is not None:
-        progress.after(plan)
+        progress.after(plan, now)
     return plan
 
 
@@ -138,9 +138,10 @@ class PlanCache:
             raise late
         faults = self.config.faults
         now = self.progress.before(sent)
-        if (faults is not None and faults.link_state) or now.corrupt:
+        if (faults is not None and faults.link_state) or now.corrupt or now.starved:
             # link changes are at absolute times: prices are not shift-invariant, nothing is cached;
-            # nor is an op that may hold a corrupted transfer (which one depends on the ops before)
+            # nor is an op that may hold a corrupted transfer (which one depends on the ops before),
+            # or whose link setup a pressure may starve (that depends on the ops set up before)
             plan = make_plan(sig, self.topo, self.config, list(clocks), itemsize, faults_now=now)
         else:
             base = min(clocks)
@@ -153,5 +154,5 @@ class PlanCache:
                 plan = self._plans[key] = make_plan(sig, self.topo, self.config, list(rel), itemsize, faults_now=now)
             plan = ShiftedPlan(plan, base) if base else plan
         if faults is not None:          # without a fault plan there is no progress to advance
-            self.progress.after(plan)
+            self.progress.after(plan, now)
         return plan

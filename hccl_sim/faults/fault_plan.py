@@ -1,17 +1,18 @@
 """Fault plans: what goes wrong, where and when, as a user writes it (docs/design.md, "Faults contract").
 
-A FaultPlan is data: timed link and NIC changes, corrupted transfers, crashing and straggling
-ranks, each entry checked when it is added (or loaded) and again against the topology it is run
-on, every error an HcclError naming the entry. Times are simulated seconds from the job's start.
+A FaultPlan is data: timed link and NIC changes, corrupted transfers, crashing, stalling and
+straggling ranks, HBM another tenant holds, each entry checked when it is added (or loaded,
+hccl_sim.faults.entries) and again against the topology it is run on, every error an HcclError
+naming the entry. Times are simulated seconds from the job's start.
 `link_state(topo)` turns the link entries into hcomm's LinkState (the graph edges of each route,
 down or slowed over windows of integer nanoseconds), which prices retransmission; stragglers
 delay a rank's entry into the ops they name; a corrupt entry names the nth transfer a -> b of the
-job, which hccl_sim.faults.progress finds in the op that holds it. Plans save to and load from YAML.
+job, which hccl_sim.faults.progress finds in the op that holds it; an hbm_pressure entry is held
+on the rank's device (hccl_sim.faults.hbm). Plans save to and load from YAML.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,8 @@ import yaml
 from hcomm.link_state import LinkState
 from topologies.errors import Cause, HcclError
 from topologies.model import seconds_to_ns
+
+from .entries import KINDS, bad_entry as _bad, check_entry, entry_label as _describe  # noqa: F401 - KINDS read here
 
 RDMA_TIMEOUT_RANGE = {"910A": (5, 24)}     # HCCL_RDMA_TIMEOUT: [5, 20] on A2/A3 (910B, 910C), [5, 24] on 910A
 RDMA_TIMEOUT_DEFAULT_RANGE = (5, 20)
@@ -36,13 +39,16 @@ class BoundFaults:
     corrupt: tuple = ()           # ((src, dst, nth, label), ...): the nth transfer src -> dst fails its CRC
     late_labels: tuple = ()       # ((rank, label), ...) of the straggler entries
     stalls: tuple = ()            # ((rank, at_op or None, at ns or None, label), ...): ranks that stop progressing
+    pressures: tuple = ()         # ((rank, at_op or None, at ns or None, duration ns or None, bytes or None,
+    #                               label), ...): HBM another tenant holds (hccl_sim.faults.hbm), by world rank
 
     def restricted(self, world: tuple) -> "BoundFaults":
         """The plan as a communicator of the job's ranks `world` (its rank i is world[i]) sees it:
         link faults as they are (by the cluster's links); stragglers of every op and `at`-second
         crashes renumbered; entries that count op indices (those count the world communicator's
         ops: hccl_sim.comm.split) left out, and so are corrupt entries (their nth counts the world
-        communicator's transfers)."""
+        communicator's transfers). HBM pressures are as they are: they are held on the device of
+        their (world) rank, whichever communicator allocates there."""
         index = {w: i for i, w in enumerate(world)}
         late = tuple((index[r], None, d) for r, ops, d in self.late if ops is None and r in index)
         crashes = tuple((index[r], None, at, None, label) for r, at_op, at, _, label in self.crashes
@@ -93,19 +99,8 @@ def lost_fields(crash, at: int | None = None, wait: float | None = None) -> dict
     return {"cause": Cause.RANK_LOST, "peers": (dead,), "fault": label, "time_ns": at, "detail": detail}
 
 
-# kind -> (required fields, optional fields with defaults)
-KINDS = {
-    "link_flap": (("a", "b", "at", "duration"), {}),
-    "link_down": (("a", "b"), {"at": 0.0}),
-    "link_slow": (("a", "b", "factor"), {"at": 0.0, "duration": None}),
-    "nic_down": (("rank",), {"at": 0.0, "duration": None}),
-    "corrupt": (("a", "b"), {"nth": 0}),
-    "rank_crash": (("rank",), {"at_op": None, "at": None, "at_step": None}),
-    "straggler": (("rank", "delay"), {"ops": None}),
-    "rank_stall": (("rank",), {"at_op": None, "at": None}),
-}
 LINK_KINDS = ("link_flap", "link_down", "link_slow", "nic_down")
-MODELLED = LINK_KINDS + ("straggler", "rank_crash", "corrupt", "rank_stall")
+MODELLED = LINK_KINDS + ("straggler", "rank_crash", "corrupt", "rank_stall", "hbm_pressure")
 STOPPING = ("rank_crash", "rank_stall")
 """Kinds that stop a rank: its function ends there and its result is None."""
 """Kinds a run prices today; a plan holding another kind is refused (E_NOT_SUPPORT) when run."""
@@ -130,91 +125,6 @@ class RankStalled(RankCrashed):
     def __init__(self, rank: int, time_ns: int, op: str):
         BaseException.__init__(self, f"rank {rank} stalled before {op} at {time_ns / 1e9:.6f} s (fault plan)")
         self.rank, self.time_ns, self.op = rank, time_ns, op
-
-
-def _describe(index: int, entry: dict) -> str:
-    who = f"{entry.get('a')}-{entry.get('b')}" if "a" in entry else f"rank {entry.get('rank')}"
-    return f"fault plan entry {index} ({entry.get('kind')} {who})"
-
-
-def _bad(index, entry, problem) -> HcclError:
-    return HcclError("E_PARA", f"{_describe(index, entry)}: {problem}")
-
-
-def _rank_field(index, entry, name):
-    v = entry[name]
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise _bad(index, entry, f"{name} must be a rank (an integer >= 0), got {v!r}")
-
-
-def _time_field(index, entry, name, positive=False, optional=False):
-    v = entry[name]
-    if v is None and optional:
-        return
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (positive and v == 0):
-        need = "> 0" if positive else ">= 0"
-        raise _bad(index, entry, f"{name} must be a finite number of seconds {need}, got {v!r}")
-
-
-def check_entry(index: int, entry: dict) -> dict:
-    """The entry with its defaults filled in, or an HcclError naming what is wrong."""
-    if not isinstance(entry, dict):
-        raise HcclError("E_PARA", f"fault plan entry {index}: expected a mapping with a 'kind', got {entry!r}")
-    kind = entry.get("kind")
-    if kind not in KINDS:
-        raise HcclError("E_PARA", f"fault plan entry {index}: unknown kind {kind!r}; kinds are {', '.join(KINDS)}")
-    required, optional = KINDS[kind]
-    missing = [f for f in required if f not in entry]
-    if missing:
-        raise _bad(index, entry, f"missing {', '.join(missing)}")
-    unknown = sorted(set(entry) - set(required) - set(optional) - {"kind"})
-    if unknown:
-        raise _bad(index, entry, f"unknown field(s) {', '.join(unknown)}; {kind} takes "
-                   f"{', '.join(required + tuple(optional))}")
-    out = {"kind": kind, **{f: entry[f] for f in required}, **{f: entry.get(f, d) for f, d in optional.items()}}
-    for f in ("a", "b", "rank"):
-        if f in out:
-            _rank_field(index, out, f)
-    if "a" in out and out["a"] == out["b"]:
-        raise _bad(index, out, f"a and b are the same rank ({out['a']}): a rank has no link to itself")
-    if "at" in out:
-        _time_field(index, out, "at", optional=kind in ("rank_crash", "rank_stall"))
-    if "duration" in out:
-        _time_field(index, out, "duration", positive=True, optional=kind != "link_flap")
-    if kind == "link_slow":
-        f = out["factor"]
-        if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or not 0 < f:
-            raise _bad(index, out, f"factor must be a number > 0 (the bandwidth is multiplied by it), got {f!r}")
-    if kind == "corrupt":
-        n = out["nth"]
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise _bad(index, out, f"nth must be an integer >= 0 (0 = the first transfer), got {n!r}")
-    if kind == "straggler":
-        _time_field(index, out, "delay", positive=True)
-        ops = out["ops"]
-        if ops is not None:
-            if not isinstance(ops, (list, tuple)) or not all(isinstance(o, int) and not isinstance(o, bool)
-                                                              and o >= 0 for o in ops):
-                raise _bad(index, out, f"ops must be a list of op indices (integers >= 0) or None, got {ops!r}")
-            out["ops"] = sorted(set(ops))
-    if kind == "rank_stall":
-        given = [f for f in ("at_op", "at") if out[f] is not None]
-        if len(given) != 1:
-            raise _bad(index, out, "give exactly one of at_op (an op index) or at (seconds)")
-        v = out["at_op"]
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-            raise _bad(index, out, f"at_op must be an integer >= 0, got {v!r}")
-    if kind == "rank_crash":
-        given = [f for f in ("at_op", "at") if out[f] is not None]
-        if len(given) != 1:
-            raise _bad(index, out, "give exactly one of at_op (an op index) or at (seconds)")
-        for f in ("at_op", "at_step"):
-            v = out[f]
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                raise _bad(index, out, f"{f} must be an integer >= 0, got {v!r}")
-        if out["at_step"] is not None and out["at_op"] is None:
-            raise _bad(index, out, "at_step needs at_op (the op whose step it is)")
-    return out
 
 
 class FaultPlan:
@@ -258,6 +168,13 @@ class FaultPlan:
 
     def straggler(self, rank, delay, ops=None):
         return self._add(kind="straggler", rank=rank, delay=delay, ops=ops)
+
+    def hbm_pressure(self, rank, at=None, at_op=None, duration=None, bytes=None):  # noqa: A002 - the entry's field
+        """Another tenant of the rank's NPU holds `bytes` of its free HBM (None: all that is free),
+        from `at` seconds (or from the rank's entry into its world op number `at_op`; neither: from
+        the job's start) for `duration` seconds (None: for good). The rank's allocations and link
+        setups that do not fit beside it fail with E_MEMORY (docs/design.md, "Faults contract")."""
+        return self._add(kind="hbm_pressure", rank=rank, at_op=at_op, at=at, duration=duration, bytes=bytes)
 
     def __len__(self):
         return len(self.entries)
@@ -311,6 +228,9 @@ class FaultPlan:
             for f in ("a", "b", "rank"):
                 if f in e and e[f] >= p:
                     raise _bad(i, e, f"{f}={e[f]} is not a rank of {topo.name} (ranks 0..{p - 1})")
+            if e["kind"] == "hbm_pressure" and e["bytes"] is not None and e["bytes"] > topo.device_model.hbm_bytes:
+                raise _bad(i, e, f"bytes={e['bytes']} is more than the {topo.device_model.hbm_bytes} B of HBM a "
+                           f"{topo.device} device of {topo.name} has: no tenant can hold that")
             if e["kind"] == "nic_down" and "RoCE" not in _kinds_from(topo, e["rank"]):
                 raise _bad(i, e, f"rank {e['rank']} reaches no peer over RoCE on {topo.name}: it has no NIC in use")
             if e["kind"] not in MODELLED:
@@ -334,12 +254,15 @@ class FaultPlan:
         labels = tuple((e["rank"], _describe(i, e)) for i, e in enumerate(self.entries) if e["kind"] == "straggler")
         stalls = tuple((e["rank"], e["at_op"], None if e["at"] is None else seconds_to_ns(e["at"]), _describe(i, e))
                        for i, e in enumerate(self.entries) if e["kind"] == "rank_stall")
+        pressures = tuple((e["rank"], e["at_op"], None if e["at"] is None else seconds_to_ns(e["at"]),
+                           None if e["duration"] is None else max(1, seconds_to_ns(e["duration"])), e["bytes"],
+                           _describe(i, e)) for i, e in enumerate(self.entries) if e["kind"] == "hbm_pressure")
         if stalls and not config.exec_timeout_s:
             raise HcclError("E_PARA", f"{stalls[0][3]}: a stalled rank is found only by its peers' HCCL_EXEC_TIMEOUT, "
                             "which is 0 (never): they would wait for it for ever")
         return BoundFaults(self.link_state(topo, interval, config.rdma_retry_cnt), late,
                            tuple(tuple(sorted(e.items(), key=lambda kv: kv[0])) for e in self.entries), crashes,
-                           corrupt, labels, stalls)
+                           corrupt, labels, stalls, pressures)
 
     def link_state(self, topo, interval_ns: int = 4096 << 20, retries: int = 7) -> LinkState:
         """hcomm's LinkState of the plan's link entries on `topo` (edges of each route, ns windows)."""

@@ -4,6 +4,9 @@
   merged on free). Capacity is accounting: an allocation's bytes exist on the host only once
   its data is used, so a 64 GB device costs nothing until written. Running out is an HcclError
   (E_MEMORY) naming the request, what is free and the largest free block; `finalize` reports leaks.
+  Under a fault plan's hbm_pressure another tenant holds some of what is free (`pressure`,
+  hccl_sim.faults.hbm, read at the device's simulated clock): an allocation that fits only in
+  what it holds fails with E_MEMORY naming its entry.
 - Streams are ordered task queues on the rank's simulated timeline: a task starts when the
   stream's previous task has ended and the host has issued it, and lasts its modelled duration.
   Kernels follow a roofline (launch + max(flops / peak, bytes / HBM bandwidth)); host <-> device
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from topologies.errors import HcclError
+from topologies.errors import Cause, HcclError
 
 ALIGNMENT = 512
 TASK_HISTORY = 4096                  # tasks a stream remembers for traces
@@ -57,8 +60,13 @@ class Allocator:
         self._used = {}                       # start -> size
         self.in_use = 0
 
+    @staticmethod
+    def rounded(nbytes: int) -> int:
+        """What an allocation of `nbytes` takes: whole 512-byte blocks, at least one."""
+        return max(ALIGNMENT, -(-nbytes // ALIGNMENT) * ALIGNMENT)
+
     def alloc(self, nbytes: int) -> int:
-        size = max(ALIGNMENT, -(-nbytes // ALIGNMENT) * ALIGNMENT)
+        size = self.rounded(nbytes)
         for i, (start, length) in enumerate(self._free):
             if length >= size:
                 if length == size:
@@ -164,6 +172,7 @@ class Device:
         self.hbm_bytes = self.model.hbm_bytes
         self.allocator = Allocator(self.hbm_bytes)
         self.clock = 0                         # the host's simulated time, ns
+        self.pressure = None                   # HBM another tenant holds (faults.hbm.HbmPressure), or None
         self._streams = []
         self._arrays = {}
         self._open = True
@@ -192,14 +201,31 @@ class Device:
         nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         if nbytes < 0:
             raise HcclError("E_PARA", f"cannot allocate a negative size {nbytes}", rank=self.rank)
-        ptr = self.allocator.alloc(nbytes)
+        a = self.allocator
+        if self.pressure is not None:
+            self._check_pressure(nbytes, tag)
+        ptr = a.alloc(nbytes)
         if ptr < 0:
-            a = self.allocator
             raise HcclError("E_MEMORY", f"out of HBM: {tag} needs {_size(nbytes)}, {_size(a.free_bytes)} of "
-                            f"{_size(a.capacity)} free, largest free block {_size(a.largest_free)}", rank=self.rank)
+                            f"{_size(a.capacity)} free, largest free block {_size(a.largest_free)}", rank=self.rank,
+                            cause=Cause.NO_MEMORY)
         arr = DeviceArray(self, ptr, nbytes, shape, np.dtype(dtype), tag)
         self._arrays[ptr] = arr
         return arr
+
+    def _check_pressure(self, nbytes: int, tag: str) -> None:
+        """E_MEMORY naming the hbm_pressure entry when an allocation would fit in the free HBM but
+        not beside what the entries held now (at the device's clock) take of it."""
+        free = self.allocator.free_bytes
+        held, label = self.pressure.holding(self.clock, free)
+        size = Allocator.rounded(nbytes)
+        if held and free - held < size <= free:
+            raise HcclError("E_MEMORY", f"out of HBM at {self.clock / 1e9:.6f} s: {tag} needs {_size(size)}, "
+                            f"{_size(free)} of {_size(self.allocator.capacity)} free, of which another tenant of the "
+                            f"NPU holds {_size(held)} ({label})", rank=self.rank, time_ns=self.clock,
+                            cause=Cause.NO_MEMORY, fault=label,
+                            detail={"no_memory": True, "tag": tag, "nbytes": nbytes, "free_bytes": free,
+                                    "held_bytes": held})
 
     def free(self, arr: DeviceArray) -> None:
         self._check_open()

@@ -1,6 +1,7 @@
 """Where a fault plan meets the planner: a FaultPlan bound to the topology an op is priced on, the
-crash a bound plan puts in an op, found from the op's plan and its event-driven replay, and an op
-whose last rank comes later than HCCL_EXEC_TIMEOUT after its first (`late_entry_error`).
+crash a bound plan puts in an op, found from the op's plan and its event-driven replay, an op
+whose last rank comes later than HCCL_EXEC_TIMEOUT after its first (`late_entry_error`), and a
+link setup an HBM pressure starves (`LinkSetupFailed`).
 
 The plan itself is data (hccl_sim.faults.fault_plan); what needs pricing (the topology an op
 runs on, when a step starts) is here, so the faults package never reaches up into the planner.
@@ -16,6 +17,10 @@ from topologies.model import seconds_to_ns
 from ..faults.fault_plan import BoundFaults, FaultPlan
 from .costs import effective_cost
 from .event_replay import step_clock, step_starts
+from .loop_programs import op_overhead_ns
+
+CONNECT_GRACE_S = 20
+"""HCCL's link setup gives up HCCL_CONNECT_TIMEOUT + 20 s after it began (docs/references.md §7.2)."""
 
 
 def with_faults(topo, config, faults):
@@ -99,3 +104,48 @@ def late_entry_error(opname: str, config, entry: list):
                      f"peers' notify wait passed HCCL_EXEC_TIMEOUT ({timeout} s){why}", op=opname,
                      cause=Cause.TIMEOUT, peers=(slow,), time_ns=first + limit, fault=label,
                      detail={"slow": slow, "late_ns": last - first, "exec_timeout_s": timeout})
+
+
+class LinkSetupFailed(HcclError):
+    """A call whose link setup the fault plan's hbm_pressure starves on some ranks (`starved` in
+    its detail: [(rank, label), ...]), as the planner finds it for every rank alike. It never
+    reaches user code: each rank's communicator turns it into the rank's own error (`for_rank`).
+
+    HCCL sets up a communicator's links on the first call of each op type and algorithm; a rank
+    whose device cannot allocate the links' resources (a QP's memory) fails with EI0011, device out
+    of memory (E_MEMORY), at once; its peers wait for its sockets until HCCL_CONNECT_TIMEOUT + 20 s
+    and fail with EI0006 (E_TIMEOUT) (docs/references.md §7.2, §9.2, §10.2)."""
+
+    def for_rank(self, rank: int, entry_ns: int) -> HcclError:
+        """Rank `rank`'s error, entering the call at `entry_ns`: a starved rank returns after the
+        call's host cost, the others when their connect timeout runs out."""
+        d = self.detail
+        starved = [(int(r), label) for r, label in d["starved"]]
+        where = f"op {self.op}, algorithm {d['algo']}"
+        mine = next((label for r, label in starved if r == rank), None)
+        if mine is not None:
+            at = entry_ns + d["call_ns"]
+            return HcclError("E_MEMORY", f"Cluster Exception Location[rank {rank}], {where}, link setup at "
+                             f"{at / 1e9:.6f} s: EI0011 device out of memory in link setup: another tenant of the "
+                             f"NPU holds its free HBM ({mine})", rank=rank, op=self.op, time_ns=at,
+                             cause=Cause.NO_MEMORY, fault=mine,
+                             detail={"no_memory": True, "link_setup": True, "algo": d["algo"]})
+        first, label = starved[0]
+        limit = d["connect_timeout_s"]
+        at = entry_ns + seconds_to_ns(limit)
+        return HcclError("E_TIMEOUT", f"Cluster Exception Location[rank {first}], {where}, link setup from "
+                         f"{entry_ns / 1e9:.6f} s to {at / 1e9:.6f} s: wait socket establish timeout (EI0006) after "
+                         f"HCCL_CONNECT_TIMEOUT + {CONNECT_GRACE_S} s: rank {first} failed its link setup with "
+                         f"EI0011 device out of memory ({label})", rank=rank, op=self.op, time_ns=at,
+                         cause=Cause.TIMEOUT, peers=tuple(r for r, _ in starved), fault=label,
+                         detail={"link_setup": True, "algo": d["algo"], "connect_timeout_s": limit})
+
+
+def link_setup_failed(sig, algo: str, starved: tuple, cost, config) -> LinkSetupFailed:
+    """The LinkSetupFailed of a call (`sig`, running `algo`) whose setup `starved` ranks fail."""
+    return LinkSetupFailed("E_MEMORY", f"link setup of {sig.name} ({algo}) failed: ranks {[r for r, _ in starved]} "
+                           "have no HBM free (hbm_pressure)", op=sig.name, cause=Cause.NO_MEMORY,
+                           peers=tuple(r for r, _ in starved), fault=starved[0][1],
+                           detail={"algo": algo, "starved": [list(s) for s in starved],
+                                   "call_ns": op_overhead_ns(cost.device_model, sig.name),
+                                   "connect_timeout_s": config.connect_timeout_s + CONNECT_GRACE_S})

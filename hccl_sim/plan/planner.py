@@ -34,12 +34,12 @@ from hcomm.vtiming import program_times
 from topologies.errors import HcclError
 
 from .. import collectives as colls
-from ..faults.progress import NO_FAULTS, OpFaults
+from ..faults.progress import NO_FAULTS, OpFaults, link_setup_starved
 from ..faults.retry import priced_with_retry
 from .costs import effective_cost, with_expansion
 from .loop_programs import LoopBuilder, op_overhead_ns, pods_of, servers_of
 from .event_replay import LOOPS_REPLAYED, replayed_exits, sends, trace_events
-from .faulted import late_entry_error
+from .faulted import late_entry_error, link_setup_failed
 from ..selection import Choice, Context, select
 
 
@@ -332,6 +332,9 @@ def make_plan(sig: Signature, topo, config, entry: list, itemsize: int, trace: b
     cost = effective_cost(topo, config, now.backup)
     p = cost.num_ranks
     choice = choose(sig, cost, config, itemsize)
+    starved = link_setup_starved(now, sig, choice.label)
+    if starved:                             # an hbm_pressure leaves some rank's link setup no memory
+        raise link_setup_failed(sig, choice.label, starved, cost, config)
     transfers, corrupt = None, {}
     if now.corrupt:
         loops, programs, _ = op_programs(sig, cost, config, itemsize, choice)

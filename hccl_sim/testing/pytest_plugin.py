@@ -1,8 +1,8 @@
 """The pytest plugin of fault suites (registered by hccl-sim's `pytest11` entry point, so installing
 hccl-sim is all it takes).
 
-    @pytest.mark.hccl_chaos(kinds=None, max_faults=2, allow=("E_REMOTE", "E_TIMEOUT", "E_OPRETRY_FAIL"),
-                            check=None)
+    @pytest.mark.hccl_chaos(kinds=None, max_faults=2,
+                            allow=("E_REMOTE", "E_TIMEOUT", "E_OPRETRY_FAIL", "E_MEMORY"), check=None)
     def test_my_recovery():
         results = hccl_sim.run(step, topology=..., env=...)     # as the test always did
         ...
@@ -49,7 +49,7 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", f"{MARK}(kinds=None, max_faults=2, allow=('E_REMOTE', 'E_TIMEOUT', "
-                            "'E_OPRETRY_FAIL'), check=None): run the test under hccl-sim fault scenarios with "
+                            "'E_OPRETRY_FAIL', 'E_MEMORY'), check=None): run the test under hccl-sim fault scenarios with "
                             "--hccl-chaos N (hccl_sim.testing)")
     n = config.getoption("--hccl-chaos")
     if n is not None and n < 1:

@@ -5,7 +5,8 @@ number there) and each point-to-point op, with its members and its span in simul
 (`Targets`). A scenario is a FaultPlan of 1..max_faults entries, each aimed at one call: a time
 inside its span, ranks and links among its members (a pair in one server or across servers), a
 duration against the RDMA retransmission budget the run's environment makes, a crash entering
-the call, at one of its steps or at a time inside it.
+the call, at one of its steps or at a time inside it, HBM another tenant holds from the call
+(or a time inside it) on.
 
 The draw is ordered so that Hypothesis's shrinking (it makes the choices it drew smaller, the
 earlier ones first, and lists shorter) finds the smallest plan in the order a reader wants it:
@@ -25,12 +26,17 @@ from ..config.env import Config
 from ..faults import fault_plan as fault_kinds
 from ..faults.fault_plan import FaultPlan
 from ..faults.retry import level_of
+from ..npu.device import Allocator
 from ..plan.costs import effective_cost
 
-MILDEST_FIRST = ("straggler", "link_slow", "corrupt", "link_flap", "nic_down", "link_down", "rank_stall",
-                 "rank_crash")
+MILDEST_FIRST = ("straggler", "link_slow", "corrupt", "link_flap", "nic_down", "link_down", "hbm_pressure",
+                 "rank_stall", "rank_crash")
 """Fault kinds from the mildest (a late rank, a slow link: nothing fails) to the worst (a dead
-rank); what a shrunk plan's kind tends to."""
+rank); what a shrunk plan's kind tends to. An HBM pressure fails an op as a failed link does (its
+rank, alive, gets E_MEMORY; its peers time out), milder than a rank that stops."""
+PRESSURES = (None, "all but 1 MiB", "half")
+"""What an hbm_pressure holds of the rank's HBM, harshest first (so shrinking keeps the one that
+fails): all that is free, all of a fresh device's but 1 MiB (a link setup still fits), half."""
 SLOW_PEER_MARGIN_S = 5.0
 """How much later than HCCL_EXEC_TIMEOUT the slowest straggler drawn enters (simulated s)."""
 OUTAGES = ("one interval", "under budget", "past budget", "past budget, back within HoldTime")
@@ -155,6 +161,13 @@ def _entry(draw, st, facts: Facts):
         if world_op and not draw(st.booleans()):
             return kind, dict(rank=rank, at_op=t.seq)
         return kind, dict(rank=rank, at=at / 1e9)
+    if kind == "hbm_pressure":
+        rank = draw(st.sampled_from(members))
+        fields = dict(at_op=t.seq) if world_op and not draw(st.booleans()) else dict(at=at / 1e9)
+        lasting = draw(st.booleans())
+        fields["duration"] = None if lasting else max(1, (t.end - t.start) * (1 + draw(st.integers(0, 19))) // 10) / 1e9
+        fields["bytes"] = _held_bytes(facts, draw(st.sampled_from(PRESSURES)))
+        return kind, dict(rank=rank, **fields)
     if kind == "rank_crash":
         rank = draw(st.sampled_from(members))
         mode = draw(st.sampled_from(("at_op", "at_step", "at") if world_op else ("at",)))
@@ -188,6 +201,14 @@ def _delays(config) -> tuple:
     peers' notify waits time out: E_TIMEOUT naming it)."""
     timeout = config.exec_timeout_s
     return STRAGGLER_DELAYS_S + ((timeout + SLOW_PEER_MARGIN_S,) if timeout else ())
+
+
+def _held_bytes(facts: Facts, share):
+    """PRESSURES' `share` in bytes of the topology's device (None: all that is free)."""
+    if share is None:
+        return None
+    free = facts.topology.device_model.hbm_bytes - Allocator.rounded(2 * facts.config.buffsize_bytes)
+    return free // 2 if share == "half" else free - (1 << 20)
 
 
 def _outage(draw, st, facts: Facts) -> int:
@@ -228,6 +249,10 @@ def describe(plan: FaultPlan, topology) -> str:
         text = f"{kind} {where}"
         if kind == "straggler":
             text += f" +{fmt_s(e['delay'])} in " + ("every op" if e.get("ops") is None else f"op {e['ops']}")
+        elif kind == "hbm_pressure":
+            text += " holds " + ("all its free HBM" if e["bytes"] is None else f"{e['bytes']} B")
+            text += f" from {fmt_s(e['at'])}" if e.get("at") is not None else f" from op {e['at_op']}"
+            text += " for good" if e["duration"] is None else f" for {fmt_s(e['duration'])}"
         elif kind in ("rank_crash", "rank_stall"):
             text += (f" at {fmt_s(e['at'])}" if e.get("at") is not None else f" entering op {e['at_op']}"
                      + (f" at step {e['at_step']}" if e.get("at_step") is not None else ""))

@@ -32,9 +32,12 @@ from ..engines.rendezvous import is_consequence, root_cause
 from ..faults.fault_plan import STOPPING
 from .recording import ScenarioHang
 
-DEFAULT_ALLOW = ("E_REMOTE", "E_TIMEOUT", "E_OPRETRY_FAIL")
+DEFAULT_ALLOW = ("E_REMOTE", "E_TIMEOUT", "E_OPRETRY_FAIL", "E_MEMORY")
 """Error codes a clean error may have unless the test says otherwise: an error CQE (a link down
-past its retransmissions, op retry off), a lost rank or a timed-out wait, op retry refused."""
+past its retransmissions, op retry off), a lost rank or a timed-out wait, op retry refused, an
+HBM allocation or link setup an hbm_pressure starved. Each is clean only where it names an entry
+of the plan that makes it (chaos.check.error_problem): an E_MEMORY no hbm_pressure entry names
+(the test's own memory running out) stays WRONG."""
 FAILING = ("WRONG", "HANG", "LEAK")
 RANKING = ("recovered", "skipped", "clean error", "WRONG", "HANG", "LEAK")
 
