@@ -12,6 +12,11 @@ import pytest
 import hccl_sim
 from hccl_sim.chaos import runners as _chaos_runners
 
+# Ray's driver holds back a line like one it printed in the last few seconds (its log
+# deduplication, RAY_DEDUP_LOGS): what a test reads of Ray's output must be every line, when it
+# comes. Read once, when ray is first imported, which none of the imports above does.
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
 
 def add(a, b, out):
     np.add(a, b, out=out)

@@ -3,6 +3,7 @@
 Results and simulated times equal the local engine's; failures surface without a hang; no
 shared-memory segment is left behind, even when an actor is killed mid-collective."""
 import os
+import re
 import signal
 import time
 
@@ -459,6 +460,41 @@ def test_rank_crash_across_two_ray_nodes(ray_instance, plane, plan, dead):
         assert cluster.data_plane == plane and len(set(cluster.nodes)) == 2
         session = check_crash_runs(cluster, plan, dead)
     assert shm.leftovers(session) == []
+
+
+def dies_unplanned(comm, who):
+    """Rank `who` dies in the user's code, not by the fault plan: its process exits as the others
+    enter an op."""
+    if comm.rank == who:
+        os._exit(3)
+    comm.all_reduce(np.ones(20_000, dtype=np.int64))
+
+
+@pytest.mark.ray
+def test_a_planned_crash_prints_nothing_from_ray_an_unplanned_death_still_does(ray_instance, capfd):
+    """The fault plan's crash is said once, as the plan's entry: Ray prints nothing of its own
+    about that process ("A worker died or was killed ... SYSTEM_ERROR ... OOM killer"). A death
+    the plan did not ask for is still the run's error (RANK_DIED), and Ray's line about it still
+    shows. Ray's driver prints such a line from a thread of its own, when the raylet's notice
+    comes: the test waits for the unplanned death's line, whose notice follows the crash's by a
+    run (the conftest turns Ray's deduplication off, so neither line is held back)."""
+    from topologies.errors import Cause
+    topo = hccl_sim.topology("fullmesh", ranks=4)
+    with hccl_sim.Cluster(topo, engine="ray") as cluster:
+        crashed = cluster.pids[2]
+        got = cluster.run(crash_ops, args=(2,), faults=hccl_sim.FaultPlan().rank_crash(2, at_op=1))
+        assert got[2] is None and got[0][0][1][0] == "E_TIMEOUT" and cluster.pids[2] != crashed
+        died = cluster.pids[1]
+        with pytest.raises(HcclError) as info:
+            cluster.run(dies_unplanned, args=(1,))
+        assert info.value.rank == 1 and info.value.cause == Cause.RANK_DIED
+        seen, deadline = "", time.monotonic() + 60
+        while f"Worker PID: {died} " not in seen and time.monotonic() < deadline:
+            time.sleep(0.1)
+            seen += "".join(capfd.readouterr())
+    assert f"Worker PID: {died} " in seen, f"no line from Ray about the unplanned death within 60 s: {seen[-2000:]}"
+    noise = [line for line in seen.splitlines() if re.search(r"worker died|SYSTEM_ERROR|OOM", line, re.I)]
+    assert not [line for line in noise if f"Worker PID: {crashed} " in line], noise
 
 
 @pytest.mark.ray

@@ -15,12 +15,14 @@ Point-to-point send/recv use the peer transport on every plane.
 from __future__ import annotations
 
 import os
+import time
 
 from hcomm.transports.watched import WatchedTransport
 
 from ..peer_group import PeerGroup
 
-CRASH_EXIT_STATUS = 70             # the exit status of a rank process the fault plan kills (EX_SOFTWARE)
+CRASH_EXIT_STATUS = 70             # the exit status of a crashed rank's process should Ray not end it (EX_SOFTWARE)
+_KILL_WAIT_S = 5.0                 # how long it waits for Ray to end it: a kill takes milliseconds
 
 
 class RayGroup(PeerGroup):
@@ -37,9 +39,24 @@ class RayGroup(PeerGroup):
         self.lost_world = set() if lost_world is None else lost_world
 
     def _end_rank(self, rank) -> None:
-        """The rank's process exits at once, as a crashed one does: no goodbye to its peers, no
-        clean-up, nothing flushed. Its peers find it by its closed connections (socket), its
-        actor's death (object) or its process gone from the control block (shm)."""
+        """The rank's process ends as a crashed one does: no goodbye to its peers, no clean-up,
+        nothing flushed. Its peers find it by its closed connections (socket), its actor's death
+        (object) or its process gone from the control block (shm).
+
+        Ray ends it: ray.kill on its own actor, a forced kill, in which no Python clean-up runs (no
+        atexit, finally or finalizer), as with os._exit. But Ray then knows the death for an
+        intended one. A process that exits by itself is a worker Ray lost, and its raylet pushes
+        "A worker died or was killed ... SYSTEM_ERROR ... OOM killer" to the driver, which prints
+        it: noise about a death the fault plan already reports. Until the kill lands (milliseconds)
+        this thread blocks, and nothing else of the rank answers a peer: its acknowledgements and
+        step words come from this thread's waits alone. Should Ray not end it in time, it exits by
+        itself after all."""
+        import ray
+        try:
+            ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+        except Exception:   # noqa: BLE001 - Ray cannot kill it (GCS unreachable): it dies anyway, below
+            os._exit(CRASH_EXIT_STATUS)
+        time.sleep(_KILL_WAIT_S)
         os._exit(CRASH_EXIT_STATUS)
 
     def _lost(self, dead) -> None:
