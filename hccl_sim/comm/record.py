@@ -5,6 +5,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 
+TRACE_FORMAT = "hccl-sim comm trace 1"
+"""The format tag of a step's communication as hccl_sim.torch.export_trace writes it and
+`hccl-sim replay` reads it."""
+
 class OpRecord(NamedTuple):
     """What the last operation did on this rank, in simulated time (immutable)."""
     name: str

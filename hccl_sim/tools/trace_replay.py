@@ -23,7 +23,9 @@ import numpy as np
 from topologies.errors import HcclError
 from topologies.subset import subset
 
-FORMAT = "hccl-sim comm trace 1"
+from ..comm.record import TRACE_FORMAT
+
+FORMAT = TRACE_FORMAT
 _FIXED = {"alltoallv": "alltoall", "alltoallvc": "alltoall", "allgatherv": "allgather", "reducescatterv": "reducescatter"}
 _P2P = ("send", "recv", "isend", "irecv", "batch_send_recv")
 

@@ -49,7 +49,9 @@ def main(job_dir: str) -> int:
         world.provide(connect(store, rank, size, job["topology"], config=config,
                               session=f"{job['session']}-{attempt}"))
         end(END_VALUE, job["fn"](world.comm))
-        code = 0
+        # a fault suite's recorder returns a failed script's error as data; torchrun must still
+        # see the rank fail (to stop the job, or restart it)
+        code = 1 if world.script_failed else 0
     except RankStalled:
         end(END_STALLED)
         time.sleep((config.exec_timeout_s or 0) + STALL_LIMIT_MARGIN_S)    # alive, launching nothing

@@ -74,13 +74,16 @@ class Script:
         if own:
             w.comm = comm
         w.reported = w.failed = None
+        w.script_failed = True             # until the script ends well (the rank's process exits by it)
         sys.argv = [self.path, *self.args]
         sys.path.insert(0, os.path.dirname(os.path.abspath(self.path)))    # as `python script.py` does
         try:
             try:
                 runpy.run_path(self.path, run_name="__main__")
+                w.script_failed = False
             except SystemExit as exc:       # the script's own exit: 0 (or None) is a normal end
-                if exc.code not in (None, 0):
+                w.script_failed = exc.code not in (None, 0)
+                if w.script_failed:
                     raise HcclError("E_INTERNAL", f"{self.path} exited with status {exc.code!r}",
                                     rank=comm.rank) from None
             except Exception as exc:       # noqa: BLE001 - torch turns a failed op's error into its own
@@ -234,7 +237,9 @@ class _TorchrunJob:
             out, _ = self.proc.communicate(timeout=self.timeout_s)
         except subprocess.TimeoutExpired:
             self.abandon()
-            raise HcclError("E_TIMEOUT", f"launch: {self.path} did not end within {self.timeout_s} s") from None
+            out, _ = self.proc.communicate(timeout=30)
+            raise HcclError("E_TIMEOUT", f"launch: {self.path} did not end within {self.timeout_s} s; torchrun "
+                            f"said:\n{_tail(out.decode(errors='replace'))}") from None
         finally:
             if self.proc.poll() is None:
                 self.abandon()

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from topologies.errors import HcclError
 
 from .. import canonical_op
-from ..tools.trace_replay import FORMAT
+from ..comm.record import TRACE_FORMAT as FORMAT
 
 
 def export_trace(path, groups: dict, since: dict | None = None) -> dict:

@@ -36,6 +36,7 @@ class World:
         self.default_cpu_stream = torch.cpu.current_stream()
         self.reported = None             # a launched script's result (hccl_sim.torch.report)
         self.failed = None               # the first HcclError an op of this rank failed with (note_failure)
+        self.script_failed = False       # whether the last launched script run here failed (its exit status)
         self._close = None               # ends what a launched script's world opened
         self._launch_store = None        # rank 0's store an MPI launch hosts until torch's env:// takes it over
 
