@@ -1,9 +1,10 @@
 """Fault suites of the user's own code (hccl_sim.testing), measured on the example project
 (examples/fault_suite): scenarios per second at 8 and 16 ranks on the local engine, the buggy
 sync's time to its first failure and to the shrunk plan, and its replay token reproducing the
-failure bit for bit on local and Ray.
+failure bit for bit on local and Ray; with --ray, also a whole seed's scenarios on local and on
+Ray side by side (the same plans, the same outcomes and details).
 
-    python experiments/fault_suite.py [--n 200] [--seeds 3] [--ray]
+    python experiments/fault_suite.py [--n 200] [--seeds 3] [--ray [--ray-n 60]]
 """
 import argparse
 import statistics
@@ -35,6 +36,7 @@ def main():
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--ray", action="store_true", help="also replay the shrunk failure on Ray")
+    ap.add_argument("--ray-n", type=int, default=60, help="scenarios of the seed compared on local and Ray")
     a = ap.parse_args()
     import logging
     logging.getLogger("grad_sync").setLevel(logging.ERROR)
@@ -77,6 +79,30 @@ def main():
             same_ray = (on_ray.outcome, on_ray.verdict.detail) == (shrunk.outcome, shrunk.verdict.detail)
             line += f", ray {on_ray.outcome} ({'identical' if same_ray else 'DIFFERS'})"
         print(line)
+    if a.ray:
+        same_seed_on_ray(a.ray_n)
+
+
+def same_seed_on_ray(n, seed=11):
+    """One seed's scenarios of the correct sync on the local engine and on a Ray cluster: plan by
+    plan, outcome and detail."""
+    import ray.cloudpickle
+    ray.cloudpickle.register_pickle_by_value(grad_sync)
+    topo = grad_sync.TOPOLOGY
+    local = explore(body_for(grad_sync.sync_with_retries, topo), "retries", n=n, seed=seed)
+    with hccl_sim.Cluster(topo, engine="ray") as cluster:
+        on_ray = explore(body_for(grad_sync.sync_with_retries, topo, cluster), "retries", n=n, seed=seed)
+    plans = sum(x.plan.to_dict() == y.plan.to_dict() for x, y in zip(local.scenarios, on_ray.scenarios))
+    outcomes = sum((x.outcome, x.verdict.detail) == (y.outcome, y.verdict.detail)
+                   for x, y in zip(local.scenarios, on_ray.scenarios))
+    print()
+    print(f"seed {seed}, {n} scenarios of the correct sync: local {local.summary().split(': ', 1)[1]} in "
+          f"{local.wall_s:.1f} s; ray {on_ray.summary().split(': ', 1)[1]} in {on_ray.wall_s:.1f} s")
+    print(f"same plans {plans}/{len(local.scenarios)}, same outcome and detail {outcomes}/{len(local.scenarios)}")
+    for x, y in zip(local.scenarios, on_ray.scenarios):
+        if (x.outcome, x.verdict.detail) != (y.outcome, y.verdict.detail):
+            print(f"  differs: {x.words}: local {x.outcome} {x.verdict.detail[:100]} | ray {y.outcome} "
+                  f"{y.verdict.detail[:100]}")
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@ and a restarted job resumes from the last one.
 
 Apart from the backend's name, the only hccl-sim call is `hccl_sim.torch.report`: each rank's
 losses and final parameters, which a fault suite compares with the fault-free run's. A resumed
-run must give the same numbers bit for bit: each step's batch comes from a generator seeded by the
-step, and the checkpoint holds the optimiser's momentum too. Without --checkpoint-dir a crash
+run gives the same numbers up to float rounding: each step's batch comes from a generator seeded
+by the step, and the checkpoint holds the optimiser's momentum too (the rounding: the restart's
+first step has DDP's first-iteration gradient buckets, whose sums may run in another order). Without --checkpoint-dir a crash
 ends the job (a clean error, the fault named). `--model-only` is the bug a fault suite finds: a
 checkpoint without the optimiser's state resumes with no momentum, and the losses drift from the
 fault-free run's only when a crash made the job resume.
