@@ -76,6 +76,24 @@ def test_a_fault_suite_of_a_script_finds_a_checkpoint_without_the_optimiser(tmp_
     assert right.outcome == "recovered", right.verdict.detail
 
 
+def test_a_rank_stalled_in_ddps_backward_is_the_plans_stall(torch_cluster):
+    """A stall met by a gradient bucket's AllReduce, which DDP's reducer waits for in C++ (torch
+    raises a RuntimeError of its own words there; torch's futures take no BaseException): the
+    stalled rank's end is the plan's stall (its result None), its peers' the E_TIMEOUT naming it: a
+    clean error, not a foreign RuntimeError nor a rank waiting for ever. Under torchrun (step 0's
+    and step 1's bucket) and on Ray."""
+    def on_torchrun():
+        return ht.launch(SCRIPT, 2, ["--steps", "2"], env=ENV)
+
+    def on_ray():
+        return ht.launch(SCRIPT, 4, ["--steps", "2"], engine="ray", cluster=torch_cluster, env=ENV)
+    for body, entry in ((on_torchrun, {"at_op": 1}), (on_torchrun, {"at_op": 3}), (on_ray, {"at_op": 3})):
+        plan = hccl_sim.FaultPlan()
+        plan.rank_stall(1, **entry)
+        scenario = replay(body, token.encode("stall", plan), "stall", deadline_s=60)
+        assert scenario.outcome == "clean error", (entry, scenario.verdict.detail)
+
+
 def test_chaos_script_command(tmp_path, capsys):
     """`hccl-sim chaos --script`: the twin and one scenario, a summary line, exit status 0."""
     code = cli_main(["chaos", "--script", str(SCRIPT), "--nproc", "2", "-n", "1", "--seed", "1",

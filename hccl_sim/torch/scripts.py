@@ -87,7 +87,7 @@ class Script:
                     raise HcclError("E_INTERNAL", f"{self.path} exited with status {exc.code!r}",
                                     rank=comm.rank) from None
             except Exception as exc:       # noqa: BLE001 - torch turns a failed op's error into its own
-                failed = w.failed_op_error()
+                failed = w.failed_op_error()   # (an HcclError, or the plan's stall of this rank)
                 if failed is not None and not isinstance(exc, HcclError):
                     raise failed from exc
                 raise

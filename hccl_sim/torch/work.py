@@ -45,7 +45,10 @@ class FutureWork(dist.Work):
         if seconds is not None and not self._done.wait(seconds):
             raise dist.DistBackendError(f"hccl_sim: Timed out after {seconds:g} s waiting for the op to complete "
                                         f"({'Work.wait' if explicit else 'the process group'}'s timeout)")
-        self._fut.wait()                 # raises what the op raised
+        try:
+            self._fut.wait()             # raises what the op raised
+        except _Stopped as stopped:
+            raise stopped.stop from None
         if self.sim is not None:         # the compute stream waits for it, as on an NPU
             tl = self._world.timeline
             if tl is not None:
@@ -81,6 +84,21 @@ class FutureWork(dist.Work):
             raise HcclError("E_PARA", "only a receive's Work has a source rank")
         self._fut.wait()
         return self._request.source
+
+
+class _Stopped(Exception):
+    """Carries the fault plan's stop of this rank (RankStalled, a BaseException so that the rank's
+    own handlers cannot outlive it) through a torch future, which takes only Exceptions; a Work's
+    wait() raises what it carries."""
+
+    def __init__(self, stop):
+        super().__init__(str(stop))
+        self.stop = stop
+
+
+def _fail(fut, exc) -> None:
+    """Complete a Work's future with the op's failure."""
+    fut.set_exception(exc if isinstance(exc, Exception) else _Stopped(exc))
 
 
 def _unwrapped(fut):
@@ -147,7 +165,7 @@ class Worker:
             value = fn()
         except BaseException as exc:    # noqa: BLE001 - handed to whoever waits on the Work
             self.world.note_failure(exc)
-            fut.set_exception(exc)
+            _fail(fut, exc)
             return
         if isinstance(value, Deferred):
             if holder is not None:
@@ -175,7 +193,7 @@ class Worker:
                 if deferred.failed is not None:
                     deferred.failed(exc)
                 if fut is not None:
-                    fut.set_exception(exc)
+                    _fail(fut, exc)
                 moved = True
                 continue
             self._pending.remove(item)
@@ -194,7 +212,7 @@ class Worker:
             if deferred.failed is not None:
                 deferred.failed(exc)
             if fut is not None and not fut.done():
-                fut.set_exception(exc)
+                _fail(fut, exc)
         self._pending.clear()
 
     def stop(self):

@@ -15,6 +15,8 @@ import torch.distributed as dist
 
 from topologies.errors import HcclError
 
+from ..faults.fault_plan import RankCrashed
+
 from . import mpi_launch
 from .process_group import BACKEND, ProcessGroupHcclSim
 
@@ -41,10 +43,11 @@ class World:
         self._launch_store = None        # rank 0's store an MPI launch hosts until torch's env:// takes it over
 
     def note_failure(self, exc) -> None:
-        """An op of this rank failed with `exc`: the first HcclError is kept, because torch turns
-        the error of an op it waits for in C++ (DDP's gradient buckets) into a RuntimeError of
-        its own words, and a launched script's end must still say which fault it was."""
-        if self.failed is None and isinstance(exc, HcclError):
+        """An op of this rank failed with `exc`: the first HcclError (or the fault plan's stall of
+        this rank) is kept, because torch turns the error of an op it waits for in C++ (DDP's
+        gradient buckets) into a RuntimeError of its own words, and a launched script's end must
+        still say which fault it was."""
+        if self.failed is None and isinstance(exc, (HcclError, RankCrashed)):
             self.failed = exc
 
     def failed_op_error(self):
