@@ -358,7 +358,7 @@ def test_cli_exit_status_1_on_a_failure(monkeypatch, capsys):
 @pytest.mark.unit
 @pytest.mark.parametrize("argv,message", [
     (["-n", "0"], "-n 0: the number of scenarios must be in"),
-    (["--replay", "-1"], "--replay -1: a scenario number is >= 0"),
+    (["--replay", "-1"], "--replay -1: a scenario number is an integer >= 0"),
     (["--engine", "timing"], "chaos runs on local or ray"),
     (["--deadline", "0"], "--deadline 0"),
     (["--topology", "fullmesh"], "needs --ranks N"),
