@@ -57,6 +57,23 @@ def test_a_crash_is_a_clean_error_and_an_elastic_restart_from_a_checkpoint_recov
     _same(ht.launch(SCRIPT, 2, args, env=ENV, faults=plan, max_restarts=1), twin)
 
 
+def test_an_fsdp2_script_restarted_after_a_crash_ends_as_the_fault_free_one():
+    """examples/torch_fsdp2.py (FSDP2 of a small decoder, its losses and full parameters reported by
+    tiny_lm.launch) under torchrun: a rank crashed in the second step's collectives, and the job
+    torchrun restarts from scratch gives the fault-free job's numbers bit for bit."""
+    fsdp2 = SCRIPT.parent.parent / "torch_fsdp2.py"
+    args = ["--steps", "2", "--batch", "8"]
+    twin = ht.launch(fsdp2, 2, args, env=ENV)
+    plan = hccl_sim.FaultPlan()
+    plan.rank_crash(0, at_op=30)
+    with pytest.raises(hccl_sim.HcclError) as info:          # the crash is met: without a restart, the job ends
+        ht.launch(fsdp2, 2, args, env=ENV, faults=plan)
+    assert info.value.fault == "fault plan entry 0 (rank_crash rank 0)"
+    again = ht.launch(fsdp2, 2, args, env=ENV, faults=plan, max_restarts=1)
+    assert len(twin[0]["losses"]) == 2
+    _same(again, twin)
+
+
 def test_a_fault_suite_of_a_script_finds_a_checkpoint_without_the_optimiser(tmp_path):
     """explore() over a launch: scenarios aimed at the script's calls recover (restart from the
     checkpoint) or end cleanly; the same crash replayed on the script that checkpoints only its
