@@ -129,14 +129,19 @@ def test_allocations_under_pressure_fail_naming_the_entry_until_it_ends():
     assert e.value.fault is None and e.value.cause == "NO_MEMORY"
 
 
-def split_job(comm):
-    out = _ops(comm, ("allreduce",))
+def split_between(comm, before, after):
+    """`before` ops, a split in two halves (its AllReduce, or its error's fields), `after` ops."""
+    out = _ops(comm, before)
     try:
         sub = comm.split(comm.rank % 2)
         out.append(("split", sub.size, int(sub.all_reduce(np.ones(2, np.int64))[0]), comm.clock))
     except HcclError as e:
         out.append((e.code, e.cause, e.peers, e.fault, e.time_ns, e.detail, comm.clock))
-    return out + _ops(comm, ("allreduce",))
+    return out + _ops(comm, after)
+
+
+def split_job(comm):
+    return split_between(comm, ("allreduce",), ("allreduce",))
 
 
 @pytest.mark.local

@@ -105,18 +105,12 @@ def test_an_hbm_pressure_fails_alike_on_ray_and_local(ray_cluster):
     op 3 on rank 3's is held: the split's new CCL buffer fails there (E_MEMORY; the odd ranks' init
     times out), the even ranks' split goes on; an AllGather then fails its link setup (E_MEMORY on 3,
     E_TIMEOUT on the others). Every error, its fields and every clock as on the local engine."""
-    from test_faults_hbm import _ops
+    from test_faults_hbm import split_between
     import topologies
     topo = topologies.hardware("atlas800t-a2", devices_per_server=[4, 4])
 
     def job(comm):
-        out = _ops(comm, ("allreduce", "allreduce", "empty"))
-        try:
-            sub = comm.split(comm.rank % 2)
-            out.append(("split", sub.size, int(sub.all_reduce(np.ones(2, np.int64))[0]), comm.clock))
-        except HcclError as e:
-            out.append((e.code, e.cause, e.peers, e.fault, e.time_ns, e.detail, comm.clock))
-        return out + _ops(comm, ("allgather",))
+        return split_between(comm, ("allreduce", "allreduce", "empty"), ("allgather",))
     plan = hccl_sim.FaultPlan().hbm_pressure(6, at=0.0, duration=1e-5).hbm_pressure(3, at_op=3)
     local = hccl_sim.run(job, topology=topo, faults=plan)
     assert local[6][0][0] == "E_MEMORY" and local[0][0][:3] == ("E_TIMEOUT", "TIMEOUT", (6,))

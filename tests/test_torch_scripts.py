@@ -122,6 +122,20 @@ def test_chaos_script_command(tmp_path, capsys):
     assert '"scenarios"' in (tmp_path / "r.json").read_text()
 
 
+def test_chaos_script_replay_line_keeps_what_shapes_a_run():
+    """The replay command a failing suite prints carries every option that changes a run or its
+    verdict (restarts, environment, check, allowed codes, the script's arguments), not only the token."""
+    from hccl_sim.tools.cli import build_parser
+    from hccl_sim.tools.script_chaos import replay_command
+    args = build_parser().parse_args(["chaos", "--script", "t.py", "--nproc", "4", "--max-restarts", "1",
+                                      "--env", "HCCL_EXEC_TIMEOUT=60", "--check", "c.py:f", "--allow", "E_TIMEOUT",
+                                      "--args", "--steps 2"])
+    cmd = " ".join(replay_command(args, "torchrun"))
+    for part in ("--script t.py", "--nproc 4", "--engine torchrun", "--max-restarts 1", "--env HCCL_EXEC_TIMEOUT=60",
+                 "--check c.py:f", "--allow E_TIMEOUT", "--args --steps 2"):
+        assert part in cmd, (part, cmd)
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--script", "no_such.py", "--nproc", "2"], "no such file"),
     (["--script", str(SCRIPT), "--nproc", "1"], "at least 2 ranks"),

@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import shlex
-import sys
 from pathlib import Path
 
 import topologies
@@ -102,14 +101,25 @@ def cmd_script_chaos(args, topology_of, env_pairs) -> int:
           f"{report.failure.verdict.detail}")
     print(f"# shrunk in {report.shrink_runs} runs ({report.shrink_s:.1f} s) to: {shrunk.outcome}: {shrunk.verdict.detail}")
     print(_yaml(shrunk.plan), end="")
-    replay_cmd = [sys.argv[0] if sys.argv and sys.argv[0].endswith("hccl-sim") else "hccl-sim", "chaos", "--script",
-                  args.script, "--nproc", str(args.nproc)]
-    if engine != "torchrun":
-        replay_cmd += ["--engine", engine]
-    if args.script_args:
-        replay_cmd += ["--args", args.script_args]
-    print("replay: " + shlex.join(replay_cmd + ["--replay", report.token]))
+    print("replay: " + shlex.join(replay_command(args, engine) + ["--replay", report.token]))
     return 1
+
+
+def replay_command(args, engine) -> list:
+    """The command line that reruns this suite's runs: every option that shapes a run or its
+    verdict (the scenario itself comes from the token)."""
+    cmd = ["hccl-sim", "chaos", "--script", args.script, "--nproc", str(args.nproc), "--engine", engine,
+           "--topology", args.topology]
+    for flag, value in (("--servers", args.servers), ("--superpods", args.superpods), ("--ranks", args.ranks),
+                        ("--args", args.script_args or None), ("--allow", args.allow),
+                        ("--check", args.script_check), ("--deadline", args.deadline)):
+        if value is not None:
+            cmd += [flag, str(value)]
+    if args.max_restarts:
+        cmd += ["--max-restarts", str(args.max_restarts)]
+    for item in args.env or ():
+        cmd += ["--env", item]
+    return cmd
 
 
 def _script_topology(args, topology_of):

@@ -7,19 +7,22 @@ Config (its fault plan) or, on a restart, the fault-free one; this process's Wor
 the job's rank function (hccl_sim.torch.scripts.Script, perhaps wrapped by a fault suite's
 recorder) runs. How it ended goes to JOB/rank<r>.<attempt>.pkl: its value, its error, or that the
 plan stalled it. A rank the plan crashes leaves nothing: its process ends at once
-(engines.torchrun.LaunchedPeers). A stalled rank stays alive and still until torchrun stops it.
+(engines.torchrun.LaunchedPeers). A stalled rank stays alive and still until torchrun stops it. A
+rank torchrun stops (SIGTERM) before it has ended finishes first, so that its end says how the
+failure met it.
 """
 from __future__ import annotations
 
 import os
 import pickle
+import signal
 import sys
 import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
 
-END_VALUE, END_ERROR, END_STALLED, END_CRASHED = "value", "error", "stalled", "crashed"
+END_VALUE, END_ERROR, END_STALLED = "value", "error", "stalled"
 STALL_LIMIT_MARGIN_S = 60
 """A stalled rank waits for torchrun to stop it at most HCCL_EXEC_TIMEOUT + this (wall s)."""
 
@@ -37,10 +40,22 @@ def main(job_dir: str) -> int:
     config = job["config"] if attempt == 0 else job["clean"]
     out = Path(job_dir) / RESULT_FILE.format(rank=rank, attempt=attempt)
 
+    ended = []
+
     def end(*what):
         tmp = out.with_suffix(".tmp")
         tmp.write_bytes(pickle.dumps(what))
         tmp.replace(out)                 # whole or not at all: torchrun may stop this process any time
+        ended.append(what[0])
+
+    def stopped(signum, frame):
+        """torchrun stops the job's other ranks as soon as one fails (a crash the plan made, its
+        peer's error), often before they have met the failure themselves: a rank still running
+        its script goes on to its own end (the lost peer's error, within its waits' deadlines;
+        torchrun kills what is left after its own grace period); one that has ended exits."""
+        if ended:
+            os._exit(0)
+    signal.signal(signal.SIGTERM, stopped)
     timeout = timedelta(seconds=float(config.connect_timeout_s))
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), size, False, timeout=timeout)
     store = dist.PrefixStore(f"hccl_sim/attempt{attempt}/", store)

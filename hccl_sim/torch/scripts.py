@@ -87,7 +87,7 @@ class Script:
                     raise HcclError("E_INTERNAL", f"{self.path} exited with status {exc.code!r}",
                                     rank=comm.rank) from None
             except Exception as exc:       # noqa: BLE001 - torch turns a failed op's error into its own
-                failed = w.failed_op_error()   # (an HcclError, or the plan's stall of this rank)
+                failed = w.failed               # (an HcclError, or the plan's stall of this rank)
                 if failed is not None and not isinstance(exc, HcclError):
                     raise failed from exc
                 raise
@@ -111,9 +111,8 @@ def launch(script, nproc: int, args=(), topology=None, engine: str = "torchrun",
     reaches the caller as the engines' root cause. `topology`: as for hccl_sim.run (default one
     910B server filled by the ranks); `env`: HCCL's variables; `faults`: a FaultPlan;
     `max_restarts` (torchrun): torchrun's elastic restarts of the whole job, the last attempt's
-    results returned; `monitor_interval`: how often torchrun looks at its workers (s: the
-    survivors of a crash have that long to report how it ended for them before torchrun stops
-    them); `timeout_s`: a wall limit on the whole job (default: none beyond the ranks' own waits);
+    results returned; `monitor_interval`: how often torchrun looks at its workers (s; a rank it
+    stops before the rank has ended finishes first: hccl_sim.torch.script_rank); `timeout_s`: a wall limit on the whole job (default: none beyond the ranks' own waits);
     `cluster`: a hccl_sim.Cluster on Ray to run on (its actors, torch imported once, serve launch
     after launch; its topology is the launch's)."""
     from .. import _topology
@@ -140,11 +139,10 @@ def launch(script, nproc: int, args=(), topology=None, engine: str = "torchrun",
     if topo.num_ranks != nproc:
         raise HcclError("E_PARA", f"launch: the topology has {topo.num_ranks} ranks but nproc is {nproc}")
     if engine == "ray":
-        from .. import run
         if cluster is not None:
-            def run(fn, topology, engine, env, faults):  # noqa: ARG001 - the cluster's topology and engine
-                return cluster.run(fn, env=env, faults=faults)
-        return _on_ray(run, path, args, topo, env, faults)
+            return _on_ray(lambda fn: cluster.run(fn, env=env, faults=faults), path, args, topo)
+        from .. import run
+        return _on_ray(lambda fn: run(fn, topology=topo, engine="ray", env=env, faults=faults), path, args, topo)
 
     def config_for(plan):
         return with_faults(topo, Config.from_env(env), plan)
@@ -162,14 +160,15 @@ def _filled(nproc):
     return presets.filled(DEFAULT_TOPOLOGY, nproc)
 
 
-def _on_ray(run, path, args, topo, env, faults):
-    """The script on Ray actors: env://'s store hosted by this (the driver's) process."""
+def _on_ray(run, path, args, topo):
+    """The script on Ray actors (`run(fn)` runs a rank function there): env://'s store hosted by
+    this (the driver's) process."""
     import ray
     store = dist.TCPStore("0.0.0.0", 0, topo.num_ranks, True, wait_for_workers=False)
     try:
         host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
         local = max(topo.server_of.count(s) for s in set(topo.server_of))
-        return run(Script(path, args, (host, store.port), local), topology=topo, engine="ray", env=env, faults=faults)
+        return run(Script(path, args, (host, store.port), local))
     finally:
         del store
 
@@ -187,7 +186,7 @@ class _TorchrunJob:
     def launch(self, fn, config) -> list:
         from hcomm.memory import segments
         from ..engines.rendezvous import root_cause
-        from .script_rank import END_CRASHED, END_ERROR, END_STALLED
+        from .script_rank import END_ERROR, END_STALLED
         job = Path(tempfile.mkdtemp(prefix="hccl-sim-torchrun-"))
         session = segments.new_session()        # named for this process: what the job leaves is ours to see
         try:
@@ -211,7 +210,7 @@ class _TorchrunJob:
                 end = (END_ERROR, HcclError("E_INTERNAL", f"rank {rank} ended without a result (its process died or "
                                             f"torchrun stopped it); torchrun said:\n{out}", rank=rank), time.time())
             kind, *rest = end
-            if kind in (END_CRASHED, END_STALLED):
+            if kind == END_STALLED:
                 results.append(None)
             elif kind == END_ERROR:
                 errors.append((rank, rest[0], rest[1]))

@@ -16,7 +16,6 @@ import torch.distributed as dist
 from topologies.errors import HcclError
 
 from ..faults.fault_plan import RankCrashed
-
 from . import mpi_launch
 from .process_group import BACKEND, ProcessGroupHcclSim
 
@@ -49,10 +48,6 @@ class World:
         still say which fault it was."""
         if self.failed is None and isinstance(exc, (HcclError, RankCrashed)):
             self.failed = exc
-
-    def failed_op_error(self):
-        """The first HcclError an op of this rank failed with since the script began, or None."""
-        return self.failed
 
     def provide(self, launched) -> None:
         """Take a launched rank's world (hccl_sim.engines.torchrun.Launched) as this process's:
