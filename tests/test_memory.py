@@ -1,6 +1,7 @@
 """hcomm.memory and the shared-memory data plane, below any engine: the result pool's reuse rule,
 the segment provider, and the plane's "places unchanged" fast path (ranks are threads here, each
 with its own segments, and the control plane a barrier)."""
+import os
 import threading
 
 import numpy as np
@@ -198,3 +199,24 @@ def test_pool_slot_stages_in_a_free_entry_or_a_new_one_that_the_next_get_hands_o
     del got
     assert pool.slot(100) == 1 and len(made) == 2        # the free one, large enough
     del other
+
+
+def test_segments_never_reach_the_resource_tracker(session, monkeypatch):
+    """Ranks spawned from one parent share its resource tracker; a segment one rank registered
+    and another unregistered made it print a KeyError at exit (issue 40). Owned, private and
+    attached segments register nothing with it, and are still removed from /dev/shm."""
+    from multiprocessing import resource_tracker
+    calls = []
+    monkeypatch.setattr(resource_tracker, "register", lambda *a: calls.append(("register", a)))
+    monkeypatch.setattr(resource_tracker, "unregister", lambda *a: calls.append(("unregister", a)))
+    owned = segments.OwnedSegments(session, 0)
+    name, arr = owned.array("input", (4,), np.int32)
+    arr[:] = 7
+    peer = segments.AttachedSegments()
+    assert peer.array(name, (4,), np.int32).tolist() == [7] * 4
+    private_name, private = segments.PrivateSegment.array(session, 0, "result", (2,), np.int8)
+    assert calls == []
+    del private
+    peer.close()
+    owned.close()
+    assert not [n for n in os.listdir("/dev/shm") if n in (name, private_name)]

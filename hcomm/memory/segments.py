@@ -3,8 +3,10 @@
 A segment belongs to the rank that created it (it grows by replacement and is unlinked when the
 rank closes); peers attach by name and read or reduce from it in place. Segments of one session
 share a name prefix, so whatever a killed process left in /dev/shm is removed by `cleanup`.
-Python's resource tracker is kept out: it would unlink a segment when any process that merely
-attached it exits.
+Python's resource tracker is kept out (segments are `shared_file.Mapping`s, not
+`multiprocessing.shared_memory`): it would unlink a segment when any process that merely attached
+it exits, and where ranks share one parent's tracker (torch.multiprocessing.spawn), one rank's
+unregister of a name another rank still had registered makes the tracker print a KeyError.
 """
 from __future__ import annotations
 
@@ -13,26 +15,18 @@ import os
 import socket
 import uuid
 import weakref
-from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
+
+from .shared_file import Mapping
 
 PREFIX = "hccl_sim_"
 
 
-def _untrack(shm):
-    try:
-        # the tracker knows a segment by its POSIX name, "/" and the public name (POSIX only: /dev/shm)
-        resource_tracker.unregister("/" + shm.name, "shared_memory")
-    except Exception:   # noqa: BLE001 - the tracker may not know the segment
-        pass
-
-
 def unlink_segment(seg) -> None:
-    """Remove a segment's name. SharedMemory.unlink() would also unregister it from the resource
-    tracker, which no longer knows it (_untrack) and complains on stderr for every segment."""
+    """Remove a segment's name (a segment whose name is gone already is fine)."""
     try:
-        os.unlink(f"/dev/shm/{seg.name}")
+        seg.unlink()
     except FileNotFoundError:
         pass
 
@@ -60,8 +54,7 @@ class OwnedSegments:
                 self._drop(seg)
             self._generation += 1
             name = segment_name(self.session, self.rank, kind, self._generation)
-            seg = shared_memory.SharedMemory(name=name, create=True, size=max(int(nbytes), 1))
-            _untrack(seg)
+            seg = Mapping(name, create_bytes=max(int(nbytes), 1), header_bytes=0)
             self._segs[kind] = seg
         return seg
 
@@ -103,8 +96,7 @@ class PrivateSegment:
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         cls._counter += 1
         name = f"{PREFIX}{session}_{rank}_{kind}_{os.getpid()}_{cls._counter}"
-        seg = shared_memory.SharedMemory(name=name, create=True, size=max(nbytes, 1))
-        _untrack(seg)
+        seg = Mapping(name, create_bytes=max(nbytes, 1), header_bytes=0)
         arr = np.ndarray(shape, dtype=dtype, buffer=seg.buf)
         weakref.finalize(arr, _unlink_later, seg)
         return name, arr
@@ -128,8 +120,7 @@ class AttachedSegments:
     def array(self, name: str, shape, dtype, offset: int = 0) -> np.ndarray:
         seg = self._segs.get(name)
         if seg is None:
-            seg = shared_memory.SharedMemory(name=name)
-            _untrack(seg)
+            seg = Mapping(name, header_bytes=0)
             self._segs[name] = seg
         return np.ndarray(shape, dtype=np.dtype(dtype), buffer=seg.buf, offset=offset)
 

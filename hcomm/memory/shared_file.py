@@ -110,6 +110,7 @@ class Mapping:
             if size < header_bytes:         # its creator is still sizing it
                 raise FileNotFoundError(self.path)
             self._mmap = mmap.mmap(fd, size)
+            self.size = size
         finally:
             os.close(fd)
         self.buf = memoryview(self._mmap)
