@@ -204,6 +204,27 @@ def test_registry_reference_matches_every_collective(p):
         collectives.get("gatherv")
 
 
+@pytest.mark.local
+@pytest.mark.parametrize("preset", ["atlas800t-a2", "atlas800-910a", "atlas900-a3"])
+def test_one_rank_of_a_hardware_preset_copies_its_input(preset):
+    """A one-rank communicator on a server preset (torchrun's world of one, a split of one):
+    every collective, the variable-size ones too, is its input copied, as HCCL's memcpy for a
+    rank size of 1 (the levels' programs have no step for one rank: broadcast, reduce and the
+    reduce-scatters once left their output unwritten)."""
+    from topologies.presets import filled
+    x = np.arange(1, 9, dtype=np.int32).reshape(8, 1)
+
+    def every(comm):
+        got = [comm.all_reduce(x), comm.broadcast(x, root=0), comm.reduce(x, root=0), comm.all_gather(x),
+               comm.reduce_scatter(x), comm.all_to_all(x), comm.scatter(x.reshape(1, 8), root=0),
+               comm.all_to_all_v(x, [8], [8])]
+        if preset != "atlas800-910a":           # HCCL has no AllGatherV / ReduceScatterV on 910A
+            got += [comm.all_gather_v(x, [8]), comm.reduce_scatter_v(x, [8])]
+        return got
+    [got] = hccl_sim.run(every, topology=filled(preset, 1))
+    assert [y.reshape(-1).tolist() for y in got] == [list(range(1, 9))] * len(got)
+
+
 @pytest.mark.unit
 @pytest.mark.parametrize("name,kw", [("fullmesh", {"ranks": 1}), ("fullmesh", {"ranks": 5}), ("fullmesh", {"ranks": 8}),
                                      ("atlas800t-a2", {"servers": 2}), ("atlas800-910a", {"servers": 3})])

@@ -18,6 +18,7 @@ from topologies.errors import HcclError
 from topologies.validate import integer
 
 from .. import algorithms
+from ..algorithms.common import local_copy
 
 # An op whose per-rank buffer is larger than this cannot be priced in int64 nanoseconds at the
 # slowest link rates (2^56 B at 20 GB/s is ~3.6e18 ns, near int64's 9.2e18); real HCCL counts are
@@ -250,6 +251,8 @@ class Collective:
             if choice.level1 == "grouped_fullmesh":
                 return self.grouped_program(view.sdma_groups, unit)
             return algorithms.flat_program(self.name, choice.level1, view.p, length, unit, root)
+        if view.p == 1:         # one rank: HCCL copies the input to the output, whatever the levels
+            return local_copy(1, length, unit)
         if view.pods is not None:
             return self.superpod_program(view.pods, choice, length, unit, root, 0)
         l0, l1 = choice.level0 or "fullmesh", choice.level1 or "ring"

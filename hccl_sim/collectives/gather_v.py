@@ -153,9 +153,10 @@ class _OneCountPerBlock(AllToAllV):
         lengths = np.clip(self.block_counts(v) - a, 0, b - a)
         user_lo = self.block_displs(v) + a
         p = len(lengths)
-        if choice.flat:
-            run = self.flat_run(registry.module(choice.level1), p, itemsize)
-            anywhere = choice.level1 in ("ring", "fullmesh")        # they take blocks anywhere
+        if choice.flat or p == 1:       # one rank: a copy, as the full mesh makes it, whatever the levels
+            level1 = choice.level1 if choice.flat else "fullmesh"
+            run = self.flat_run(registry.module(level1), p, itemsize)
+            anywhere = level1 in ("ring", "fullmesh")               # they take blocks anywhere
         else:
             srv = view.servers
             anywhere = srv.m <= 1                                   # level0 alone: the mesh or the ring
