@@ -216,3 +216,24 @@ def test_shrink_views_must_agree_and_arguments_are_checked():
                 comm.split(*args)
         return True
     assert hccl_sim.run(bad, topology=hccl_sim.topology("fullmesh", ranks=2)) == [True, True]
+
+
+@pytest.mark.local
+def test_a_sub_communicator_runs_with_its_own_config():
+    """HcclCreateSubCommConfig's config as env-style variables (torch_npu's hccl_config): the new
+    communicator's CCL buffer and algorithm are its own, its parent's stay; a bad value is the
+    variable's error."""
+    topo = hccl_sim.topology("atlas800t-a2", servers=1)
+
+    def fn(comm):
+        sub = comm.split(comm.rank % 2, env={"HCCL_BUFFSIZE": "1", "HCCL_ALGO": "level0:NA;level1:ring"})
+        y = sub.all_reduce(np.ones(1 << 19, np.float32))          # 2 MiB: two loops of a 1 MiB buffer
+        try:
+            comm.split(0, env={"HCCL_BUFFSIZE": "zero"})
+        except hccl_sim.HcclError as exc:
+            bad = str(exc)
+        return sub.config.buffsize_mb, comm.config.buffsize_mb, sub.last_op.algo, float(y[0]), bad
+    for sub_mb, parent_mb, algo, total, bad in hccl_sim.run(fn, topology=topo):
+        assert (sub_mb, parent_mb, total) == (1, 200, 4.0)
+        assert "ring" in algo
+        assert "HCCL_BUFFSIZE" in bad

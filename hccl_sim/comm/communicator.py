@@ -294,20 +294,22 @@ class Communicator(VariableSizeOps, PointToPointOps, FaultHooks):
                                 self._stream(stream, "barrier"), None)
 
     # communicators from communicators -----------------------------------------------------------------
-    def split(self, color, key: int = 0):
+    def split(self, color, key: int = 0, env=None):
         """The communicator of the ranks that gave the same `color` (None: opt out, get None), ordered
-        by (key, rank); every rank calls it (ncclCommSplit; hccl_sim.comm.split)."""
+        by (key, rank); every rank calls it (ncclCommSplit; hccl_sim.comm.split). `env`: HCCL_*
+        variables the new communicator runs with instead of this one's (HcclCreateSubCommConfig's
+        config: HCCL_BUFFSIZE, HCCL_ALGO, HCCL_EXEC_TIMEOUT, ...)."""
         self._check_usable("split")
         if group.active():
             group.refuse(self, "split", "communicator management is not grouped with communication")
-        return subcomm.split(self, color, key)
+        return subcomm.split(self, color, key, env)
 
-    def shrink(self, exclude=None):
+    def shrink(self, exclude=None, env=None):
         """The survivors' communicator: every rank but `exclude` and the ranks this communicator
         lost, renumbered in rank order; called by the survivors only (ncclCommShrink)."""
         if group.active():
             group.refuse(self, "shrink", "communicator management is not grouped with communication")
-        return subcomm.shrink(self, exclude)
+        return subcomm.shrink(self, exclude, env)
 
     def abort(self) -> None:
         """Fail every pending and later op of this communicator on every rank (ncclCommAbort); its

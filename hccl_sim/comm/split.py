@@ -57,22 +57,25 @@ def _int(value, what, opname, rank, minimum=None):
     return int(value)
 
 
-def split(comm, color, key=0):
-    """The communicator of the ranks that gave `color`, ordered by (key, rank); None for color None."""
+def split(comm, color, key=0, env=None):
+    """The communicator of the ranks that gave `color`, ordered by (key, rank); None for color None.
+    `env`: HCCL_* settings of the new communicator (its HcclCommConfig) over the parent's."""
     if color is not None:
         color = _int(color, "color", "split", comm.rank, minimum=0)
     key = _int(key, "key", "split", comm.rank)
+    config = comm.config.with_env(env)         # a bad variable fails here, before any peer waits on it
     seq, start = comm._seq, comm.clock
     mine = np.array([[-1 if color is None else color, key]], dtype=np.int64)
     everyone = _exchange(comm, mine)
     if color is None:
         return None
     members = sorted((int(k), r) for r, (c, k) in enumerate(everyone.tolist()) if c == color)
-    return _derive(comm, tuple(r for _, r in members), f"{comm.scope}/split{seq}.{color}", "split", start)
+    return _derive(comm, tuple(r for _, r in members), f"{comm.scope}/split{seq}.{color}", "split", start, config)
 
 
-def shrink(comm, exclude=None):
-    """The communicator of the survivors: every rank but those in `exclude` and those lost."""
+def shrink(comm, exclude=None, env=None):
+    """The communicator of the survivors: every rank but those in `exclude` and those lost (`env`:
+    as for split)."""
     if exclude is None:
         exclude = ()
     if not isinstance(exclude, (list, tuple, set, frozenset, range)):
@@ -86,20 +89,20 @@ def shrink(comm, exclude=None):
     if comm.rank in gone:
         raise HcclError("E_PARA", f"rank {comm.rank} is in exclude: only the survivors call shrink",
                         rank=comm.rank, op="shrink", cause=Cause.BAD_INPUT)
+    config = comm.config.with_env(env)
     gone |= comm.lost_ranks
     members = tuple(r for r in range(comm.size) if r not in gone)
     k = comm._shrinks
     comm._shrinks += 1
-    return _derive(comm, members, f"{comm.scope}/shrink{k}", "shrink", comm.clock)
+    return _derive(comm, members, f"{comm.scope}/shrink{k}", "shrink", comm.clock, config)
 
 
-def _derive(parent, members: tuple, scope: str, opname: str, start: int):
+def _derive(parent, members: tuple, scope: str, opname: str, start: int, config):
     """This rank's communicator of the parent's ranks `members` (it is one of them), after its init;
     its last_op is the whole of it, from `start` (this rank's clock when the call began)."""
     base = effective_cost(parent.topology, parent.config).topology   # HCCL_INTER_HCCS_DISABLE's routes, if set
     topo = subset(base, members)
     world = tuple(parent.world_ranks[m] for m in members)
-    config = parent.config
     if config.faults is not None:
         config = dataclasses.replace(config, faults=config.faults.restricted(world))
     group = parent._group.subgroup(parent.rank, members, scope, topo, config)

@@ -12,6 +12,7 @@ import re
 import warnings
 from typing import Optional
 from collections.abc import Mapping
+import dataclasses
 from dataclasses import dataclass, field
 
 from topologies.errors import HcclError
@@ -151,45 +152,57 @@ class Config:
     def from_env(cls, env: dict | None = None, policy: str | None = None) -> "Config":
         merged = {k: v for k, v in os.environ.items() if k.startswith("HCCL_")}
         merged.update(check_env(env))
-        kw = {}
-        if "HCCL_ALGO" in merged:
-            kw["algo"] = parse_hccl_algo(merged["HCCL_ALGO"])
-        if "HCCL_BUFFSIZE" in merged:
-            kw["buffsize_mb"] = _int_in("HCCL_BUFFSIZE", merged["HCCL_BUFFSIZE"], 1, 1 << 20)
-        if "HCCL_EXEC_TIMEOUT" in merged:
-            kw["exec_timeout_s"] = _int_in("HCCL_EXEC_TIMEOUT", merged["HCCL_EXEC_TIMEOUT"], 0, 2147483647)
-        if "HCCL_CONNECT_TIMEOUT" in merged:
-            kw["connect_timeout_s"] = _int_in("HCCL_CONNECT_TIMEOUT", merged["HCCL_CONNECT_TIMEOUT"], 120, 7200)
-        if "HCCL_OP_RETRY_ENABLE" in merged:
-            kw["retry_enable"] = tuple(sorted(parse_retry_enable(merged["HCCL_OP_RETRY_ENABLE"]).items()))
-        if "HCCL_OP_RETRY_PARAMS" in merged:
-            params = dict(cls.retry_params)
-            params.update(parse_retry_params(merged["HCCL_OP_RETRY_PARAMS"]))
-            kw["retry_params"] = tuple(sorted(params.items()))
-        if "HCCL_DETERMINISTIC" in merged:
-            v = merged["HCCL_DETERMINISTIC"].strip().lower()
-            if v not in ("false", "true", "strict"):
-                raise _bad("HCCL_DETERMINISTIC", merged["HCCL_DETERMINISTIC"], "false, true or strict")
-            kw["deterministic"] = v
-        if "HCCL_RDMA_TIMEOUT" in merged:
-            # A2/A3 [5, 20], 910A [5, 24] (docs/references.md §7.2); the device's own range is checked when faults bind
-            kw["rdma_timeout"] = _int_in("HCCL_RDMA_TIMEOUT", merged["HCCL_RDMA_TIMEOUT"], 5, 24)
-        if "HCCL_RDMA_RETRY_CNT" in merged:
-            kw["rdma_retry_cnt"] = _int_in("HCCL_RDMA_RETRY_CNT", merged["HCCL_RDMA_RETRY_CNT"], 1, 7)
-        if "HCCL_INTER_HCCS_DISABLE" in merged:
-            # externalinput.cc ParseInterLinkType: TRUE or FALSE, any case
-            v = merged["HCCL_INTER_HCCS_DISABLE"].strip().upper()
-            if v not in ("TRUE", "FALSE"):
-                raise _bad("HCCL_INTER_HCCS_DISABLE", merged["HCCL_INTER_HCCS_DISABLE"], "TRUE or FALSE")
-            kw["inter_hccs_disable"] = v == "TRUE"
-        if "HCCL_OP_EXPANSION_MODE" in merged:
-            # where HCCL expands an op (docs/references.md §7.3); the A3 preset models AIV's kernels
-            v = merged["HCCL_OP_EXPANSION_MODE"].strip().upper()
-            if v not in EXPANSION_MODES:
-                raise _bad("HCCL_OP_EXPANSION_MODE", merged["HCCL_OP_EXPANSION_MODE"], ", ".join(EXPANSION_MODES))
-            kw["expansion"] = v
-        if policy is not None:
-            if not isinstance(policy, str) or policy not in ("hccl", "model"):
-                raise HcclError("E_PARA", f"policy {policy!r} is invalid; expected hccl or model")
-            kw["policy"] = policy
-        return cls(**kw)
+        return cls(**_settings(cls, merged, policy))
+
+    def with_env(self, env: dict | None) -> "Config":
+        """These settings with the variables `env` gives changed (a sub-communicator's own
+        HcclCommConfig, as its env-style names); the process environment is not read again."""
+        env = check_env(env)
+        return dataclasses.replace(self, **_settings(self, env, None)) if env else self
+
+
+def _settings(base, merged: dict, policy) -> dict:
+    """Config's fields that the HCCL_* variables in `merged` (and `policy`) set, on top of `base`
+    (the class's defaults, or a communicator's settings)."""
+    kw = {}
+    if "HCCL_ALGO" in merged:
+        kw["algo"] = parse_hccl_algo(merged["HCCL_ALGO"])
+    if "HCCL_BUFFSIZE" in merged:
+        kw["buffsize_mb"] = _int_in("HCCL_BUFFSIZE", merged["HCCL_BUFFSIZE"], 1, 1 << 20)
+    if "HCCL_EXEC_TIMEOUT" in merged:
+        kw["exec_timeout_s"] = _int_in("HCCL_EXEC_TIMEOUT", merged["HCCL_EXEC_TIMEOUT"], 0, 2147483647)
+    if "HCCL_CONNECT_TIMEOUT" in merged:
+        kw["connect_timeout_s"] = _int_in("HCCL_CONNECT_TIMEOUT", merged["HCCL_CONNECT_TIMEOUT"], 120, 7200)
+    if "HCCL_OP_RETRY_ENABLE" in merged:
+        kw["retry_enable"] = tuple(sorted(parse_retry_enable(merged["HCCL_OP_RETRY_ENABLE"]).items()))
+    if "HCCL_OP_RETRY_PARAMS" in merged:
+        params = dict(base.retry_params)
+        params.update(parse_retry_params(merged["HCCL_OP_RETRY_PARAMS"]))
+        kw["retry_params"] = tuple(sorted(params.items()))
+    if "HCCL_DETERMINISTIC" in merged:
+        v = merged["HCCL_DETERMINISTIC"].strip().lower()
+        if v not in ("false", "true", "strict"):
+            raise _bad("HCCL_DETERMINISTIC", merged["HCCL_DETERMINISTIC"], "false, true or strict")
+        kw["deterministic"] = v
+    if "HCCL_RDMA_TIMEOUT" in merged:
+        # A2/A3 [5, 20], 910A [5, 24] (docs/references.md §7.2); the device's own range is checked when faults bind
+        kw["rdma_timeout"] = _int_in("HCCL_RDMA_TIMEOUT", merged["HCCL_RDMA_TIMEOUT"], 5, 24)
+    if "HCCL_RDMA_RETRY_CNT" in merged:
+        kw["rdma_retry_cnt"] = _int_in("HCCL_RDMA_RETRY_CNT", merged["HCCL_RDMA_RETRY_CNT"], 1, 7)
+    if "HCCL_INTER_HCCS_DISABLE" in merged:
+        # externalinput.cc ParseInterLinkType: TRUE or FALSE, any case
+        v = merged["HCCL_INTER_HCCS_DISABLE"].strip().upper()
+        if v not in ("TRUE", "FALSE"):
+            raise _bad("HCCL_INTER_HCCS_DISABLE", merged["HCCL_INTER_HCCS_DISABLE"], "TRUE or FALSE")
+        kw["inter_hccs_disable"] = v == "TRUE"
+    if "HCCL_OP_EXPANSION_MODE" in merged:
+        # where HCCL expands an op (docs/references.md §7.3); the A3 preset models AIV's kernels
+        v = merged["HCCL_OP_EXPANSION_MODE"].strip().upper()
+        if v not in EXPANSION_MODES:
+            raise _bad("HCCL_OP_EXPANSION_MODE", merged["HCCL_OP_EXPANSION_MODE"], ", ".join(EXPANSION_MODES))
+        kw["expansion"] = v
+    if policy is not None:
+        if not isinstance(policy, str) or policy not in ("hccl", "model"):
+            raise HcclError("E_PARA", f"policy {policy!r} is invalid; expected hccl or model")
+        kw["policy"] = policy
+    return kw

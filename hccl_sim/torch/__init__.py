@@ -26,7 +26,7 @@ except ImportError as exc:                       # pragma: no cover - torch is t
 
 from topologies.errors import HcclError
 
-from . import mpi_launch  # noqa: F401 - hccl_sim.torch.mpi_launch.launched(): whether mpirun started us
+from . import dispatch, mpi_launch  # noqa: F401 - mpi_launch.launched(): whether mpirun started us
 from .process_group import BACKEND, ProcessGroupHcclSim
 from .device_timeline import Step, Timeline
 from .scripts import launch, report
@@ -40,6 +40,7 @@ __all__ = ["init_process_group", "destroy_process_group", "ProcessGroupHcclSim",
 
 _WORLD = World()
 dist.Backend.register_backend(BACKEND, _WORLD.create, extended_api=True, devices=["cpu"])
+dispatch.install()
 _WORLD.meet_launcher()
 
 

@@ -9,6 +9,12 @@ recv from any source reads), and fails with E_PARA when the data that arrives is
 tensor's size and dtype. Each transfer's record (comm.last_op's form) joins the group's records
 once it is complete.
 
+A rank's sends to itself pair with its receives from itself, per tag in issue order, as a local
+copy: torch_npu runs batch_isend_irecv as one HcclBatchSendRecv, which copies a self pair locally
+(torch runs the batch op by op for a Python group, so every self send and receive pairs so).
+No transfer is priced for it and it has no record; a receive from itself that no send meets
+fails E_TIMEOUT once the wait timeout has passed, as any receive does.
+
 monitored_barrier is gloo's (torch's dist.monitored_barrier admits gloo groups alone; the group's
 own method runs it): every other rank sends rank 0 a token and waits for its answer;
 rank 0 waits for every token within the timeout, then answers each. A rank that does not arrive
@@ -37,6 +43,8 @@ class PointToPoint:
     def send(self, tensors, dstRank, tag=0):        # noqa: N803 - torch's names
         t = _one(tensors, "send")
         x = as_numpy(t).copy()
+        if dstRank == self.comm.rank:
+            return self._worker.submit(lambda: self._self_pairs.send(x, tag) or [t])
         at, sim = self._timed([], [t])
 
         def done(req):
@@ -58,10 +66,11 @@ class PointToPoint:
     def _receive(self, tensors, src, tag):
         t = _one(tensors, "recv")
         out = as_numpy(t)
-        at, sim = self._timed([t], [])
+        at, sim = (None, None) if src == self.comm.rank else self._timed([t], [])
 
         def finish(req):
-            self._p2p_done(req)
+            if req.record is not None:
+                self._p2p_done(req)
             if sim is not None:
                 sim.set(req.record.end)
             data = req.data
@@ -71,7 +80,11 @@ class PointToPoint:
                                 rank=self.comm.rank, op="recv", cause=Cause.BAD_INPUT)
             out.reshape(-1)[...] = data.reshape(-1)
             return [t]
-        work = self._worker.submit(lambda: Deferred(self.comm.irecv(src, tag, at=at), finish), receive=True)
+        if src == self.comm.rank:
+            start = lambda: self._self_pairs.receive(tag, self.comm.rank, self.wait_timeout_s)  # noqa: E731
+        else:
+            start = lambda: self.comm.irecv(src, tag, at=at)  # noqa: E731
+        work = self._worker.submit(lambda: Deferred(start(), finish), receive=True)
         if sim is not None:                  # a receive that failed ends where it was issued
             work.sim = sim
             work.get_future().add_done_callback(lambda _: sim.set(at))
@@ -116,6 +129,49 @@ class PointToPoint:
                 comm.isend(token, q, MAX_TAG)
             return []
         self._worker.submit(job).wait()     # gloo's returns when passed (or raises)
+
+
+class SelfPairs:
+    """A rank's sends to itself not yet received, and its receives from itself not yet met, per
+    tag (touched by the group's worker alone)."""
+
+    def __init__(self):
+        self._sent, self._waiting = {}, {}
+
+    def send(self, x, tag) -> None:
+        waiting = self._waiting.get(tag)
+        if waiting:
+            waiting.pop(0).data = x
+        else:
+            self._sent.setdefault(tag, []).append(x)
+
+    def receive(self, tag, rank, timeout_s) -> "SelfReceive":
+        req = SelfReceive(rank, tag, timeout_s)
+        sent = self._sent.get(tag)
+        if sent:
+            req.data = sent.pop(0)
+        else:
+            self._waiting.setdefault(tag, []).append(req)
+        return req
+
+
+class SelfReceive:
+    """A receive from the rank itself, as the worker tests a Communicator Request."""
+    __slots__ = ("source", "tag", "data", "record", "_deadline", "_timeout_s")
+
+    def __init__(self, rank, tag, timeout_s):
+        self.source, self.tag, self.data, self.record = rank, tag, None, None
+        self._timeout_s = timeout_s
+        self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+    def test(self) -> bool:
+        return self.data is not None
+
+    def timed_out(self):
+        if self._deadline is None or time.monotonic() < self._deadline:
+            return None
+        return HcclError("E_TIMEOUT", f"recv from this rank itself (tag {self.tag}): no send to itself met it within "
+                         f"{self._timeout_s:g} s", rank=self.source, op="recv", cause=Cause.TIMEOUT)
 
 
 def _within(comm, reqs, seconds) -> list:

@@ -12,20 +12,24 @@ simulated time is kept (`records`, and `last_op`), as `comm.last_op` says it.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from topologies.errors import HcclError
 
-from .p2p import PointToPoint
+from .checks import check_split_sizes
+from .npu_ops import NpuOps
+from .p2p import PointToPoint, SelfPairs
 from .tensors import Reduction, as_numpy
 from .work import Worker
 
 BACKEND = "hccl_sim"
 
 
-class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
+class ProcessGroupHcclSim(PointToPoint, NpuOps, dist.ProcessGroup):
     def __init__(self, comm, world, on_shutdown=None, timeout=None):
         super().__init__(comm.rank, comm.size)
         self.comm = comm
@@ -36,6 +40,9 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
         self._worker = Worker(f"{comm.rank}", world, None if timeout is None else timeout.total_seconds())
         self._name, self._desc = "", ""
         self._stream = None          # the comm stream of the job running now, under a timeline
+        self._grouping = False       # whether the job running now is inside comm.group()
+        self.device_types = ("cpu",)  # the devices whose tensors the group's ops take
+        self._self_pairs = SelfPairs()   # sends to this rank itself not yet received (hccl_sim.torch.p2p)
 
     def getBackendName(self):
         return BACKEND
@@ -99,23 +106,72 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
 
     def _call(self, method, *args, **kwargs):
         """A Communicator collective (on the group's comm stream while its job runs on a
-        timeline), its OpRecord kept in the group's records."""
+        timeline), its OpRecord kept in the group's records (inside `_grouped`, the group's
+        last op's, once it has launched)."""
         if self._stream is None:
             result = method(*args, **kwargs)
         else:
-            result = method(*args, stream=self._stream, **kwargs).result
-        self.records.append(self.comm.last_op)
+            result = method(*args, stream=self._stream, **kwargs)
+            result = result if self._grouping else result.result
+        if not self._grouping:
+            self.records.append(self.comm.last_op)
         return result
 
-    def _reduction(self, opts):
-        return Reduction(opts, self.comm.size)
+    @contextlib.contextmanager
+    def _grouped(self):
+        """The Communicator calls inside run as one HCCL group launch (HcclGroupStart / End), as
+        torch_npu launches a coalesced op; on a device without group calls (910A) one by one."""
+        if not self.comm.topology.device_model.group_calls:
+            yield
+            return
+        self._grouping = True
+        try:
+            with self.comm.group():
+                yield
+        finally:
+            self._grouping = False
+        self.records.append(self.comm.last_op)
+
+    # the devices the group serves, as torch_npu's group has a backend registered for its device ----
+    def serves(self, device) -> bool:
+        return torch.device(device).type in self.device_types
+
+    def _get_backend(self, device):
+        """The backend for `device`'s type: the group itself (torch_npu's is its ProcessGroupHCCL,
+        on which scripts call get_hccl_comm_name and the like); torch's error for another type."""
+        if not self.serves(device):
+            raise RuntimeError(f"No backend type associated with device type {torch.device(device).type}")
+        return self
+
+    @property
+    def supports_coalescing(self):
+        return True
+
+    def start_coalescing(self, device):
+        """torch's _start_coalescing (dist._coalescing_manager's): the ops issued until
+        end_coalescing are one Work's."""
+        self._get_backend(device)
+        self._worker.collect()
+
+    def end_coalescing(self, device):
+        """A Work that completes when every op issued since start_coalescing has."""
+        self._get_backend(device)
+        return self._worker.collected()
+
+    # torch 2.13's ProcessGroup binds these without forwarding to Python: the group's own serve them
+    _start_coalescing = start_coalescing
+    _end_coalescing = end_coalescing
+
+    def _reduction(self, opts, tensor):
+        return Reduction(opts, self.comm.size, tensor.dtype)
 
     def _all_reduce_into(self, t, red):
         if t.is_sparse:
             return self._sparse_all_reduce(t, red)
-        x = red.input(as_numpy(t), in_place=True)
+        w = red.working(t)
+        x = red.input(as_numpy(w), in_place=True)
         self._call(self.comm.all_reduce, x, op=red.op, out=x)
-        red.finish(t)
+        red.finish(t, w)
 
     def _sparse_all_reduce(self, t, red):
         """A sparse COO tensor's SUM, as gloo makes it (HCCL has no sparse reduction): every rank's
@@ -132,12 +188,12 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
 
     # collectives ------------------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
-        red = self._reduction(opts)
+        red = self._reduction(opts, tensors[0])
         return self._run(lambda: [self._all_reduce_into(t, red) for t in tensors], tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         """One AllReduce over the tensors end to end (they share a dtype, as torch requires)."""
-        red = self._reduction(opts)
+        red = self._reduction(opts, tensors[0] if tensors else torch.empty(0))
 
         def body():
             flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
@@ -149,15 +205,16 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
     def reduce(self, tensors, opts=None):
         """HcclReduce into the root's tensor; AVG as a SUM divided at the root."""
         root = opts.rootRank if opts is not None else 0
-        red = self._reduction(opts)
+        red = self._reduction(opts, tensors[0])
 
         def body():
             for t in tensors:
-                x = as_numpy(t)
+                w = red.working(t)
+                x = as_numpy(w)
                 # red.input: a premultiplied copy, if any
                 self._call(self.comm.reduce, red.input(x), root=root, op=red.op, out=x)
                 if self.comm.rank == root:
-                    red.finish(t)
+                    red.finish(t, w)
         return self._run(body, tensors)
 
     def broadcast(self, tensors, opts=None):
@@ -218,43 +275,56 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
     all_gather_single = _allgather_base
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        """One AllGather per pair, launched as one HCCL group (HcclGroupStart / End)."""
         def body():
-            for output, input_ in zip(outputs, inputs):
-                n = input_.numel()
-                self._call(self.comm.all_gather, as_numpy(input_).reshape(1, n),
-                           out=as_numpy(output).reshape(self.comm.size, n))
+            with self._grouped():
+                for output, input_ in zip(outputs, inputs):
+                    n = input_.numel()
+                    self._call(self.comm.all_gather, as_numpy(input_).reshape(1, n),
+                               out=as_numpy(output).reshape(self.comm.size, n))
         return self._run(body, outputs, inputs)
 
-    def _reduce_scatter_base(self, output, input, opts=None):    # noqa: A002 - torch's name
-        red = self._reduction(opts)
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
 
-        def body():
-            n = output.numel()
-            x = red.input(as_numpy(input).reshape(self.comm.size * n))
-            out = as_numpy(output).reshape(n)
-            self._call(self.comm.reduce_scatter, x, op=red.op, out=out)
-            red.finish(output)
-        return self._run(body, [output], [input])
+    def _reduce_scatter_base(self, output, input, opts=None):    # noqa: A002 - torch's name
+        return self.reduce_scatter_tensor_coalesced([output], [input], opts)
 
     reduce_scatter_single = _reduce_scatter_base
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
-        works = [self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)]
-        return works[-1] if works else self._run(lambda: None, [])
+        """One ReduceScatter per pair, launched as one HCCL group (HcclGroupStart / End); a bool or
+        uint8 pair reduced as int32, AVG divided once the group has ended."""
+        red = self._reduction(opts, inputs[0] if inputs else torch.empty(0))
+
+        def body():
+            finished = []
+            with self._grouped():
+                for output, input_ in zip(outputs, inputs):
+                    n = output.numel()
+                    w = red.working(output)
+                    x = red.input(as_numpy(red.working(input_)).reshape(self.comm.size * n))
+                    self._call(self.comm.reduce_scatter, x, op=red.op, out=as_numpy(w).reshape(n))
+                    finished.append((output, w))
+            for output, w in finished:
+                red.finish(output, w)
+        return self._run(body, outputs, inputs)
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
-        red = self._reduction(opts)
+        red = self._reduction(opts, outputs[0])
 
         def body():
             for out, ins in zip(outputs, input_lists):
-                x = red.input(np.concatenate([as_numpy(t).reshape(-1) for t in ins]), in_place=True)   # a copy
-                y = as_numpy(out).reshape(-1)
+                x = red.input(np.concatenate([as_numpy(red.working(t)).reshape(-1) for t in ins]), in_place=True)
+                w = red.working(out)                          # x is a copy; w is out, or its int32 copy
+                y = as_numpy(w).reshape(-1)
                 counts = [t.numel() for t in ins]
                 if len(set(counts)) > 1:        # tensors of different sizes: HCCL's ReduceScatterV
                     self._call(self.comm.reduce_scatter_v, x, counts, op=red.op, out=y)
                 else:
                     self._call(self.comm.reduce_scatter, x, op=red.op, out=y)
-                red.finish(out)
+                red.finish(out, w)
         return self._run(body, outputs, input_lists)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
@@ -275,6 +345,8 @@ class ProcessGroupHcclSim(PointToPoint, dist.ProcessGroup):
         """all_to_all_single: equal splits run AlltoAll; split sizes (rows along dim 0, either side
         may be left empty for equal rows) run HCCL's AlltoAllV."""
         p = self.comm.size
+        check_split_sizes(output_split_sizes, _rows(as_numpy(output)).shape[0], p)
+        check_split_sizes(input_split_sizes, _rows(as_numpy(input)).shape[0], p)
         if not output_split_sizes and not input_split_sizes:
             def body():
                 x = as_numpy(input).reshape(p, -1)

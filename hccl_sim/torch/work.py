@@ -101,6 +101,17 @@ def _fail(fut, exc) -> None:
     fut.set_exception(exc if isinstance(exc, Exception) else _Stopped(exc))
 
 
+def _error_of(fut):
+    """What a completed Work future failed with (the stop it carries, for a stall), or None."""
+    try:
+        fut.value()
+    except _Stopped as stopped:
+        return stopped.stop
+    except Exception as exc:          # noqa: BLE001 - what the op raised is the answer
+        return exc
+    return None
+
+
 def _unwrapped(fut):
     """A Work future's value, or the error the op failed with raised (see FutureWork.get_future)."""
     return fut.value()
@@ -125,6 +136,7 @@ class Worker:
         self._jobs = queue.SimpleQueue()
         self._pending = []               # (Deferred, Future or None), in issue order
         self.issued = 0                  # jobs submitted so far (the group's sequence number)
+        self._collecting = None          # the Works submitted since collect(), while coalescing
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name=f"hccl-torch-{name}", daemon=True)
         self._thread.start()
@@ -141,7 +153,35 @@ class Worker:
         self.issued += 1
         holder = [] if receive else None
         self._jobs.put((fn, fut, holder))
-        return FutureWork(fut, self.world, _SourceOf(holder) if receive else None, self.timeout_s)
+        work = FutureWork(fut, self.world, _SourceOf(holder) if receive else None, self.timeout_s)
+        if self._collecting is not None:
+            self._collecting.append(fut)
+        return work
+
+    def collect(self) -> None:
+        """Keep the Works submitted from now on, for `collected` (torch's start of coalescing)."""
+        self._collecting = []
+
+    def collected(self) -> FutureWork:
+        """One Work over those submitted since `collect`: done when all are, failed as the first
+        that failed (torch's end of coalescing)."""
+        futs, self._collecting = self._collecting or [], None
+        fut = torch.futures.Future()
+        pending = [len(futs)]
+
+        def one_done(_):
+            pending[0] -= 1
+            if pending[0] == 0:
+                failed = next((f for f in futs if _error_of(f) is not None), None)
+                if failed is None:
+                    fut.set_result([])
+                else:
+                    _fail(fut, _error_of(failed))
+        if not futs:
+            fut.set_result([])
+        for f in futs:
+            f.add_done_callback(one_done)
+        return FutureWork(fut, self.world, None, self.timeout_s)
 
     def _loop(self):
         delay = 0.0
