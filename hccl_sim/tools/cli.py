@@ -120,7 +120,7 @@ def build_parser():
     b.add_argument("-w", "--warmup_iters", default=None,
                    help="untimed iterations per size (default 1; 10 with --format hccl_test)")
     b.add_argument("--format", default="nccl", help="output: nccl (nccl-tests' table, the default) or hccl_test "
-                   "(hccl_test's columns; sizes are bytes per NPU as hccl_test counts them)")
+                   "(hccl_test's output, options, defaults and checks as its source has them; docs/references.md §11.5)")
     b.add_argument("-p", "--npus-per-node", "--npus", dest="npus_per_node", default=None,
                    help="hccl_test's NPUs per node: must be the topology's ranks per server")
     b.add_argument("-z", "--zero-copy", "--zero_copy", dest="zero_copy", default=None,
