@@ -72,19 +72,6 @@ def test_check_is_right_for_every_op_and_redop(capsys, op, redop):
     assert code == 0 and "# Out of bounds values : 0 OK" in out
 
 
-@pytest.mark.unit
-@pytest.mark.parametrize("dtype, sizes", [("fp32", [32, 32, 128, 512]), ("bfp16", [16, 32, 128, 512])])
-def test_hccl_test_alltoallv_rounds_counts_up_to_one_share_per_peer(capsys, dtype, sizes):
-    """alltoallv_test sends count / p elements to every peer after rounding count up to a multiple of p."""
-    code, out, _ = bench(capsys, "--op", "alltoallv", "--format", "hccl_test", "--engine", "timing",
-                         "-b", "8", "-e", "512", "-f", "4", "-d", dtype)
-    lines = out.splitlines()
-    assert code == 0 and lines[0].startswith(f"the minbytes is {sizes[0]}, maxbytes is 512,")
-    rows = [line.split() for line in lines[2:]]
-    assert [int(r[0]) for r in rows] == sizes
-    assert all(float(r[2]) == pytest.approx(int(r[0]) / float(r[1]) / 1e3, abs=6e-6) for r in rows)
-
-
 @pytest.mark.local
 def test_bench_rows_size_to_busbw_equal_on_local_and_timing_engines(capsys):
     args = ["--op", "allgather", "--topology", "atlas800t-a2", "--servers", "2", "-b", "1K", "-e", "256K", "-n", "1"]

@@ -37,7 +37,7 @@ from ..plan.costs import effective_cost
 from ..plan.faulted import NEVER_NS, LinkSetupFailed
 from ..plan.planner import Signature
 from ..npu.device import Device, DeviceArray, Stream, Work
-from ..config.types import dtype_name, parse_reduce_op
+from ..config.types import check_reduction, dtype_name, parse_reduce_op
 
 COLLECTIVE_TAG = "coll"
 _new = tuple.__new__         # a NamedTuple from a tuple of its fields, without keyword handling
@@ -231,6 +231,8 @@ class Communicator(VariableSizeOps, PointToPointOps, FaultHooks):
         if problem:
             raise HcclError("E_PARA", problem, rank=self.rank, op=coll.method, cause=Cause.BAD_INPUT)
         redop = self._redop(op, coll.method) if coll.reducing else None
+        if redop is not None:
+            check_reduction(x.dtype, f"rank {self.rank} {coll.method}")
         root = self._root(coll, root)
         out_shape = coll.output_shape(x.shape, self.size)
         target, inplace = (None, False) if out is None else self._out(out, out_shape, x.dtype, x, coll.method)

@@ -1,8 +1,10 @@
 """Reduction operations and data types: HCCL's names, nccl-tests' names, and numpy's.
 
 HcclReduceOp is SUM, PROD, MAX, MIN (no AVG; docs/references.md §9.3). Data types follow
-HcclDataType; bfloat16 comes from ml_dtypes, imported only when a bfloat16 is asked for by name
-(importing it costs ~0.7 s, paid by every spawned rank process otherwise).
+HcclDataType; bfloat16 and the three fp8 types come from ml_dtypes, imported only when one of them
+is asked for by name (importing it costs ~0.7 s, paid by every spawned rank process otherwise).
+HCCL's INT128 and HIF8 have no numpy or ml_dtypes type to hold them: naming one is refused with a
+message saying so. HCCL reduces no fp8 type on A2 or A3 (§9.3): they move, they do not reduce.
 """
 from __future__ import annotations
 
@@ -65,10 +67,25 @@ DTYPES = {
     "float32": (np.dtype(np.float32), "float", "fp32"),
     "float64": (np.dtype(np.float64), "double", "fp64"),
     "bfloat16": (None, "bfloat16", "bfp16"),          # numpy dtype filled in by numpy_dtype()
+    # HCCL_DATA_TYPE_FP8E4M3 15, FP8E5M2 16, FP8E8M0 17 (§9.3): OCP's e4m3 without infinities (as
+    # torch's float8_e4m3fn), e5m2, and the unsigned power-of-two scale e8m0 (ml_dtypes' "fnu")
+    "float8_e4m3fn": (None, "f8e4m3", "fp8e4m3"),
+    "float8_e5m2": (None, "f8e5m2", "fp8e5m2"),
+    "float8_e8m0fnu": (None, "f8e8m0", "fp8e8m0"),
 }
+_ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu")
+"""Types numpy lacks, held by ml_dtypes under these names."""
 _ALIASES = {"fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32",
             "fp64": "float64", "double": "float64", "bf16": "bfloat16", "bfp16": "bfloat16",
-            "char": "int8", "int": "int32", "uchar": "uint8"}
+            "char": "int8", "int": "int32", "uchar": "uint8",
+            "fp8e4m3": "float8_e4m3fn", "float8_e4m3": "float8_e4m3fn", "f8e4m3": "float8_e4m3fn",
+            "fp8e5m2": "float8_e5m2", "f8e5m2": "float8_e5m2",
+            "fp8e8m0": "float8_e8m0fnu", "float8_e8m0": "float8_e8m0fnu", "f8e8m0": "float8_e8m0fnu"}
+UNHELD = {"int128": "INT128 (HcclDataType 12)", "hif8": "HIF8 (HcclDataType 14, HiFloat8)"}
+"""HCCL types no numpy or ml_dtypes type holds: refused by name."""
+NOT_REDUCED = frozenset({"float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu"})
+"""Types HCCL moves but does not reduce on A2 or A3 (its AllReduce types: int8, int16, int32,
+int64, fp16, fp32, bf16; docs/references.md §9.3)."""
 
 
 _NAME_CACHE = {}
@@ -93,14 +110,17 @@ def _dtype_name(dtype) -> str:
         name = _ALIASES.get(dtype.lower(), dtype.lower())
         if name in DTYPES:
             return name
+        if name in UNHELD:
+            raise HcclError("E_NOT_SUPPORT", f"data type {dtype!r}: HCCL's {UNHELD[name]} has no numpy or ml_dtypes "
+                            "type to hold it")
     elif dtype is not None:        # np.dtype(None) is float64: never a silent default
         try:
             dt = np.dtype(dtype)
         except (TypeError, ValueError):
             dt = None
         if dt is not None:
-            if dt.name == "bfloat16" and type(dt).__module__.startswith("ml_dtypes"):
-                return "bfloat16"   # an array of it exists, so ml_dtypes is already imported
+            if dt.name in _ML_DTYPES and type(dt).__module__.startswith("ml_dtypes"):
+                return dt.name      # an array of it exists, so ml_dtypes is already imported
             for name, (npdt, _, _) in DTYPES.items():
                 if npdt is not None and npdt == dt:
                     return name
@@ -112,9 +132,22 @@ def numpy_dtype(name: str) -> np.dtype:
     npdt, nccl, hccl = DTYPES[name]
     if npdt is None:
         import ml_dtypes
-        npdt = np.dtype(ml_dtypes.bfloat16)
+        npdt = np.dtype(getattr(ml_dtypes, name))
         DTYPES[name] = (npdt, nccl, hccl)
     return npdt
+
+
+def hccl_type_name(name: str) -> str:
+    """HCCL's (and hccl_test's -d) name of a type: fp32, bfp16, fp8e4m3, ..."""
+    return DTYPES[dtype_name(name)][2]
+
+
+def check_reduction(dtype: str, where: str = "") -> None:
+    """E_NOT_SUPPORT for a reduction of a type HCCL only moves (NOT_REDUCED)."""
+    name = dtype_name(dtype)
+    if name in NOT_REDUCED:
+        raise HcclError("E_NOT_SUPPORT", f"{where + ': ' if where else ''}HCCL reduces no {DTYPES[name][2]} data "
+                        "(fp8 types move only; its reductions take int8, int16, int32, int64, fp16, fp32, bf16)")
 
 
 def nccl_name(name: str) -> str:

@@ -11,7 +11,8 @@ A row reports the simulated time per op (mean over ranks and iterations, as nccl
 to emulate (median over iterations of the slowest rank) and the algorithm that ran. Under a fault
 plan it adds the op retries over the timed iterations and the time lost per op against the
 fault-free twin. Output: nccl-tests' table, or hccl_test's columns (`--format hccl_test`), and
-optionally JSON and a Chrome trace of one op per size. A sweep that would not finish or would not
+optionally JSON and a Chrome trace of one op per size (hccl_test's mode: hccl_sim.tools.hccl_test, its
+inputs and check rule hccl_sim.tools.hccl_test_data). A sweep that would not finish or would not
 fit in memory is refused before anything runs.
 """
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ..plan.faulted import with_faults
 from ..config.types import dtype_name, nccl_name, numpy_dtype
 from ..collectives import expected
 from ..collectives.verifiable import rank_input
+from . import hccl_test_data
 
 REAL_ENGINES = tuple(n for n in registry.offering("bench") if registry.ENGINES[n].real_data)
 ROOTED = tuple(n for n in collectives.DATA_COLLECTIVES if collectives.of(n).rooted)
@@ -93,6 +95,8 @@ class Row:
     algo: str
     retries: int | None = None     # op retries over the timed iterations (under a fault plan)
     lost_us: float | None = None   # simulated time per op over the fault-free twin's (under a fault plan)
+    rank_ns: tuple | None = None   # each rank's simulated time over the timed iterations (integer ns)
+    rank_wrong: tuple | None = None   # each rank's wrong count (real data, checked)
 
 
 @dataclass
@@ -116,6 +120,8 @@ class BenchSpec:
                                    # None: the engine's default. Once the sweep runs, the plane it runs on
     counts: object = None          # variable-size ops: how a send buffer splits among peers (collectives.splits;
                                    # None: uniform)
+    check_rule: str = "verifiable"  # inputs and check: "verifiable" (nccl-tests' idea, collectives.verifiable)
+                                   # or "hccl_test" (hccl_test's constants and comparisons, hccl_test_data)
 
 
 def _matrix(spec, p: int, count: int):
@@ -151,7 +157,7 @@ def run_bench(spec: BenchSpec, topo, progress=None) -> list:
         est = _simulate(spec, topo, count, itemsize)
         return sum(round(t * 1e9) for t in est.times) / p / 1e9
 
-    def emit(size, count, time_s, wrong, wall_s, algo, retries=None):
+    def emit(size, count, time_s, wrong, wall_s, algo, retries=None, rank_ns=None, rank_wrong=None):
         nbytes = count * itemsize
         algbw = nbytes / time_s / 1e9 if time_s > 0 else 0.0
         lost = None if spec.faults is None else (time_s - clean_time_s(count)) * 1e6
@@ -159,7 +165,9 @@ def run_bench(spec: BenchSpec, topo, progress=None) -> list:
                   redop=spec.redop if spec.op in REDUCING else "none",
                   root=spec.root if spec.op in ROOTED else -1, time_us=time_s * 1e6, algbw=algbw,
                   busbw=algbw * busbw_factor(spec.op, p), wrong=wrong, wall_us=wall_s * 1e6, algo=algo,
-                  retries=None if spec.faults is None else int(retries or 0), lost_us=lost)
+                  retries=None if spec.faults is None else int(retries or 0), lost_us=lost,
+                  rank_ns=None if rank_ns is None else tuple(rank_ns),
+                  rank_wrong=None if rank_wrong is None else tuple(rank_wrong))
         rows.append(row)
         if progress:
             progress(row)
@@ -172,8 +180,9 @@ def run_bench(spec: BenchSpec, topo, progress=None) -> list:
         if not _engine(spec).real_data:
             t0 = time.perf_counter()
             est = _simulate(spec, topo, count, itemsize, faults=spec.faults)
-            total_ns = sum(round(t * 1e9) for t in est.times)
-            emit(size, count, total_ns / p / 1e9, None, time.perf_counter() - t0, est.algo, est.retries)
+            per_rank = [round(t * 1e9) for t in est.times]
+            emit(size, count, sum(per_rank) / p / 1e9, None, time.perf_counter() - t0, est.algo, est.retries,
+                 rank_ns=[t * spec.iters for t in per_rank])
     if _engine(spec).real_data:
         _run_sweep(spec, topo, config, emit)
     if spec.trace:
@@ -236,12 +245,14 @@ def _sweep(comm, spec, emit=None):
     for size in spec.sizes:
         count = op_count(spec.op, size, p, itemsize)
         per_rank = collectives.of(spec.op).input_shape_for_bytes(count * itemsize, p, itemsize)[0]
-        x = rank_input(rank, per_rank, spec.dtype, spec.redop)
+        hccl_test = spec.check_rule == "hccl_test"
         matrix = _matrix(spec, p, count)
         if matrix is not None:            # a variable-size op: its counts are its arguments
             coll = collectives.get(spec.op)
-            x = rank_input(rank, coll.input_rows(matrix, rank), spec.dtype, spec.redop)
+            per_rank = coll.input_rows(matrix, rank)
             call = _bound(getattr(comm, coll.method), coll.call_counts(matrix, rank))
+        x = (hccl_test_data.inputs(spec.op, rank, p, per_rank, spec.dtype, spec.redop, spec.root) if hccl_test
+             else rank_input(rank, per_rank, spec.dtype, spec.redop))
         for _ in range(spec.warmup):
             call(x, **kwargs)
         sim, wall = [], []
@@ -257,7 +268,11 @@ def _sweep(comm, spec, emit=None):
             retries += comm.last_op.retries
         algo = comm.last_op.algo if spec.iters else ""
         wrong = -1.0
-        if spec.check and spec.iters:
+        if spec.check and spec.iters and hccl_test:
+            n_out = y.size if y is not None else 0
+            want = hccl_test_data.expected(spec.op, rank, p, n_out, spec.dtype, spec.redop, spec.root)
+            wrong = float(hccl_test_data.wrong(spec.op, spec.dtype, y, want, p)[0])
+        elif spec.check and spec.iters:
             want = (expected(spec.op, rank, p, per_rank, spec.dtype, spec.redop, spec.root) if matrix is None
                     else collectives.get(spec.op).verifiable_v(matrix, rank, spec.dtype, spec.redop))
             wrong = 0.0 if want is None else float(np.count_nonzero(y.reshape(-1) != want))
@@ -268,7 +283,8 @@ def _sweep(comm, spec, emit=None):
             walls = gathered[:, 2:].max(axis=0) if spec.iters else np.zeros(1)
             total_ns = int(gathered[:, 1].sum())                   # exact: sums of integers < 2^53
             row = (size, count, total_ns / (p * max(spec.iters, 1)) / 1e9,
-                   None if wrongs[0] < 0 else int(wrongs.sum()), float(np.median(walls)), algo, retries)
+                   None if wrongs[0] < 0 else int(wrongs.sum()), float(np.median(walls)), algo, retries,
+                   [int(t) for t in gathered[:, 1]], None if wrongs[0] < 0 else [int(w) for w in wrongs])
             if emit is not None:
                 emit(*row)
             rows.append(row)
@@ -366,41 +382,3 @@ def to_json(spec: BenchSpec, topo, rows: list) -> dict:
 def write_json(path: str, spec, topo, rows) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(to_json(spec, topo, rows), f, indent=2)
-
-
-# ---- hccl_test's output (--format hccl_test) --------------------------------------------------------
-
-HCCL_TEST_PER_NPU_BLOCKS = ("allgather", "reducescatter")
-"""Ops whose hccl_test data_size is one NPU's block (AllGather's send count, ReduceScatter's
-receive count) while nccl-tests' size is the whole p-block buffer: sizes differ by p. For the
-others both count one NPU's buffer. With that, hccl_test's alg_bandwidth (AllReduce, Broadcast,
-Reduce: size / t; AllGather: whole output / t; ReduceScatter: whole input / t; AlltoAll: whole
-send buffer / t; docs/references.md §11.2) is nccl-tests' algbw exactly."""
-HCCL_TEST_RANK_SHARES = ("alltoallv",)
-"""Ops whose hccl_test binary (alltoallv_test) rounds its element count up to a multiple of the rank
-count: one equal share per peer. hccl_test's tables, like these, are keyed by its binaries' ops."""
-
-
-def hccl_test_sizes(op: str, data_sizes: list, p: int, itemsize: int) -> list:
-    """nccl-tests sizes (what BenchSpec.sizes holds) for hccl_test's per-NPU data sizes. alltoallv_test
-    rounds its element count up to a multiple of the rank count (one equal share per peer)."""
-    op = canonical_op(op)
-    if op in HCCL_TEST_PER_NPU_BLOCKS:
-        return [s * p for s in data_sizes]
-    if op in HCCL_TEST_RANK_SHARES:
-        share = p * itemsize
-        return [-(-(s // itemsize) // p) * share for s in data_sizes]
-    return list(data_sizes)
-
-
-def hccl_test_header(spec: BenchSpec, p: int) -> str:
-    div = p if spec.op in HCCL_TEST_PER_NPU_BLOCKS else 1
-    return (f"the minbytes is {min(spec.sizes) // div}, maxbytes is {max(spec.sizes) // div}, iters is {spec.iters}, "
-            f"warmup_iters is {spec.warmup}\n"
-            f"{'data_size(Bytes):':<20s}| {'avg_time(us):':<16s}| {'alg_bandwidth(GB/s):':<22s}| check_result:")
-
-
-def hccl_test_row(spec: BenchSpec, row: Row, p: int) -> str:
-    size = row.size // p if spec.op in HCCL_TEST_PER_NPU_BLOCKS else row.size
-    check = "NULL" if row.wrong is None or not spec.check else ("success" if row.wrong == 0 else "failed")
-    return f"{size:<20d}  {row.time_us:<16.2f}  {row.algbw:<22.5f}  {check}"

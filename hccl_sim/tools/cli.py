@@ -16,9 +16,7 @@ from topologies.errors import HcclError
 
 from .. import OPS, __version__
 from ..collectives import VARIABLE
-from ..collectives.splits import parse as parse_counts
-from .bench import (BenchSpec, footer, format_row, hccl_test_header, hccl_test_row, hccl_test_sizes, header,
-                    parse_size, run_bench, sizes, write_json)
+from .bench import write_json
 from ..engines import registry
 from ..faults.fault_plan import FaultPlan
 from ..config.types import DTYPES
@@ -98,28 +96,37 @@ def build_parser():
                    "uniform (the default), zipf:S (MoE expert loads, exponent S) or a JSON file of weights (a p x p "
                    "matrix; a list of p for allgatherv, reducescatterv)")
     _add_topology_args(b)
-    b.add_argument("-b", "--minbytes", default="16", help="smallest size, e.g. 8, 1K, 64M (default 16)")
-    b.add_argument("-e", "--maxbytes", default="64M", help="largest size (default 64M)")
-    b.add_argument("-f", "--stepfactor", type=int, default=None, help="multiply sizes by this (default 4)")
-    b.add_argument("-i", "--stepbytes", default=None, help="add this many bytes instead of multiplying")
-    b.add_argument("-d", "--datatype", default="float32", help=f"one of {', '.join(DTYPES)} or fp32/fp16/... (default float32)")
-    b.add_argument("-o", "--redop", default="sum", help="sum, prod, max or min (default sum)")
-    b.add_argument("-r", "--root", type=int, default=0, help="root of broadcast/reduce (default 0)")
+    # the options both formats share are read as text: each format converts and checks them its
+    # own way (hccl_test's as its source does, hccl_sim.tools.hccl_test), with its own defaults
+    b.add_argument("-b", "--minbytes", default=None, help="smallest size, e.g. 8, 1K, 64M (default 16; 64M with "
+                   "--format hccl_test)")
+    b.add_argument("-e", "--maxbytes", default=None, help="largest size (default 64M)")
+    b.add_argument("-f", "--stepfactor", default=None, help="multiply sizes by this (default 4; a float > 1 with "
+                   "--format hccl_test, where -i is the default)")
+    b.add_argument("-i", "--stepbytes", default=None, help="add this many bytes instead of multiplying (default "
+                   "with --format hccl_test: (e - b) / 10)")
+    b.add_argument("-d", "--datatype", default=None, help=f"one of {', '.join(DTYPES)} or fp32/fp16/... (default "
+                   "float32; with --format hccl_test hccl_test's names: fp32, bfp16, fp8e4m3, ...)")
+    b.add_argument("-o", "--redop", default=None, help="sum, prod, max or min (default sum)")
+    b.add_argument("-r", "--root", default=None, help="root of broadcast/reduce/scatter (default 0; with --format "
+                   "hccl_test also the rank that prints)")
     b.add_argument("--algo", default=None, help="HCCL algorithm token (ring, H-D_R, ...) or an HCCL_ALGO string")
     b.add_argument("--engine", default="local", help="local (threads, real data), ray (one actor per rank, real data), mpi (MPI processes under mpiexec, real data) or timing "
                    "(payload-free) (default local)")
     b.add_argument("--policy", default="hccl", help="algorithm selection when --algo/HCCL_ALGO do not fix it: "
                    "hccl (HCCL's rules) or model (fastest by the timing model) (default hccl)")
-    b.add_argument("-n", "--iters", type=int, default=None,
+    b.add_argument("-n", "--iters", default=None,
                    help="timed iterations per size (default 5; 20 with --format hccl_test)")
-    b.add_argument("-w", "--warmup_iters", type=int, default=None,
-                   help="untimed iterations per size (default 1; 5 with --format hccl_test)")
+    b.add_argument("-w", "--warmup_iters", default=None,
+                   help="untimed iterations per size (default 1; 10 with --format hccl_test)")
     b.add_argument("--format", default="nccl", help="output: nccl (nccl-tests' table, the default) or hccl_test "
-                   "(hccl_test's columns; sizes are bytes per NPU as hccl_test counts them)")
-    b.add_argument("-p", "--npus-per-node", dest="npus_per_node", type=int, default=None,
+                   "(hccl_test's output, options, defaults and checks as its source has them; docs/references.md §11.5)")
+    b.add_argument("-p", "--npus-per-node", "--npus", dest="npus_per_node", default=None,
                    help="hccl_test's NPUs per node: must be the topology's ranks per server")
-    b.add_argument("-z", "--zero-copy", dest="zero_copy", type=int, default=0,
-                   help="hccl_test's zero-copy switch: 0 (HCCL's staged mode, what is modelled); 1 is refused")
+    b.add_argument("-z", "--zero-copy", "--zero_copy", dest="zero_copy", default=None,
+                   help="hccl_test's zero-copy switch: 0 (the default: staged through the CCL buffer); 1 with "
+                   "--format hccl_test on atlas900-a3 for allreduce, reducescatter, allgather, broadcast (no "
+                   "staging copies) and alltoall (hccl_test's sizes); refused elsewhere")
     b.add_argument("--ranktable", default=None, metavar="FILE",
                    help="HCCL rank table whose servers and devices the ranks take in order (instead of --topology)")
     b.add_argument("--ranks-per-process", dest="ranks_per_process", type=int, default=1,
@@ -127,7 +134,7 @@ def build_parser():
     b.add_argument("--data-plane", dest="data_plane", default=None,
                    help="engine mpi: window (MPI-3 shared-memory windows; the default when every process is on "
                    "one node) or p2p (Isend/Irecv; the default across nodes)")
-    b.add_argument("-c", "--check", type=int, default=1, help="1 to verify results, 0 not to (default 1)")
+    b.add_argument("-c", "--check", default=None, help="1 to verify results, 0 not to (default 1)")
     b.add_argument("--env", action="append", metavar="HCCL_X=VALUE", help="set an HCCL environment variable")
     b.add_argument("--json", default=None, help="also write the results as JSON to this file")
     b.add_argument("--trace", default=None, help="write a Chrome trace (Perfetto) of one op per size to this file")
@@ -173,89 +180,32 @@ def build_parser():
 
 
 def cmd_bench(args) -> int:
-    hccl_test = _bench_format(args)
+    if args.format not in ("nccl", "hccl_test"):
+        raise HcclError("E_PARA", f"--format {args.format!r}: expected nccl or hccl_test")
     engine = registry.get(args.engine, "bench", f"--engine {args.engine!r}")
     if not engine.spmd and (args.ranks_per_process != 1 or args.data_plane is not None):
         raise HcclError("E_PARA", "--ranks-per-process and --data-plane are settings of --engine mpi")
+    if args.policy not in ("hccl", "model"):
+        raise HcclError("E_PARA", f"--policy {args.policy!r}: expected hccl or model")
     if engine.spmd:
         from ..engines.mpi import world
         if world().Get_rank() != 0:       # under mpiexec every process runs the sweep; rank 0 prints it
             sys.stdout = open(os.devnull, "w")
     topo = _bench_topology(args)
-    if args.npus_per_node is not None:
-        per = {len(topo.ranks_of_server(s)) for s in set(topo.server_of)}
-        if per != {args.npus_per_node}:
-            raise HcclError("E_PARA", f"-p {args.npus_per_node}: the topology has {sorted(per)} NPUs per server")
-    if args.iters < 1 or args.warmup_iters < 0:
-        raise HcclError("E_PARA", "-n must be >= 1 and -w >= 0")
-    if args.stepbytes is not None and args.stepfactor is not None:
-        raise HcclError("E_PARA", "use either -f (multiply) or -i (add bytes), not both")
-    step = 0
-    if args.stepbytes is not None:
-        step = parse_size(args.stepbytes)
-        if step < 1:
-            raise HcclError("E_PARA", f"-i {args.stepbytes}: the increment must be at least 1 byte")
-    factor = 4 if args.stepfactor is None else args.stepfactor    # 0 is refused, never the default
-    if args.check not in (0, 1):
-        raise HcclError("E_PARA", f"-c {args.check}: expected 1 (verify results) or 0")
-    spec = BenchSpec(op=args.op, sizes=sizes(parse_size(args.minbytes), parse_size(args.maxbytes), factor, step),
-                     dtype=args.datatype, redop=args.redop.lower(), root=args.root, algo=args.algo,
-                     engine=args.engine, iters=args.iters, warmup=args.warmup_iters, check=bool(args.check),
-                     env=_env_pairs(args.env), trace=args.trace, policy=args.policy,
-                     faults=None if args.faults is None else FaultPlan.load(args.faults),
-                     counts=None if args.counts is None else parse_counts(args.counts))
-    from .bench import ROOTED
-    from .. import canonical_op
-    from ..config.types import parse_reduce_op, dtype_name, numpy_dtype
-    spec.op = canonical_op(spec.op)
-    spec.dtype = dtype_name(spec.dtype)
-    parse_reduce_op(spec.redop)
-    if spec.op in ROOTED and not 0 <= spec.root < topo.num_ranks:
-        raise HcclError("E_PARA", f"-r {spec.root}: root must be a rank in [0, {topo.num_ranks})")
-    if spec.policy not in ("hccl", "model"):
-        raise HcclError("E_PARA", f"--policy {spec.policy!r}: expected hccl or model")
-    registry.get(spec.engine, "bench", f"--engine {spec.engine!r}")
-    spec.ranks_per_process, spec.data_plane = args.ranks_per_process, args.data_plane
-    started = []
-
-    def progress(row):
-        if not started:          # the header waits for the first row: a refused sweep prints only its error
-            started.append(True)
-            print(header(spec, topo), flush=True)
-        print(format_row(row), flush=True)
-    if hccl_test:
-        spec.sizes = hccl_test_sizes(spec.op, spec.sizes, topo.num_ranks, numpy_dtype(spec.dtype).itemsize)
-
-        def progress(row):       # noqa: F811 - hccl_test's lines instead of nccl-tests' table
-            if not started:
-                started.append(True)
-                print(hccl_test_header(spec, topo.num_ranks), flush=True)
-            print(hccl_test_row(spec, row, topo.num_ranks), flush=True)
-    rows = run_bench(spec, topo, progress=progress)
-    if not hccl_test:
-        print(footer(rows))
+    common = dict(algo=args.algo, engine=args.engine, env=_env_pairs(args.env), trace=args.trace, policy=args.policy,
+                  faults=None if args.faults is None else FaultPlan.load(args.faults),
+                  ranks_per_process=args.ranks_per_process, data_plane=args.data_plane)
+    if args.format == "hccl_test":
+        from .hccl_test import run
+        spec, rows = run(args, topo, common, out=lambda line: print(line, flush=True))
+    else:
+        from .bench_nccl import run as run_nccl
+        spec, rows = run_nccl(args, topo, common)
     if args.json:
         write_json(args.json, spec, topo, rows)
     if args.trace:
         print(f"# trace written to {args.trace}")
     return 0 if all(not r.wrong for r in rows) else 1
-
-
-def _bench_format(args) -> bool:
-    """True for --format hccl_test (hccl_test's defaults filled in), False for nccl."""
-    if args.format not in ("nccl", "hccl_test"):
-        raise HcclError("E_PARA", f"--format {args.format!r}: expected nccl or hccl_test")
-    hccl_test = args.format == "hccl_test"
-    if args.zero_copy not in (0, 1):
-        raise HcclError("E_PARA", f"-z {args.zero_copy}: expected 0 or 1")
-    if args.zero_copy == 1:
-        raise HcclError("E_NOT_SUPPORT", "-z 1: HCCL's zero-copy mode is not modelled (ops are priced with their "
-                        "staging through the CCL buffer, -z 0)")
-    if args.iters is None:
-        args.iters = 20 if hccl_test else 5
-    if args.warmup_iters is None:
-        args.warmup_iters = 5 if hccl_test else 1
-    return hccl_test
 
 
 def _bench_topology(args):
