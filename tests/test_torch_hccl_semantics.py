@@ -246,11 +246,25 @@ def _torch_npu_ops(comm):
                          [r, r, (r + 1) % p, (r - 1) % p]).wait()
     out["batch"] = (own.tolist(), prev.tolist(), ht.records()[-1].name)
     out["name"] = pg.get_hccl_comm_name(r) == dist.group.WORLD.group_name
+    # torch_npu's _group_start / _group_end: the ops between them are one HCCL group launch
+    a, rs = torch.full((3,), 5 + r, dtype=torch.int32), torch.zeros(1, dtype=torch.uint8)
+    outs = [torch.zeros(2) for _ in range(p)]
+    before = len(ht.records())
+    pg._group_start()
+    works = [dist.all_reduce(a, op=dist.ReduceOp.AVG, async_op=True),
+             dist.all_gather(outs, torch.full((2,), float(r)), async_op=True),
+             dist.reduce_scatter_tensor(rs, torch.full((p,), 200, dtype=torch.uint8), op=dist.ReduceOp.AVG,
+                                        async_op=True)]
+    held = [w.is_completed() for w in works]
+    pg._group_end()
+    for w in works:
+        w.wait()
+    out["group"] = (held, a.tolist(), [o.tolist() for o in outs], rs.tolist(), len(ht.records()) - before)
     ht.destroy_process_group()
     return out
 
 
-def test_torch_npus_own_ops_run_as_hccls_v_ops_and_one_batch(torch_cluster):
+def test_torch_npus_own_ops_run_as_hccls_v_ops_one_batch_and_one_group(torch_cluster):
     splits, starts = [1, 2, 0, 3], [0, 1, 3, 3]
     for r, out in enumerate(torch_cluster.run(_torch_npu_ops)):
         rows = [[P * (2 * i) + sum(range(P)), P * (2 * i + 1) + sum(range(P))] for i in range(6)]
@@ -259,3 +273,6 @@ def test_torch_npus_own_ops_run_as_hccls_v_ops_and_one_batch(torch_cluster):
         assert out["dtype"] == "output tensor must have the same type as input tensor"
         assert out["batch"] == ([10. + r] * 2, [float((r - 1) % P)] * 2, "batch_send_recv")
         assert out["name"]
+        held, avg, gathered, rs, records = out["group"]
+        assert held == [False] * 3 and records == 1          # held until the end, launched as one group
+        assert (avg, gathered, rs) == ([(P * 5 + sum(range(P))) // P] * 3, [[float(q)] * 2 for q in range(P)], [200])

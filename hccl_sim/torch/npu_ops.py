@@ -28,7 +28,7 @@ class NpuOps:
             w = red.working(output)
             x = red.input(as_numpy(red.working(input)).reshape(-1))
             self._call(self.comm.reduce_scatter_v, x, counts, op=red.op, out=as_numpy(w).reshape(-1))
-            red.finish(output, w)
+            self._then(None, lambda _: red.finish(output, w))
         return self._run(body, [output], [input])
 
     def all_gather_into_tensor_uneven(self, output, input, output_split_sizes, opts=None):   # noqa: A002

@@ -42,6 +42,7 @@ class PointToPoint:
 
     def send(self, tensors, dstRank, tag=0):        # noqa: N803 - torch's names
         t = _one(tensors, "send")
+        self._not_held("send")
         x = as_numpy(t).copy()
         if dstRank == self.comm.rank:
             return self._worker.submit(lambda: self._self_pairs.send(x, tag) or [t])
@@ -65,6 +66,7 @@ class PointToPoint:
 
     def _receive(self, tensors, src, tag):
         t = _one(tensors, "recv")
+        self._not_held("recv")
         out = as_numpy(t)
         at, sim = (None, None) if src == self.comm.rank else self._timed([t], [])
 
@@ -89,6 +91,12 @@ class PointToPoint:
             work.sim = sim
             work.get_future().add_done_callback(lambda _: sim.set(at))
         return work
+
+    def _not_held(self, op):
+        if self._held is not None:
+            raise HcclError("E_NOT_SUPPORT", f"{op} between _group_start and _group_end: a group's sends and "
+                            "receives are not held (use dist.batch_isend_irecv, one BatchSendRecv)",
+                            rank=self.comm.rank, op=op, cause=Cause.BAD_INPUT)
 
     def _timed(self, outputs, inputs):
         """Under a timeline: when a transfer issued now starts, and its SimEnd; else (None, None)."""

@@ -12,8 +12,6 @@ simulated time is kept (`records`, and `last_op`), as `comm.last_op` says it.
 """
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -21,6 +19,7 @@ import torch.distributed as dist
 from topologies.errors import HcclError
 
 from .checks import check_split_sizes
+from .grouping import Grouping
 from .npu_ops import NpuOps
 from .p2p import PointToPoint, SelfPairs
 from .tensors import Reduction, as_numpy
@@ -29,7 +28,7 @@ from .work import Worker
 BACKEND = "hccl_sim"
 
 
-class ProcessGroupHcclSim(PointToPoint, NpuOps, dist.ProcessGroup):
+class ProcessGroupHcclSim(PointToPoint, NpuOps, Grouping, dist.ProcessGroup):
     def __init__(self, comm, world, on_shutdown=None, timeout=None):
         super().__init__(comm.rank, comm.size)
         self.comm = comm
@@ -40,7 +39,9 @@ class ProcessGroupHcclSim(PointToPoint, NpuOps, dist.ProcessGroup):
         self._worker = Worker(f"{comm.rank}", world, None if timeout is None else timeout.total_seconds())
         self._name, self._desc = "", ""
         self._stream = None          # the comm stream of the job running now, under a timeline
-        self._grouping = False       # whether the job running now is inside comm.group()
+        self._grouping = False       # whether the job running now is inside comm.group() (hccl_sim.torch.grouping)
+        self._deferred = []          # inside it: (Pending, follow-up) to run once the group has launched
+        self._held, self._held_depth = None, 0   # the ops held between _group_start and _group_end
         self.device_types = ("cpu",)  # the devices whose tensors the group's ops take
         self._self_pairs = SelfPairs()   # sends to this rank itself not yet received (hccl_sim.torch.p2p)
 
@@ -87,7 +88,7 @@ class ProcessGroupHcclSim(PointToPoint, NpuOps, dist.ProcessGroup):
             def job():
                 body()
                 return result
-            return self._worker.submit(job)
+            return self._worker.submit(job) if self._held is None else self._hold(job)
         stream = tl.stream_of(self)
         after, sim = tl.issue(result, inputs or result)
 
@@ -117,21 +118,6 @@ class ProcessGroupHcclSim(PointToPoint, NpuOps, dist.ProcessGroup):
             self.records.append(self.comm.last_op)
         return result
 
-    @contextlib.contextmanager
-    def _grouped(self):
-        """The Communicator calls inside run as one HCCL group launch (HcclGroupStart / End), as
-        torch_npu launches a coalesced op; on a device without group calls (910A) one by one."""
-        if not self.comm.topology.device_model.group_calls:
-            yield
-            return
-        self._grouping = True
-        try:
-            with self.comm.group():
-                yield
-        finally:
-            self._grouping = False
-        self.records.append(self.comm.last_op)
-
     # the devices the group serves, as torch_npu's group has a backend registered for its device ----
     def serves(self, device) -> bool:
         return torch.device(device).type in self.device_types
@@ -143,24 +129,6 @@ class ProcessGroupHcclSim(PointToPoint, NpuOps, dist.ProcessGroup):
             raise RuntimeError(f"No backend type associated with device type {torch.device(device).type}")
         return self
 
-    @property
-    def supports_coalescing(self):
-        return True
-
-    def start_coalescing(self, device):
-        """torch's _start_coalescing (dist._coalescing_manager's): the ops issued until
-        end_coalescing are one Work's."""
-        self._get_backend(device)
-        self._worker.collect()
-
-    def end_coalescing(self, device):
-        """A Work that completes when every op issued since start_coalescing has."""
-        self._get_backend(device)
-        return self._worker.collected()
-
-    # torch 2.13's ProcessGroup binds these without forwarding to Python: the group's own serve them
-    _start_coalescing = start_coalescing
-    _end_coalescing = end_coalescing
 
     def _reduction(self, opts, tensor):
         return Reduction(opts, self.comm.size, tensor.dtype)
@@ -171,11 +139,14 @@ class ProcessGroupHcclSim(PointToPoint, NpuOps, dist.ProcessGroup):
         w = red.working(t)
         x = red.input(as_numpy(w), in_place=True)
         self._call(self.comm.all_reduce, x, op=red.op, out=x)
-        red.finish(t, w)
+        self._then(None, lambda _: red.finish(t, w))
 
     def _sparse_all_reduce(self, t, red):
         """A sparse COO tensor's SUM, as gloo makes it (HCCL has no sparse reduction): every rank's
         entry count (an AllGather), its indices and values (AllGatherVs), summed here."""
+        if self._grouping:
+            raise HcclError("E_NOT_SUPPORT", "a sparse tensor's all_reduce inside an HCCL group: its AllGatherVs "
+                            "need the counts its AllGather finds first")
         if red.op != "sum" or red.factor is not None or red.divisor is not None:
             raise HcclError("E_NOT_SUPPORT", "a sparse tensor's all_reduce sums (ReduceOp.SUM) only")
         mine = t.coalesce()
@@ -214,7 +185,7 @@ class ProcessGroupHcclSim(PointToPoint, NpuOps, dist.ProcessGroup):
                 # red.input: a premultiplied copy, if any
                 self._call(self.comm.reduce, red.input(x), root=root, op=red.op, out=x)
                 if self.comm.rank == root:
-                    red.finish(t, w)
+                    self._then(None, lambda _, t=t, w=w: red.finish(t, w))
         return self._run(body, tensors)
 
     def broadcast(self, tensors, opts=None):
@@ -234,11 +205,11 @@ class ProcessGroupHcclSim(PointToPoint, NpuOps, dist.ProcessGroup):
                 counts = [o.numel() for o in outs]
                 if len(set(counts)) > 1:
                     y = self._call(self.comm.all_gather_v, as_numpy(t).reshape(-1), counts)
-                    parts = np.split(y, np.cumsum(counts)[:-1])
+                    cut = lambda y, counts=counts: np.split(y, np.cumsum(counts)[:-1])  # noqa: E731
                 else:
-                    parts = self._call(self.comm.all_gather, as_numpy(t).reshape(1, -1))
-                for o, part in zip(outs, parts):
-                    as_numpy(o).reshape(-1)[...] = part
+                    y = self._call(self.comm.all_gather, as_numpy(t).reshape(1, -1))
+                    cut = lambda rows: rows  # noqa: E731
+                self._then(y, lambda y, outs=outs, cut=cut: _copy_out(outs, cut(y)))
         return self._run(body, output_lists, inputs)
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
@@ -247,9 +218,7 @@ class ProcessGroupHcclSim(PointToPoint, NpuOps, dist.ProcessGroup):
             flat = np.concatenate([as_numpy(t).reshape(-1) for t in inputs]) if inputs else np.empty(0)
             rows = self._call(self.comm.all_gather, flat.reshape(1, -1))
             sizes = np.cumsum([t.numel() for t in inputs])[:-1]
-            for outs, row in zip(output_lists, rows):
-                for o, part in zip(outs, np.split(row, sizes)):
-                    as_numpy(o).reshape(-1)[...] = part
+            self._then(rows, lambda rows: [_copy_out(outs, np.split(row, sizes)) for outs, row in zip(output_lists, rows)])
         return self._run(body, output_lists, inputs)
 
     def gather(self, output_lists, inputs, opts=None):
@@ -261,8 +230,7 @@ class ProcessGroupHcclSim(PointToPoint, NpuOps, dist.ProcessGroup):
             x = as_numpy(inputs[0]).reshape(1, -1)
             rows = self._call(self.comm.all_gather, x)
             if self.comm.rank == root:
-                for o, row in zip(output_lists[0], rows):
-                    as_numpy(o).reshape(-1)[...] = row
+                self._then(rows, lambda rows: _copy_out(output_lists[0], rows))
         return self._run(body, output_lists, inputs)
 
     def _allgather_base(self, output, input, opts=None):     # noqa: A002 - torch's name
@@ -297,16 +265,13 @@ class ProcessGroupHcclSim(PointToPoint, NpuOps, dist.ProcessGroup):
         red = self._reduction(opts, inputs[0] if inputs else torch.empty(0))
 
         def body():
-            finished = []
             with self._grouped():
                 for output, input_ in zip(outputs, inputs):
                     n = output.numel()
                     w = red.working(output)
                     x = red.input(as_numpy(red.working(input_)).reshape(self.comm.size * n))
                     self._call(self.comm.reduce_scatter, x, op=red.op, out=as_numpy(w).reshape(n))
-                    finished.append((output, w))
-            for output, w in finished:
-                red.finish(output, w)
+                    self._then(None, lambda _, output=output, w=w: red.finish(output, w))
         return self._run(body, outputs, inputs)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
@@ -324,7 +289,7 @@ class ProcessGroupHcclSim(PointToPoint, NpuOps, dist.ProcessGroup):
                     self._call(self.comm.reduce_scatter_v, x, counts, op=red.op, out=y)
                 else:
                     self._call(self.comm.reduce_scatter, x, op=red.op, out=y)
-                red.finish(out, w)
+                self._then(None, lambda _, out=out, w=w: red.finish(out, w))
         return self._run(body, outputs, input_lists)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
@@ -367,8 +332,7 @@ class ProcessGroupHcclSim(PointToPoint, NpuOps, dist.ProcessGroup):
             x = np.concatenate([as_numpy(t).reshape(-1) for t in input_tensors]) if input_tensors else np.empty(0)
             recv = [t.numel() for t in output_tensors]
             y = self._call(self.comm.all_to_all_v, x, [t.numel() for t in input_tensors], recv)
-            for t, part in zip(output_tensors, np.split(y, np.cumsum(recv)[:-1])):
-                as_numpy(t).reshape(-1)[...] = part
+            self._then(y, lambda y: _copy_out(output_tensors, np.split(y, np.cumsum(recv)[:-1])))
         return self._run(body, output_tensors, input_tensors)
 
     def barrier(self, opts=None):
@@ -382,6 +346,12 @@ class ProcessGroupHcclSim(PointToPoint, NpuOps, dist.ProcessGroup):
         done, self._on_shutdown = self._on_shutdown, None
         if done is not None:
             done()
+
+
+def _copy_out(tensors, parts) -> None:
+    """Each tensor gets its part's elements (a gathered or exchanged result cut into tensors)."""
+    for t, part in zip(tensors, parts):
+        as_numpy(t).reshape(-1)[...] = np.asarray(part).reshape(-1)
 
 
 def _rows(a: np.ndarray) -> np.ndarray:

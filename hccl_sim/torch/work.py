@@ -158,6 +158,26 @@ class Worker:
             self._collecting.append(fut)
         return work
 
+    def held(self):
+        """(future, Work) of an op held for a later job (torch_npu's _group_start), which completes
+        the future with `complete`."""
+        fut = torch.futures.Future()
+        self.issued += 1
+        work = FutureWork(fut, self.world, None, self.timeout_s)
+        if self._collecting is not None:
+            self._collecting.append(fut)
+        return fut, work
+
+    def complete(self, fut, value=None, error=None) -> None:
+        """Complete a held op's future with its value, or fail it (once)."""
+        if fut.done():
+            return
+        if error is None:
+            fut.set_result(value)
+        else:
+            self.world.note_failure(error)
+            _fail(fut, error)
+
     def collect(self) -> None:
         """Keep the Works submitted from now on, for `collected` (torch's start of coalescing)."""
         self._collecting = []
