@@ -69,12 +69,18 @@ def test_ops_views_and_devices(npu):
     out = torch.empty(0, device="npu")
     torch.cumsum(x, 0, out=out)      # an out= whose kernel resizes it
     assert out.shape == (4, 5) and torch.equal(out.cpu(), torch.cumsum(x.cpu(), 0))
+    small = torch.zeros(2, device="npu")
+    with pytest.warns(UserWarning, match="was resized"):     # one with bytes, which moves to new ones
+        torch.add(x[0], 1, out=small)
+    assert torch.equal(small.cpu(), x[0].cpu() + 1)
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         x + a
     with pytest.raises(RuntimeError, match="npu:0 and npu:1"):
         x + x.to("npu:1")
     assert torch.equal((x + torch.tensor(1.0)).cpu(), x.cpu() + 1)       # a CPU scalar is taken
     assert copy.deepcopy(x).device == x.device and torch.equal(copy.deepcopy(x).cpu(), x.cpu())
+    with torch.autocast("npu", dtype=torch.bfloat16):        # passes through: no autocast kernels
+        assert torch.nn.Linear(5, 2).npu()(x).dtype == torch.float32
 
 
 def _train(model, device, steps=3, foreach=None):
