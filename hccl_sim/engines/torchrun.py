@@ -35,8 +35,10 @@ FAULTS_ENV = "HCCL_SIM_FAULTS"
 CRASH_EXIT_STATUS = 70             # the exit status of a rank process the fault plan kills (EX_SOFTWARE)
 
 
-def topology_from_env(world_size: int):
-    """The topology HCCL_SIM_TOPOLOGY names, checked against the launcher's world size."""
+def topology_from_env(world_size: int | None):
+    """The topology HCCL_SIM_TOPOLOGY names, checked against the launcher's world size; None: a
+    process no launcher started (an emulated NPU's device count), the whole topology the name gives
+    (a hardware preset without a server count: one full server)."""
     import topologies
     spec = os.environ.get(ENV, DEFAULT_TOPOLOGY)
     name, _, rest = spec.partition(":")
@@ -51,14 +53,16 @@ def topology_from_env(world_size: int):
         if params:
             raise HcclError("E_PARA", f"{ENV}={spec!r}: a rank table takes no parameters")
         topo = topologies.load(name)
-    elif name.lower() in topologies.SYNTHETIC_PRESETS:
+    elif name.lower() in topologies.SYNTHETIC_PRESETS and world_size is not None:
         topo = topologies.load(name, **({"ranks": world_size} | params))
+    elif world_size is None:
+        return topologies.load(name, **params)
     elif not params and name.lower() in topologies.HARDWARE_PRESETS + tuple(topologies.ALIASES):
         # no server count given: the launcher's processes fill servers of the preset in order
         topo = topologies.presets.filled(name, world_size)
     else:
         topo = topologies.load(name, **params)
-    if topo.num_ranks != world_size:
+    if world_size is not None and topo.num_ranks != world_size:
         raise HcclError("E_PARA", f"{ENV}={spec!r} has {topo.num_ranks} ranks but the launcher started "
                         f"{world_size} (WORLD_SIZE): they must be equal")
     return topo

@@ -12,9 +12,12 @@ the members, priced on their places in the topology). Every collective's simulat
 CPU modules (torch's own refuses them). `launch(script, nproc)`: a torch script on emulated NPUs
 under torchrun or Ray, each rank's `report(value)` its result (hccl_sim.torch.scripts: what fault
 suites run torch scripts through). What the process holds is one World (`world()`,
-hccl_sim.torch.world), whose `create` is the backend's creator.
+hccl_sim.torch.world), whose `create` is the backend's creator. `hccl_sim.torch.npu.install()` (or
+HCCL_SIM_NPU=1 at this import): emulated NPUs for unchanged torch_npu scripts (hccl_sim.torch.npu).
 """
 from __future__ import annotations
+
+import os
 
 try:
     import torch  # noqa: F401
@@ -27,6 +30,7 @@ except ImportError as exc:                       # pragma: no cover - torch is t
 from topologies.errors import HcclError
 
 from . import dispatch, mpi_launch  # noqa: F401 - mpi_launch.launched(): whether mpirun started us
+from . import npu
 from .process_group import BACKEND, ProcessGroupHcclSim
 from .device_timeline import Step, Timeline
 from .scripts import launch, report
@@ -42,6 +46,9 @@ _WORLD = World()
 dist.Backend.register_backend(BACKEND, _WORLD.create, extended_api=True, devices=["cpu"])
 dispatch.install()
 _WORLD.meet_launcher()
+npu.attach(_WORLD)                   # an emulated NPU's HBM is the rank's Device once the World has a communicator
+if os.environ.get("HCCL_SIM_NPU", "") == "1":
+    npu.install()
 
 
 def world() -> World:
