@@ -89,6 +89,8 @@ def build_parser():
     parser.add_argument("--version", action="version", version=f"hccl-sim {__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
+    sub.add_parser("torchrun", help="torchrun a torch_npu program unchanged on emulated NPUs "
+                   "(hccl-sim torchrun [--topology T] [--servers N] [torchrun options] SCRIPT.py [ARGS])")
     b = sub.add_parser("bench", help="size sweep of one collective (hccl_test / nccl-tests style)")
     b.add_argument("--op", default="allreduce", help=f"one of {', '.join(OPS + VARIABLE)} (default allreduce)")
     b.add_argument("--counts", default=None, help="variable-size ops: how alltoallv / alltoallvc split each rank's "
@@ -351,7 +353,11 @@ def main(argv=None) -> int:
 
 def _main(argv) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        if argv[:1] == ["torchrun"]:      # every other option is torchrun's own: not parsed here
+            from .npu_launch import main as torchrun
+            return torchrun(argv[1:])
         args = parser.parse_args(argv)
         if args.command is None:
             parser.print_help()

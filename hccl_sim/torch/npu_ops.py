@@ -80,5 +80,5 @@ class NpuOps:
     def get_hccl_comm_name(self, rank=None, init_comm=True):
         """The name of the group's HCCL communicator (HcclGetCommName's), which torch_npu's
         profiler and users' tools key on: the group's torch name, as hccl-sim names no
-        communicator otherwise."""
-        return self.getGroupName()
+        communicator otherwise (hccl_config's group_name, where torch_npu's Options gave one)."""
+        return self._comm_name or self.getGroupName()

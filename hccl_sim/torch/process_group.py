@@ -43,10 +43,16 @@ class ProcessGroupHcclSim(PointToPoint, NpuOps, Grouping, dist.ProcessGroup):
         self._deferred = []          # inside it: (Pending, follow-up) to run once the group has launched
         self._held, self._held_depth = None, 0   # the ops held between _group_start and _group_end
         self.device_types = ("cpu",)  # the devices whose tensors the group's ops take
+        self._backend_name, self._comm_name = BACKEND, None     # what serve_as changes
         self._self_pairs = SelfPairs()   # sends to this rank itself not yet received (hccl_sim.torch.p2p)
 
     def getBackendName(self):
-        return BACKEND
+        return self._backend_name
+
+    def serve_as(self, backend: str, device_types: tuple, comm_name=None) -> None:
+        """Be torch_npu's group: backend `backend` ("hccl") for `device_types` (npu), its
+        communicator named `comm_name` (hccl_config's group_name; else the group's torch name)."""
+        self._backend_name, self.device_types, self._comm_name = backend, device_types, comm_name
 
     # torch sets these on the groups it makes (c10d's ProcessGroup keeps them on its backends)
     def getGroupName(self):
@@ -83,6 +89,7 @@ class ProcessGroupHcclSim(PointToPoint, NpuOps, Grouping, dist.ProcessGroup):
         """Submit `body` (it runs the op's Communicator calls) as the group's job; its Work
         completes with `result`. Under a timeline (hccl_sim.torch.timeline) the op runs on the
         group's comm stream from the point it was issued at, and its Work knows when it ends."""
+        self._check_devices(result, inputs)
         tl = self.world.timeline
         if tl is None:
             def job():
@@ -121,6 +128,13 @@ class ProcessGroupHcclSim(PointToPoint, NpuOps, Grouping, dist.ProcessGroup):
     # the devices the group serves, as torch_npu's group has a backend registered for its device ----
     def serves(self, device) -> bool:
         return torch.device(device).type in self.device_types
+
+    def _check_devices(self, *tensor_lists) -> None:
+        """torch's refusal of a tensor whose device has no backend on the group (a CPU tensor on
+        torch_npu's hccl group), before anything runs."""
+        for t in _tensors(tensor_lists):
+            if t.device.type not in self.device_types:
+                raise RuntimeError(f"No backend type associated with device type {t.device.type}")
 
     def _get_backend(self, device):
         """The backend for `device`'s type: the group itself (torch_npu's is its ProcessGroupHCCL,
@@ -346,6 +360,15 @@ class ProcessGroupHcclSim(PointToPoint, NpuOps, Grouping, dist.ProcessGroup):
         done, self._on_shutdown = self._on_shutdown, None
         if done is not None:
             done()
+
+
+def _tensors(nested):
+    """The tensors in nested lists (an op's inputs and outputs)."""
+    for item in nested:
+        if isinstance(item, torch.Tensor):
+            yield item
+        elif isinstance(item, (list, tuple)):
+            yield from _tensors(item)
 
 
 def _copy_out(tensors, parts) -> None:

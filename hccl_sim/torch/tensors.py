@@ -13,7 +13,12 @@ from .checks import check_dense, check_reduce_op
 
 def as_numpy(t: torch.Tensor) -> np.ndarray:
     """The tensor's storage as a numpy array (bfloat16 through ml_dtypes, bool as uint8: HCCL's
-    types), no copy. A sparse, non-contiguous or non-CPU tensor is refused in torch_npu's words."""
+    types), no copy; an emulated NPU's tensor through its host bytes (hccl_sim.torch.npu). A
+    sparse, non-contiguous or other device's tensor is refused in torch_npu's words."""
+    if t.device.type == "npu":
+        from .npu import host_tensor
+        check_dense(t, "npu")
+        t = host_tensor(t)
     check_dense(t, "cpu")
     if t.dtype == torch.bfloat16:
         import ml_dtypes

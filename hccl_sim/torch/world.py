@@ -59,23 +59,33 @@ class World:
         process of the job does it at import)."""
         self._launch_store = mpi_launch.launch_env()
 
-    def create(self, dist_opts, pg_options):
+    def create(self, dist_opts, pg_options, backend=BACKEND):
         """torch's backend creator (extended API): the default group's communicator comes in
-        pg_options; a new_group's is made from the world's for the members (they alone call this)."""
+        pg_options; a new_group's is made from the world's for the members (they alone call this).
+        `backend` "hccl" (emulated NPUs, hccl_sim.torch.npu.distributed): the group serves npu
+        tensors, and pg_options may be torch_npu's Options, whose hccl_config the group's
+        communicator runs with (a split of the members with that config)."""
+        def group(comm, **kw):
+            pg = ProcessGroupHcclSim(comm, self, timeout=dist_opts.timeout, **kw)
+            if backend != BACKEND:
+                pg.serve_as(backend, ("npu",), name)
+            return pg
+        env, name = ({}, None) if pg_options is None or isinstance(pg_options, Options) else pg_options.env()
         if isinstance(pg_options, Options):
-            return ProcessGroupHcclSim(pg_options.comm, self, timeout=dist_opts.timeout)
+            return group(pg_options.comm)
         world = self.comm
         if world is None:
             # a plain script under torchrun / mpirun: dist.init_process_group(backend="hccl_sim")
             world = self._launch(dist_opts)
-            return ProcessGroupHcclSim(world, self, on_shutdown=self.close, timeout=dist_opts.timeout)
+            return group(world.split(0, env=env) if env else world, on_shutdown=self.close)
         members = sorted(int(r) for r in dist_opts.global_ranks_in_group)
         if not members or members == list(range(world.size)):      # none: the default group's
+            comm = world.split(0, env=env) if env else world
             if not members and self._close is not None:              # a launched rank's world (provide)
-                return ProcessGroupHcclSim(world, self, on_shutdown=self.close, timeout=dist_opts.timeout)
-            return ProcessGroupHcclSim(world, self, timeout=dist_opts.timeout)
+                return group(comm, on_shutdown=self.close)
+            return group(comm)
         others = [r for r in range(world.size) if r not in set(members)]
-        return ProcessGroupHcclSim(world.shrink(exclude=others), self, timeout=dist_opts.timeout)
+        return group(world.shrink(exclude=others, env=env or None))
 
     def _launch(self, dist_opts):
         """The world communicator of a launched script: MPI's under mpirun, else torchrun's

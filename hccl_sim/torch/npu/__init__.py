@@ -29,7 +29,7 @@ import torch
 
 from topologies.errors import HcclError
 
-from . import devices, dispatch, memory, runtime
+from . import devices, dispatch, distributed, memory, runtime
 from .errors import NotEmulated
 
 __all__ = ["install", "installed", "host_tensor", "is_npu", "NotEmulated"]
@@ -136,4 +136,5 @@ def install() -> None:
                    "distributed part of the emulation; names not set on it are not emulated.")
     top.npu, top.distributed = runtime, dist
     sys.modules.update({"torch_npu": top, "torch_npu.npu": runtime, "torch_npu.distributed": dist})
+    distributed.install(devices.attached_world(), top, _module)
     _state["installed"] = True

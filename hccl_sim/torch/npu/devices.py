@@ -32,6 +32,13 @@ def attach(world) -> None:
     _world = world
 
 
+def attached_world():
+    """hccl_sim.torch's World (attach), which makes the groups of backend "hccl"."""
+    if _world is None:
+        raise HcclError("E_INTERNAL", "emulated NPUs installed before hccl_sim.torch handed its World over")
+    return _world
+
+
 def _comm():
     return None if _world is None else _world.comm
 
