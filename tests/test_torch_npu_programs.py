@@ -38,11 +38,12 @@ def test_torch_npus_distributed_surface_in_an_unchanged_script(tmp_path):
         assert out["records"] == ["all_reduce", "broadcast", "reduce_scatter_v", "all_gather_v", "batch_send_recv"]
 
 
-def test_the_torch_npu_ddp_example_trains_as_one_process(tmp_path):
-    done = _torchrun("--nproc-per-node", "2", "examples/torch_npu/ddp_train.py", "--steps", "3",
-                     "--json", str(tmp_path / "ddp.json"))
+@pytest.mark.parametrize("example", ["ddp", "tp", "pp"])     # moe: measured in RESULTS.md (CI time)
+def test_the_torch_npu_examples_train_as_one_process(tmp_path, example):
+    done = _torchrun("--nproc-per-node", "2", f"examples/torch_npu/{example}_train.py", "--steps", "2",
+                     "--json", str(tmp_path / "out.json"))
     assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads((tmp_path / "ddp.json").read_text())
+    got = json.loads((tmp_path / "out.json").read_text())
     assert got["ranks"] == 2
     assert got["losses"] == pytest.approx(got["one_process"], rel=1e-5)
 
