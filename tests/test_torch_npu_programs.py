@@ -54,3 +54,14 @@ def test_bad_launches_are_one_line_errors(tmp_path):
                        (("--nproc-per-node", "2", str(tmp_path / "missing.py")), "no such script")]:
         done = _torchrun(*args)
         assert done.returncode == 2 and said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_torch_npu_script_on_ray_actors(tmp_path, ray_cluster):
+    """hccl_sim.torch.launch(script, engine="ray", npu=True): the same unchanged script in Ray actors
+    (fresh ones: emulated NPUs change an actor's torch for good)."""
+    import hccl_sim.torch as ht
+    out = tmp_path / "ray.json"
+    assert ht.launch(str(ROOT / "examples/torch_npu/ddp_train.py"), 2, args=["--steps", "2", "--json", str(out)],
+                     engine="ray", npu=True) == [None, None]
+    got = json.loads(out.read_text())
+    assert got["losses"] == pytest.approx(got["one_process"], rel=1e-5)

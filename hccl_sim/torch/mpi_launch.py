@@ -30,6 +30,7 @@ from topologies.errors import HcclError
 
 LAUNCHERS = (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"))
 LOCAL_SIZES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
+LOCAL_RANKS = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK")
 _ADDR = struct.Struct("<H64s")        # port, host name (NUL-padded)
 PLANE_ENV = "HCCL_SIM_DATA_PLANE"     # the MPI engine's data plane for a launched script (unset: its default)
 
@@ -69,6 +70,11 @@ def launch_env():
     rank, size = comm.Get_rank(), comm.Get_size()
     os.environ.setdefault("RANK", str(rank))
     os.environ.setdefault("WORLD_SIZE", str(size))
+    # torchrun's LOCAL_RANK / LOCAL_WORLD_SIZE (a torch_npu script sets its device from LOCAL_RANK)
+    for name, sources in (("LOCAL_RANK", LOCAL_RANKS), ("LOCAL_WORLD_SIZE", LOCAL_SIZES)):
+        given = next((os.environ[v] for v in sources if v in os.environ), None)
+        if given is not None:
+            os.environ.setdefault(name, given)
     if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
         return None
     connect_s = float(Config.from_env().connect_timeout_s)

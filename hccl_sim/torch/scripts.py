@@ -55,11 +55,15 @@ class Script:
     what the script reported (None if nothing). `store`: (host, port) of a TCPStore to use as
     env://'s (a Ray run's, which the driver hosts; None under torchrun, which sets env:// up)."""
 
-    def __init__(self, path, args=(), store=None, local_world=None):
+    def __init__(self, path, args=(), store=None, local_world=None, npu=False):
         self.path, self.args, self.store, self.local_world = str(path), tuple(str(a) for a in args), store, local_world
+        self.npu = npu                    # a torch_npu script: emulated NPUs installed first
 
     def __call__(self, comm):
         from . import world
+        if self.npu:
+            from .npu import install
+            install()
         w = world()
         if dist.is_initialized():
             raise HcclError("E_PARA", "torch.distributed is already initialised in this process "
@@ -105,7 +109,7 @@ class Script:
 
 def launch(script, nproc: int, args=(), topology=None, engine: str = "torchrun", env: dict | None = None,
            faults=None, max_restarts: int = 0, monitor_interval: float = 1.0, timeout_s: float | None = None,
-           cluster=None):
+           cluster=None, npu: bool = False):
     """Run the torch script `script` (a path) on `nproc` ranks and return each rank's reported
     value (None for a rank the fault plan crashed or stalled), as hccl_sim.run: a rank's error
     reaches the caller as the engines' root cause. `topology`: as for hccl_sim.run (default one
@@ -114,7 +118,9 @@ def launch(script, nproc: int, args=(), topology=None, engine: str = "torchrun",
     results returned; `monitor_interval`: how often torchrun looks at its workers (s; a rank it
     stops before the rank has ended finishes first: hccl_sim.torch.script_rank); `timeout_s`: a wall limit on the whole job (default: none beyond the ranks' own waits);
     `cluster`: a hccl_sim.Cluster on Ray to run on (its actors, torch imported once, serve launch
-    after launch; its topology is the launch's)."""
+    after launch; its topology is the launch's); `npu`: a torch_npu script, run on emulated NPUs
+    (hccl_sim.torch.npu installed in every rank first; on Ray that changes the actors' torch for
+    good: its accelerator is npu from then on)."""
     from .. import _topology
     from ..config.env import Config
     from ..engines import interception
@@ -140,14 +146,14 @@ def launch(script, nproc: int, args=(), topology=None, engine: str = "torchrun",
         raise HcclError("E_PARA", f"launch: the topology has {topo.num_ranks} ranks but nproc is {nproc}")
     if engine == "ray":
         if cluster is not None:
-            return _on_ray(lambda fn: cluster.run(fn, env=env, faults=faults), path, args, topo)
+            return _on_ray(lambda fn: cluster.run(fn, env=env, faults=faults), path, args, topo, npu)
         from .. import run
-        return _on_ray(lambda fn: run(fn, topology=topo, engine="ray", env=env, faults=faults), path, args, topo)
+        return _on_ray(lambda fn: run(fn, topology=topo, engine="ray", env=env, faults=faults), path, args, topo, npu)
 
     def config_for(plan):
         return with_faults(topo, Config.from_env(env), plan)
-    job = _TorchrunJob(path, args, topo, env, max_restarts, monitor_interval, timeout_s, config_for(None))
-    fn = Script(path, args)
+    job = _TorchrunJob(path, args, topo, env, max_restarts, monitor_interval, timeout_s, config_for(None), npu)
+    fn = Script(path, args, npu=npu)
     hook = interception.current()
     if hook is not None:
         return hook.run(interception.Run(fn, (), {}, topo, "torchrun", faults, config_for, job.launch, job.abandon))
@@ -160,7 +166,7 @@ def _filled(nproc):
     return presets.filled(DEFAULT_TOPOLOGY, nproc)
 
 
-def _on_ray(run, path, args, topo):
+def _on_ray(run, path, args, topo, npu=False):
     """The script on Ray actors (`run(fn)` runs a rank function there): env://'s store hosted by
     this (the driver's) process."""
     import ray
@@ -168,7 +174,7 @@ def _on_ray(run, path, args, topo):
     try:
         host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
         local = max(topo.server_of.count(s) for s in set(topo.server_of))
-        return run(Script(path, args, (host, store.port), local))
+        return run(Script(path, args, (host, store.port), local, npu))
     finally:
         del store
 
@@ -177,8 +183,8 @@ class _TorchrunJob:
     """One launch under torchrun: a job directory holding the rank function and its Configs
     (the first attempt's and the restarts' fault-free one), where each rank leaves its end."""
 
-    def __init__(self, path, args, topo, env, max_restarts, monitor_interval, timeout_s, clean_config):
-        self.path, self.args, self.topo, self.env = path, args, topo, env
+    def __init__(self, path, args, topo, env, max_restarts, monitor_interval, timeout_s, clean_config, npu=False):
+        self.path, self.args, self.topo, self.env, self.npu = path, args, topo, env, npu
         self.max_restarts, self.monitor_interval, self.timeout_s = max_restarts, monitor_interval, timeout_s
         self.clean_config = clean_config
         self.proc = None
@@ -229,6 +235,8 @@ class _TorchrunJob:
         env = dict(os.environ)
         env.update({k: str(v) for k, v in (self.env or {}).items()})
         env.pop("HCCL_SIM_FAULTS", None)             # the job's plan travels in its Config
+        if self.npu:
+            env["HCCL_SIM_NPU"] = "1"                # every rank's import of hccl_sim.torch installs them
         env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "1")
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      start_new_session=True, cwd=os.getcwd())
