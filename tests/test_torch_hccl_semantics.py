@@ -200,6 +200,9 @@ def _argument_checks(comm):
         "split_even": lambda: dist.all_to_all_single(torch.empty(6), torch.arange(6.)),
         "premul_int": lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist._make_nccl_premul_sum(2.0)),
         "contiguous": lambda: dist.all_reduce(torch.ones(4, 4).t()[0]),
+        "ag_dtype": lambda: dist.all_gather_into_tensor(torch.empty(8), torch.ones(2, dtype=torch.int64)),
+        "ag_size": lambda: dist.all_gather_into_tensor(torch.empty(7), torch.ones(2)),
+        "rs_dtype": lambda: dist.reduce_scatter_tensor(torch.empty(2), torch.ones(8, dtype=torch.int64)),
     }
     for name, call in cases.items():
         try:
@@ -217,7 +220,10 @@ def test_arguments_torch_npu_refuses_are_refused_in_its_words(torch_cluster):
                        "split_count": ("Number of tensor splits not equal to group size", "E_PARA"),
                        "split_even": ("Tensor's dim 0 does not divide equally across group size", "E_PARA"),
                        "premul_int": ("PreMulSum Data type must be half, float, bfloat16 or double", "E_PARA"),
-                       "contiguous": ("Tensors must be contiguous", "E_PARA")}
+                       "contiguous": ("Tensors must be contiguous", "E_PARA"),
+                       "ag_dtype": ("output tensor must have the same type as input tensor", "E_PARA"),
+                       "ag_size": ("output tensor size must be equal to world_size times input tensor size", "E_PARA"),
+                       "rs_dtype": ("input tensor must be the same type as the output tensor.", "E_PARA")}
 
 
 def _torch_npu_ops(comm):

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from topologies.errors import HcclError
 
-from .checks import check_split_sizes
+from .checks import TorchNpuCheck, check_split_sizes
 from .grouping import Grouping
 from .npu_ops import NpuOps
 from .p2p import PointToPoint, SelfPairs
@@ -248,6 +248,11 @@ class ProcessGroupHcclSim(PointToPoint, NpuOps, Grouping, dist.ProcessGroup):
         return self._run(body, output_lists, inputs)
 
     def _allgather_base(self, output, input, opts=None):     # noqa: A002 - torch's name
+        if input.dtype != output.dtype:               # torch_npu's checks, in its words
+            raise TorchNpuCheck("output tensor must have the same type as input tensor", "PARAM")
+        if input.numel() * self.comm.size != output.numel():
+            raise TorchNpuCheck("output tensor size must be equal to world_size times input tensor size", "PARAM")
+
         def body():
             n = input.numel()
             out = as_numpy(output).reshape(self.comm.size, n)
@@ -269,6 +274,10 @@ class ProcessGroupHcclSim(PointToPoint, NpuOps, Grouping, dist.ProcessGroup):
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     def _reduce_scatter_base(self, output, input, opts=None):    # noqa: A002 - torch's name
+        if input.dtype != output.dtype:               # torch_npu's checks, in its words
+            raise TorchNpuCheck("input tensor must be the same type as the output tensor.", "TYPE")
+        if input.numel() != output.numel() * self.comm.size:
+            raise TorchNpuCheck("input tensor must be the same size as output size times world size", "PARAM")
         return self.reduce_scatter_tensor_coalesced([output], [input], opts)
 
     reduce_scatter_single = _reduce_scatter_base
