@@ -29,7 +29,7 @@ import torch
 
 from topologies.errors import HcclError
 
-from . import devices, dispatch, distributed, memory, runtime
+from . import devices, dispatch, distributed, fsdp, memory, runtime
 from .errors import NotEmulated
 
 __all__ = ["install", "installed", "host_tensor", "is_npu", "NotEmulated"]
@@ -137,4 +137,5 @@ def install() -> None:
     top.npu, top.distributed = runtime, dist
     sys.modules.update({"torch_npu": top, "torch_npu.npu": runtime, "torch_npu.distributed": dist})
     distributed.install(devices.attached_world(), top, _module)
+    fsdp.install()
     _state["installed"] = True

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import weakref
 
 import numpy as np
 import torch
@@ -52,6 +53,7 @@ _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 _lock = threading.Lock()
 _stats = {}                      # card index -> [allocated bytes, peak bytes]
+_charges = {}                    # a live npu storage's data pointer -> its _Charge (suspend / resume)
 
 
 class _Charge:
@@ -63,7 +65,8 @@ class _Charge:
 
     def __del__(self):
         try:
-            unreserve(self.index, self.block)
+            if self.block is not None:
+                unreserve(self.index, self.block)
         except Exception:        # noqa: BLE001 - the device may be finalised, or the process ending
             pass
 
@@ -134,8 +137,32 @@ def to_npu(cpu: torch.Tensor, index: int, block=None) -> torch.Tensor:
         block = reserve(index, storage.nbytes())
     owner = _flat(storage, _CPU)
     if block is not None:
-        owner._hccl_sim_charge = _Charge(block, index)
+        charge = owner._hccl_sim_charge = _Charge(block, index)
+        ptr = storage.data_ptr()
+        with _lock:
+            _charges[ptr] = charge
+        weakref.finalize(owner, _charges.pop, ptr, None)
     return _shaped(_retarget(owner, _DL_EXT, index), cpu)
+
+
+def suspend(t: torch.Tensor) -> None:
+    """Give npu tensor `t`'s storage's HBM block back while its bytes stay (a resize to nothing,
+    which a Python backend's storage cannot make: FSDP2's free of an unsharded parameter)."""
+    with _lock:
+        charge = _charges.get(t.untyped_storage().data_ptr())
+    if charge is not None and charge.block is not None:
+        block, charge.block = charge.block, None
+        unreserve(charge.index, block)
+
+
+def resume(t: torch.Tensor) -> None:
+    """Charge a suspended storage's block again (FSDP2's allocation): torch_npu's out-of-memory
+    error where it does not fit."""
+    storage = t.untyped_storage()
+    with _lock:
+        charge = _charges.get(storage.data_ptr())
+    if charge is not None and charge.block is None:
+        charge.block = reserve(charge.index, storage.nbytes())
 
 
 def view_on(npu: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
