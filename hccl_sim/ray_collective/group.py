@@ -15,6 +15,7 @@ tensor. Ray's per-op timeout_ms is not read: every wait is bounded by HCCL_EXEC_
 """
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 
@@ -83,6 +84,9 @@ class HcclSimGroup(BaseGroup):
         self._launched = meet(group_name, rank, world_size, topo, config)
         self.comm = self._launched.comm
         _live[group_name] = self
+        # an actor that exits without destroy_collective_group (its handles gone, exit_actor) still
+        # says goodbye and unlinks its segments and its rings to node peers (the transport's)
+        atexit.register(self.destroy_group)
 
     @classmethod
     def backend(cls):
@@ -98,6 +102,7 @@ class HcclSimGroup(BaseGroup):
             launched, self._launched = self._launched, None
             if _live.get(self.group_name) is self:
                 del _live[self.group_name]
+            atexit.unregister(self.destroy_group)
             launched.close()
 
     # ---- Ray's arguments as numpy arrays --------------------------------------------------------
