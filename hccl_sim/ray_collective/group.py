@@ -26,6 +26,7 @@ from ray.util.collective.types import ReduceOp
 from topologies import Topology
 from topologies.errors import Cause, HcclError
 
+from ..config.types import dtype_name
 from ..engines.ray.kv_store import meet
 from ..engines.torchrun import DEFAULT_TOPOLOGY, ENV, config_from_env, topology_from_spec
 
@@ -115,17 +116,25 @@ class HcclSimGroup(BaseGroup):
         return self.comm
 
     def _array(self, t, op: str, what: str) -> np.ndarray:
-        if isinstance(t, np.ndarray):
-            return t
+        """t as a numpy array (a tensor's own storage), of a type HCCL has: checked here, before any
+        wait, so that a receive into a tensor no send could fill fails at once, as its send does."""
         torch = sys.modules.get("torch")         # a torch tensor exists only where torch is imported
-        if torch is not None and isinstance(t, torch.Tensor):
+        if isinstance(t, np.ndarray):
+            x = t
+        elif torch is not None and isinstance(t, torch.Tensor):
             from ..torch.tensors import as_numpy
             try:
-                return as_numpy(t)
+                x = as_numpy(t)
             except HcclError as exc:
                 raise self._bad(op, f"{what}: {exc.reason}") from None
-        raise self._bad(op, f"{what} is a {type(t).__name__}: the hccl_sim backend takes numpy arrays and torch CPU "
-                        "tensors")
+        else:
+            raise self._bad(op, f"{what} is a {type(t).__name__}: the hccl_sim backend takes numpy arrays and torch "
+                            "CPU tensors")
+        try:
+            dtype_name(x.dtype)
+        except HcclError as exc:
+            raise self._bad(op, f"{what}: {exc.reason}") from None
+        return x
 
     def _one(self, tensors, op: str, what: str = "tensor") -> np.ndarray:
         """The one tensor Ray wraps in a list (a list per GPU on its multi-GPU calls)."""

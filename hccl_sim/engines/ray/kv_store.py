@@ -83,6 +83,8 @@ def meet(name: str, rank: int, size: int, topo, config):
     timeout_s = float(config.connect_timeout_s)
     named = KVStore(group_prefix(name), timeout_s)
     if rank == 0:
+        from hcomm.memory import segments as shm
+        shm.sweep_orphans()              # what groups left on this host when Ray killed their actors
         incarnation = uuid.uuid4().hex
         named.set("incarnation", incarnation)
     else:
