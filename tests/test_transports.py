@@ -6,6 +6,7 @@ import sys
 import threading
 import time
 
+import ml_dtypes
 import numpy as np
 import pytest
 import ray
@@ -378,14 +379,15 @@ def test_socket_keeps_shapes_dtypes_tags_and_replies():
         b.start(peers)
         starter.join(30)
         arrays = [np.float64(2.5) + np.zeros(()), np.arange(12, dtype=np.int16).reshape(3, 4).T,
-                  np.zeros((0, 3), dtype=np.float32), np.arange(5, dtype=np.uint8)]
+                  np.zeros((0, 3), dtype=np.float32), np.arange(5, dtype=np.uint8),
+                  np.arange(6, dtype=np.float32).astype(ml_dtypes.bfloat16)]    # no buffer-protocol format
         handles = [a.post_view(0, 1, ("p2p", i, "x"), x, meta={"clock": i}) for i, x in enumerate(arrays)]
         for i, x in enumerate(arrays):
             msg = b.take(0, 1, ("p2p", i, "x"), b.deadline(), "recv")
             assert msg.data.shape == x.shape and msg.data.dtype == x.dtype and np.array_equal(msg.data, x)
             assert msg.meta == {"clock": i} and msg.tag == ("p2p", i, "x")
             msg.consumed(reply=100 + i)
-        assert [a.wait_consumed(h, a.deadline(), "send") for h in handles] == [100, 101, 102, 103]
+        assert [a.wait_consumed(h, a.deadline(), "send") for h in handles] == [100, 101, 102, 103, 104]
         with pytest.raises(HcclError, match="moves plain numeric arrays"):
             a.post_view(0, 1, "t", np.array([object()]))
         with pytest.raises(HcclError, match="tags and meta as JSON"):

@@ -19,6 +19,7 @@ their segments and read each other's slices in place; only bytes between hosts c
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import socket
@@ -39,19 +40,30 @@ def topology_from_env(world_size: int | None):
     """The topology HCCL_SIM_TOPOLOGY names, checked against the launcher's world size; None: a
     process no launcher started (an emulated NPU's device count), the whole topology the name gives
     (a hardware preset without a server count: one full server)."""
+    return topology_from_spec(os.environ.get(ENV, DEFAULT_TOPOLOGY), world_size)
+
+
+def topology_from_spec(spec: str, world_size: int | None, source: str = ENV,
+                       started: str = "the launcher started {} (WORLD_SIZE)"):
+    """The topology `spec` names (HCCL_SIM_TOPOLOGY's form: a preset name, optionally
+    `name:servers=N`, or an HCCL rank-table path), checked against the world size (None: not
+    checked, a hardware preset is one full server); `source` names where the spec came from in
+    errors, `started` what set the world size."""
     import topologies
-    spec = os.environ.get(ENV, DEFAULT_TOPOLOGY)
+    if not isinstance(spec, str) or not spec:
+        raise HcclError("E_PARA", f"{source}={spec!r}: expected a preset name (optionally name:key=N,...) or an HCCL "
+                        "rank-table path")
     name, _, rest = spec.partition(":")
     params = {}
     for item in filter(None, rest.split(",")):
         key, sep, value = item.partition("=")
         if not sep or not value.isdigit():
-            raise HcclError("E_PARA", f"{ENV}={spec!r}: parameters are name=integer pairs after ':', e.g. "
+            raise HcclError("E_PARA", f"{source}={spec!r}: parameters are name=integer pairs after ':', e.g. "
                             "atlas800t-a2:servers=2")
         params[key] = int(value)
     if os.path.exists(name) or name.endswith(".json"):
         if params:
-            raise HcclError("E_PARA", f"{ENV}={spec!r}: a rank table takes no parameters")
+            raise HcclError("E_PARA", f"{source}={spec!r}: a rank table takes no parameters")
         topo = topologies.load(name)
     elif name.lower() in topologies.SYNTHETIC_PRESETS and world_size is not None:
         topo = topologies.load(name, **({"ranks": world_size} | params))
@@ -63,8 +75,8 @@ def topology_from_env(world_size: int | None):
     else:
         topo = topologies.load(name, **params)
     if world_size is not None and topo.num_ranks != world_size:
-        raise HcclError("E_PARA", f"{ENV}={spec!r} has {topo.num_ranks} ranks but the launcher started "
-                        f"{world_size} (WORLD_SIZE): they must be equal")
+        raise HcclError("E_PARA", f"{source}={spec!r} has {topo.num_ranks} ranks but {started.format(world_size)}: "
+                        "they must be equal")
     return topo
 
 
@@ -132,23 +144,33 @@ def config_from_env(topo, env=None):
 
 
 def connect(store, rank: int, size: int, topo, env=None, timeout_s: float | None = None, config=None,
-            session: str | None = None) -> Launched:
+            session: str | None = None, local: bool | None = None, node: str | None = None,
+            host: str | None = None) -> Launched:
     """This rank's world, its peers found through `store`. Its `close()` says goodbye to the
     peers (their waits on this rank end at once), closes the transport, then the group's
     shared-memory plane, if any. `config`: the run's Config (default: `config_from_env`);
     `session`: the shared-memory session its segments are named for (default: one rank 0 makes;
-    a launcher that cleans up after the job gives its own)."""
+    a launcher that cleans up after the job gives its own). Where the ranks are, when the launcher
+    knows it otherwise than torchrun's variables say (a Ray actor): `local`, every rank on this
+    host (default LOCAL_WORLD_SIZE == WORLD_SIZE); `node`, this rank's host as its peers compare it
+    (default GROUP_RANK, else the host name); `host`, the address its endpoint listens on across
+    hosts (default the host name's)."""
     from .bootstrap import communicator, start_runtime
     from hcomm.control.transport import TransportControl
     from hcomm.transports.socket import SocketTransport
     if config is None:
         config = config_from_env(topo, env)
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", size)) == size
-    host = "127.0.0.1" if local else socket.gethostbyname(socket.gethostname())
+    if local is None:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", size)) == size
+    if local:
+        host = "127.0.0.1"
+    elif host is None:
+        host = socket.gethostbyname(socket.gethostname())
     transport = SocketTransport(rank, size, config.wait_timeout_s, connect_timeout_s=float(config.connect_timeout_s),
                                 host=host)
     key = "hccl_sim/addr/"
-    node = os.environ.get("GROUP_RANK") or socket.gethostname()      # torchrun's node: its ranks share a host
+    if node is None:
+        node = os.environ.get("GROUP_RANK") or socket.gethostname()  # torchrun's node: its ranks share a host
     store.set(f"{key}{rank}", json.dumps(list(transport.address) + [node]))
     try:
         found = {r: json.loads(store.get(f"{key}{r}")) for r in range(size)}
@@ -172,7 +194,6 @@ def connect(store, rank: int, size: int, topo, env=None, timeout_s: float | None
         memory = SegmentProvider(session, rank)
         group = LaunchedGroup(rank, topo, config, control, transport, memory, host_ranks=None if local else here,
                               block_owner=owner)
-        import atexit
         atexit.register(group.close)       # a script that raised never reaches destroy_process_group
     else:
         group = LaunchedPeers(rank, topo, config, TransportControl(transport, rank, size), transport)
@@ -181,6 +202,7 @@ def connect(store, rank: int, size: int, topo, env=None, timeout_s: float | None
         group.exit(rank)
         transport.close()
         group.close()
+        atexit.unregister(group.close)     # a process that connects again and again keeps no closed group
     return Launched(communicator(rank, group, start_runtime(rank, topo)), transport, close)
 
 

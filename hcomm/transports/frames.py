@@ -14,6 +14,8 @@ import socket
 import struct
 import threading
 
+import numpy as np
+
 from topologies.errors import HcclError
 
 from .peer import json_plain as _plain
@@ -32,8 +34,14 @@ def encode(kind, header, payload=None) -> list:
     nbytes = 0 if payload is None else payload.nbytes
     parts = [_PREFIX.pack(kind, len(head), nbytes) + head]
     if nbytes:
-        parts.append(memoryview(payload).cast("B"))
+        parts.append(raw_bytes(payload))
     return parts
+
+
+def raw_bytes(array) -> memoryview:
+    """A C-contiguous array's bytes as a flat byte view, no copy. Through a uint8 view, not the
+    buffer protocol: ml_dtypes' bfloat16 has no buffer format ("cannot include dtype 'E'")."""
+    return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
 
 
 def send_all(sock, parts) -> None:

@@ -38,6 +38,20 @@ def json_plain(o):
     raise TypeError(f"{type(o).__name__} is not a JSON value")
 
 
+def wire_dtype(dtype: np.dtype) -> str:
+    """A dtype as a frame or a record names it: its array-protocol string ("<f4"), except for a
+    type numpy knows only as raw bytes ("<V2"), ml_dtypes' bfloat16, which goes by its name."""
+    return dtype.name if dtype.kind == "V" else dtype.str
+
+
+def dtype_from_wire(name: str) -> np.dtype:
+    try:
+        return np.dtype(name)
+    except TypeError:
+        import ml_dtypes  # noqa: F401 - registers bfloat16's name with numpy
+        return np.dtype(name)
+
+
 class SendHandle:
     """A posted send of a transport between processes: completed by the receiver's acknowledgement."""
     __slots__ = ("src", "dst", "tag", "id", "reply", "done", "keep")

@@ -20,7 +20,7 @@ import threading
 
 from .host_rings import HostRings
 from .host_steps import HostSteps
-from .peer import RemoteMessage
+from .peer import RemoteMessage, dtype_from_wire, wire_dtype
 
 _DATA, _ACK = 0, 1
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
@@ -84,7 +84,7 @@ class SameHost:
     def send_place(self, handle, view, meta, place, n) -> bool:
         """The record of a slice's place to `handle.dst`; False if it could not go by the rings (too
         long, the ring full, the peer's rings not made yet): the frame then goes by TCP, numbered."""
-        record = pickle.dumps((_DATA, n, handle.id, handle.tag, view.dtype.str, view.shape, place[0], place[1], meta),
+        record = pickle.dumps((_DATA, n, handle.id, handle.tag, wire_dtype(view.dtype), view.shape, place[0], place[1], meta),
                               protocol=_PROTOCOL)
         return self.rings.send(handle.dst, record)
 
@@ -100,7 +100,7 @@ class SameHost:
             rec = pickle.loads(raw)
             if rec[0] == _DATA:
                 _, n, msg_id, tag, dtype, shape, seg, off, meta = rec
-                data = self.memory.peer_view(seg, off, shape, dtype)
+                data = self.memory.peer_view(seg, off, shape, dtype_from_wire(dtype))
                 tr.arrivals.arrive(src, n, RemoteMessage(tr, src, tag, data, meta, msg_id), tr.enqueue_locked)
             else:
                 tr.complete_locked(rec[1], rec[2])

@@ -47,8 +47,8 @@ from topologies.errors import HcclError
 from ..memory import segments
 
 from .base import POLL_S, connect_timeout, peer_lost
-from .frames import ACK, BYE, DATA, HELLO, Link as _Link, encode, read_frame, recv_into, tune
-from .peer import PeerEndpoint, RemoteMessage, json_tuples as _tuples
+from .frames import ACK, BYE, DATA, HELLO, Link as _Link, encode, raw_bytes, read_frame, recv_into, tune
+from .peer import PeerEndpoint, RemoteMessage, dtype_from_wire, json_tuples as _tuples, wire_dtype
 from .same_host import BellCondition, PairOrder, SameHost
 
 _JOIN_S = 5.0
@@ -266,13 +266,14 @@ class SocketTransport(PeerEndpoint):
                     if "seg" in head:    # a slice of the peer's shared memory, on this host: read in place
                         if self._memory is None or nbytes:
                             raise ValueError("a slice's place from a peer this rank shares no memory with")
-                        data = self._memory.peer_view(head["seg"], head["off"], tuple(head["shape"]), head["dtype"])
+                        data = self._memory.peer_view(head["seg"], head["off"], tuple(head["shape"]),
+                                                      dtype_from_wire(head["dtype"]))
                     else:
                         data = self._buffer(tuple(head["shape"]), head["dtype"])
                         if data.nbytes != nbytes:
                             raise ValueError(f"payload of {nbytes} bytes for shape {head['shape']} {head['dtype']}")
                         if nbytes:
-                            recv_into(sock, memoryview(data).cast("B"))
+                            recv_into(sock, raw_bytes(data))
                     self._arrive(peer, head.get("n"), _tuples(head["tag"]), data, head.get("meta"), head["id"])
                 elif kind == ACK:
                     self.acknowledged(head["id"], head.get("reply"))
@@ -301,13 +302,13 @@ class SocketTransport(PeerEndpoint):
             free = self._pool.get((shape, dtype))
             if free:
                 return free.pop()
-        return np.empty(shape, dtype=np.dtype(dtype))
+        return np.empty(shape, dtype=dtype_from_wire(dtype))
 
     def _release(self, data):
         if data is None or data.base is not None:
             return
         with self._pool_lock:
-            free = self._pool.setdefault((data.shape, data.dtype.str), [])
+            free = self._pool.setdefault((data.shape, wire_dtype(data.dtype)), [])
             if len(free) < _POOL_PER_SHAPE:
                 free.append(data)
 
@@ -320,7 +321,8 @@ class SocketTransport(PeerEndpoint):
             raise peer_lost(handle.dst, self.rank, self._down[handle.dst], None)
         link = self._link_to(handle.dst)
         handle.keep = view          # the sender thread (or the peer) reads it: not to be written until the ack
-        header = {"id": handle.id, "tag": handle.tag, "dtype": view.dtype.str, "shape": view.shape, "meta": meta}
+        header = {"id": handle.id, "tag": handle.tag, "dtype": wire_dtype(view.dtype), "shape": view.shape,
+                  "meta": meta}
         near = handle.dst in self._same_host
         place = self._memory.where(view) if near and view.nbytes else None
         n = self.arrivals.next(handle.dst) if near else None
