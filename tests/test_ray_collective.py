@@ -220,6 +220,14 @@ def bad_calls(rank):
         col.allgather([np.zeros(2, np.int32) for _ in range(W)], np.zeros(2, np.float32), group_name="checked")
     except HcclError as exc:
         said.append((exc.code, str(exc)))
+    from datetime import timedelta
+    from ray.util.collective.types import AllReduceOptions
+    try:                                          # Ray's per-op timeout: refused, not ignored
+        opts = AllReduceOptions()
+        opts.timeout_ms = timedelta(seconds=5)
+        rc.group("checked").allreduce([np.ones(2, np.int32)], opts)
+    except HcclError as exc:
+        said.append((exc.code, str(exc)))
     x = np.ones(2, np.int32)
     col.allreduce(x, group_name="checked")        # the group still works
     col.destroy_collective_group("checked")
@@ -228,7 +236,8 @@ def bad_calls(rank):
 
 def test_bad_input_names_the_problem(ranks, monkeypatch):
     for said, x in on_all(ranks, bad_calls):
-        (init_code, init_msg), (op_code, op_msg) = said
+        (init_code, init_msg), (op_code, op_msg), (timeout_code, timeout_msg) = said
+        assert timeout_code == "E_NOT_SUPPORT" and "HCCL_EXEC_TIMEOUT" in timeout_msg
         assert init_code == "E_PARA" and "has 8 ranks but collective group 'wrong' has world_size 4" in init_msg
         assert op_code == "E_PARA" and "output tensor 0 has shape (2,) and dtype int32" in op_msg \
             and "dtype float32" in op_msg

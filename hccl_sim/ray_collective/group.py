@@ -11,7 +11,8 @@ options types; results go into the given tensors, as Ray's contract says: allred
 and the root's reduce in place, allgather into the output list, reducescatter into the output
 tensor, recv into the given tensor. numpy arrays and torch CPU tensors are taken as they are
 (a tensor's storage as a numpy array, hccl_sim.torch.tensors), so writing the result writes the
-tensor. Ray's per-op timeout_ms is not read: every wait is bounded by HCCL_EXEC_TIMEOUT.
+tensor. Every wait is bounded by HCCL_EXEC_TIMEOUT (the communicator's); an op given Ray's per-op
+timeout_ms is refused (E_NOT_SUPPORT), as hccl-sim has no per-op deadline.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import sys
 
 import numpy as np
 from ray.util.collective.collective_group.base_collective_group import BaseGroup
-from ray.util.collective.types import ReduceOp
+from ray.util.collective.types import ReduceOp, unset_timeout_ms
 
 from topologies import Topology
 from topologies.errors import Cause, HcclError
@@ -110,9 +111,13 @@ class HcclSimGroup(BaseGroup):
     def _bad(self, op: str, reason: str, code: str = "E_PARA") -> HcclError:
         return HcclError(code, reason, rank=self.rank, op=op, cause=Cause.BAD_INPUT)
 
-    def _usable(self, op: str):
+    def _usable(self, op: str, options=None):
         if self._launched is None:
             raise self._bad(op, f"collective group {self.group_name!r} was destroyed")
+        if options is not None and options.timeout_ms != unset_timeout_ms:
+            raise self._bad(op, f"timeout_ms={options.timeout_ms}: hccl-sim bounds every wait by the communicator's "
+                            "HCCL_EXEC_TIMEOUT (HCCL's own), not per op; set that instead (the process environment, "
+                            "or hccl_sim.ray_collective.configure(name, env={'HCCL_EXEC_TIMEOUT': ...}))", "E_NOT_SUPPORT")
         return self.comm
 
     def _array(self, t, op: str, what: str) -> np.ndarray:
@@ -167,30 +172,30 @@ class HcclSimGroup(BaseGroup):
 
     # ---- ray.util.collective's ops (its options may be None, an instance or the class itself) ----
     def allreduce(self, tensor, allreduce_options=None):
-        comm, x = self._usable("allreduce"), self._one(tensor, "allreduce")
+        comm, x = self._usable("allreduce", allreduce_options), self._one(tensor, "allreduce")
         comm.all_reduce(x, op=self._op(allreduce_options, "allreduce"), out=x)
 
     def barrier(self, barrier_options=None):
-        self._usable("barrier").barrier()
+        self._usable("barrier", barrier_options).barrier()
 
     def reduce(self, tensor, reduce_options=None):
-        comm, x = self._usable("reduce"), self._one(tensor, "reduce")
+        comm, x = self._usable("reduce", reduce_options), self._one(tensor, "reduce")
         root = 0 if reduce_options is None else reduce_options.root_rank
         comm.reduce(x, root=root, op=self._op(reduce_options, "reduce"), out=x)    # only the root's is written
 
     def broadcast(self, tensor, broadcast_options=None):
-        comm, x = self._usable("broadcast"), self._one(tensor, "broadcast")
+        comm, x = self._usable("broadcast", broadcast_options), self._one(tensor, "broadcast")
         comm.broadcast(x, root=0 if broadcast_options is None else broadcast_options.root_rank, out=x)
 
     def allgather(self, tensor_list, tensor, allgather_options=None):
-        comm, x = self._usable("allgather"), self._one(tensor, "allgather")
+        comm, x = self._usable("allgather", allgather_options), self._one(tensor, "allgather")
         outs = self._blocks(tensor_list, x, "allgather", "output tensor")
         got = comm.all_gather(x.reshape(-1))          # rank blocks end to end along axis 0
         for i, out in enumerate(outs):
             np.copyto(out, got[i * x.size:(i + 1) * x.size].reshape(x.shape))
 
     def reducescatter(self, tensor, tensor_list, reducescatter_options=None):
-        comm, out = self._usable("reducescatter"), self._one(tensor, "reducescatter", "output tensor")
+        comm, out = self._usable("reducescatter", reducescatter_options), self._one(tensor, "reducescatter", "output tensor")
         blocks = self._blocks(tensor_list, out, "reducescatter", "input tensor")
         # HCCL's ReduceScatter input is the rank blocks end to end: the list's tensors, in order
         flat = np.concatenate([b.reshape(-1) for b in blocks]) if blocks else out.reshape(-1)
