@@ -273,7 +273,9 @@ def test_a_stalled_rank_is_found_by_its_peers_exec_timeout_and_returns_none():
                      faults=FaultPlan().rank_stall(5, at_op=1))
     with pytest.raises(HcclError, match="give exactly one of at_op"):
         FaultPlan().rank_stall(5)
-    with pytest.raises(HcclError, match=r"rank 5 never entered allreduce \(stalled") as e:
+    # HCCL's EI0002 report, its remote rank first (as torch_npu users read it)
+    with pytest.raises(HcclError, match=r"EI0002 The wait execution of the Notify register times out, remote rank "
+                                        r"\[5\]: rank 5 never entered allreduce \(stalled") as e:
         hccl_sim.simulate("allreduce", 1 << 20, topology=topo, env=env, faults=FaultPlan().rank_stall(5, at_op=0))
     assert e.value.time_ns == 10_000_000_000 and e.value.peers == (5,)
 

@@ -80,7 +80,9 @@ class BoundFaults:
         dead rank LOST after 30 s, a notify wait times out after HCCL_EXEC_TIMEOUT, whichever first."""
         dead, t, label = crash
         wait = HEARTBEAT_LOST_S if not config.exec_timeout_s else min(HEARTBEAT_LOST_S, config.exec_timeout_s)
-        why = "Heartbeat Lost Occurred" if wait == HEARTBEAT_LOST_S else "notify wait timed out (HCCL_EXEC_TIMEOUT)"
+        why = "Heartbeat Lost Occurred" if wait == HEARTBEAT_LOST_S else \
+            f"notify wait timed out (HCCL_EXEC_TIMEOUT): EI0002 The wait execution of the Notify register times out, " \
+            f"remote rank [{dead}]"
         at = max(t, plan.entry[rank]) + seconds_to_ns(wait)
         return at, HcclError("E_TIMEOUT", f"Cluster Exception Location[rank {dead}], op {plan.signature.name}, "
                              f"algorithm {plan.algo}, crashed at {t / 1e9:.6f} s, detected at {at / 1e9:.6f} s: "

@@ -74,6 +74,10 @@ def _first_crash(faults: BoundFaults, plan, op_index, topo, config):
     return found
 
 
+EI0002 = "EI0002 The wait execution of the Notify register times out, remote rank"
+"""How HCCL's error report begins for a notify wait past HCCL_EXEC_TIMEOUT (docs/references.md
+§9.2; the user-facing text issue reports quote, e.g. vllm-ascend#3413), the remote rank after it."""
+
 NEVER_NS = 1 << 62
 """The entry clock a stalled rank's call carries: it never enters (no simulated time reaches it)."""
 
@@ -94,14 +98,14 @@ def late_entry_error(opname: str, config, entry: list):
     slow, early = entry.index(last), entry.index(first)
     if last >= NEVER_NS:                # a stalled rank: alive, never entering
         label = next((lb for r, _, _, lb in config.faults.stalls if r == slow), None)
-        return HcclError("E_TIMEOUT", f"rank {slow} never entered {opname} (stalled, {label}): its peers' notify "
-                         f"wait passed HCCL_EXEC_TIMEOUT ({timeout} s)", op=opname, cause=Cause.TIMEOUT,
+        return HcclError("E_TIMEOUT", f"{EI0002} [{slow}]: rank {slow} never entered {opname} (stalled, {label}): its "
+                         f"peers' notify wait passed HCCL_EXEC_TIMEOUT ({timeout} s)", op=opname, cause=Cause.TIMEOUT,
                          peers=(slow,), time_ns=first + limit, fault=label,
                          detail={"slow": slow, "stalled": True, "exec_timeout_s": timeout})
     label = config.faults.late_label(slow) if config.faults is not None else None
     why = f" ({label})" if label else ""
-    return HcclError("E_TIMEOUT", f"rank {slow} entered {opname} {(last - first) / 1e9:.6f} s after rank {early}: its "
-                     f"peers' notify wait passed HCCL_EXEC_TIMEOUT ({timeout} s){why}", op=opname,
+    return HcclError("E_TIMEOUT", f"{EI0002} [{slow}]: rank {slow} entered {opname} {(last - first) / 1e9:.6f} s "
+                     f"after rank {early}: its peers' notify wait passed HCCL_EXEC_TIMEOUT ({timeout} s){why}", op=opname,
                      cause=Cause.TIMEOUT, peers=(slow,), time_ns=first + limit, fault=label,
                      detail={"slow": slow, "late_ns": last - first, "exec_timeout_s": timeout})
 
