@@ -40,7 +40,7 @@ def test_torch_npus_distributed_surface_in_an_unchanged_script(tmp_path):
 
 @pytest.mark.parametrize("example", ["ddp", "fsdp2", "tp", "pp"])     # moe: measured in RESULTS.md (CI time)
 def test_the_torch_npu_examples_train_as_one_process(tmp_path, example):
-    done = _torchrun("--nproc-per-node", "2", f"examples/torch_npu/{example}_train.py", "--steps", "2",
+    done = _torchrun("--nproc-per-node", "2", f"examples/ascend/{example}_train.py", "--steps", "2",
                      "--json", str(tmp_path / "out.json"))
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads((tmp_path / "out.json").read_text())
@@ -61,7 +61,7 @@ def test_a_torch_npu_script_on_ray_actors(tmp_path, ray_cluster):
     (fresh ones: emulated NPUs change an actor's torch for good)."""
     import hccl_sim.torch as ht
     out = tmp_path / "ray.json"
-    assert ht.launch(str(ROOT / "examples/torch_npu/ddp_train.py"), 2, args=["--steps", "2", "--json", str(out)],
+    assert ht.launch(str(ROOT / "examples/ascend/ddp_train.py"), 2, args=["--steps", "2", "--json", str(out)],
                      engine="ray", npu=True) == [None, None]
     got = json.loads(out.read_text())
     assert got["losses"] == pytest.approx(got["one_process"], rel=1e-5)

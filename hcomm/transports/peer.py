@@ -52,6 +52,11 @@ def dtype_from_wire(name: str) -> np.dtype:
         return np.dtype(name)
 
 
+BYE_GRACE_S = 0.5
+"""How long a peer's goodbye said in shared memory (its steps word) waits for the transport's own
+goodbye, which follows anything the peer sent before it (an abort notice) in order."""
+
+
 class SendHandle:
     """A posted send of a transport between processes: completed by the receiver's acknowledgement."""
     __slots__ = ("src", "dst", "tag", "id", "reply", "done", "keep")
@@ -269,13 +274,20 @@ class PeerEndpoint(Transport):
         me = self.rank
         probe_at = time.monotonic() + PROBE_AFTER_S
         returned = self._no_more_acks if for_acks else self._no_more_data
+        bye_seen = None              # when said_bye() was first seen without the transport's goodbye
         while not ready():
             self._abort.check(me, op, tag)
             if peer in self._down:
                 raise peer_lost(peer, me, self._down[peer], op)
             if self._watched:
                 self._check_watched(me, op)
-            if (peer in returned or (said_bye is not None and said_bye())) and not ready():
+            if peer not in returned and said_bye is not None and bye_seen is None and said_bye():
+                bye_seen = time.monotonic()
+            # a goodbye said in shared memory can overtake what the peer sent before it on the
+            # transport (an abort notice, whose error is the one to raise): it counts once the
+            # transport's own goodbye is in, or a moment after
+            if (peer in returned or (bye_seen is not None and time.monotonic() - bye_seen >= BYE_GRACE_S)) \
+                    and not ready():
                 # (a peer's word set just before its goodbye counts)
                 raise consume_exited(me, peer, tag, op) if for_acks else take_exited(peer, me, tag, op)
             left = remaining(deadline)

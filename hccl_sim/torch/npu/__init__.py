@@ -84,7 +84,9 @@ def _refuse_others() -> None:
     if loaded is None or not isinstance(loaded.__dict__.get(_MARK), bool):
         try:
             spec = importlib.util.find_spec("torch_npu")
-            where = None if spec is None else spec.origin or "on sys.path"
+            # a directory named torch_npu without an __init__ (a namespace package: an examples
+            # folder on sys.path, say) is no torch_npu: its spec has no origin
+            where = None if spec is None or spec.origin is None else spec.origin
         except (ImportError, ValueError):        # imported already, without a spec
             where = "already imported"
         if where is not None:

@@ -1,7 +1,7 @@
 """Expert parallelism as a torch_npu script (one expert per NPU; uneven all_to_all_single for the
 dispatch and the combine), run unchanged on emulated NPUs:
 
-    hccl-sim torchrun --nproc-per-node 8 examples/torch_npu/moe_train.py
+    hccl-sim torchrun --nproc-per-node 8 examples/ascend/moe_train.py
 
 The layer, data and one-process reference are examples/torch_moe.py's.
 """

@@ -2,7 +2,7 @@
 block per NPU, run unchanged on emulated NPUs (its activations and gradients go by
 batch_isend_irecv, one HcclBatchSendRecv per batch as on torch_npu):
 
-    hccl-sim torchrun --nproc-per-node 4 examples/torch_npu/pp_train.py
+    hccl-sim torchrun --nproc-per-node 4 examples/ascend/pp_train.py
 
 The decoder, data and one-process reference are examples/tiny_lm.py's, as many blocks as ranks;
 the stages are examples/torch_pp.py's.

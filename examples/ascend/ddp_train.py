@@ -1,9 +1,9 @@
 """A torch_npu data-parallel training script written the way Ascend's PyTorch guide writes one, run
 unchanged on emulated NPUs:
 
-    hccl-sim torchrun --nproc-per-node 8 examples/torch_npu/ddp_train.py --steps 5
-    torchrun --nproc-per-node 8 -m hccl_sim.torch.npu_main examples/torch_npu/ddp_train.py   # the same
-    mpirun -n 4 python -m hccl_sim.torch.npu_main examples/torch_npu/ddp_train.py
+    hccl-sim torchrun --nproc-per-node 8 examples/ascend/ddp_train.py --steps 5
+    torchrun --nproc-per-node 8 -m hccl_sim.torch.npu_main examples/ascend/ddp_train.py   # the same
+    mpirun -n 4 python -m hccl_sim.torch.npu_main examples/ascend/ddp_train.py
 
 Rank 0 prints each step's loss, and at the end the losses of one process training on the whole
 batch (the same model, data and seed) beside them: data parallelism over HCCL gives the same

@@ -1,7 +1,7 @@
 """Tensor parallelism as a torch_npu script: `parallelize_module` (Megatron's column / row split)
 over an "npu" DeviceMesh of every rank, run unchanged on emulated NPUs:
 
-    hccl-sim torchrun --nproc-per-node 4 examples/torch_npu/tp_train.py
+    hccl-sim torchrun --nproc-per-node 4 examples/ascend/tp_train.py
 
 The decoder, data and one-process reference are examples/tiny_lm.py's (HEADS must divide by the
 ranks).

@@ -1,6 +1,6 @@
 """FSDP2 (`fully_shard`) as a torch_npu script, run unchanged on emulated NPUs:
 
-    hccl-sim torchrun --nproc-per-node 8 examples/torch_npu/fsdp2_train.py
+    hccl-sim torchrun --nproc-per-node 8 examples/ascend/fsdp2_train.py
 
 Every block and the whole decoder (examples/tiny_lm.py) are sharded over an "npu" DeviceMesh of
 the ranks; rank 0 prints the mean loss beside one process's on the whole batch, and the peak of
