@@ -282,3 +282,42 @@ def test_torch_npus_own_ops_run_as_hccls_v_ops_one_batch_and_one_group(torch_clu
         held, avg, gathered, rs, records = out["group"]
         assert held == [False] * 3 and records == 1          # held until the end, launched as one group
         assert (avg, gathered, rs) == ([(P * 5 + sum(range(P))) // P] * 3, [[float(q)] * 2 for q in range(P)], [200])
+
+
+def _held_and_withdrawn(comm):
+    from datetime import timedelta
+    import torch
+    import torch.distributed as dist
+    import hccl_sim.torch as ht
+    ht.init_process_group(comm, timeout=2)
+    r = comm.rank
+    pg = dist.group.WORLD._get_backend(torch.device("cpu"))
+    a, b = torch.full((2,), 1.0 + r), torch.full((3,), 10.0 + r)
+    pg._group_start()
+    work = pg.allreduce_coalesced([a, b])
+    pg._group_end()
+    work.wait()
+    before = len(ht.records())
+    pg._group_start()
+    pg._group_end()                                  # nothing held: no launch, no record
+    dist.barrier()
+    out = {"coalesced": (a.tolist(), b.tolist()), "records": len(ht.records()) - before}
+    got = torch.zeros(2)
+    try:                                             # a receive from itself that no send meets
+        dist.irecv(got, r).wait(timeout=timedelta(seconds=6))     # past the group's 2 s: the receive's own error
+    except Exception as exc:                         # noqa: BLE001 - its code is the answer
+        out["lonely"] = getattr(exc, "code", type(exc).__name__)
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((2,), 7.0), r),
+                                    dist.P2POp(dist.irecv, got, r)])
+    for w in works:
+        w.wait()
+    out["paired_after"] = got.tolist()              # the timed-out receive was withdrawn
+    ht.destroy_process_group()
+    return out
+
+
+def test_held_coalesced_ops_empty_groups_and_withdrawn_self_receives(torch_cluster):
+    total_a, total_b = float(sum(1 + q for q in range(P))), float(sum(10 + q for q in range(P)))
+    for out in torch_cluster.run(_held_and_withdrawn):
+        assert out == {"coalesced": ([total_a] * 2, [total_b] * 3), "records": 1, "lonely": "E_TIMEOUT",
+                       "paired_after": [7.0, 7.0]}

@@ -29,13 +29,15 @@ class Grouping:
             yield                         # inside a group already (it launches), or 910A: one by one
             return
         self._grouping, self._deferred = True, []
+        before = self.comm.last_op
         try:
             with self.comm.group():
                 yield
         finally:
             self._grouping = False
         deferred, self._deferred = self._deferred, []
-        self.records.append(self.comm.last_op)
+        if self.comm.last_op is not before:
+            self.records.append(self.comm.last_op)
         for pending, follow_up in deferred:
             follow_up(None if pending is None else pending.wait())
 

@@ -148,6 +148,8 @@ class SelfPairs:
 
     def send(self, x, tag) -> None:
         waiting = self._waiting.get(tag)
+        while waiting and waiting[0].timed_out() is not None:
+            waiting.pop(0)                # failed already (E_TIMEOUT): withdrawn, as a Communicator's receive is
         if waiting:
             waiting.pop(0).data = x
         else:

@@ -183,8 +183,8 @@ class ProcessGroupHcclSim(PointToPoint, NpuOps, Grouping, dist.ProcessGroup):
         def body():
             flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
             self._all_reduce_into(flat, red)
-            for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
-                t.copy_(part.view_as(t))
+            self._then(None, lambda _: [t.copy_(part.view_as(t)) for t, part in
+                                        zip(tensors, flat.split([t.numel() for t in tensors]))])
         return self._run(body, tensors)
 
     def reduce(self, tensors, opts=None):
@@ -364,7 +364,12 @@ class ProcessGroupHcclSim(PointToPoint, NpuOps, Grouping, dist.ProcessGroup):
         return self._run(body, [])
 
     def shutdown(self):
-        """torch's destroy_process_group calls it for every group it destroys."""
+        """torch's destroy_process_group calls it for every group it destroys (ops held by an open
+        _group_start fail: they will never launch)."""
+        held, self._held = self._held or [], None
+        for _, fut in held:
+            self._worker.complete(fut, error=HcclError("E_PARA", "the process group was destroyed between "
+                                                       "_group_start and _group_end: the held op never launched"))
         self._worker.stop()
         done, self._on_shutdown = self._on_shutdown, None
         if done is not None:

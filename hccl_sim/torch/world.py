@@ -70,7 +70,13 @@ class World:
             if backend != BACKEND:
                 pg.serve_as(backend, ("npu",), name)
             return pg
-        env, name = ({}, None) if pg_options is None or isinstance(pg_options, Options) else pg_options.env()
+        env, name = {}, None
+        if backend != BACKEND and pg_options is not None:     # torch_npu's ProcessGroupHCCL.Options
+            from .npu.distributed import Options as HcclOptions
+            if not isinstance(pg_options, HcclOptions):
+                raise HcclError("E_PARA", f"pg_options of backend {backend!r}: expected torch_npu's "
+                                f"ProcessGroupHCCL.Options(), got {type(pg_options).__name__}")
+            env, name = pg_options.env()
         if isinstance(pg_options, Options):
             return group(pg_options.comm)
         world = self.comm

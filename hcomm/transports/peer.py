@@ -292,6 +292,8 @@ class PeerEndpoint(Transport):
                 raise consume_exited(me, peer, tag, op) if for_acks else take_exited(peer, me, tag, op)
             left = remaining(deadline)
             if left is not None and left <= 0:
+                if bye_seen is not None:     # it had said goodbye: that, not the deadline, is why
+                    raise consume_exited(me, peer, tag, op) if for_acks else take_exited(peer, me, tag, op)
                 raise consume_timeout(me, peer, self.timeout_s, op) if for_acks else \
                     take_timeout(peer, me, self.timeout_s, op)
             probe_at = self._maybe_probe(peer, probe_at)
