@@ -483,3 +483,24 @@ def test_a_scoped_abort_spares_the_control_rounds_the_aborting_rank_had_finished
     plain.set_scope("", "E_REMOTE", "no round given")
     with pytest.raises(HcclError, match="no round given"):
         plain.check(0, "all_reduce", ("ctl", 0, 0))
+
+
+@pytest.mark.local
+def test_a_receiver_that_consumes_and_returns_while_its_sender_looks_is_no_failure():
+    """The window in InProcessTransport.wait_consumed (issue 37's race): the sender found the
+    message not yet consumed, then, before it looked at whether the receiver had returned, the
+    receiver consumed it and returned. That is a completed send, not "returned without receiving"
+    (64-rank all-pairs BatchSendRecv met it in 2-4 of 5 runs). The window is forced here: the
+    receiver acts inside the sender's stall check, which runs between the two looks."""
+    tr = InProcessTransport(2, timeout_s=5)
+    tr.register(0, "x", np.arange(4, dtype=np.int32))
+    msg = tr.post(0, 1, "t", "x", 0, 4)
+    look = tr.watch.check
+
+    def receiver_acts_in_the_window(rank, op):
+        if not msg._done.is_set():
+            tr.take(0, 1, "t").consumed("read")
+            tr.mark_exited(1)
+        return look(rank, op)
+    tr.watch.check = receiver_acts_in_the_window
+    assert tr.wait_consumed(msg, deadline=time.monotonic() + 5, op="send") == "read"

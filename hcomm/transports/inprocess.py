@@ -231,7 +231,10 @@ class InProcessTransport(Transport):
             self._abort.check(msg.src, op, msg.tag)
             self.watch.waiting(msg.src, waiting_for_consumer(msg.dst, op))
             self.watch.check(msg.src, op)
-            if msg.dst in self._exited:
+            exited = msg.dst in self._exited
+            if msg._done.is_set():         # consumed since the first look (then, maybe, gone): done
+                break
+            if exited:
                 raise consume_exited(msg.src, msg.dst, msg.tag, op)
             if deadline is not None and time.monotonic() >= deadline:
                 raise consume_timeout(msg.src, msg.dst, self.timeout_s, op)
