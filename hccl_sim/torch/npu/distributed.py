@@ -107,39 +107,33 @@ def _backend(group):
     return group._get_backend(torch.device("npu"))
 
 
-def reduce_scatter_tensor_uneven(output, input, input_split_sizes=None, op=dist.ReduceOp.SUM,   # noqa: A002
-                                 group=None, async_op=False):
-    """torch_npu.distributed.reduce_scatter_tensor_uneven, as torch_npu's Python does it."""
+def _uneven(name, output, input, split_sizes, group, async_op, *opts):   # noqa: A002
+    """What torch_npu's Python does around its backend's uneven op `name`: nothing off the group,
+    npu tensors only (a warning and None otherwise), the Work or its wait."""
     if _rank_not_in_group(group):
-        _warn_not_in_group("reduce_scatter_tensor_uneven")
+        _warn_not_in_group(name)
         return None
     if output.device.type != "npu" or input.device.type != "npu":
         warnings.warn("Support for Tensors is limited to those of type npu")
         return None
-    opts = dist.ReduceScatterOptions()
-    opts.reduceOp = op
-    work = _backend(group).reduce_scatter_tensor_uneven(output, input, [] if input_split_sizes is None
-                                                        else input_split_sizes, opts)
+    work = getattr(_backend(group), name)(output, input, [] if split_sizes is None else split_sizes, *opts)
     if async_op:
         return work
     work.wait()
     return None
+
+
+def reduce_scatter_tensor_uneven(output, input, input_split_sizes=None, op=dist.ReduceOp.SUM,   # noqa: A002
+                                 group=None, async_op=False):
+    """torch_npu.distributed.reduce_scatter_tensor_uneven."""
+    opts = dist.ReduceScatterOptions()
+    opts.reduceOp = op
+    return _uneven("reduce_scatter_tensor_uneven", output, input, input_split_sizes, group, async_op, opts)
 
 
 def all_gather_into_tensor_uneven(output, input, output_split_sizes=None, group=None, async_op=False):   # noqa: A002
-    """torch_npu.distributed.all_gather_into_tensor_uneven, as torch_npu's Python does it."""
-    if _rank_not_in_group(group):
-        _warn_not_in_group("all_gather_into_tensor_uneven")
-        return None
-    if output.device.type != "npu" or input.device.type != "npu":
-        warnings.warn("Support for Tensors is limited to those of type npu")
-        return None
-    work = _backend(group).all_gather_into_tensor_uneven(output, input, [] if output_split_sizes is None
-                                                         else output_split_sizes)
-    if async_op:
-        return work
-    work.wait()
-    return None
+    """torch_npu.distributed.all_gather_into_tensor_uneven."""
+    return _uneven("all_gather_into_tensor_uneven", output, input, output_split_sizes, group, async_op)
 
 
 _torch_batch_isend_irecv = dist.batch_isend_irecv
