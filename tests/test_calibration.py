@@ -196,7 +196,7 @@ def test_a3_aiv_call_costs_its_constant_and_no_dispatch():
 def test_expansion_mode_is_checked_and_said_where_it_is_not_modelled():
     from hccl_sim.config.env import Config
     from topologies.errors import HcclError
-    assert Config.from_env({"HCCL_OP_EXPANSION_MODE": "aiv"}).expansion == "AIV"
+    assert Config.from_env({"HCCL_OP_EXPANSION_MODE": "AIV"}).expansion == "AIV"
     with pytest.raises(HcclError, match="HCCL_OP_EXPANSION_MODE"):
         Config.from_env({"HCCL_OP_EXPANSION_MODE": "GPU"})
     with pytest.warns(UserWarning, match="HCCL_OP_EXPANSION_MODE=AIV is not modelled on atlas800t-a2"):

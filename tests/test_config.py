@@ -19,7 +19,6 @@ ACCEPTED = [
 ]
 
 REJECTED = [
-    ("", "empty value"),
     ("level0:NA;level1:ring;", "empty level entry"),
     (";level0:NA;level1:ring", "empty level entry"),
     ("level0:NA;;level1:ring", "empty level entry"),
@@ -50,6 +49,53 @@ def test_hccl_algo_rejected(value, problem):
         Config.from_env({"HCCL_ALGO": value})
     assert info.value.code == "E_PARA"
     assert "HCCL_ALGO" in str(info.value) and "level0:NA;level1:<algo>" in str(info.value)
+    assert "nor is it of the executor grammar ([HcclAlgoParser]" in str(info.value)
+
+
+def test_empty_values_are_unset_and_spaces_go(monkeypatch):
+    """HCCL's GetEnv reads "" as unset; its legacy parser drops every space first."""
+    monkeypatch.setenv("HCCL_DETERMINISTIC", "")
+    c = Config.from_env({"HCCL_ALGO": "", "HCCL_OP_EXPANSION_MODE": "", "HCCL_BUFFSIZE": ""})
+    assert (c.algo, c.expansion, c.deterministic, c.buffsize_mb) == (Config().algo, None, "false", 200)
+    assert not Config.from_env({"HCCL_ALGO": "  "}).algo
+    assert Config.from_env({"HCCL_ALGO": " level0:NA; level1:NHR "}).algo.levels_for("allreduce") == \
+        {"level0": "NA", "level1": "NHR"}
+
+
+def test_expansion_modes_as_hccl_reads_them():
+    """ParseOpExpansion's values, compared as written (alg_env_config.cc)."""
+    for mode in ("AI_CPU", "AICPU_TS", "AICPU_CacheDisable", "AIV", "HOST", "HOST_TS", "CCU_MS", "CCU_SCHED"):
+        assert Config.from_env({"HCCL_OP_EXPANSION_MODE": mode}).expansion == mode
+    for bad in ("aiv", "AIV_ONLY", "GPU"):
+        with pytest.raises(HcclError, match="HCCL_OP_EXPANSION_MODE.*case-sensitive"):
+            Config.from_env({"HCCL_OP_EXPANSION_MODE": bad})
+
+
+def test_birs_and_independent_op_are_known():
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Config.from_env({"HCCL_BIRS_ENABLE": "TRUE"}).birs
+        assert not Config.from_env({"HCCL_BIRS_ENABLE": "FALSE"}).birs
+    with pytest.warns(UserWarning, match="exactly 'TRUE'"):
+        assert not Config.from_env({"HCCL_BIRS_ENABLE": "true"}).birs
+    with pytest.warns(UserWarning, match="HCCL_INDEPENDENT_OP is an HCCL variable that hccl-sim does not model"):
+        Config.from_env({"HCCL_INDEPENDENT_OP": "1"})
+
+
+def test_executor_grammar_is_refused_naming_it_where_hccl_reads_the_legacy_one():
+    """A2 and A3 read level0:NA;level1:<algo> only: an executor expression is E_NOT_SUPPORT there,
+    never HCCL's own choice in its place; one neither grammar reads is E_PARA."""
+    import hccl_sim
+    value = "allreduce:sequence{mesh2die,nhr};not(meshoneshot)"
+    config = Config.from_env({"HCCL_ALGO": value})
+    assert [e.executor for e in config.algo.executors] == ["sequence", "sole"]
+    for preset in ("atlas800t-a2", "atlas900-a3"):
+        with pytest.raises(HcclError) as info:
+            hccl_sim.simulate("allreduce", 1 << 20, topology=hccl_sim.topology(preset, servers=2),
+                              env={"HCCL_ALGO": value})
+        assert info.value.code == "E_NOT_SUPPORT"
+        assert "allreduce:sequence{level0=mesh2die,level1=nhr}" in str(info.value) and preset in str(info.value)
 
 
 def test_env_defaults_and_values():

@@ -368,3 +368,13 @@ def test_vectorised_timing_equals_event_driven_reference_on_mesh_steps(case):
                         got = program_times(program, entry, cost, s.dtype, s.redop or "sum")
                         assert list(got) == list(want), f"{case} {env} {coll} {choice.label} len={length}"
     assert "grouped_fullmesh" in labels and ("fullmesh" in labels) == (topo.num_servers == 1)
+
+
+@pytest.mark.unit
+def test_labels_name_only_the_levels_that_run():
+    """A superpod of one-die servers has neither level0 nor level1; one rank runs a local copy."""
+    assert hccl_sim.simulate("allreduce", 1 << 20, topology=a3(2, 1, 1)).algo == "level2:NHR"
+    assert hccl_sim.simulate("reduce", 1 << 20, topology=a3(2, 1, 1), root=1).algo == "level2:H-D_R"
+    for op in ("reducescatter", "allgather", "allreduce"):
+        assert hccl_sim.simulate(op, 1 << 20, topology=a3(1, 1, 1)).algo == "one rank: a local copy"
+    assert hccl_sim.simulate("allreduce", 64 << 20, topology=a3(1, 2, 2)).algo == "level0:double_ring;level1:NHR"

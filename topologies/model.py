@@ -153,6 +153,12 @@ class DeviceModel:
     gather_v: bool = True
     # HCCL's group calls (HcclGroupStart/End) run here: not on 910A (§6.10).
     group_calls: bool = True
+    # How HCCL reads HCCL_ALGO here (§7.7): "legacy" (level0:NA;level1:<algo>, A2 and A3) or
+    # "executor" (the open-source HCCL's executor grammar, falling back to the legacy one: the 950).
+    algo_grammar: str = "legacy"
+    # The HCCL_OP_EXPANSION_MODE values priced here (each as its own path); the first is the
+    # device's default. Empty: a synthetic preset, where the mode changes nothing.
+    expansion_modes: tuple = ()
 
     def kernel_ns(self, flops: float = 0.0, nbytes: int = 0) -> int:
         """A kernel's duration on the roofline: launch + max(compute time, memory time)."""

@@ -81,6 +81,8 @@ def device_model_from(data: dict) -> DeviceModel:
         op_retry=bool(d["op_retry"]),
         gather_v=bool(d["gather_v"]),
         group_calls=bool(d["group_calls"]),
+        algo_grammar=str(d["algo_grammar"]),
+        expansion_modes=tuple(str(m) for m in d["expansion_modes"]),
     )
 
 

@@ -66,17 +66,18 @@ def parse_retry_params(value: str) -> dict:
     return out
 
 
-EXPANSION_MODES = ("AI_CPU", "AIV", "HOST", "AICPU_TS")
-"""HCCL_OP_EXPANSION_MODE's values (defaults: A2 HOST, A3 AI_CPU, 950 AICPU_TS)."""
+EXPANSION_MODES = ("AI_CPU", "AICPU_TS", "AICPU_CacheDisable", "AIV", "HOST", "HOST_TS", "CCU_MS", "CCU_SCHED")
+"""HCCL_OP_EXPANSION_MODE's values, case-sensitive (alg_env_config.cc ParseOpExpansion, §7.2;
+defaults: A2 HOST, A3 AI_CPU, 950 AICPU_TS)."""
 MODELLED = ("HCCL_ALGO", "HCCL_BUFFSIZE", "HCCL_EXEC_TIMEOUT", "HCCL_CONNECT_TIMEOUT", "HCCL_OP_RETRY_ENABLE",
             "HCCL_OP_RETRY_PARAMS", "HCCL_DETERMINISTIC", "HCCL_INTER_HCCS_DISABLE",
-            "HCCL_RDMA_TIMEOUT", "HCCL_RDMA_RETRY_CNT", "HCCL_OP_EXPANSION_MODE")
+            "HCCL_RDMA_TIMEOUT", "HCCL_RDMA_RETRY_CNT", "HCCL_OP_EXPANSION_MODE", "HCCL_BIRS_ENABLE")
 """The HCCL variables hccl-sim reads."""
 NOT_MODELLED = (
     "HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO", "HCCL_ASYNC_ERROR_HANDLING", "HCCL_BLOCKING_WAIT",
     "HCCL_DEBUG_CONFIG", "HCCL_DESYNC_DEBUG", "HCCL_DFS_CONFIG", "HCCL_DIAGNOSE_ENABLE", "HCCL_ENTRY_LOG_ENABLE",
     "HCCL_EVENT_TIMEOUT", "HCCL_FFTS_CAPACITY", "HCCL_HOST_SOCKET_PORT_RANGE", "HCCL_IF_BASE_PORT", "HCCL_IF_IP",
-    "HCCL_INTER_SERVER_RING_ALGO_MAX_SUPPORT_SERVER_NUM", "HCCL_INTRA_PCIE_ENABLE",
+    "HCCL_INDEPENDENT_OP", "HCCL_INTER_SERVER_RING_ALGO_MAX_SUPPORT_SERVER_NUM", "HCCL_INTRA_PCIE_ENABLE",
     "HCCL_INTRA_ROCE_ENABLE", "HCCL_LOGIC_SUPERPOD_ID", "HCCL_LOST_THRESHOLD", "HCCL_MEMSIZE_HD_FACTOR",
     "HCCL_MULTI_QP_THRESHOLD", "HCCL_NPU_SOCKET_PORT_RANGE", "HCCL_RDMA_QPS_PER_CONNECTION",
     "HCCL_RDMA_SL", "HCCL_RDMA_TC", "HCCL_SOCKET_FAMILY",
@@ -86,6 +87,7 @@ NOT_MODELLED = (
 
 def check_env(env) -> dict:
     """Validate an `env=` mapping: string HCCL_* keys and string values (as in os.environ).
+    An empty value is left out: HCCL reads "" as unset (alg_env_config.cc GetEnv, §7.2).
 
     A key that is no HCCL variable hccl-sim or HCCL knows is most likely misspelt: it is kept (it
     cannot change anything) but warned about, naming the closest known variable; a real HCCL
@@ -113,7 +115,8 @@ def check_env(env) -> dict:
                 close = difflib.get_close_matches(k, MODELLED + NOT_MODELLED, n=1, cutoff=0.6)
                 hint = f"; did you mean {close[0]}?" if close else f"; hccl-sim reads {', '.join(MODELLED)}"
                 warnings.warn(f"env: unknown HCCL variable {k} is ignored{hint}", UserWarning, stacklevel=4)
-        out[k] = v
+        if v != "":
+            out[k] = v
     return out
 
 
@@ -136,7 +139,8 @@ class Config:
     rdma_retry_cnt: int = 7            # retransmissions before an error CQE
     faults: object = None              # hccl_sim.faults.fault_plan.BoundFaults of the run, or None
     inter_hccs_disable: bool = False   # A3: RoCE instead of the UB (HCCS) fabric between a superpod's servers
-    expansion: Optional[str] = None    # HCCL_OP_EXPANSION_MODE (AI_CPU, AIV, HOST); None: the device's default
+    expansion: Optional[str] = None    # HCCL_OP_EXPANSION_MODE (EXPANSION_MODES); None: the device's default
+    birs: bool = False                 # HCCL_BIRS_ENABLE=TRUE: A3's batch-invariant ReduceScatter (§6.12)
     policy: str = "hccl"          # algorithm selection: "hccl" (HCCL's rules) or "model" (fastest modelled)
 
     @property
@@ -150,7 +154,7 @@ class Config:
 
     @classmethod
     def from_env(cls, env: dict | None = None, policy: str | None = None) -> "Config":
-        merged = {k: v for k, v in os.environ.items() if k.startswith("HCCL_")}
+        merged = {k: v for k, v in os.environ.items() if k.startswith("HCCL_") and v != ""}
         merged.update(check_env(env))
         return cls(**_settings(cls, merged, policy))
 
@@ -196,11 +200,20 @@ def _settings(base, merged: dict, policy) -> dict:
             raise _bad("HCCL_INTER_HCCS_DISABLE", merged["HCCL_INTER_HCCS_DISABLE"], "TRUE or FALSE")
         kw["inter_hccs_disable"] = v == "TRUE"
     if "HCCL_OP_EXPANSION_MODE" in merged:
-        # where HCCL expands an op (docs/references.md §7.3); the A3 preset models AIV's kernels
-        v = merged["HCCL_OP_EXPANSION_MODE"].strip().upper()
+        # where HCCL expands an op (§7.2), compared as written, as HCCL compares it; selection
+        # says which the device models
+        v = merged["HCCL_OP_EXPANSION_MODE"]
         if v not in EXPANSION_MODES:
-            raise _bad("HCCL_OP_EXPANSION_MODE", merged["HCCL_OP_EXPANSION_MODE"], ", ".join(EXPANSION_MODES))
+            raise _bad("HCCL_OP_EXPANSION_MODE", v, f"one of {', '.join(EXPANSION_MODES)} (case-sensitive)")
         kw["expansion"] = v
+    if "HCCL_BIRS_ENABLE" in merged:
+        # MatchBIRS (reduce_scatter_op_experimental.cc): exactly "TRUE" turns it on and anything
+        # else leaves it off, without an error; RFC 0001's values are TRUE and FALSE (§6.12)
+        v = merged["HCCL_BIRS_ENABLE"]
+        if v not in ("TRUE", "FALSE"):
+            warnings.warn(f"HCCL_BIRS_ENABLE={_short(v)} leaves BIRS off: HCCL turns it on for exactly 'TRUE'",
+                          UserWarning, stacklevel=4)
+        kw["birs"] = v == "TRUE"
     if policy is not None:
         if not isinstance(policy, str) or policy not in ("hccl", "model"):
             raise HcclError("E_PARA", f"policy {policy!r} is invalid; expected hccl or model")

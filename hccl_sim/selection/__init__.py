@@ -49,14 +49,11 @@ class Choice(NamedTuple):
     def label(self) -> str:
         if self.flat:
             text = self.level1
-        elif self.level1 is None:
-            text = f"level0:{self.level0}"
-        elif self.level0 is None:
-            text = f"level1:{self.level1}"
         else:
-            text = f"level0:{self.level0};level1:{self.level1}"
-        if self.level2 is not None and not self.flat:
-            text = f"{text};level2:{self.level2}"
+            # the levels that run: a server of one die has no level0, one server no level1
+            levels = [f"level{i}:{algo}" for i, algo in enumerate((self.level0, self.level1, self.level2))
+                      if algo is not None]
+            text = ";".join(levels) or "one rank: a local copy"
         if self.expansion is not None:
             text = f"{text} [{self.expansion}]"
         return text if self.note is None else f"{text} ({self.note})"
@@ -110,19 +107,32 @@ def _log_note(name, token, choice):
 
 
 def _check_expansion(ctx) -> None:
-    """HCCL_OP_EXPANSION_MODE is modelled where the preset has that path: AI_CPU and AIV on A3
-    (its device model has AIV kernels), HOST on 910B and 910A; any other pairing is priced as the
-    preset's own expansion, and said once."""
+    """HCCL_OP_EXPANSION_MODE is priced as itself where the preset models it (its
+    `expansion_modes`); anywhere else the op is priced with the preset's default expansion, and
+    that is said once. HOST_TS acts on 910B only: elsewhere HCCL itself warns and ignores it."""
     mode, dm = ctx.config.expansion, ctx.topo.device_model
-    if mode is None or ctx.flat:
+    if mode is None or ctx.flat or mode in dm.expansion_modes:
         return
-    modelled = ("AI_CPU", "AIV") if dm.aiv_op_overhead_ns else ("HOST",)
     key = ("expansion", ctx.topo.name, mode)
-    if mode not in modelled and key not in _logged:
-        _logged.add(key)
-        warnings.warn(f"HCCL_OP_EXPANSION_MODE={mode} is not modelled on {ctx.topo.name} (it models "
-                      f"{' and '.join(modelled)}): ops are priced with its {modelled[0]} expansion", UserWarning,
-                      stacklevel=2)
+    if key in _logged:
+        return
+    _logged.add(key)
+    default = dm.expansion_modes[0]
+    if mode == "HOST_TS" and ctx.topo.device != "910B":
+        text = (f"HCCL_OP_EXPANSION_MODE=HOST_TS changes nothing on {ctx.topo.name}: HCCL warns "
+                f"\"deviceType do not support HOST_TS\" off 910B; ops run with its {default} expansion")
+    else:
+        text = (f"HCCL_OP_EXPANSION_MODE={mode} is not modelled on {ctx.topo.name} (it models "
+                f"{', '.join(dm.expansion_modes)}): ops are priced with its {default} expansion")
+    warnings.warn(text, UserWarning, stacklevel=2)
+
+
+def _check_algo_grammar(ctx) -> None:
+    """An HCCL_ALGO of the executor grammar on a device whose HCCL reads the legacy one only:
+    E_NOT_SUPPORT naming the executors, never a silent fallback to HCCL's own choice."""
+    algo = ctx.config.algo
+    if algo.executors is not None and ctx.topo.device_model.algo_grammar == "legacy":
+        raise algo.not_read_by(f"{ctx.topo.name} ({ctx.topo.device})", "level0:NA;level1:<algo>")
 
 
 def select(ctx: Context) -> Choice:
@@ -137,6 +147,7 @@ def select(ctx: Context) -> Choice:
 
 def _select(ctx: Context, v_op: bool) -> Choice:
     _check_expansion(ctx)
+    _check_algo_grammar(ctx)
     name = ctx.name
     if name == "barrier":
         return Choice(True, None, "dissemination")
