@@ -56,11 +56,11 @@ def test_bad_superpod_parameters(params, match):
 
 
 @pytest.mark.unit
-def test_superpods_are_an_a3_notion():
+def test_superpods_are_a_superpod_preset_notion():
     with pytest.raises(HcclError, match="unknown parameter"):
         hccl_sim.topology("atlas800t-a2", superpods=2)
     from topologies.presets import hardware
-    with pytest.raises(HcclError, match="superpods are an Atlas 900 A3 SuperPoD notion"):
+    with pytest.raises(HcclError, match="superpods are a SuperPoD preset.s notion"):
         hardware("atlas800t-a2", superpods=2)
 
 

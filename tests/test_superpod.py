@@ -268,7 +268,8 @@ def test_inter_hccs_disable_puts_roce_between_servers():
     t_on = hccl_sim.simulate("allreduce", 1 << 26, topology=topo).time
     t_off = hccl_sim.simulate("allreduce", 1 << 26, topology=topo, env={"HCCL_INTER_HCCS_DISABLE": "True"}).time
     assert t_off > t_on
-    for bad in ("yes", "1", ""):
+    assert effective_cost(topo, Config.from_env({"HCCL_INTER_HCCS_DISABLE": ""})).topology is on    # "" is unset
+    for bad in ("yes", "1"):
         with pytest.raises(HcclError, match="HCCL_INTER_HCCS_DISABLE") as e:
             hccl_sim.simulate("allreduce", 64, topology=topo, env={"HCCL_INTER_HCCS_DISABLE": bad})
         assert e.value.code == "E_PARA"

@@ -140,7 +140,7 @@ class DeviceModel:
     # the defaults are a synthetic preset's, one flat level where every op runs.
     # HCCL plans ops in levels: level0 inside a server, level1 across (§6.4).
     hierarchical: bool = False
-    # How a server's NPUs are linked (the preset's intra_server.layout): "fullmesh" (910B), "groups"
+    # How a server's NPUs are linked (the preset's intra_server.layout): "fullmesh" (910B, 950), "groups"
     # (910A: two 4-NPU HCCS meshes joined by PCIe, §3.1), "die_pairs" (A3); HCCL's level0 follows it.
     server_layout: str = "fullmesh"
     # HCCL picks level1 by its cost model (§6.5 items 2-3), else by its V1 defaults (§6.5 item 4).
@@ -159,6 +159,9 @@ class DeviceModel:
     # The HCCL_OP_EXPANSION_MODE values priced here (each as its own path); the first is the
     # device's default. Empty: a synthetic preset, where the mode changes nothing.
     expansion_modes: tuple = ()
+    # Whose selection rules run here: "hccl" (A2's and A3's, by the layout) or "a5" (the open-source
+    # HCCL's rule-based auto selectors of the 950, hccl_sim.selection.hccl_950).
+    selector: str = "hccl"
 
     def kernel_ns(self, flops: float = 0.0, nbytes: int = 0) -> int:
         """A kernel's duration on the roofline: launch + max(compute time, memory time)."""

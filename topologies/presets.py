@@ -20,16 +20,34 @@ import yaml
 from .errors import HcclError
 from .model import DeviceModel, Topology, add_link, seconds_to_ns
 
-from .routers import FullMeshRouter, HardwareRouter, RingRouter, hccs_port
+from .routers import FullMeshRouter, HardwareRouter, RingRouter
+from .server_graphs import server_graph, server_links
 from .subset import SubsetRouter, subset
 from .validate import integer, real
 
 PRESET_DIR = Path(__file__).with_name("presets")
-HARDWARE_PRESETS = ("atlas800t-a2", "atlas800-910a", "atlas900-a3")
+HARDWARE_PRESETS = ("atlas800t-a2", "atlas800-910a", "atlas900-a3", "atlas950")
 SYNTHETIC_PRESETS = ("fullmesh", "ring")
 ALIASES = {"910b": "atlas800t-a2", "a2": "atlas800t-a2", "atlas800t_a2": "atlas800t-a2",
            "910a": "atlas800-910a", "atlas800_910a": "atlas800-910a",
-           "910c": "atlas900-a3", "a3": "atlas900-a3", "atlas900_a3": "atlas900-a3"}
+           "910c": "atlas900-a3", "a3": "atlas900-a3", "atlas900_a3": "atlas900-a3",
+           "950": "atlas950", "ascend950": "atlas950", "a5": "atlas950"}
+SIZED_PRESETS = {"atlas950-superpod": ("atlas950", ("superpod_servers",)),
+                 "atlas950-supercluster": ("atlas950", ("superpod_servers", "supercluster_superpods"))}
+"""Named sizes of a hardware preset: the Atlas 950 SuperPoD (its servers) and SuperCluster (its
+SuperPoDs of those servers), as the preset's YAML gives them; `servers=` / `superpods=` override."""
+
+
+def sized_defaults(name: str) -> tuple:
+    """(hardware preset, {parameter: default}) of a named size (SIZED_PRESETS), or None."""
+    if name not in SIZED_PRESETS:
+        return None
+    preset, keys = SIZED_PRESETS[name]
+    data = preset_data(preset)
+    params = {"servers": int(data["superpod_servers"])}
+    if "supercluster_superpods" in keys:
+        params["superpods"] = int(data["supercluster_superpods"])
+    return preset, params
 
 
 def hardware_name(name) -> str:
@@ -83,6 +101,7 @@ def device_model_from(data: dict) -> DeviceModel:
         group_calls=bool(d["group_calls"]),
         algo_grammar=str(d["algo_grammar"]),
         expansion_modes=tuple(str(m) for m in d["expansion_modes"]),
+        selector=str(d.get("selector", "hccl")),
     )
 
 
@@ -102,91 +121,6 @@ MAX_LATENCY = 1.0
 every route's latency, in integer nanoseconds, far inside the int64 clocks."""
 
 
-def _server_graph(devices_per_server, device_ids, intra: dict, inter: dict, pod_of_server=None,
-                  pod: dict | None = None) -> nx.Graph:
-    """The networkx graph of a hardware cluster (built on first use of Topology.graph)."""
-    if intra["layout"] == "die_pairs":
-        return _superpod_graph(device_ids, intra, inter, pod_of_server, pod)
-    group = (lambda d: 0) if intra["layout"] == "fullmesh" else (lambda d: d // int(intra["group_size"]))
-    g = nx.Graph()
-    rank = 0
-    for s, devs in enumerate(device_ids):
-        ranks = list(range(rank, rank + len(devs)))
-        rank += len(devs)
-        for r, d in zip(ranks, devs):
-            g.add_node(r, server=s, device=d)
-        per_link = intra.get("ports", "shared") == "per_link"
-        for i, a in enumerate(ranks):
-            for b in ranks[i + 1:]:
-                da, db = devs[a - ranks[0]], devs[b - ranks[0]]
-                if group(da) == group(db):
-                    ports = (hccs_port(db), hccs_port(da)) if per_link else ("hccs", "hccs")
-                    add_link(g, a, b, intra["kind"], intra["bandwidth"], intra["latency"], *ports)
-        if intra["layout"] == "groups" and len({group(d) for d in devs}) > 1:
-            cross = intra["cross_group"]
-            switch = f"pcie:{s}"
-            for r in ranks:
-                add_link(g, r, switch, cross["kind"], cross["bandwidth"], cross["latency_per_hop"], "pcie", f"pcie:{r}")
-    if len(device_ids) > 1:
-        for r in range(rank):
-            add_link(g, r, "roce", inter["kind"], inter["bandwidth"], inter["latency_per_hop"], "roce", f"roce:{r}")
-    return g
-
-
-def _superpod_graph(device_ids, intra: dict, inter: dict, pod_of_server, pod: dict) -> nx.Graph:
-    """A3: the two dies of a package joined by SIO, every die on its superpod's UB switch, every
-    die's NIC on the RoCE fabric when there are several superpods."""
-    g = nx.Graph()
-    rank = 0
-    pods = len(set(pod_of_server))
-    for s, devs in enumerate(device_ids):
-        ranks = list(range(rank, rank + len(devs)))
-        rank += len(devs)
-        by_die = dict(zip(devs, ranks))
-        for r, d in zip(ranks, devs):
-            g.add_node(r, server=s, device=d, superpod=pod_of_server[s])
-            add_link(g, r, f"ub:{pod_of_server[s]}", pod["kind"], pod["bandwidth"], pod["latency_per_hop"], "ub", "ub")
-            if pods > 1:
-                add_link(g, r, "roce", inter["kind"], inter["bandwidth"], inter["latency_per_hop"], "roce", f"roce:{r}")
-            partner = by_die.get(d ^ 1)
-            if d % 2 == 0 and partner is not None:
-                add_link(g, r, partner, intra["kind"], intra["bandwidth"], intra["latency"], "sio", "sio")
-    return g
-
-
-def _server_links(device_ids, intra: dict, inter: dict, pod_of_server=None, pod: dict | None = None) -> dict:
-    """kind -> (count, bandwidths) of `_server_graph`'s edges, counted without building it."""
-    links = {}
-
-    def add(kind, count, bandwidth):
-        if count:
-            n, bws = links.get(kind, (0, frozenset()))
-            links[kind] = (n + count, bws | {float(bandwidth)})
-    if intra["layout"] == "die_pairs":
-        ranks = sum(len(devs) for devs in device_ids)
-        add(intra["kind"], sum(sum(1 for d in devs if d % 2 == 0 and d + 1 in devs) for devs in device_ids),
-            intra["bandwidth"])
-        add(pod["kind"], ranks, pod["bandwidth"])
-        if len(set(pod_of_server)) > 1:
-            add(inter["kind"], ranks, inter["bandwidth"])
-        return links
-    shapes = {}
-    for devs in device_ids:
-        shapes[tuple(devs)] = shapes.get(tuple(devs), 0) + 1
-    for devs, copies in shapes.items():
-        if intra["layout"] == "fullmesh":
-            sizes = [len(devs)]
-        else:
-            size = int(intra["group_size"])
-            sizes = [sum(1 for d in devs if d // size == g) for g in {d // size for d in devs}]
-        add(intra["kind"], copies * sum(n * (n - 1) // 2 for n in sizes), intra["bandwidth"])
-        if len(sizes) > 1:
-            add(intra["cross_group"]["kind"], copies * len(devs), intra["cross_group"]["bandwidth"])
-    if len(device_ids) > 1:
-        add(inter["kind"], sum(len(devs) for devs in device_ids), inter["bandwidth"])
-    return links
-
-
 def hardware(name: str, servers=None, devices_per_server: list | None = None,
              server_ids: list | None = None, device_ids: list | None = None,
              device_ips: list | None = None, superpods=None, pod_of_server: list | None = None) -> Topology:
@@ -201,7 +135,7 @@ def hardware(name: str, servers=None, devices_per_server: list | None = None,
     limit = f"{full} ranks per server, MAX_RANKS = {MAX_RANKS} ranks"
     pod = data.get("superpod")
     if pod is None and (superpods is not None or pod_of_server is not None):
-        raise HcclError("E_PARA", f"{where}: superpods are an Atlas 900 A3 SuperPoD notion (atlas900-a3); "
+        raise HcclError("E_PARA", f"{where}: superpods are a SuperPoD preset's notion (atlas900-a3, atlas950); "
                         f"{name} servers have none")
     if devices_per_server is None:
         if pod is not None:
@@ -233,8 +167,8 @@ def hardware(name: str, servers=None, devices_per_server: list | None = None,
         superpod_of = [pod_of_server[s] for s in server_of]
         params.update(superpods=len(set(pod_of_server)), superpod_of_server=list(pod_of_server), inter_spec=dict(inter))
     params.update(router=HardwareRouter(server_of, device_of, intra, inter, superpod_of, pod),
-                  links=_server_links(device_ids, intra, inter, pod_of_server, pod))
-    return Topology(name=name, graph=partial(_server_graph, list(devices_per_server), device_ids, intra, inter,
+                  links=server_links(device_ids, intra, inter, pod_of_server, pod))
+    return Topology(name=name, graph=partial(server_graph, list(devices_per_server), device_ids, intra, inter,
                                              pod_of_server, pod),
                     server_of=server_of, device_of=device_of, device=data["device"],
                     device_model=device_model_from(data), description=data.get("description", ""),

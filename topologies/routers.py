@@ -7,6 +7,9 @@ their own (`intra_server.ports: per_link`), rank * PORTS + PER_LINK + the peer's
 peer link then has its own egress and ingress, and a mesh step's seven exchanges run at once. A
 synthetic full mesh gives each directed link its own pair.
 
+The 950 (a superpod preset whose servers are meshes, not packages): the server's UB mesh (per-link
+ports, the HCCS class), the SuperPoD's UB Clos (UB), UBoE between SuperPoDs (the RoCE class).
+
 A3's backup NIC (HardwareRouter.with_backup): a die whose NIC is down for good reaches RoCE
 through its package partner's NIC, over SIO; both dies then share that NIC, half each.
 """
@@ -42,6 +45,8 @@ class HardwareRouter:
         # a die's UB port carries more than one pair's rate (`port_bandwidth`, docs/design.md rule 9)
         self.ub = None if pod is None else (2 * seconds_to_ns(pod["latency_per_hop"]), float(pod["bandwidth"]),
                                             pod["kind"], float(pod.get("port_bandwidth", pod["bandwidth"])))
+        # A3's servers are packages of two dies (SIO inside one); a 950's are a mesh of NPUs
+        self.packages = intra["layout"] == "die_pairs"
         self.group_size = int(intra.get("group_size", 1 << 30)) if intra["layout"] == "groups" else 1 << 30
         self.per_link = intra.get("ports", "shared") == "per_link"
         self.hccs = _spec(seconds_to_ns(intra["latency"]), intra["bandwidth"], intra["kind"])
@@ -54,7 +59,9 @@ class HardwareRouter:
 
     def partners(self) -> np.ndarray:
         """Every rank's package partner (the die joined to it by SIO: same server, device id ^ 1),
-        -1 where it has none."""
+        -1 where it has none (every rank, off A3)."""
+        if not self.packages:
+            return np.full(len(self.device_of), -1, dtype=np.int64)
         width = int(self.device_of.max()) + 2 if len(self.device_of) else 2
         key = self.server_of * width + self.device_of
         order = np.argsort(key, kind="stable")
@@ -67,8 +74,8 @@ class HardwareRouter:
         """This router with each die of `dies` reaching RoCE through its partner's NIC: its RoCE
         routes (both directions: its peers address it at the backup NIC) cross SIO to the partner
         first (or last), and the two dies' RoCE traffic runs at NIC_SHARE of the NIC's bandwidth."""
-        if self.superpod_of is None:
-            raise ValueError("a backup NIC is an A3 (superpod preset) feature")
+        if self.superpod_of is None or not self.packages:
+            raise ValueError("a backup NIC is an A3 (package partners) feature")
         router = copy.copy(self)
         router.backup = tuple(sorted({int(d) for d in dies}))
         partner = self.partners()
@@ -87,7 +94,10 @@ class HardwareRouter:
             same_pod = self.superpod_of[src] == self.superpod_of[dst]
             if not self.inter_hccs:
                 same_pod = same_pod & (self.server_of[src] == self.server_of[dst])
-            package = (self.server_of[src] == self.server_of[dst]) & (self.device_of[src] // 2 == self.device_of[dst] // 2)
+            same_server = self.server_of[src] == self.server_of[dst]
+            if not self.packages:             # the 950: the server's mesh, the SuperPoD's UB Clos, UBoE
+                return np.where(same_server, HCCS, np.where(same_pod, UB, ROCE))
+            package = same_server & (self.device_of[src] // 2 == self.device_of[dst] // 2)
             return np.where(package, SIO, np.where(same_pod, UB, ROCE))
         same_server = self.server_of[src] == self.server_of[dst]
         same_group = same_server & (self.device_of[src] // self.group_size == self.device_of[dst] // self.group_size)
@@ -126,8 +136,8 @@ class HardwareRouter:
 
     def _specs(self):
         """(class code, (latency ns, bandwidth, kind, port bandwidth) or None) of every link class."""
-        if self.superpod_of is not None:     # SIO is the intra-server spec of a superpod preset
-            return ((SIO, self.hccs), (UB, self.ub), (ROCE, self.roce))
+        if self.superpod_of is not None:     # the intra-server spec: SIO on A3, the mesh on the 950
+            return ((SIO if self.packages else HCCS, self.hccs), (UB, self.ub), (ROCE, self.roce))
         return ((HCCS, self.hccs), (PCIE, self.pcie), (ROCE, self.roce))
 
     def one(self, src, dst):

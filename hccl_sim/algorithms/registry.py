@@ -16,10 +16,11 @@ from types import ModuleType
 
 from topologies.errors import HcclError
 
-from . import (dissemination, double_ring, grouped_mesh, halving_doubling, mesh, nb, nhr, pairwise, pipeline, ring,
-               star)
+from . import (dissemination, double_ring, grouped_mesh, halving_doubling, mesh, mesh_oneshot, nb, nhr, pairwise,
+               pipeline, ring, star)
 
-MODULES = (ring, halving_doubling, nhr, nb, mesh, pairwise, pipeline, star, dissemination, double_ring, grouped_mesh)
+MODULES = (ring, halving_doubling, nhr, nb, mesh, pairwise, pipeline, star, dissemination, double_ring, grouped_mesh,
+           mesh_oneshot)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,10 @@ on one. Block ops (rows = ranks, pod-major, then server, then die): a level's pe
 once per row set; level0's ring moves every N0-th row. Each builder takes the double ring's
 `ring` (0 or 1) and is run by the planner on that ring's half of the data.
 
+The Ascend 950 runs the same levels with a full mesh at level0 (`l0="fullmesh"`: HCCL's Sequence
+executors, level by level: mesh, NHR, NHR): the server's mesh ReduceScatter / AllGather (and
+Scatter / Gather from the root) in place of the ring's, in rank order.
+
 Deviation, stated: HCCL scatters at level1 with NHR or NB and gathers with a ring; here both are
 the chain along the servers (double_ring.scatter / gather), the same bytes per link.
 """
@@ -30,7 +34,7 @@ import math
 
 import numpy as np
 
-from . import double_ring, nhr, registry, ring
+from . import double_ring, mesh, nhr, registry, ring
 from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, sequence, side_by_side, spread, tile
 
 
@@ -105,18 +109,25 @@ class _Chunks:
         self.sub_lo, self.sub_len = sub[:, :-1], sub[:, 1:] - sub[:, :-1]
 
 
-def _level0_rs(pods, ch, unit, src, ring_index):
+def _level0(l0, N0, ring_index, first=0):
+    """(module, order of a server's ranks) of level0: the mesh in rank order (the 950), else the
+    ring (A3), in its double ring's direction `ring_index`, from `first`."""
+    if l0 == "fullmesh":
+        return mesh, np.arange(N0)
+    return ring, double_ring.order(N0, ring_index, first=first)
+
+
+def _level0_rs(pods, ch, unit, src, ring_index, l0):
     N2, N1, N0 = pods.shape
-    o = double_ring.order(N0, ring_index)
-    prog = ring.reducescatter(N0, (ch.lo[o], ch.hi[o]), unit, src, OUTPUT, OUTPUT, ch.lo[o])
+    mod, o = _level0(l0, N0, ring_index)
+    prog = mod.reducescatter(N0, (ch.lo[o], ch.hi[o]), unit, src, OUTPUT, OUTPUT, ch.lo[o])
     return tile(prog, pods.M.reshape(-1, N0)[:, o])
 
 
-def _level0_ag(pods, ch, unit, ring_index, servers=None):
+def _level0_ag(pods, ch, unit, ring_index, l0):
     N2, N1, N0 = pods.shape
-    o = double_ring.order(N0, ring_index)
-    ranks = pods.M.reshape(-1, N0)[:, o] if servers is None else servers[:, o]
-    return tile(ring.allgather(N0, (ch.lo[o], ch.hi[o]), unit, OUTPUT), ranks)
+    mod, o = _level0(l0, N0, ring_index)
+    return tile(mod.allgather(N0, (ch.lo[o], ch.hi[o]), unit, OUTPUT), pods.M.reshape(-1, N0)[:, o])
 
 
 def _per_die(pods, pod=None):
@@ -132,13 +143,13 @@ def _per_position(pods):
     return groups, np.tile(np.arange(pods.N0), pods.N1), np.repeat(np.arange(pods.N1), pods.N0)
 
 
-def _reduce_scatter_down(pods, ch, unit, l1, ring_index):
+def _reduce_scatter_down(pods, ch, unit, l1, ring_index, l0):
     """(phases, where the data now is) of the reducing way down: level0 ReduceScatter (die d keeps
     chunk d) and, across superpods, level1 ReduceScatter of each chunk (server s keeps sub-chunk s)."""
     N2, N1, N0 = pods.shape
     phases, src = [], INPUT
     if N0 > 1:
-        phases.append(_level0_rs(pods, ch, unit, INPUT, ring_index))
+        phases.append(_level0_rs(pods, ch, unit, INPUT, ring_index, l0))
         src = OUTPUT
     if N2 > 1 and N1 > 1:
         m1 = _module(l1, "reducescatter")
@@ -156,10 +167,11 @@ def _done(phases, N, unit) -> list:
     return sequence(*phases)
 
 
-def allreduce(pods: Pods, N: int, unit: int, l1: str, l2: str, ring_index: int = 0, oneshot=None) -> list:
+def allreduce(pods: Pods, N: int, unit: int, l1: str, l2: str, ring_index: int = 0, oneshot=None,
+              l0: str = "ring") -> list:
     N2, N1, N0 = pods.shape
     ch = _Chunks(N, N0, N1)
-    phases, src = _reduce_scatter_down(pods, ch, unit, l1, ring_index)
+    phases, src = _reduce_scatter_down(pods, ch, unit, l1, ring_index, l0)
     if N2 > 1:
         m2 = _module(l2, "allreduce")
         groups, die = _per_die(pods)
@@ -175,11 +187,11 @@ def allreduce(pods: Pods, N: int, unit: int, l1: str, l2: str, ring_index: int =
         phases.append(_by_length(groups, ch.len[die], ch.lo[die],
                                  lambda n, s=src: m1.allreduce(N1, n, unit, s, OUTPUT, **_kw(m1, oneshot))))
     if N0 > 1:
-        phases.append(_level0_ag(pods, ch, unit, ring_index))
+        phases.append(_level0_ag(pods, ch, unit, ring_index, l0))
     return _done(phases, N, unit)
 
 
-def allgather(pods: Pods, unit: int, l1: str, l2: str, ring_index: int = 0) -> list:
+def allgather(pods: Pods, unit: int, l1: str, l2: str, ring_index: int = 0, l0: str = "ring") -> list:
     """Rows: rank r's block is output row r (pods.canonical)."""
     N2, N1, N0 = pods.shape
     M = pods.M
@@ -196,15 +208,15 @@ def allgather(pods: Pods, unit: int, l1: str, l2: str, ring_index: int = 0) -> l
         starts = (np.tile(np.arange(N2) * N1 * N0, N2 * N0) + np.repeat(np.tile(np.arange(N0), N2), N2))
         phases.append(tile(prog, groups, _shifts(starts)))
     if N0 > 1:
-        o = double_ring.order(N0, ring_index)
+        mod, o = _level0(l0, N0, ring_index)
         q = N1 * N2
         groups = np.repeat(M.reshape(-1, N0)[:, o], q, axis=0)
         starts = np.tile(np.arange(q) * N0, N2 * N1)
-        phases.append(tile(ring.allgather(N0, (o, o + 1), unit, OUTPUT), groups, _shifts(starts)))
+        phases.append(tile(mod.allgather(N0, (o, o + 1), unit, OUTPUT), groups, _shifts(starts)))
     return sequence(*phases)
 
 
-def reducescatter(pods: Pods, unit: int, l1: str, l2: str, ring_index: int = 0) -> list:
+def reducescatter(pods: Pods, unit: int, l1: str, l2: str, ring_index: int = 0, l0: str = "ring") -> list:
     """Rows: input and scratch hold p rank blocks (pods.canonical); output one."""
     N2, N1, N0 = pods.shape
     M = pods.M
@@ -215,11 +227,11 @@ def reducescatter(pods: Pods, unit: int, l1: str, l2: str, ring_index: int = 0) 
         sh[:, OUTPUT] = 0
         return sh
     if N0 > 1:
-        o = double_ring.order(N0, ring_index)
+        mod, o = _level0(l0, N0, ring_index)
         last = N1 == 1 and N2 == 1
         q = N1 * N2
-        prog = ring.reducescatter(N0, (o, o + 1), unit, src, SCRATCH, OUTPUT if last else SCRATCH,
-                                  np.zeros(N0, dtype=np.int64) if last else o)
+        prog = mod.reducescatter(N0, (o, o + 1), unit, src, SCRATCH, OUTPUT if last else SCRATCH,
+                                 np.zeros(N0, dtype=np.int64) if last else o)
         groups = np.repeat(M.reshape(-1, N0)[:, o], q, axis=0)
         phases.append(tile(prog, groups, shifts(np.tile(np.arange(q) * N0, N2 * N1))))
         src = SCRATCH
@@ -240,15 +252,20 @@ def reducescatter(pods: Pods, unit: int, l1: str, l2: str, ring_index: int = 0) 
     return _done(phases, 1, unit)
 
 
-def broadcast(pods: Pods, N: int, unit: int, root: int, l1: str, l2: str, ring_index: int = 0, oneshot=None) -> list:
+def broadcast(pods: Pods, N: int, unit: int, root: int, l1: str, l2: str, ring_index: int = 0, oneshot=None,
+              l0: str = "ring") -> list:
     N2, N1, N0 = pods.shape
     M = pods.M
     i0, s0, d0 = pods.where(root)
     ch = _Chunks(N, N0, N1)
     phases, src = [], INPUT
     if N0 > 1:
-        o = double_ring.order(N0, ring_index, first=d0)
-        phases.append(tile(double_ring.scatter(N0, (ch.lo[o], ch.hi[o]), unit, INPUT, OUTPUT), M[i0, s0, o][None, :]))
+        if l0 == "fullmesh":        # the root writes each rank of its server its chunk
+            phases.append(tile(mesh.scatter(N0, bounds(N, N0), unit, d0, INPUT, OUTPUT), M[i0, s0][None, :]))
+        else:
+            o = double_ring.order(N0, ring_index, first=d0)
+            phases.append(tile(double_ring.scatter(N0, (ch.lo[o], ch.hi[o]), unit, INPUT, OUTPUT),
+                               M[i0, s0, o][None, :]))
         src = OUTPUT
     if N2 > 1:
         groups, die = _per_die(pods, i0)
@@ -273,16 +290,17 @@ def broadcast(pods: Pods, N: int, unit: int, root: int, l1: str, l2: str, ring_i
         phases.append(_by_length(groups, ch.len[die], ch.lo[die],
                                  lambda n, s=src: m1.broadcast(N1, n, unit, s0, s, OUTPUT, **_kw(m1, oneshot))))
     if N0 > 1:
-        phases.append(_level0_ag(pods, ch, unit, ring_index))
+        phases.append(_level0_ag(pods, ch, unit, ring_index, l0))
     return _done(phases, N, unit)
 
 
-def reduce(pods: Pods, N: int, unit: int, root: int, l1: str, l2: str, ring_index: int = 0) -> list:
+def reduce(pods: Pods, N: int, unit: int, root: int, l1: str, l2: str, ring_index: int = 0,
+           l0: str = "ring") -> list:
     N2, N1, N0 = pods.shape
     M = pods.M
     i0, s0, d0 = pods.where(root)
     ch = _Chunks(N, N0, N1)
-    phases, src = _reduce_scatter_down(pods, ch, unit, l1, ring_index)
+    phases, src = _reduce_scatter_down(pods, ch, unit, l1, ring_index, l0)
     if N2 > 1:
         m2 = _module(l2, "reduce")
         pos_groups, d2, s2 = _per_position(pods)
@@ -300,6 +318,9 @@ def reduce(pods: Pods, N: int, unit: int, root: int, l1: str, l2: str, ring_inde
         phases.append(_by_length(groups, ch.len[die], ch.lo[die],
                                  lambda n, s=src: m1.reduce(N1, n, unit, s0, s, OUTPUT)))
     if N0 > 1:
-        o = double_ring.order(N0, ring_index, first=d0)
-        phases.append(tile(double_ring.gather(N0, (ch.lo[o], ch.hi[o]), unit, OUTPUT), M[i0, s0, o][None, :]))
+        if l0 == "fullmesh":        # each rank of the root's server writes its chunk to the root
+            phases.append(tile(mesh.gather(N0, bounds(N, N0), unit, d0, OUTPUT), M[i0, s0][None, :]))
+        else:
+            o = double_ring.order(N0, ring_index, first=d0)
+            phases.append(tile(double_ring.gather(N0, (ch.lo[o], ch.hi[o]), unit, OUTPUT), M[i0, s0, o][None, :]))
     return _done(phases, N, unit)

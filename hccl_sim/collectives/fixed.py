@@ -36,7 +36,8 @@ class AllReduce(Collective):
         return pipeline.allreduce(srv, length, unit)
 
     def superpod_program(self, pods, choice, length, unit, root, ring_index):
-        return superpod.allreduce(pods, length, unit, *self.superpod_levels(choice), ring_index)
+        return superpod.allreduce(pods, length, unit, *self.superpod_levels(choice), ring_index,
+                                  l0=choice.level0)
 
     def busbw_factor(self, p):
         return 2 * (p - 1) / p
@@ -62,7 +63,8 @@ class Broadcast(Collective):
         return hierarchy.broadcast(srv, length, unit, root, l0, l1)
 
     def superpod_program(self, pods, choice, length, unit, root, ring_index):
-        return superpod.broadcast(pods, length, unit, root, *self.superpod_levels(choice), ring_index)
+        return superpod.broadcast(pods, length, unit, root, *self.superpod_levels(choice), ring_index,
+                                  l0=choice.level0)
 
     def stage_bytes(self, p, length, itemsize, root):
         # traced: the root copies the whole buffer in (3.17 ms of 2 GiB), every other rank copies
@@ -85,7 +87,8 @@ class Reduce(Collective):
         return hierarchy.reduce(srv, length, unit, root, l0, l1)
 
     def superpod_program(self, pods, choice, length, unit, root, ring_index):
-        return superpod.reduce(pods, length, unit, root, *self.superpod_levels(choice), ring_index)
+        return superpod.reduce(pods, length, unit, root, *self.superpod_levels(choice), ring_index,
+                               l0=choice.level0)
 
     def result(self, out, rank, root):
         return out if rank == root else None
@@ -117,7 +120,7 @@ class AllGather(Collective):
         return pipeline.allgather(srv, unit)
 
     def superpod_program(self, pods, choice, length, unit, root, ring_index):
-        return superpod.allgather(pods, unit, *self.superpod_levels(choice), ring_index)
+        return superpod.allgather(pods, unit, *self.superpod_levels(choice), ring_index, l0=choice.level0)
 
     def output_shape(self, shape, p):
         return (p * shape[0],) + tuple(shape[1:])
@@ -158,7 +161,7 @@ class ReduceScatter(Collective):
         return pipeline.reducescatter(srv, unit)
 
     def superpod_program(self, pods, choice, length, unit, root, ring_index):
-        return superpod.reducescatter(pods, unit, *self.superpod_levels(choice), ring_index)
+        return superpod.reducescatter(pods, unit, *self.superpod_levels(choice), ring_index, l0=choice.level0)
 
     def output_shape(self, shape, p):
         return (shape[0] // p,) + tuple(shape[1:])

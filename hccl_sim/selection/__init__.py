@@ -20,7 +20,7 @@ from topologies.errors import HcclError
 from ..config.hccl_algo import ALGO_TOKENS, parse_hccl_algo
 from ..algorithms import registry
 from .. import collectives as colls
-from . import hccl, hccl_a3, model, scatter, variable
+from . import executor_choice, hccl, hccl_a3, model, scatter, variable
 
 log = logging.getLogger("hccl_sim.selection")
 
@@ -39,6 +39,7 @@ class Choice(NamedTuple):
     note: Optional[str] = None
     level2: Optional[str] = None
     expansion: Optional[str] = None       # "AIV": HCCL runs the op as one AIV kernel (priced on with_aiv)
+    executor: Optional[str] = None        # HCCL's algorithm name where it names one (the 950: AicpuAllReduceSoleNHR)
 
     @property
     def structure(self) -> tuple:
@@ -54,6 +55,8 @@ class Choice(NamedTuple):
             levels = [f"level{i}:{algo}" for i, algo in enumerate((self.level0, self.level1, self.level2))
                       if algo is not None]
             text = ";".join(levels) or "one rank: a local copy"
+        if self.executor is not None:
+            text = f"{self.executor}: {text}"
         if self.expansion is not None:
             text = f"{text} [{self.expansion}]"
         return text if self.note is None else f"{text} ({self.note})"
@@ -136,6 +139,9 @@ def _check_algo_grammar(ctx) -> None:
 
 
 def select(ctx: Context) -> Choice:
+    if ctx.topo.device_model.selector == "a5":              # the 950: the open-source HCCL's own selectors
+        _check_expansion(ctx)
+        return _noted(ctx.name, None, executor_choice.choose(ctx))
     v_op = ctx.signature.name in variable.V_EXECUTORS      # AllGatherV, ReduceScatterV: their executors' rules
     if v_op:
         variable.check_device(ctx)

@@ -85,8 +85,10 @@ def filter_counts(entries, counts: dict, engines) -> dict:
     return out
 
 
-def _apply(entry, op: str, engines, out: dict) -> bool:
-    """One entry on one op's algorithms in `out`; whether it settled the op."""
+def hits(entry, op: str, engines, counts: dict) -> list:
+    """The algorithms of op `op` (its fragment, "AllReduce") in `counts` that `entry` names, by
+    HCCL's match modes: the one exact name, every name of its executor (`{}`), or the pattern of
+    a negated template."""
     executor = EXECUTOR_TYPES[entry.executor]
     exact_tail = "".join(ALGO_TYPES[t.name] for t in entry.templates)
     negated_level = any(not t.enabled for t in entry.templates)
@@ -94,15 +96,20 @@ def _apply(entry, op: str, engines, out: dict) -> bool:
     for engine in engines:
         prefix = engine + op + executor
         if not entry.enabled:
-            hits = [n for n in out if n.startswith(prefix)] if not entry.templates else \
-                [n for n in (prefix + exact_tail,) if n in out]
+            found += [n for n in counts if n.startswith(prefix)] if not entry.templates else \
+                [n for n in (prefix + exact_tail,) if n in counts]
         elif negated_level:
-            hits = [n for n in out if _matches_pattern(n, prefix, entry.templates)]
+            found += [n for n in counts if _matches_pattern(n, prefix, entry.templates)]
         elif not entry.templates:
-            hits = [n for n in out if n.startswith(prefix) and out[n] != 0]
+            found += [n for n in counts if n.startswith(prefix) and counts[n] != 0]
         else:
-            hits = [n for n in (prefix + exact_tail,) if n in out]
-        found.extend(hits)
+            found += [n for n in (prefix + exact_tail,) if n in counts]
+    return found
+
+
+def _apply(entry, op: str, engines, out: dict) -> bool:
+    """One entry on one op's algorithms in `out`; whether it settled the op."""
+    found = hits(entry, op, engines, out)
     if not found:
         return False
     if not entry.enabled:

@@ -1,0 +1,123 @@
+"""The 950's choice with HCCL_ALGO's executor grammar honoured (docs/references.md §6.13, §7.7).
+
+Without HCCL_ALGO (or with a legacy value, which the 950's HCCL also reads), HCCL's rule-based
+selectors decide (selection.hccl_950). With an executor expression, the algorithms hccl-sim runs
+for the op on this shape are HCCL's candidates (`<Engine><Op><Executor><Templates>` names, the
+AICPU_TS engine), filtered as HCCL's UpdateCostModelWithAlgo filters them (selection.
+executor_filter); HCCL's own rule choice runs if it is left, else the fastest left by this
+emulator's timing model (HCCL's cost-model engine also takes the least cost). An entry for the op
+that names an algorithm hccl-sim does not run here (a CCU or AIV template, an executor of another
+level count) is E_NOT_SUPPORT naming it, never a silent replacement; an expression that leaves the
+op nothing is E_NOT_SUPPORT too.
+"""
+from __future__ import annotations
+
+import warnings
+
+from topologies.errors import HcclError
+
+from ..config.hccl_algo import parse_hccl_algo
+from ..config.alg_parse import EXECUTOR_TYPES, OP_TYPES, ALGO_TYPES
+from . import hccl_950
+from .executor_filter import filter_counts, hits
+
+ENGINE = "Aicpu"
+# What hccl-sim runs of HCCL's AICPU algorithms, by op: (executor, templates, levels run as):
+# "flat:<algorithm>" over every rank, or "levels" (the mesh, NHR, NHR one after another); and on
+# which level counts HCCL registers it (1: one server; 2: a SuperPoD; 3: several).
+ONE, MANY, TWO, THREE = (1,), (2, 3), (2,), (3,)
+_MESH = [("Sole", "Mesh", "flat:fullmesh", ONE), ("Sole", "MeshConcur", "flat:fullmesh", ONE),
+         ("Sole", "MeshChunk", "flat:fullmesh", ONE)]
+_ACROSS = [("Sole", "NHR", "flat:NHR", MANY), ("Parallel", "MeshNHR", "levels", TWO),
+           ("Sequence", "MeshConcurNHR", "levels", TWO), ("Sequence", "MeshConcurNHRNHR", "levels", THREE),
+           ("PipeLine", "", "levels", THREE)]
+CANDIDATES = {
+    "allreduce": [("Sole", "MeshOneShot", "flat:mesh_oneshot", ONE), ("Sole", "MeshTwoShot", "flat:fullmesh", ONE),
+                  ("Sole", "MeshChunkTwoShot", "flat:fullmesh", ONE), ("Sole", "MeshConcur", "flat:fullmesh", ONE),
+                  ("Sole", "NHRAicpuReduce", "flat:NHR", MANY)] + _ACROSS,
+    "allgather": _MESH + _ACROSS + [("Parallel", "NHRNHR", "levels", THREE)],
+    "reducescatter": _MESH + _ACROSS + [("Sole", "NHRAicpuReduce", "flat:NHR", MANY)],
+    "broadcast": [("Sole", "MeshTwoShot", "flat:fullmesh", ONE), ("Sole", "NHR", "flat:NHR", MANY),
+                  ("Parallel", "MeshNHR", "levels", TWO), ("Sequence", "Mesh1dNHRNHR", "levels", THREE)],
+    "reduce": [("Sole", "Mesh", "flat:mesh_oneshot", ONE), ("Sole", "MeshTwoShot", "flat:fullmesh", ONE),
+               ("Sole", "NHR", "flat:NHR", MANY), ("Sole", "NHRAicpuReduce", "flat:NHR", MANY),
+               ("Parallel", "MeshNHR", "levels", TWO), ("Sequence", "Mesh1DNHRNHR", "levels", THREE)],
+    "scatter": [("Sole", "Mesh", "flat:fullmesh", ONE), ("Sole", "NHR", "flat:NHR", MANY),
+                ("Parallel", "MeshNHR", "levels", TWO)],
+    "alltoall": [("Sole", "Mesh", "flat:fullmesh", ONE + MANY), ("Sole", "MeshSingleChannel", "flat:fullmesh", ONE + MANY)],
+    "alltoallv": [("Sole", "Mesh", "flat:fullmesh", ONE + MANY)],
+    "alltoallvc": [("Sole", "Mesh", "flat:fullmesh", ONE + MANY)],
+    "allgatherv": [("Sole", "Mesh", "flat:fullmesh", ONE), ("Sole", "NHR", "flat:NHR", MANY)],
+    "reducescatterv": [("Sole", "Mesh", "flat:fullmesh", ONE), ("Sole", "NHR", "flat:NHR", MANY)],
+}
+
+
+def _full_name(op: str, executor: str, templates: str) -> str:
+    return f"{ENGINE}{OP_TYPES[op]}{executor}{templates}"
+
+
+def candidates(name: str, shape) -> dict:
+    """{HCCL algorithm name: how hccl-sim runs it} for this op on this shape's level count."""
+    return {_full_name(name, e, t): how for e, t, how, levels in CANDIDATES.get(name, ()) if shape.L in levels}
+
+
+def _choice_of(ctx, full: str, how: str, shape):
+    if how == "levels":
+        return hccl_950._levels(full, shape)
+    return hccl_950._flat(ctx, how.split(":", 1)[1], full)
+
+
+def _entries(ctx):
+    """The executor entries asked for: `algo=` (read as HCCL_ALGO: a template alone, `nhr`, is
+    `sole{nhr}`), else HCCL_ALGO; a legacy value is read by HCCL but its levels steer none of the
+    950's selectors: said once."""
+    algo, source = ctx.config.algo, "HCCL_ALGO"
+    if ctx.signature.algo is not None:
+        if not isinstance(ctx.signature.algo, str):
+            raise HcclError("E_PARA", f"algo must be a string, got {type(ctx.signature.algo).__name__}")
+        algo, source = parse_hccl_algo(ctx.signature.algo, source="algo"), "algo"
+    if algo and algo.executors is None:
+        key = ("legacy on a5", algo.text)
+        if key not in _said:
+            _said.add(key)
+            warnings.warn(f"{source}={algo.text!r} is HCCL_ALGO's legacy grammar: the 950's HCCL reads it and its "
+                          "selectors do not use it; the open-source HCCL's executor grammar steers them "
+                          "(e.g. 'allreduce:sole{nhr}')", UserWarning, stacklevel=4)
+    return algo.executors, algo.text
+
+
+_said = set()
+
+
+def choose(ctx):
+    """The 950's choice for this call, HCCL_ALGO's executor entries honoured."""
+    entries, text = _entries(ctx)
+    rule = hccl_950.choose(ctx)
+    if not entries or ctx.topo.num_ranks == 1 or rule.executor is None:      # the barrier names none
+        return rule
+    shape = hccl_950.Shape(ctx)
+    if not shape.equal:
+        return rule
+    table = candidates(ctx.name, shape)
+    _refuse_unknown(ctx, entries, {name: 1 for name in table})
+    kept = filter_counts(entries, dict.fromkeys(table, 1), [ENGINE])
+    left = [full for full, count in kept.items() if count]
+    if not left:
+        raise HcclError("E_NOT_SUPPORT", f"HCCL_ALGO={text!r} leaves {OP_TYPES[ctx.name]} no algorithm "
+                        f"on {ctx.topo.name} with {ctx.topo.num_ranks} ranks (hccl-sim runs {', '.join(table)} here)")
+    if rule.executor in left:
+        return rule
+    choices = [_choice_of(ctx, full, table[full], shape) for full in left]
+    best = min(choices, key=ctx.price)
+    return best._replace(note="; ".join(n for n in (best.note, "HCCL_ALGO's pick: the fastest it leaves") if n))
+
+
+def _refuse_unknown(ctx, entries, table) -> None:
+    """E_NOT_SUPPORT for a wanted entry for this op that names nothing hccl-sim runs here."""
+    for entry in entries:
+        if entry.op != ctx.name or not entry.enabled or hits(entry, OP_TYPES[ctx.name], [ENGINE], table):
+            continue
+        named = _full_name(ctx.name, EXECUTOR_TYPES[entry.executor], "".join(ALGO_TYPES[t.name] for t in entry.templates))
+        raise HcclError("E_NOT_SUPPORT", f"HCCL_ALGO entry {entry.text()} names {named}, which hccl-sim does not run on "
+                        f"{ctx.topo.name} for {ctx.topo.num_ranks} ranks (it runs {', '.join(table)}; the CCU and "
+                        "AIV engines are not modelled)")

@@ -1,0 +1,254 @@
+"""HCCL's selection on the Ascend 950 (DEV_TYPE_950): the open-source HCCL's rule-based auto
+selectors, AICPU_TS engine (hicann/hccl @09300b70, src/ops/<op>/selector/*_auto_selector.cc;
+docs/references.md §6.13), which run on a 950 unless HCCL_USE_NEW_SELECTOR=1.
+
+Levels as HCCL counts them (topoLevelNums): one server L = 1; servers of one SuperPoD L = 2;
+several SuperPoDs L = 3. A choice is HCCL's algorithm name (`Choice.executor`) and the levels
+hccl-sim runs for it:
+
+- `...SoleMesh`, `...SoleMeshTwoShot` (one server): the full mesh (algorithms.mesh: RS + AG,
+  scatter + AG, RS + gather); `...SoleMeshOneShot` / AicpuReduceSoleMesh: algorithms.mesh_oneshot.
+- `...SoleNHR` (flat over every rank: small data across servers, one rank per server, servers of
+  unequal size, 64-bit and PROD reductions as `...SoleNHRAicpuReduce`): algorithms.nhr.
+- `...Sequence...` / `...Parallel...` / `...PipeLine` across servers: the levels one after another
+  (algorithms.superpod with the mesh at level0, NHR at level1 and level2).
+Where HCCL's executor does more than its levels in order, hccl-sim runs the levels in order and
+the label says what is not modelled: Parallel's split of the data over the mesh and the Clos at
+once, Concur's detour of mesh traffic over the Clos ports (the Z axis), chunking (MeshChunk),
+OmniPipe's pipelining (PipeLine), the AlltoAll channel count (SingleChannel). The CCU and AIV
+engines are not modelled (HCCL_OP_EXPANSION_MODE's warning says so; AICPU_TS runs).
+"""
+from __future__ import annotations
+
+import math
+
+from .. import collectives as colls
+from ..algorithms import registry
+
+MiB, GiB = 1 << 20, 1 << 30
+SPECIAL_TYPES = ("int64", "uint64", "float64")      # "special": reduced on the AI CPU (AicpuReduce)
+UNLIKE = {"Parallel": "the parallel split of the data over the mesh and the Clos at once is not modelled",
+          "Concur": "the detour of mesh traffic over the Clos ports (Z axis) is not modelled",
+          "Chunk": "the chunking is not modelled",
+          "PipeLine": "OmniPipe's pipelining of the levels is not modelled",
+          "SingleChannel": "one channel per peer, as the mesh runs"}
+
+
+def _op(name: str) -> str:
+    """HCCL's op fragment of a collective (AllReduce, AllGatherV, ...)."""
+    from ..config.alg_parse import OP_TYPES
+    return OP_TYPES[name]
+
+
+class Shape:
+    """What HCCL's 950 selectors read of a call: levels, ranks, sizes."""
+
+    def __init__(self, ctx):
+        srv, pods = ctx.servers, ctx.pods
+        self.name = ctx.name
+        self.n = ctx.topo.num_ranks
+        self.servers = srv.m
+        self.equal = srv.equal
+        self.per_server = srv.K if srv.equal else 0
+        self.pods = pods.shape if srv.equal else None          # (N2, N1, N0), logical superpods
+        self.superpods = len(set(ctx.topo.params["superpod_of_server"]))
+        self.L = 1 if self.servers == 1 else (2 if self.superpods <= 1 else 3)
+        # HCCL's level2Uboe: the fabric between SuperPoDs is UBoE (topo_host.cc CalcLevel2Uboe)
+        self.uboe = ctx.topo.params.get("inter_spec", {}).get("kind") == "UBoE"
+        total = math.prod(ctx.signature.shape) * ctx.itemsize
+        coll = colls.of(ctx.name)
+        # dataSize per rank, as the selectors take it: an AllGather's send, a ReduceScatter's
+        # receive, a vector op's whole buffer
+        self.d = total // self.n if coll.block and coll.input_is_block is False else total
+        sig = ctx.signature
+        self.special = sig.dtype in SPECIAL_TYPES or sig.redop == "prod"
+        # IsTwoLevelNetLayer: the NPUs sit behind a Clos too (any topology of more than one server)
+        self.two_level_net = ctx.topo.device_model.hierarchical and len(set(ctx.topo.server_of)) > 1
+
+
+def _name(ctx, executor: str, templates: str) -> str:
+    return f"Aicpu{_op(ctx.name)}{executor}{templates}"
+
+
+def _flat(ctx, algo: str, hccl_name: str, notes=()):
+    """`algo` over every rank (ring where hccl-sim does not build the op with it: NHR's Reduce)."""
+    from . import Choice
+    if not registry.supports(algo, ctx.name, "flat") and not registry.supports(algo, ctx.name, "level0"):
+        notes = list(notes) + [f"hccl-sim's {algo} builds no {ctx.name}: ring"]
+        algo = "ring"
+    return Choice(True, None, algo, _note(hccl_name, notes), executor=hccl_name)
+
+
+def _levels(hccl_name: str, shape: Shape, notes=()):
+    """The levels in order: the server's mesh, NHR among a SuperPoD's servers, NHR among SuperPoDs
+    (each where it has more than one member)."""
+    from . import Choice
+    N2, N1, N0 = shape.pods
+    across = "NHR"
+    if not registry.supports("NHR", shape.name, "level1"):     # NHR's Reduce is not built here
+        across, notes = "ring", list(notes) + [f"hccl-sim's NHR builds no {shape.name}: ring across servers"]
+    return Choice(False, "fullmesh" if N0 > 1 else None, across if N1 > 1 else None, _note(hccl_name, notes),
+                  across if N2 > 1 else None, executor=hccl_name)
+
+
+def _note(hccl_name: str, notes) -> str | None:
+    said = [text for key, text in UNLIKE.items() if key in hccl_name.replace("AicpuReduce", "")]
+    return "; ".join(list(notes) + said) or None
+
+
+def choose(ctx):
+    """HCCL's AICPU_TS choice for this call on a 950."""
+    s = Shape(ctx)
+    if not colls.of(ctx.name).carries_data:        # the barrier
+        from . import Choice
+        return Choice(True, None, "dissemination")
+    if s.n == 1:
+        return _flat(ctx, "fullmesh", _name(ctx, "Sole", "Mesh"), ["one rank: a local copy"])
+    if not s.equal:
+        # servers of unequal size: HCCL's Level1Nhr (gcd of the level0 sizes 1) runs one NHR over
+        # every rank; hccl-sim runs it for any unequal servers
+        return _flat(ctx, "NHR", _name(ctx, "Sole", "NHR"), ["servers of unequal size: one NHR over every rank"])
+    return _RULES[ctx.name](ctx, s)
+
+
+def _allreduce(ctx, s):
+    if s.L == 1:          # SelectMeshAlgoAicpu, in its order
+        if s.special:
+            return _flat(ctx, "mesh_oneshot", _name(ctx, "Sole", "MeshOneShot")) if s.d <= 8 * MiB else \
+                _flat(ctx, "fullmesh", _name(ctx, "Sole", "MeshTwoShot"))
+        if s.two_level_net and s.n == 2 and s.d >= 8 * MiB:
+            return _flat(ctx, "fullmesh", _name(ctx, "Sole", "MeshConcur"))
+        if s.d <= 8 * MiB:
+            return _flat(ctx, "mesh_oneshot", _name(ctx, "Sole", "MeshOneShot"))
+        if s.d * 8 / s.n ** 2 > 32 * MiB:
+            return _flat(ctx, "fullmesh", _name(ctx, "Sole", "MeshConcur" if s.two_level_net and s.d > 4 * GiB
+                                           else "MeshChunkTwoShot"))
+        return _flat(ctx, "fullmesh", _name(ctx, "Sole", "MeshTwoShot"))
+    if s.special:
+        return _flat(ctx, "NHR", _name(ctx, "Sole", "NHRAicpuReduce"))
+    if s.L == 3 and s.uboe:
+        return _across_uboe(ctx, s, "InsAllReduceParallelRSAGUboe")
+    if s.per_server == 1:
+        return _flat(ctx, "NHR", _name(ctx, "Sole", "NHR"))
+    if s.L == 3:
+        return _levels(_name(ctx, "Sequence", "MeshConcurNHRNHR"), s)
+    if s.d > 32 * MiB:
+        return _levels(_name(ctx, "Sequence", "MeshConcurNHR") if s.d > 4 * GiB else _name(ctx, "Parallel", "MeshNHR"), s)
+    return _flat(ctx, "NHR", _name(ctx, "Sole", "NHR"))
+
+
+def _across_uboe(ctx, s, otherwise: str):
+    """Three levels with UBoE between SuperPoDs: OmniPipe for 8-NPU servers, one NHR over every
+    rank for one server per SuperPoD, else `otherwise` (HCCL's Parallel over the levels)."""
+    if s.per_server == 8:
+        return _levels(_name(ctx, "PipeLine", ""), s)
+    if s.servers == s.superpods:
+        return _flat(ctx, "NHR", _name(ctx, "Sole", "NHR"))
+    return _levels(otherwise, s)
+
+
+def _gather_like(small: int, large_ranks: int):
+    """AllGather's and ReduceScatter's rules across servers (they differ in two thresholds)."""
+    def across(ctx, s):
+        if colls.of(ctx.name).reducing and s.special:
+            return _flat(ctx, "NHR", _name(ctx, "Sole", "NHRAicpuReduce"))
+        if s.L == 3 and s.uboe:
+            return _across_uboe(ctx, s, _name(ctx, "Parallel", "NHRNHR"))
+        if s.per_server == 1:
+            return _flat(ctx, "NHR", _name(ctx, "Sole", "NHR"))
+        if s.L >= 3:
+            return _levels(_name(ctx, "Sequence", "MeshConcurNHRNHR"), s)
+        if s.d * s.n >= GiB and s.n >= large_ranks:
+            return _levels(_name(ctx, "Parallel", "MeshNHR"), s)
+        if s.d > small:
+            return _levels(_name(ctx, "Sequence", "MeshConcurNHR") if s.d * s.n > 4 * GiB
+                           else _name(ctx, "Parallel", "MeshNHR"), s)
+        return _flat(ctx, "NHR", _name(ctx, "Sole", "NHR"))
+    return across
+
+
+_allgather_across = _gather_like(1 * MiB, 1024)
+_reducescatter_across = _gather_like(4 * MiB, 256)
+
+
+def _allgather(ctx, s):
+    if s.L > 1:
+        return _allgather_across(ctx, s)
+    if s.two_level_net and (s.d * s.n > GiB or (s.n == 2 and s.d >= 4 * MiB)):
+        return _flat(ctx, "fullmesh", _name(ctx, "Sole", "MeshConcur"))
+    return _flat(ctx, "fullmesh", _name(ctx, "Sole", "Mesh"))
+
+
+def _reducescatter(ctx, s):
+    if s.L > 1:
+        return _reducescatter_across(ctx, s)
+    if s.special:
+        return _flat(ctx, "fullmesh", _name(ctx, "Sole", "Mesh"))
+    ratio = (8 / s.n) ** 2
+    if s.two_level_net and s.n == 2 and s.d >= 4 * MiB:
+        return _flat(ctx, "fullmesh", _name(ctx, "Sole", "MeshConcur"))
+    if (s.two_level_net and s.d * s.n > 1.5 * GiB) or s.d * ratio > 16 * MiB:
+        return _flat(ctx, "fullmesh", _name(ctx, "Sole", "MeshChunk"))
+    return _flat(ctx, "fullmesh", _name(ctx, "Sole", "Mesh"))
+
+
+def _alltoall(ctx, s):
+    # every AlltoAll (and its V forms) is the flat mesh; more than 150 MiB over all peers drops
+    # the single channel (alltoall_auto_selector.cc)
+    if name_v(ctx):
+        return _flat(ctx, "fullmesh", _name(ctx, "Sole", "Mesh"))
+    return _flat(ctx, "fullmesh", _name(ctx, "Sole", "Mesh") if s.d * s.n > 150 * MiB else
+                 _name(ctx, "Sole", "MeshSingleChannel"))
+
+
+def name_v(ctx) -> bool:
+    return colls.of(ctx.name).variable
+
+
+def _broadcast(ctx, s):
+    if s.L == 1:
+        return _flat(ctx, "fullmesh", _name(ctx, "Sole", "MeshTwoShot"))
+    if s.per_server == 1 or (s.L == 3 and s.servers == s.superpods):
+        return _flat(ctx, "NHR", _name(ctx, "Sole", "NHR"))
+    if s.L == 3:
+        return _levels("InsBroadcastParallelNHRNHRUboe" if s.uboe else _name(ctx, "Sequence", "Mesh1dNHRNHR"), s)
+    return _levels(_name(ctx, "Parallel", "MeshNHR"), s)
+
+
+def _reduce(ctx, s):
+    if s.L == 1:
+        if s.d >= 8 * MiB:
+            return _flat(ctx, "fullmesh", _name(ctx, "Sole", "MeshTwoShot"))
+        return _flat(ctx, "mesh_oneshot", _name(ctx, "Sole", "Mesh"), ["every rank writes its input to the root"])
+    if s.special:
+        return _flat(ctx, "NHR", _name(ctx, "Sole", "NHRAicpuReduce"))
+    if s.per_server == 1:
+        return _flat(ctx, "NHR", _name(ctx, "Sole", "NHR"))
+    if s.L == 3:
+        if s.uboe:
+            return _levels("ReduceParallelNHRNHRUboe", s)
+        return _levels(_name(ctx, "Sequence", "Mesh1DNHRNHR"), s)
+    return _levels(_name(ctx, "Parallel", "MeshNHR"), s)
+
+
+def _scatter(ctx, s):
+    from . import Choice
+    if s.L == 1:
+        return _flat(ctx, "fullmesh", _name(ctx, "Sole", "Mesh"))
+    if s.per_server == 1 or s.L == 3:
+        return _flat(ctx, "NHR", _name(ctx, "Sole", "NHR"))
+    hccl_name = _name(ctx, "Parallel", "MeshNHR")
+    return Choice(False, "fullmesh", "NHR", _note(hccl_name, ()), executor=hccl_name)
+
+
+def _gather_v(ctx, s):
+    # AllGatherV / ReduceScatterV: HCCL's V selectors are not read here; one server runs the mesh,
+    # more the flat NHR (said)
+    if s.L == 1:
+        return _flat(ctx, "fullmesh", _name(ctx, "Sole", "Mesh"))
+    return _flat(ctx, "NHR", _name(ctx, "Sole", "NHR"), ["HCCL's V selectors across servers are not modelled: NHR"])
+
+
+_RULES = {"allreduce": _allreduce, "allgather": _allgather, "reducescatter": _reducescatter, "alltoall": _alltoall,
+          "alltoallv": _alltoall, "alltoallvc": _alltoall, "broadcast": _broadcast, "reduce": _reduce,
+          "scatter": _scatter, "allgatherv": _gather_v, "reducescatterv": _gather_v}

@@ -1,0 +1,119 @@
+"""The Ascend 950 presets: the server's UB mesh, the SuperPoD's UB Clos, UBoE between SuperPoDs;
+HCCL's AICPU_TS auto selectors (hccl_sim.selection.hccl_950) and HCCL_ALGO's executor grammar
+honoured there; every collective's programs verified symbolically and on real integer data."""
+import numpy as np
+import pytest
+
+import hccl_sim
+import topologies
+from hccl_sim import HcclError, collectives
+from hccl_sim.config.env import Config
+from hccl_sim.plan.loop_programs import build_parts
+from hccl_sim.plan.planner import Signature, choose
+from test_schedules import L, verify
+from test_superpod import _run_all
+
+
+def a5(servers=1, superpods=None, per_server=None):
+    if per_server is None:
+        return hccl_sim.topology("atlas950", servers=servers, superpods=superpods)
+    per = [servers] * (superpods or 1)
+    return topologies.hardware("atlas950", devices_per_server=[per_server] * sum(per),
+                               pod_of_server=[k for k, n in enumerate(per) for _ in range(n)])
+
+
+@pytest.mark.unit
+def test_the_presets_links_and_sizes():
+    topo = a5(2, 2)
+    assert (topo.device, topo.num_ranks, topo.device_model.algo_grammar) == ("950", 32, "executor")
+    mesh, clos, uboe = topo.route(0, 1), topo.route(0, 8), topo.route(0, 16)
+    assert (mesh.kind, mesh.bandwidth, mesh.egress) == ("UB", 56e9, (0, "hccs:1"))     # a port per peer link
+    assert (clos.kind, clos.bandwidth, clos.hops) == ("UB", 448e9, (0, "ub:0", 8))
+    assert (uboe.kind, uboe.bandwidth) == ("UBoE", 100e9)
+    assert hccl_sim.topology("atlas950-superpod").num_ranks == 8192
+    assert hccl_sim.topology("atlas950-supercluster").num_ranks == 524288
+    assert hccl_sim.topology("atlas950-superpod", servers=2).num_ranks == 16
+    with pytest.raises(HcclError, match="backup NIC is an A3"):
+        topologies.presets.with_backup_nics(topo, [1])
+
+
+def _algo(op, nbytes, topo, **kw):
+    return hccl_sim.simulate(op, nbytes, topology=topo, **kw).algo.split(":")[0]
+
+
+@pytest.mark.unit
+def test_hccl_s_auto_selectors_as_the_open_source_code_has_them():
+    MiB = 1 << 20
+    one, pod, cluster = a5(1), a5(4), a5(2, 2)
+    assert _algo("allreduce", 8 * MiB, one) == "AicpuAllReduceSoleMeshOneShot"
+    assert _algo("allreduce", 8 * MiB + 4, one) == "AicpuAllReduceSoleMeshTwoShot"
+    assert _algo("allreduce", 512 * MiB, one) == "AicpuAllReduceSoleMeshChunkTwoShot"
+    assert _algo("allreduce", 1 * MiB, one, dtype="int64") == "AicpuAllReduceSoleMeshOneShot"
+    assert _algo("allreduce", 32 * MiB, pod) == "AicpuAllReduceSoleNHR"
+    assert _algo("allreduce", 64 * MiB, pod) == "AicpuAllReduceParallelMeshNHR"
+    assert _algo("allreduce", 64 * MiB, pod, redop="prod") == "AicpuAllReduceSoleNHRAicpuReduce"
+    assert _algo("allreduce", 64 * MiB, cluster) == "AicpuAllReducePipeLine"
+    assert _algo("allgather", 1 * MiB * 32, pod) == "AicpuAllGatherSoleNHR"      # 1 MiB per rank
+    assert _algo("allgather", 2 * MiB * 32, pod) == "AicpuAllGatherParallelMeshNHR"
+    assert _algo("reducescatter", 2 * MiB * 32, pod) == "AicpuReduceScatterSoleNHR"        # 2 MiB per rank
+    assert _algo("alltoall", 1 * MiB, one) == "AicpuAllToAllSoleMeshSingleChannel"
+    assert _algo("broadcast", MiB, one) == "AicpuBroadcastSoleMeshTwoShot"
+    assert _algo("reduce", MiB, one) == "AicpuReduceSoleMesh"
+    assert _algo("scatter", MiB, pod) == "AicpuScatterParallelMeshNHR"
+    assert _algo("allreduce", 64 * MiB, a5(4, per_server=1)) == "AicpuAllReduceSoleNHR"    # one NPU per server
+    label = hccl_sim.simulate("allreduce", 64 * MiB, topology=pod).algo
+    assert "level0:fullmesh;level1:NHR" in label and "parallel split" in label     # what is not modelled, said
+
+
+@pytest.mark.unit
+def test_hccl_algo_executor_expressions_steer_the_950():
+    MiB = 1 << 20
+    pod = a5(2)
+    assert _algo("allreduce", 64 * MiB, pod, env={"HCCL_ALGO": "allreduce:sole{nhr}"}) == "AicpuAllReduceSoleNHR"
+    assert _algo("allreduce", 64 * MiB, pod, algo="nhr") == "AicpuAllReduceSoleNHR"
+    assert _algo("allreduce", 64 * MiB, pod, env={"HCCL_ALGO": "allreduce:not(parallel{mesh,nhr});sole{nhr}"}) == \
+        "AicpuAllReduceSoleNHR"
+    # another op's entry leaves this one to HCCL's own rules
+    assert _algo("allreduce", 64 * MiB, pod, env={"HCCL_ALGO": "allgather:sole{nhr}"}) == "AicpuAllReduceParallelMeshNHR"
+    with pytest.raises(HcclError) as info:
+        hccl_sim.simulate("allreduce", 64 * MiB, topology=pod, env={"HCCL_ALGO": "allreduce:sequence{mesh2die}"})
+    assert info.value.code == "E_NOT_SUPPORT" and "AicpuAllReduceSequenceMesh2Die" in str(info.value)
+    with pytest.raises(HcclError, match="leaves AllReduce no algorithm"):
+        hccl_sim.simulate("allreduce", 64 * MiB, topology=a5(1),
+                          env={"HCCL_ALGO": "allreduce:not(sole{})"})
+    with pytest.warns(UserWarning, match="legacy grammar: the 950's HCCL reads it and its selectors do not use it"):
+        hccl_sim.simulate("allreduce", 64 * MiB, topology=pod, env={"HCCL_ALGO": "level0:NA;level1:ring"})
+
+
+SHAPES = [(1, None, None), (2, None, 4), (2, 2, 2), (3, None, 1), (1, 3, 2)]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("coll", collectives.DATA_COLLECTIVES)
+def test_every_950_program_is_correct_symbolically(shape, coll):
+    topo = a5(*shape)
+    p = topo.num_ranks
+    for nbytes in (4 << 10, 64 << 20):          # the small and the large rules
+        n = 3 * p + 1
+        s = Signature(coll, (n * (p if coll in ("reducescatter", "alltoall", "scatter") else 1),), "float32",
+                      "sum" if collectives.of(coll).reducing else None, (2 * p) // 3 if collectives.of(coll).rooted
+                      else None, None)
+        sized = s._replace(shape=(nbytes // 4,)) if coll not in collectives.BLOCK else s
+        choice = choose(sized, topo, Config(), 4)
+        length = L if coll in collectives.BLOCK else n
+        for a, b, program in build_parts(coll, choice, topo, length, 4, s.root):
+            verify(program, coll, p, b - a if coll not in collectives.BLOCK else L, s.root or 0,
+                   f"{shape} {coll} {choice.label}")
+
+
+@pytest.mark.local
+@pytest.mark.parametrize("shape,levels", [((2, None, 4), "parallel{}"), ((2, 2, 2), "sequence{}")], ids=str)
+def test_real_data_on_950_superpods(shape, levels):
+    """HCCL's own choice (small data: the mesh or NHR), then the levels one after another (HCCL_ALGO
+    asks for every Parallel / Sequence algorithm of the op), bit-identical to numpy."""
+    topo = a5(*shape)
+    for coll in collectives.DATA_COLLECTIVES:
+        _run_all(coll, topo, 37)
+        results = _run_all(coll, topo, 1000, env={"HCCL_ALGO": levels})
+        assert results[0][1].algo.startswith(("Aicpu", "Ins", "Reduce")), results[0][1].algo
