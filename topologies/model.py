@@ -198,18 +198,14 @@ class DeviceModel:
         return np.where(nbytes > 0, self.reduce_latency_ns + transfer_ns_array(nbytes, self.reduce_bandwidth), 0)
 
     def local_reduce_ns_array(self, nbytes, dtype: str, op: str):
-        """A local reduce (HCCL's LocalReduce task: two operands of this device into a third): where
-        the DMA engine reduces inline (docs/references.md §2.5) an SDMA task, its copy's fixed cost
-        at the inline-reducing rate (a copy's rate when slower); elsewhere a copy and a CCE reduce."""
-        nbytes = np.asarray(nbytes, dtype=np.int64)
-        if self.inline(dtype, op):
-            fixed = np.where(nbytes >= self.copy_large_threshold, self.copy_latency_large_ns, self.copy_latency_small_ns)
-            rate = min(self.copy_bandwidth, self.inline_reduce_bandwidth)
-            return np.where(nbytes > 0, fixed + transfer_ns_array(nbytes, rate), 0)
+        """A local reduce (HCCL's LocalReduce task: two buffers of this device into one): where the
+        DMA engine reduces inline (docs/references.md §2.5) an SDMA task, priced as HCCL's profiling
+        model prices SDMA tasks, a copy's (§2.3; not the fitted rate of inline-reducing transfers,
+        which are link writes: §6.12 says why); elsewhere a copy and a CCE reduce."""
         return self.copy_ns_array(nbytes) + self.reduce_ns_array(nbytes, dtype, op)
 
     def local_reduce_ns(self, nbytes: int, dtype: str, op: str) -> int:
-        return int(self.local_reduce_ns_array(np.asarray([nbytes]), dtype, op)[0])
+        return self.copy_ns(nbytes) + self.reduce_ns(nbytes, dtype, op)
 
     def reduce_ns(self, nbytes: int, dtype: str, op: str) -> int:
         """Cost of reducing `nbytes` into a local buffer; zero where the DMA engine reduces inline."""

@@ -38,7 +38,7 @@ between servers. Local: Y copies (S servers: Y * S), Y - 1 local reduces of S bl
 one copy out (and one more across servers).
 
 Closed form, one server (α, β per link; reducing SIO writes at the inline-reduce rate; lr(n) a
-local reduce of n bytes, cp(n) a copy):
+local reduce of n bytes, a copy where the DMA reduces inline, cp(n) a copy):
   cp(m) + Y · max(α_SIO + m / β_SIO,red, α_HCCS + m / β_HCCS) + (Y - 1) · lr(m) + cp(m)
 (round 0 has no HCCS send; a round's copy overlaps its transfers). Several servers: Y · S copies,
 the Y rounds with S · m bytes, (Y - 1) · lr(S · m), a copy, S - 1 rounds of α + m / β between
