@@ -2,7 +2,7 @@
 
 A global step holds every transfer of that step (sender, receiver, bytes, the sender's source
 slice, the receiver's destination slice and, for a reducing receive, the receiver's operand
-slice), every local copy, and every modelled staging copy. A rank's part of global step t is its
+slice), every local copy (or local reduce: a copy with an operand slice), and every modelled staging copy. A rank's part of global step t is its
 step t (hcomm.steps): the ops run at once, and the rank moves on when all of them have
 completed. Because both ends of every transfer sit in the same global step, schedules are
 aligned by construction: no deadlock is possible, and a step of all ranks can be priced with a
@@ -32,8 +32,8 @@ def _arr(x, n):
 
 ARRAYS = ("t_src", "t_dst", "t_bytes", "t_sbuf", "t_slo", "t_shi", "t_dbuf", "t_dlo", "t_dhi",
           "t_rbuf", "t_rlo", "t_rhi", "c_rank", "c_sbuf", "c_slo", "c_shi", "c_dbuf", "c_dlo", "c_dhi",
-          "c_bytes", "g_rank", "g_bytes", "g_dir")
-TIMING_ARRAYS = ("t_src", "t_dst", "t_bytes", "t_rbuf", "c_rank", "c_bytes", "g_rank", "g_bytes")
+          "c_bytes", "c_rbuf", "c_rlo", "c_rhi", "g_rank", "g_bytes", "g_dir")
+TIMING_ARRAYS = ("t_src", "t_dst", "t_bytes", "t_rbuf", "c_rank", "c_bytes", "c_rbuf", "g_rank", "g_bytes")
 _EMPTY = np.empty(0, dtype=_I64)
 
 
@@ -78,9 +78,11 @@ class TimingView:
     __slots__ = TIMING_ARRAYS + ("t_count", "expand")
 
     def __init__(self, t_src=_EMPTY, t_dst=_EMPTY, t_bytes=_EMPTY, t_rbuf=_EMPTY, c_rank=_EMPTY, c_bytes=_EMPTY,
-                 g_rank=_EMPTY, g_bytes=_EMPTY, t_count=None, expand=None):
+                 g_rank=_EMPTY, g_bytes=_EMPTY, t_count=None, expand=None, c_rbuf=None):
         self.t_src, self.t_dst, self.t_bytes, self.t_rbuf = t_src, t_dst, t_bytes, t_rbuf
         self.c_rank, self.c_bytes, self.g_rank, self.g_bytes = c_rank, c_bytes, g_rank, g_bytes
+        # which copies reduce (>= 0: a local reduce); none unless given, one entry per copy
+        self.c_rbuf = np.full(len(c_rank), NONE, dtype=_I64) if c_rbuf is None else c_rbuf
         self.t_count, self.expand = t_count, expand
 
 
@@ -112,7 +114,7 @@ def compact_timing(view):
     old = counts(view)
     count = np.diff(np.append(starts, n)).astype(_I64) if old is None else np.add.reduceat(old, starts)
     return TimingView(src[starts], dst[starts], nb[starts], np.asarray(view.t_rbuf)[starts], view.c_rank,
-                      view.c_bytes, view.g_rank, view.g_bytes, count, view.expand)
+                      view.c_bytes, view.g_rank, view.g_bytes, count, view.expand, view.c_rbuf)
 
 
 def expand_timing(view):
@@ -124,7 +126,7 @@ def expand_timing(view):
         return view
     rep = lambda a: np.repeat(np.asarray(a), c)       # noqa: E731
     return TimingView(rep(view.t_src), rep(view.t_dst), rep(view.t_bytes), rep(view.t_rbuf), view.c_rank,
-                      view.c_bytes, view.g_rank, view.g_bytes)
+                      view.c_bytes, view.g_rank, view.g_bytes, c_rbuf=view.c_rbuf)
 
 
 def compacted(step: GlobalStep) -> GlobalStep:
@@ -144,7 +146,7 @@ class RolledView(TimingView):
 
     def __init__(self, t_src, t_dst, pattern, shift: int, t_rbuf):
         self.t_src, self.t_dst, self.t_rbuf = t_src, t_dst, t_rbuf
-        self.c_rank = self.c_bytes = self.g_rank = self.g_bytes = _EMPTY
+        self.c_rank = self.c_bytes = self.c_rbuf = self.g_rank = self.g_bytes = _EMPTY
         self.t_count = self.expand = None
         self.pattern, self.shift = pattern, int(shift)
 
@@ -193,13 +195,17 @@ class StepBuilder:
                         _arr(dbuf, n), dlo, dlo + length, rb, rl, np.where(rb >= 0, rl + length, rl)))
         return self
 
-    def copies(self, rank, unit, sbuf, slo, shi, dbuf, dlo):
+    def copies(self, rank, unit, sbuf, slo, shi, dbuf, dlo, rbuf=NONE, rlo=0):
+        """rank's [dlo, dlo + (shi - slo)) of dbuf receives its own [slo, shi) of sbuf; with rbuf,
+        the reduction of that with its own rbuf[rlo, ...) (a local reduce)."""
         rank = np.asarray(rank, dtype=_I64).reshape(-1)
         n = rank.size
         if n == 0:
             return self
         slo, shi, dlo = _arr(slo, n), _arr(shi, n), _arr(dlo, n)
-        self._c.append((rank, _arr(sbuf, n), slo, shi, _arr(dbuf, n), dlo, dlo + (shi - slo), (shi - slo) * int(unit)))
+        rb, rl = _arr(rbuf, n), _arr(rlo, n)
+        self._c.append((rank, _arr(sbuf, n), slo, shi, _arr(dbuf, n), dlo, dlo + (shi - slo), (shi - slo) * int(unit),
+                        rb, rl, np.where(rb >= 0, rl + (shi - slo), rl)))
         return self
 
     def stages(self, rank, nbytes, direction):
@@ -217,7 +223,7 @@ class StepBuilder:
         if self._c:
             cols = [np.concatenate(c) for c in zip(*self._c)]
             (step.c_rank, step.c_sbuf, step.c_slo, step.c_shi, step.c_dbuf, step.c_dlo, step.c_dhi,
-             step.c_bytes) = cols
+             step.c_bytes, step.c_rbuf, step.c_rlo, step.c_rhi) = cols
         if self._g:
             step.g_rank, step.g_bytes, step.g_dir = [np.concatenate(c) for c in zip(*self._g)]
         return step
@@ -279,8 +285,9 @@ def rank_steps(program: list, p: int) -> list:
             ops[d].append(Recv(s, Slice(BUFFERS[st.t_dbuf[i]], int(st.t_dlo[i]), int(st.t_dhi[i])), nb, rw, i))
         for i in range(len(st.c_rank)):
             r = int(st.c_rank[i])
+            rw = None if st.c_rbuf[i] < 0 else Slice(BUFFERS[st.c_rbuf[i]], int(st.c_rlo[i]), int(st.c_rhi[i]))
             ops[r].append(Copy(Slice(BUFFERS[st.c_sbuf[i]], int(st.c_slo[i]), int(st.c_shi[i])),
-                               Slice(BUFFERS[st.c_dbuf[i]], int(st.c_dlo[i]), int(st.c_dhi[i])), int(st.c_bytes[i])))
+                               Slice(BUFFERS[st.c_dbuf[i]], int(st.c_dlo[i]), int(st.c_dhi[i])), int(st.c_bytes[i]), rw))
         for i in range(len(st.g_rank)):
             ops[int(st.g_rank[i])].append(Stage(int(st.g_bytes[i]), "in" if st.g_dir[i] == 0 else "out"))
         for r in range(p):
@@ -313,7 +320,8 @@ def data_moves(program: list) -> list:
         for i in range(len(st.c_rank)):
             r = int(st.c_rank[i])
             moves.append((r, int(st.c_sbuf[i]), int(st.c_slo[i]), int(st.c_shi[i]),
-                          r, int(st.c_dbuf[i]), int(st.c_dlo[i]), int(st.c_dhi[i]), -1, 0, 0))
+                          r, int(st.c_dbuf[i]), int(st.c_dlo[i]), int(st.c_dhi[i]),
+                          int(st.c_rbuf[i]), int(st.c_rlo[i]), int(st.c_rhi[i])))
         for i in range(len(st.t_src)):
             moves.append((int(st.t_src[i]), int(st.t_sbuf[i]), int(st.t_slo[i]), int(st.t_shi[i]),
                           int(st.t_dst[i]), int(st.t_dbuf[i]), int(st.t_dlo[i]), int(st.t_dhi[i]),

@@ -40,10 +40,12 @@ class Recv(NamedTuple):
 
 
 class Copy(NamedTuple):
-    """A local device copy."""
+    """A local device copy; with `reduce_with`, a local reduce: dst = src (op) local[reduce_with]
+    (HCCL's LocalReduce task, as the BIRS ReduceScatter's fixed-order tree uses it)."""
     src: Slice
     dst: Slice
     nbytes: int
+    reduce_with: Optional[Slice] = None
 
 
 class Stage(NamedTuple):

@@ -103,12 +103,13 @@ def replay(schedules, entry_ns, cost, dtype: str = "float32", redop: str | None 
         raise HcclError("E_INTERNAL", "a corrupted transfer needs the link state's retransmission rule", op=op_name)
 
     def local(r, op, t):
-        cost = dm.copy_ns(op.nbytes)
+        reducing = isinstance(op, Copy) and op.reduce_with is not None
+        cost = dm.local_reduce_ns(op.nbytes, dtype, redop or "sum") if reducing else dm.copy_ns(op.nbytes)
         start = max(t, engine_free[r])
         end = engine_free[r] = start + cost
         if events is not None and cost:
-            events.append((r, "copy" if isinstance(op, Copy) else f"stage-{op.direction}", start, end,
-                           {"bytes": op.nbytes}))
+            name = ("local reduce" if reducing else "copy") if isinstance(op, Copy) else f"stage-{op.direction}"
+            events.append((r, name, start, end, {"bytes": op.nbytes}))
         return end
 
     def transfer_for(src, dst, order, sending):

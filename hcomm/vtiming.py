@@ -142,7 +142,9 @@ def _prep(view, cost, dtype, redop, p, compact=True) -> _Prep:
         src, dst, eport, iport = pr.src, pr.dst, pr.eport, pr.iport
         pr.cost_fwd = pr.nf + pr.wire + pr.lat + pr.red
     l_rank = np.concatenate([np.asarray(view.c_rank, dtype=_I64), np.asarray(view.g_rank, dtype=_I64)])
-    l_cost = np.concatenate([dm.copy_ns_array(view.c_bytes), dm.copy_ns_array(view.g_bytes)]) if len(l_rank) else l_rank
+    c_cost = np.where(np.asarray(view.c_rbuf) >= 0, dm.local_reduce_ns_array(view.c_bytes, dtype, redop or "sum"),
+                      dm.copy_ns_array(view.c_bytes))
+    l_cost = np.concatenate([c_cost, dm.copy_ns_array(view.g_bytes)]) if len(l_rank) else l_rank
     keep = l_cost > 0
     pr.l_rank, pr.l_cost = l_rank[keep], l_cost[keep]
     if len(src):
@@ -176,6 +178,7 @@ def _content_key(st):
         parts = [np.ascontiguousarray(st.t_src).tobytes(), np.ascontiguousarray(st.t_dst).tobytes(),
                  np.ascontiguousarray(st.t_bytes).tobytes(), (np.asarray(st.t_rbuf) >= 0).tobytes(),
                  np.ascontiguousarray(st.c_rank).tobytes(), np.ascontiguousarray(st.c_bytes).tobytes(),
+                 (np.asarray(st.c_rbuf) >= 0).tobytes(),
                  np.ascontiguousarray(st.g_rank).tobytes(), np.ascontiguousarray(st.g_bytes).tobytes()]
         key = st.cache["content_key"] = ("content", hash(tuple(parts)), len(st.t_src))
     return key

@@ -200,6 +200,16 @@ class DeviceModel:
             return np.zeros(nbytes.shape, dtype=np.int64)
         return np.where(nbytes > 0, self.reduce_latency_ns + transfer_ns_array(nbytes, self.reduce_bandwidth), 0)
 
+    def local_reduce_ns_array(self, nbytes, dtype: str, op: str):
+        """A local reduce (HCCL's LocalReduce task: two buffers of this device into one): where the
+        DMA engine reduces inline (docs/references.md §2.5) an SDMA task, priced as HCCL's profiling
+        model prices SDMA tasks, a copy's (§2.3; not the fitted rate of inline-reducing transfers,
+        which are link writes: §6.12 says why); elsewhere a copy and a CCE reduce."""
+        return self.copy_ns_array(nbytes) + self.reduce_ns_array(nbytes, dtype, op)
+
+    def local_reduce_ns(self, nbytes: int, dtype: str, op: str) -> int:
+        return self.copy_ns(nbytes) + self.reduce_ns(nbytes, dtype, op)
+
     def reduce_ns(self, nbytes: int, dtype: str, op: str) -> int:
         """Cost of reducing `nbytes` into a local buffer; zero where the DMA engine reduces inline."""
         if nbytes <= 0 or (dtype in self.inline_reduce_dtypes and op in self.inline_reduce_ops):

@@ -155,6 +155,10 @@ def _tile_full(st, ranks, shift) -> GlobalStep:
         new.c_shi = (st.c_shi[None, :] + shift[:, st.c_sbuf]).reshape(-1)
         new.c_dlo = (st.c_dlo[None, :] + shift[:, st.c_dbuf]).reshape(-1)
         new.c_dhi = (st.c_dhi[None, :] + shift[:, st.c_dbuf]).reshape(-1)
+        new.c_rbuf = np.tile(st.c_rbuf, G)
+        rshift = np.where(st.c_rbuf[None, :] >= 0, shift[:, np.maximum(st.c_rbuf, 0)], 0)
+        new.c_rlo = (st.c_rlo[None, :] + rshift).reshape(-1)
+        new.c_rhi = (st.c_rhi[None, :] + rshift).reshape(-1)
     if len(st.g_rank):
         new.g_rank = ranks[:, st.g_rank].reshape(-1)
         new.g_bytes, new.g_dir = np.tile(st.g_bytes, G), np.tile(st.g_dir, G)
@@ -168,7 +172,7 @@ def _tile_timing(view, ranks) -> TimingView:
     return TimingView(ranks[:, view.t_src].reshape(-1), ranks[:, view.t_dst].reshape(-1), np.tile(view.t_bytes, G),
                       np.tile(view.t_rbuf, G), ranks[:, view.c_rank].reshape(-1), np.tile(view.c_bytes, G),
                       ranks[:, view.g_rank].reshape(-1), np.tile(view.g_bytes, G), None if c is None else np.tile(c, G),
-                      None if grouped is None else (lambda: _tile_timing(grouped(), ranks)))
+                      None if grouped is None else (lambda: _tile_timing(grouped(), ranks)), np.tile(view.c_rbuf, G))
 
 
 _EAGER_OPS = 1 << 16
@@ -208,7 +212,7 @@ def _rebuffer_full(st, frm: int, to: int, shift: int) -> GlobalStep:
     for name in st.__slots__:
         if name not in ("cache", "tview"):
             setattr(new, name, getattr(st, name))
-    for prefix, parts in (("t", ("s", "d", "r")), ("c", ("s", "d"))):
+    for prefix, parts in (("t", ("s", "d", "r")), ("c", ("s", "d", "r"))):
         for part in parts:
             buf = getattr(st, f"{prefix}_{part}buf")
             if not len(buf):
@@ -290,6 +294,10 @@ def spread(program: list, strides) -> list:
             new.c_bytes = rep(np.where(k > 0, st.c_bytes // counts, st.c_bytes))
             new.c_slo, new.c_shi = _spread_slices(st.c_slo, st.c_shi, st.c_sbuf, strides, counts)
             new.c_dlo, new.c_dhi = _spread_slices(st.c_dlo, st.c_dhi, st.c_dbuf, strides, counts)
+            new.c_rbuf = rep(st.c_rbuf)
+            rlo, rhi = _spread_slices(st.c_rlo, st.c_rhi, st.c_rbuf, strides, counts)
+            has_r = new.c_rbuf >= 0
+            new.c_rlo, new.c_rhi = np.where(has_r, rlo, 0), np.where(has_r, rhi, 0)
         new.g_rank, new.g_bytes, new.g_dir = st.g_rank, st.g_bytes, st.g_dir
         out.append(new)
     return out

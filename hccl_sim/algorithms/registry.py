@@ -1,7 +1,8 @@
 """The algorithm registry: every algorithm by its HCCL name, with what it can run and where.
 
 One entry per algorithm module: each module declares NAME, DESCRIPTION, COLLECTIVES and LEVELS
-next to its builders, and NOT_AT where HCCL does not run a collective it builds at some level.
+next to its builders, NOT_AT where HCCL does not run a collective it builds at some level, and
+STAGED = False when its program reads and writes the user's buffers itself (no CCL-buffer staging).
 Levels: "flat" (over all ranks of a synthetic topology), "level0" (inside a server), "level1"
 (among the same-index cards of all servers; pipeline spans both levels); on an A3 SuperPoD,
 level1 is inside a superpod and level2 among superpods, and what runs there is A3's selection
@@ -16,11 +17,11 @@ from types import ModuleType
 
 from topologies.errors import HcclError
 
-from . import (dissemination, double_ring, grouped_mesh, halving_doubling, mesh, mesh_oneshot, nb, nhr, pairwise,
-               pipeline, ring, star)
+from . import (birs, dissemination, double_ring, grouped_mesh, halving_doubling, mesh, mesh_oneshot, nb, nhr,
+               pairwise, pipeline, ring, star)
 
 MODULES = (ring, halving_doubling, nhr, nb, mesh, pairwise, pipeline, star, dissemination, double_ring, grouped_mesh,
-           mesh_oneshot)
+           mesh_oneshot, birs)
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class Algorithm:
     collectives: tuple
     levels: tuple
     not_at: dict              # level -> collectives the module builds but HCCL does not run there
+    staged: bool = True       # False: it reads the user's input and writes the output itself (STAGED)
 
     def supports(self, collective: str, level: str = "flat") -> bool:
         return (collective in self.collectives and level in self.levels
@@ -38,7 +40,7 @@ class Algorithm:
 
 
 ALGORITHMS = {m.NAME: Algorithm(m.NAME, m, m.DESCRIPTION, tuple(m.COLLECTIVES), tuple(m.LEVELS),
-                                dict(getattr(m, "NOT_AT", {}))) for m in MODULES}
+                                dict(getattr(m, "NOT_AT", {})), getattr(m, "STAGED", True)) for m in MODULES}
 
 
 def get(name: str) -> Algorithm:

@@ -9,7 +9,7 @@ import numpy as np
 from . import verifiable as vf
 from .base import Collective, Loops
 from .. import algorithms
-from ..algorithms import grouped_mesh, hierarchy, pipeline, superpod
+from ..algorithms import birs, grouped_mesh, hierarchy, pipeline, superpod
 from ..config.types import ReduceOp, reducer
 
 
@@ -162,6 +162,11 @@ class ReduceScatter(Collective):
 
     def superpod_program(self, pods, choice, length, unit, root, ring_index):
         return superpod.reducescatter(pods, unit, *self.superpod_levels(choice), ring_index, l0=choice.level0)
+
+    def program(self, choice, view, length, unit, root):
+        if choice.flat and choice.level1 == birs.NAME:       # HCCL_BIRS_ENABLE: its own layout on the servers
+            return birs.reducescatter(view.p, view.servers.m, unit)
+        return super().program(choice, view, length, unit, root)
 
     def output_shape(self, shape, p):
         return (shape[0] // p,) + tuple(shape[1:])

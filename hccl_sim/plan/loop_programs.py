@@ -16,7 +16,7 @@ from hcomm.cost import as_cost
 from hcomm.exec import LoopBody
 
 from .. import collectives as colls
-from ..algorithms import double_ring, hierarchy, superpod
+from ..algorithms import double_ring, hierarchy, registry, superpod
 from ..algorithms.common import side_by_side
 from ..selection import Choice
 
@@ -112,7 +112,7 @@ def loop_parts(cost, name, choice, length, itemsize, root) -> tuple:
     if got is None:
         parts = build_parts(name, choice, cost, length, itemsize, root)
         program = side_by_side(*[prog for _, _, prog in parts]) if len(parts) > 1 else parts[0][2]
-        if cost.device_model.staging and colls.of(name).carries_data:       # a barrier stages nothing
+        if cost.device_model.staging and colls.of(name).carries_data and _staged(choice):   # a barrier stages nothing
             p = cost.num_ranks
             ins, outs = colls.of(name).stage_bytes(p, length, itemsize, root or 0)
             r = np.arange(p)
@@ -120,6 +120,12 @@ def loop_parts(cost, name, choice, length, itemsize, root) -> tuple:
                        + [prog.StepBuilder().stages(r[outs > 0], outs[outs > 0], "out").build()])
         got = cache[key] = (program, tuple(parts) if len(parts) > 1 else None)
     return got
+
+
+def _staged(choice: Choice) -> bool:
+    """Whether what runs goes through the CCL buffer: not an algorithm that reads and writes the
+    user's buffers itself (algorithms.registry's `staged`)."""
+    return not choice.flat or registry.get(choice.level1).staged
 
 
 def variable_loop_parts(cost, name, choice, v, a: int, b: int, itemsize, root) -> tuple:

@@ -6,7 +6,8 @@ HCCL_ALGO's level1 token) runs as asked, or by one of HCCL's documented fallback
 named in the label (`last_op.algo`) and logged; anything else is an HcclError naming what the
 collective and topology support (`hccl.resolve_explicit`). Without one, the policy decides:
 `hccl` (HCCL's own rules, selection/hccl.py) or `model` (the fastest by this emulator's timing
-model, selection/model.py).
+model, selection/model.py). HCCL_BIRS_ENABLE=TRUE decides a ReduceScatter before all of these
+(selection/birs.py).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from topologies.errors import HcclError
 from ..config.hccl_algo import ALGO_TOKENS, parse_hccl_algo
 from ..algorithms import registry
 from .. import collectives as colls
-from . import executor_choice, hccl, hccl_a3, model, scatter, variable
+from . import birs, executor_choice, hccl, hccl_a3, model, scatter, variable
 
 log = logging.getLogger("hccl_sim.selection")
 
@@ -141,6 +142,7 @@ def _check_algo_grammar(ctx) -> None:
 def select(ctx: Context) -> Choice:
     if ctx.topo.device_model.selector == "a5":              # the 950: the open-source HCCL's own selectors
         _check_expansion(ctx)
+        birs.choose(ctx, None, None)                         # HCCL_BIRS_ENABLE's refusal off A3
         return _noted(ctx.name, None, executor_choice.choose(ctx))
     v_op = ctx.signature.name in variable.V_EXECUTORS      # AllGatherV, ReduceScatterV: their executors' rules
     if v_op:
@@ -160,6 +162,11 @@ def _select(ctx: Context, v_op: bool) -> Choice:
     token = requested_token(name, ctx.signature.algo, ctx.config)
     if token in ("NA", "null"):
         token = None
+    if ctx.config.birs:          # HCCL_BIRS_ENABLE=TRUE: HcclReduceScatter decides this before anything else
+        token2 = requested_token(name, ctx.signature.algo, ctx.config, "level2")
+        choice = birs.choose(ctx, token, None if token2 in ("NA", "null") else token2)
+        if choice is not None:
+            return _noted(name, token, choice)
     policy = POLICIES[ctx.config.policy]
     srv = ctx.servers
     if name == "scatter":

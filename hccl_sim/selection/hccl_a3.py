@@ -106,6 +106,9 @@ def _level1(name, token, m):
         raise HcclError("E_NOT_SUPPORT", "NB Broadcast is run by HCCL at A3 level1 but not built by hccl-sim; use NHR")
     if name == "broadcast" and token != "NHR":
         return "NHR", f"A3 Broadcast runs NHR at level1 instead of {token}"
+    if not registry.supports(token, name, "level1"):     # a level0 or executor algorithm's name (double_ring, ...)
+        raise HcclError("E_PARA", f"algorithm {token!r} does not run {name} at A3 level1; it runs "
+                        f"{', '.join(a for a in ('ring', 'NHR', 'NB') if registry.supports(a, name, 'level1'))}")
     return token, None
 
 

@@ -161,3 +161,15 @@ def with_scratch(data: DataProgram, buffers):
     if buffers.scratch is not None or buffers.input is None or data.scratch_shape is None:
         return buffers
     return buffers._replace(scratch=data.scratch_for(buffers.input.dtype))
+
+
+def run_copy(region, rank: int, copy, reduce_fn) -> None:
+    """One local op (hcomm.steps.Copy) of `rank` on its registered memory (`region(rank, buf)`): a
+    copy, or with `reduce_with` a local reduce (dst = src (op) the operand)."""
+    s, d = copy.src, copy.dst
+    out = region(rank, d.buf)[d.start:d.stop]
+    if copy.reduce_with is None:
+        np.copyto(out, region(rank, s.buf)[s.start:s.stop])
+    else:
+        w = copy.reduce_with
+        reduce_fn(region(rank, s.buf)[s.start:s.stop], region(rank, w.buf)[w.start:w.stop], out)

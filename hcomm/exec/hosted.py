@@ -34,6 +34,7 @@ from ..program import BUFFERS
 from ..steps import Copy, Recv, Send, Slice
 from ..transports.host_steps import step_value
 from .data_program import COLLECTIVE_TAG as _TAG
+from .data_program import run_copy
 
 
 class HostedStep(NamedTuple):
@@ -102,8 +103,7 @@ def run_hosted(data, rank: int, buffers, transport, host, seq: int, steps: int |
             for s in st.sends:
                 posted.append(transport.post(rank, s.peer, _TAG, s.src.buf, s.src.start, s.src.stop))
             for c in st.copies:
-                s, d = c.src, c.dst
-                np.copyto(region(rank, d.buf)[d.start:d.stop], region(rank, s.buf)[s.start:s.stop])
+                run_copy(region, rank, c, reduce_fn)
             direct, taken = [], []
             for item, src in st.recvs:
                 views = None if src is None else peers.views(item.peer)

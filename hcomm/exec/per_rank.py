@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..steps import Copy, Recv, Send
-from .data_program import COLLECTIVE_TAG, DataProgram, with_scratch
+from .data_program import COLLECTIVE_TAG, DataProgram, run_copy, with_scratch
 from .hosted import run_hosted
 
 _EMPTY = np.empty(0, dtype=np.uint8)
@@ -98,8 +98,7 @@ def run_schedule(schedule, rank: int, transport, tag, reduce_fn, deadline=None, 
                 posted.append(transport.post(rank, item.peer, tag, s.buf, s.start, s.stop))
         for item in step:
             if type(item) is Copy:
-                s, d = item.src, item.dst
-                np.copyto(region(rank, d.buf)[d.start:d.stop], region(rank, s.buf)[s.start:s.stop])
+                run_copy(region, rank, item, reduce_fn)
         for item in step:
             if type(item) is Recv:
                 msg = transport.take(item.peer, rank, tag, deadline, op)
