@@ -61,8 +61,19 @@ def test_hccl_s_auto_selectors_as_the_open_source_code_has_them():
     assert _algo("reduce", MiB, one) == "AicpuReduceSoleMesh"
     assert _algo("scatter", MiB, pod) == "AicpuScatterParallelMeshNHR"
     assert _algo("allreduce", 64 * MiB, a5(4, per_server=1)) == "AicpuAllReduceSoleNHR"    # one NPU per server
-    label = hccl_sim.simulate("allreduce", 64 * MiB, topology=pod).algo
+    label = hccl_sim.simulate("allgather", 64 * MiB * 32, topology=pod).algo
     assert "level0:fullmesh;level1:NHR" in label and "parallel split" in label     # what is not modelled, said
+
+
+@pytest.mark.unit
+def test_the_parallel_executor_splits_the_data_by_port_counts_and_runs_both_levels_at_once():
+    """AllReduce's ParallelMeshNHR: 3/8 of the data mesh first on 4 servers of 8 (HCCL's ratio from
+    7 mesh links and 8 Clos ports), the rest across servers first; faster than the levels in turn."""
+    pod = a5(4)
+    est = hccl_sim.simulate("allreduce", 64 << 20, topology=pod)
+    assert est.algo.startswith("AicpuAllReduceParallelMeshNHR") and "0.375 of the data mesh first" in est.algo
+    sequence = hccl_sim.simulate("allreduce", 64 << 20, topology=pod, algo="allreduce:sequence{meshconcur,nhr}")
+    assert sequence.algo.startswith("AicpuAllReduceSequenceMeshConcurNHR") and sequence.time > 1.1 * est.time
 
 
 @pytest.mark.unit
@@ -117,3 +128,21 @@ def test_real_data_on_950_superpods(shape, levels):
         _run_all(coll, topo, 37)
         results = _run_all(coll, topo, 1000, env={"HCCL_ALGO": levels})
         assert results[0][1].algo.startswith(("Aicpu", "Ins", "Reduce")), results[0][1].algo
+
+
+@pytest.mark.unit
+def test_vectorised_timing_equals_the_event_driven_reference_on_the_950():
+    from hccl_sim.algorithms.common import side_by_side
+    from hcomm.vtiming import program_times
+    from test_schedules import des_times
+    for topo, algo in ((a5(2, None, 4), "parallel{}"), (a5(2, 2, 2), None), (a5(1), None)):
+        p = topo.num_ranks
+        for coll in collectives.DATA_COLLECTIVES:
+            s = Signature(coll, (p * 40,), "float32", "sum" if collectives.of(coll).reducing else None,
+                          (2 * p) // 3 if collectives.of(coll).rooted else None, algo)
+            choice = choose(s, topo, Config(), 4)
+            length = 40 if coll in collectives.BLOCK else 40 * p
+            program = side_by_side(*[prog for _, _, prog in build_parts(coll, choice, topo, length, 4, s.root)])
+            entry = np.arange(p, dtype=np.int64) * 977
+            assert list(program_times(program, entry, topo, "float32", "sum")) == \
+                list(des_times(program, entry, topo, "float32", "sum")), f"{coll} {choice.label}"

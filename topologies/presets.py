@@ -165,7 +165,8 @@ def hardware(name: str, servers=None, devices_per_server: list | None = None,
     if pod is not None:
         _check_pods(pod_of_server, len(device_ids), where)
         superpod_of = [pod_of_server[s] for s in server_of]
-        params.update(superpods=len(set(pod_of_server)), superpod_of_server=list(pod_of_server), inter_spec=dict(inter))
+        params.update(superpods=len(set(pod_of_server)), superpod_of_server=list(pod_of_server), inter_spec=dict(inter),
+                      superpod_ports=int(pod.get("ports", 1)))
     params.update(router=HardwareRouter(server_of, device_of, intra, inter, superpod_of, pod),
                   links=server_links(device_ids, intra, inter, pod_of_server, pod))
     return Topology(name=name, graph=partial(server_graph, list(devices_per_server), device_ids, intra, inter,

@@ -30,6 +30,7 @@ the chain along the servers (double_ring.scatter / gather), the same bytes per l
 """
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -67,6 +68,17 @@ class Pods:
     @property
     def shape(self):
         return self.N2, self.N1, self.N0
+
+    def transposed(self) -> "Pods":
+        """The same ranks with a superpod's servers and their ranks swapped: level0 the ranks of
+        one index across the servers, level1 one server's ranks. How the 950's Parallel executor
+        runs its second part, across servers first (hccl_sim.plan.loop_programs); for the vector
+        collectives (rows of block ones follow the canonical layout)."""
+        t = copy.copy(self)
+        t.M = self.M.transpose(0, 2, 1)
+        t.N0, t.N1 = self.N1, self.N0
+        t.canonical = False
+        return t
 
     def where(self, rank: int):
         """(superpod, server, die) of a rank."""
@@ -110,24 +122,30 @@ class _Chunks:
 
 
 def _level0(l0, N0, ring_index, first=0):
-    """(module, order of a server's ranks) of level0: the mesh in rank order (the 950), else the
-    ring (A3), in its double ring's direction `ring_index`, from `first`."""
-    if l0 == "fullmesh":
-        return mesh, np.arange(N0)
+    """(module, order of a server's ranks) of level0: the mesh in rank order (the 950), NHR (the
+    950's Parallel part that crosses servers first: Pods.transposed), else the ring (A3), in its
+    double ring's direction `ring_index`, from `first`."""
+    if l0 in ("fullmesh", "NHR"):
+        return (mesh if l0 == "fullmesh" else nhr), np.arange(N0)
     return ring, double_ring.order(N0, ring_index, first=first)
+
+
+def _chunk_offs(mod, ch, o):
+    """A level0 module's view of the chunks: NHR takes bounds, the others (lo, hi) in `o`'s order."""
+    return np.append(ch.lo, ch.hi[-1]) if mod is nhr else (ch.lo[o], ch.hi[o])
 
 
 def _level0_rs(pods, ch, unit, src, ring_index, l0):
     N2, N1, N0 = pods.shape
     mod, o = _level0(l0, N0, ring_index)
-    prog = mod.reducescatter(N0, (ch.lo[o], ch.hi[o]), unit, src, OUTPUT, OUTPUT, ch.lo[o])
+    prog = mod.reducescatter(N0, _chunk_offs(mod, ch, o), unit, src, OUTPUT, OUTPUT, ch.lo[o])
     return tile(prog, pods.M.reshape(-1, N0)[:, o])
 
 
 def _level0_ag(pods, ch, unit, ring_index, l0):
     N2, N1, N0 = pods.shape
     mod, o = _level0(l0, N0, ring_index)
-    return tile(mod.allgather(N0, (ch.lo[o], ch.hi[o]), unit, OUTPUT), pods.M.reshape(-1, N0)[:, o])
+    return tile(mod.allgather(N0, _chunk_offs(mod, ch, o), unit, OUTPUT), pods.M.reshape(-1, N0)[:, o])
 
 
 def _per_die(pods, pod=None):

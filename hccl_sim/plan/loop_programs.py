@@ -78,11 +78,28 @@ def build_parts(name: str, choice: Choice, topo, length: int, itemsize: int, roo
     two halves, each with its own ring direction, that run side by side."""
     cost = as_cost(topo)
     coll = colls.of(name)
+    if choice.split is not None:
+        return _parallel_parts(coll, choice, cost, length, itemsize, root or 0)
     if choice.level0 == "double_ring" and not choice.flat and coll.double_ring:
         pods = pods_of(cost)
         return [(a, b, coll.superpod_program(pods, choice, b - a, coll.program_unit(b - a, itemsize), root or 0, k))
                 for k, (a, b) in enumerate(double_ring.halves(length, itemsize))]
     return [(0, length, build_program(name, choice, cost, length, itemsize, root))]
+
+
+def _parallel_parts(coll, choice: Choice, cost, length: int, itemsize: int, root: int) -> list:
+    """The 950's Parallel executor (docs/references.md §6.13): the first `choice.split` of the
+    data runs the levels in order (the server's mesh, then across servers), the rest across
+    servers first (Pods.transposed: NHR among a server's same-index ranks, then the mesh), the
+    two parts side by side, so the mesh links and the Clos ports work at once."""
+    pods = pods_of(cost)
+    a = int(length * choice.split)
+    if a in (0, length):                      # too short to split: the levels in order
+        return [(0, length, coll.superpod_program(pods, choice, length, coll.program_unit(length, itemsize), root, 0))]
+    across_first = choice._replace(level0=choice.level1, level1=choice.level0)
+    parts = [(0, a, pods, choice), (a, length, pods.transposed(), across_first)]
+    return [(lo, hi, coll.superpod_program(view, levels, hi - lo, coll.program_unit(hi - lo, itemsize), root, 0))
+            for lo, hi, view, levels in parts if hi > lo]
 
 
 def build_program(name: str, choice: Choice, topo, length: int, itemsize: int, root) -> list:

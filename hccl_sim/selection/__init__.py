@@ -41,11 +41,14 @@ class Choice(NamedTuple):
     level2: Optional[str] = None
     expansion: Optional[str] = None       # "AIV": HCCL runs the op as one AIV kernel (priced on with_aiv)
     executor: Optional[str] = None        # HCCL's algorithm name where it names one (the 950: AicpuAllReduceSoleNHR)
+    # The 950's Parallel executor: the share of the data that runs the levels in order (the rest
+    # runs them across servers first, at the same time); None: one part
+    split: Optional[float] = None
 
     @property
     def structure(self) -> tuple:
         """What the program depends on (the note does not change a single step)."""
-        return (self.flat, self.level0, self.level1, self.level2)
+        return (self.flat, self.level0, self.level1, self.level2, self.split)
 
     @property
     def label(self) -> str:

@@ -62,6 +62,7 @@ class Shape:
         self.d = total // self.n if coll.block and coll.input_is_block is False else total
         sig = ctx.signature
         self.special = sig.dtype in SPECIAL_TYPES or sig.redop == "prod"
+        self.clos_ports = int(ctx.topo.params.get("superpod_ports", 1))
         # IsTwoLevelNetLayer: the NPUs sit behind a Clos too (any topology of more than one server)
         self.two_level_net = ctx.topo.device_model.hierarchical and len(set(ctx.topo.server_of)) > 1
 
@@ -79,16 +80,33 @@ def _flat(ctx, algo: str, hccl_name: str, notes=()):
     return Choice(True, None, algo, _note(hccl_name, notes), executor=hccl_name)
 
 
-def _levels(hccl_name: str, shape: Shape, notes=()):
+def parallel_split(shape) -> float:
+    """The share of the data HCCL's Parallel executor runs mesh first (CalcParallelDataSplitRatio,
+    template_utils.cc, the ReduceScatter form, as AllReduce's reduce-scatter half runs it; §6.13):
+    mesh = 21 (n0 - 1) / (20 n0 P0), Clos = (n1 - 1) / (n1 P1), with P0 the mesh links (one per
+    peer) and P1 the NPU's Clos ports; r = Clos / (Clos + mesh), to the nearest eighth in
+    [1/8, 7/8]: each part's first phase then takes about as long as the other's."""
+    N2, N1, N0 = shape.pods
+    mesh_cost = 21 * (N0 - 1) / (20 * N0 * (N0 - 1))
+    clos_cost = (N1 - 1) / (N1 * shape.clos_ports)
+    r = clos_cost / (clos_cost + mesh_cost)
+    return min(max(round(r * 8) / 8, 1 / 8), 7 / 8)
+
+
+def _levels(hccl_name: str, shape: Shape, notes=(), split=None):
     """The levels in order: the server's mesh, NHR among a SuperPoD's servers, NHR among SuperPoDs
-    (each where it has more than one member)."""
+    (each where it has more than one member); with `split`, HCCL's Parallel executor (the rest of
+    the data across servers first, at the same time)."""
     from . import Choice
     N2, N1, N0 = shape.pods
     across = "NHR"
     if not registry.supports("NHR", shape.name, "level1"):     # NHR's Reduce is not built here
         across, notes = "ring", list(notes) + [f"hccl-sim's NHR builds no {shape.name}: ring across servers"]
-    return Choice(False, "fullmesh" if N0 > 1 else None, across if N1 > 1 else None, _note(hccl_name, notes),
-                  across if N2 > 1 else None, executor=hccl_name)
+    if split is not None:
+        notes = list(notes) + [f"{split:g} of the data mesh first, the rest across servers first, at once"]
+    note = _note(hccl_name.replace("Parallel", "") if split is not None else hccl_name, notes)
+    return Choice(False, "fullmesh" if N0 > 1 else None, across if N1 > 1 else None, note,
+                  across if N2 > 1 else None, executor=hccl_name, split=split)
 
 
 def _note(hccl_name: str, notes) -> str | None:
@@ -133,7 +151,9 @@ def _allreduce(ctx, s):
     if s.L == 3:
         return _levels(_name(ctx, "Sequence", "MeshConcurNHRNHR"), s)
     if s.d > 32 * MiB:
-        return _levels(_name(ctx, "Sequence", "MeshConcurNHR") if s.d > 4 * GiB else _name(ctx, "Parallel", "MeshNHR"), s)
+        if s.d > 4 * GiB:
+            return _levels(_name(ctx, "Sequence", "MeshConcurNHR"), s)
+        return _levels(_name(ctx, "Parallel", "MeshNHR"), s, split=parallel_split(s))
     return _flat(ctx, "NHR", _name(ctx, "Sole", "NHR"))
 
 
