@@ -159,6 +159,9 @@ class DeviceModel:
     # The HCCL_OP_EXPANSION_MODE values priced here (each as its own path); the first is the
     # device's default. Empty: a synthetic preset, where the mode changes nothing.
     expansion_modes: tuple = ()
+    # Which data types HCCL takes here for which ops, by the code that checks them there
+    # (hccl_sim.config.type_rules names each: "hcomm_910b", "hcomm_910", "hccl_ops"; §9.3).
+    data_types: str = "synthetic"
 
     def kernel_ns(self, flops: float = 0.0, nbytes: int = 0) -> int:
         """A kernel's duration on the roofline: launch + max(compute time, memory time)."""

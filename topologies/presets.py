@@ -83,6 +83,7 @@ def device_model_from(data: dict) -> DeviceModel:
         group_calls=bool(d["group_calls"]),
         algo_grammar=str(d["algo_grammar"]),
         expansion_modes=tuple(str(m) for m in d["expansion_modes"]),
+        data_types=str(d["data_types"]),
     )
 
 
