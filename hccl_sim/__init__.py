@@ -33,7 +33,7 @@ from .faults.fault_plan import FaultPlan
 from .npu.device import Allocator
 from .plan.faulted import NEVER_NS, LinkSetupFailed, crash_in, with_faults
 from .plan.planner import Signature, make_plan
-from .config.types import ReduceOp, check_reduction, dtype_name, numpy_dtype, parse_reduce_op
+from .config.types import ReduceOp, check_type, dtype_name, numpy_dtype, parse_reduce_op
 from .engines import interception
 from .engines import registry as _registry
 
@@ -339,8 +339,7 @@ def simulate(op: str, nbytes: int | None = None, topology=None, algo: str | None
     if not isinstance(trace, (bool, np.bool_)):
         raise HcclError("E_PARA", f"simulate: trace must be True or False, got {trace!r}")
     red = parse_reduce_op(redop).value if coll.reducing else None
-    if coll.reducing:
-        check_reduction(dname, f"simulate {name}")
+    check_type(dname, topo.device_model.data_types, f"simulate {name}", red)
     sig = Signature(name, shape, dname, red, root if coll.rooted else None, algo, False, v)
     config = with_faults(topo, Config.from_env(env, policy), faults)
     entry = [0] * p if config.faults is None else [config.faults.straggle_ns(r, 0) for r in range(p)]

@@ -1,5 +1,6 @@
 """Every collective x algorithm x rank count 1..16 x edge sizes on the local engine, against numpy,
-bit for bit (integer-valued data), plus the full dtype x reduce-op matrix, inputs never modified,
+bit for bit (integer-valued data), plus the full dtype x reduce-op matrix (a pair HCCL does not
+reduce refused, its type still moved), inputs never modified,
 ops larger than the communicator buffer, and both local data planes."""
 import functools
 
@@ -11,6 +12,7 @@ import hccl_sim
 from hccl_sim import HcclError
 from hccl_sim.engines.local import run_local
 from hccl_sim.config.env import Config
+from hccl_sim.config.type_rules import RULES
 
 UFUNC = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.float16, np.float32, np.float64, ml_dtypes.bfloat16]
@@ -78,10 +80,30 @@ def test_every_collective_every_rank_count(p, algo):
         check(results, p, count, np.int32, "sum", root)
 
 
+def refused_then_moved(comm, dtype, op):
+    """Every reducing op refused (E_NOT_SUPPORT), the moving ones run: what a rank sees of a type
+    HCCL does not reduce with `op`."""
+    x = make_input(comm.rank, (comm.size,), dtype, "sum")
+    codes = []
+    for call in (lambda: comm.all_reduce(x, op=op), lambda: comm.reduce_scatter(x, op=op),
+                 lambda: comm.reduce(x, root=0, op=op)):
+        try:
+            call()
+        except HcclError as exc:
+            codes.append(exc.code)
+    return codes, comm.all_gather(x), comm.broadcast(x, root=0)
+
+
 @pytest.mark.local
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("op", ["sum", "prod", "max", "min"])
 def test_dtype_op_matrix(dtype, op):
+    if RULES["synthetic"].refusal(np.dtype(dtype).name, "", op):     # uint8; prod of int16, bf16 (§9.3)
+        results = hccl_sim.run(refused_then_moved, topology=hccl_sim.topology("fullmesh", ranks=3), args=(dtype, op))
+        xs = [make_input(r, (3,), dtype, "sum") for r in range(3)]
+        assert all(codes == ["E_NOT_SUPPORT"] * 3 and np.array_equal(gathered, np.concatenate(xs))
+                   and np.array_equal(bcast, xs[0]) for codes, gathered, bcast in results)
+        return
     for p, algo in ((5, "ring"), (6, "H-D_R"), (8, "H-D_R"), (3, None)):
         topo = hccl_sim.topology("fullmesh", ranks=p)
         results = hccl_sim.run(all_collectives, topology=topo, args=(2 * p + 1, dtype, op, algo, p - 1))

@@ -129,15 +129,19 @@ def test_check_rule_on_real_data(capsys):
     assert htd.inputs("alltoall", 0, 2, 2, "float32", "sum", 0).view(np.uint8).tolist() == [0x5a] * 4 + [0xa5] * 4
 
 
-def test_bf16_prod_fails_and_a_failure_sticks(capsys):
-    # fp32tobf16 returns its float converted to uint16: hccl_test's bf16 2 is the subnormal 0x0002,
-    # whose product underflows to 0 while the check expects 0x0004; check_err is never reset
+def test_bf16_prod_is_refused_and_a_type_without_a_check_fails(capsys):
+    # fp32tobf16 returns its float converted to uint16: hccl_test's bf16 2 is the subnormal 0x0002;
+    # its product would underflow, but HCCL multiplies no bf16 on any device (CheckReduceOp,
+    # CheckReduceDataType): the call fails before any check
     assert htd.bf16_bits(2.0) == 2 and htd.bf16_bits(2.0 ** 16) == 0
-    code, lines, _ = run(capsys, "--format", "hccl_test", "-d", "bfp16", "-o", "prod", "--topology", "fullmesh",
-                         "--ranks", "2", "-b", "8", "-e", "16", "-f", "2", "-n", "1", "-w", "0")
-    assert code == 1
-    assert lines[1:3] == ["total err is 4", "total err is 4"] and lines.count("total err is 8") == 2
-    assert lines[3].startswith("local rank_id 0, check result failed, 8 ") and lines[-1].endswith("| failed")
+    code, _, err = run(capsys, "--format", "hccl_test", "-d", "bfp16", "-o", "prod", "--topology", "fullmesh",
+                       "--ranks", "2", "-b", "8", "-e", "16", "-f", "2", "-n", "1", "-w", "0")
+    assert code == 2 and "reduceop is [prod] data type[bfloat16] not supported" in err
+    # reduce_scatterv_test's check switch has no uint64 case: "no match datatype", a failure on every rank
+    code, lines, _ = run(capsys, "--format", "hccl_test", "--op", "reducescatterv", "-d", "uint64", "--topology",
+                         "fullmesh", "--ranks", "2", "-b", "16", "-e", "32", "-f", "2", "-n", "1", "-w", "0")
+    assert code == 1 and lines.count("no match datatype") == 4 and lines[-1].endswith("| failed")
+    assert lines[3].startswith("local rank_id 0, check result failed, 16 ")
     assert sum(line.startswith("local rank_id") for line in lines) == 4         # 2 ranks x 2 sizes
     assert lines.count(ht.HEADER) == 1
 
@@ -168,17 +172,19 @@ def test_overflow_prints_its_warning_and_null(capsys):
     assert lines[2] == ht.HEADER and all(line.endswith("| NULL") for line in lines[3:])
 
 
-def test_data_types_held_run_and_the_others_are_refused(capsys):
-    # test_typenames (hccl_test_common.cc): 17 names; int128 and hif8 have no numpy/ml_dtypes type
-    for name in ("int8", "uint16", "fp64", "bfp16", "fp8e4m3", "fp8e5m2", "fp8e8m0"):
+def test_data_types_run_where_hccl_takes_them(capsys):
+    # test_typenames (hccl_test_common.cc): 17 names; hif8 is one of its byte types
+    for name in ("int8", "uint16", "fp64", "bfp16", "hif8", "fp8e4m3", "fp8e5m2", "fp8e8m0"):
         code, lines, _ = run(capsys, "--format", "hccl_test", "--op", "allgather", "-d", name, "--topology", "fullmesh",
                              "--ranks", "2", "-b", "16", "-e", "16", "-n", "1", "-w", "0")
         assert code == 0 and lines[-1].endswith("| success"), (name, lines)
-    for name in ("hif8", "int128"):
-        code, lines, err = run(capsys, *TIMING, "-d", name)
-        assert code == 2 and "has no numpy or ml_dtypes type to hold it" in err and err.count("\n") == 1
-    code, _, err = run(capsys, *TIMING, "-d", "fp8e4m3")                       # HCCL reduces no fp8 (§9.3)
-    assert code == 2 and "HCCL reduces no fp8e4m3 data" in err
+    code, lines, err = run(capsys, *TIMING, "-d", "int128")        # hccl_test sizes it as 4 bytes, writes nothing
+    assert code == 2 and "hccl_test has no int128 case" in err and err.count("\n") == 1
+    code, _, err = run(capsys, *TIMING, "-d", "fp8e4m3")           # no device reduces fp8 (op_common.cc, §9.3)
+    assert code == 2 and "data type[fp8e4m3] not supported, support range=" in err
+    code, _, err = run(capsys, "--format", "hccl_test", "--op", "allgather", "-d", "hif8", "--topology",
+                       "atlas800t-a2", "-b", "16", "-e", "16", "-n", "1", "-w", "0", "-c", "0")
+    assert code == 2 and "data type[hif8] not supported (hcomm's legacy path on 910B" in err    # HcomCheckDataType
 
 
 def test_zero_copy_on_a3_drops_staging_and_is_refused_elsewhere(capsys):

@@ -114,7 +114,7 @@ def test_ranktable_hccl_doc_example():
             {"device_id": "1", "device_ip": "192.168.2.9", "device_port": "16667", "rank_id": "3"}]}]}
     t = ranktable.parse(doc)
     assert t.num_ranks == 4 and t.server_of == [0, 0, 1, 1] and t.route(1, 2).kinds == ("RoCE", "RoCE")
-    res = hccl_sim.run(lambda c: c.all_reduce(np.ones(3) * c.rank), topology=t)
+    res = hccl_sim.run(lambda c: c.all_reduce(np.ones(3, np.float32) * c.rank), topology=t)
     assert all(np.all(r == 6) for r in res)
 
 

@@ -162,6 +162,9 @@ class DeviceModel:
     # Whose selection rules run here: "hccl" (A2's and A3's, by the layout) or "a5" (the open-source
     # HCCL's rule-based auto selectors of the 950, hccl_sim.selection.hccl_950).
     selector: str = "hccl"
+    # Which data types HCCL takes here for which ops, by the code that checks them there
+    # (hccl_sim.config.type_rules names each: "hcomm_910b", "hcomm_910", "hccl_ops"; §9.3).
+    data_types: str = "synthetic"
 
     def kernel_ns(self, flops: float = 0.0, nbytes: int = 0) -> int:
         """A kernel's duration on the roofline: launch + max(compute time, memory time)."""

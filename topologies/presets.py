@@ -23,7 +23,7 @@ from .model import DeviceModel, Topology, add_link, seconds_to_ns
 from .routers import FullMeshRouter, HardwareRouter, RingRouter
 from .server_graphs import server_graph, server_links
 from .subset import SubsetRouter, subset
-from .validate import integer, real
+from .validate import device_ids_checked, integer, real
 
 PRESET_DIR = Path(__file__).with_name("presets")
 HARDWARE_PRESETS = ("atlas800t-a2", "atlas800-910a", "atlas900-a3", "atlas950")
@@ -66,6 +66,13 @@ def preset_data(name: str) -> dict:
         return yaml.safe_load(f)
 
 
+def max_device_id(name: str) -> int:
+    """The largest device_id a server of this preset holds (its YAML's `max_device_id`, cited
+    there; docs/references.md §8.1), else HCCL's documented rule: [0, devices - 1]."""
+    data = preset_data(hardware_name(name))
+    return int(data.get("max_device_id", int(data["npus_per_server"]) - 1))
+
+
 def device_model_from(data: dict) -> DeviceModel:
     d, c = data["device_model"], data["compute_model"]
     return DeviceModel(
@@ -102,6 +109,7 @@ def device_model_from(data: dict) -> DeviceModel:
         algo_grammar=str(d["algo_grammar"]),
         expansion_modes=tuple(str(m) for m in d["expansion_modes"]),
         selector=str(d.get("selector", "hccl")),
+        data_types=str(d["data_types"]),
     )
 
 
@@ -157,6 +165,7 @@ def hardware(name: str, servers=None, devices_per_server: list | None = None,
                         f"{MAX_RANKS} (topologies.MAX_RANKS)")
     if device_ids is None:
         device_ids = [list(range(n)) for n in devices_per_server]
+    device_ids_checked(devices_per_server, device_ids, max_device_id(name), where)
     intra, inter = data["intra_server"], data["inter_server"]
     server_of = [s for s, devs in enumerate(device_ids) for _ in devs]
     device_of = [d for devs in device_ids for d in devs]

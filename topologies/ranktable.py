@@ -3,7 +3,9 @@ A3 superpod template: `super_pod_list` and each device's `super_device_id`).
 
 Validation follows HCCL's rules (docs/references.md §8.1, §8.2): every value is a JSON string; `status`
 must be "completed"; `server_count` equals the number of servers; `server_id` is unique and at
-most 64 characters; `device_id` is a physical id in [0, npus_per_server) unique in its server;
+most 64 characters; `device_id` is a physical id in [0, the preset's max_device_id] (HCCL's parser's
+limit on the device: 7 on 910A and the A2 preset's one module, 15 on A3), unique in its server,
+gaps allowed;
 `device_ip` is a dotted IPv4 address, required when there is more than one server; `rank_id`s are
 unique, cover 0..N-1, and each server's ranks are one contiguous run (ranks never interleave
 across servers). Version 1.2 adds `super_pod_list` (every server in exactly one superpod, a
@@ -20,7 +22,7 @@ from pathlib import Path
 
 from .errors import HcclError
 from .model import Topology
-from .presets import hardware, hardware_name, preset_data
+from .presets import hardware, hardware_name, max_device_id, preset_data
 
 SUPPORTED_VERSION = "1.0"
 SUPERPOD_VERSION = "1.2"
@@ -88,7 +90,7 @@ def parse(table: dict, preset: str | None = None, path: str = "<dict>") -> Topol
     count = _int_string(table, "server_count", "top level", path, 1, 1 << 20, required=not superpod)
     if count is not None and count != len(servers):
         raise _fail("server_count", f"says {count} but server_list holds {len(servers)} servers", path)
-    npus = int(preset_data(preset)["npus_per_server"])
+    npus, most_id = int(preset_data(preset)["npus_per_server"]), max_device_id(preset)
     seen_ids, seen_ips, rank_owner = {}, {}, {}
     server_ids, per_server = [], []
     for s, server in enumerate(servers):
@@ -109,7 +111,7 @@ def parse(table: dict, preset: str | None = None, path: str = "<dict>") -> Topol
             dwhere = f"{where}.device[{d}]"
             if not isinstance(dev, dict):
                 raise _fail(dwhere, "must be a JSON object", path)
-            device_id = _int_string(dev, "device_id", dwhere, path, 0, npus - 1)
+            device_id = _int_string(dev, "device_id", dwhere, path, 0, most_id)
             if device_id in dev_seen:
                 raise _fail(f"{dwhere}.device_id", f"{device_id} duplicates device[{dev_seen[device_id]}] of this server", path)
             dev_seen[device_id] = d

@@ -26,8 +26,9 @@ NIC_SHARE = 0.5
 """The share of a NIC each die of a 910C package gets once one of them borrows it: HCCL's backup
 NIC "halves bandwidth" (docs/references.md §10.5). A static even split: each die keeps its own RoCE
 port (queue), at half the NIC's bandwidth."""
-PORTS = 64                   # port codes per rank
-PER_LINK = 16                # per-link HCCS port codes: PER_LINK + peer device index (< PORTS - PER_LINK)
+PORTS = 128                  # port codes per rank (ids keep their order whatever this is: rank * PORTS + code)
+PER_LINK = 16                # per-link HCCS port codes: PER_LINK + peer device index (< PORTS - PER_LINK:
+#                              the 950's device ids reach 64)
 _PORT_NAMES = {HCCS: "hccs", PCIE: "pcie", ROCE: "roce", RIGHT: "right", LEFT: "left", SIO: "sio", UB: "ub"}
 
 

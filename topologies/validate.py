@@ -1,4 +1,5 @@
-"""Checks of user-given numbers shared by every layer: counts, ranks, sizes, bandwidths, times.
+"""Checks of user-given numbers shared by every layer: counts, ranks, sizes, bandwidths, times,
+and the device ids of a preset's servers.
 
 Python's bool is an int and numpy's integers are not, so `isinstance(x, int)` both accepts
 `servers=True` (one server, silently) and rejects `np.int64(8)`; these helpers accept exactly
@@ -57,3 +58,17 @@ def real(value, what: str, lo: float, hi: float, lo_inclusive: bool = True, allo
         kind = "" if ok else f" ({type(value).__name__})"
         raise HcclError("E_PARA", f"{where}{': ' if where else ''}{what} must be {wanted}, got {value!r}{kind}")
     return v
+
+
+def device_ids_checked(devices_per_server, device_ids, most: int, where: str) -> None:
+    """E_PARA unless each server's device ids are distinct and in [0, most], one per device (gaps
+    allowed: HCCL's rank table asks no more; docs/references.md §8.1)."""
+    if len(device_ids) != len(devices_per_server):
+        raise HcclError("E_PARA", f"{where}: device_ids lists {len(device_ids)} servers for {len(devices_per_server)}")
+    for s, (n, devs) in enumerate(zip(devices_per_server, device_ids)):
+        if len(devs) != n or len(set(devs)) != n:
+            raise HcclError("E_PARA", f"{where}: server {s}'s device_ids {list(devs)} are not {n} distinct ids")
+        bad = [d for d in devs if not 0 <= d <= most]
+        if bad:
+            raise HcclError("E_PARA", f"{where}: server {s}'s device_id {bad[0]} is out of range [0, {most}] "
+                            "(the preset's max_device_id)")

@@ -37,7 +37,7 @@ from ..plan.costs import effective_cost
 from ..plan.faulted import NEVER_NS, LinkSetupFailed
 from ..plan.planner import Signature
 from ..npu.device import Device, DeviceArray, Stream, Work
-from ..config.types import check_reduction, dtype_name, parse_reduce_op
+from ..config.types import check_type, dtype_name, parse_reduce_op
 
 COLLECTIVE_TAG = "coll"
 _new = tuple.__new__         # a NamedTuple from a tuple of its fields, without keyword handling
@@ -124,10 +124,18 @@ class Communicator(VariableSizeOps, PointToPointOps, FaultHooks):
             dtype_name(x.dtype)
         except HcclError as exc:
             raise HcclError("E_PARA", exc.reason, rank=self.rank, op=opname, cause=Cause.BAD_INPUT)
+        self._check_type(x.dtype, opname)
         if x.ndim < min_ndim:
             raise HcclError("E_PARA", f"input must have at least {min_ndim} dimension(s), got shape {x.shape}",
                             rank=self.rank, op=opname, cause=Cause.BAD_INPUT)
         return x
+
+    def _check_type(self, dtype, opname: str, redop=None) -> None:
+        """E_NOT_SUPPORT, HCCL's message, where this device takes no `dtype` for the op (type_rules)."""
+        try:
+            check_type(dtype, self.topology.device_model.data_types, "", redop)
+        except HcclError as exc:
+            raise HcclError(exc.code, exc.reason, rank=self.rank, op=opname, cause=Cause.BAD_INPUT) from None
 
     def _root(self, coll, root):
         """The call's root, checked as hccl_sim.simulate checks it (Collective.checked_root)."""
@@ -232,7 +240,7 @@ class Communicator(VariableSizeOps, PointToPointOps, FaultHooks):
             raise HcclError("E_PARA", problem, rank=self.rank, op=coll.method, cause=Cause.BAD_INPUT)
         redop = self._redop(op, coll.method) if coll.reducing else None
         if redop is not None:
-            check_reduction(x.dtype, f"rank {self.rank} {coll.method}")
+            self._check_type(x.dtype, coll.method, redop)
         root = self._root(coll, root)
         out_shape = coll.output_shape(x.shape, self.size)
         target, inplace = (None, False) if out is None else self._out(out, out_shape, x.dtype, x, coll.method)

@@ -17,7 +17,7 @@ import numpy as np
 from topologies.errors import Cause, HcclError
 
 from ..collectives.variable import VCounts, blocks
-from ..config.types import check_reduction, dtype_name, parse_reduce_op
+from ..config.types import dtype_name, parse_reduce_op
 from ..plan.planner import Signature
 
 
@@ -130,7 +130,7 @@ def reducescatterv(comm, name, x, send_counts, redop, send_displs, algo) -> Vari
     p, rank, op = comm.size, comm.rank, comm_method(name)
     sc, sd = blocks(send_counts, send_displs, p, "send", rank, op, rows=x.shape[0])
     redop = comm._redop(redop, op)
-    check_reduction(x.dtype, f"rank {rank} {op}")
+    comm._check_type(x.dtype, op, redop)
     sig = Signature(name, tuple(x.shape[1:]), dtype_name(x.dtype), redop.value, None, algo, False, None,
                     (tuple(sc.tolist()), tuple(sd.tolist())))
     return VariableCall(sig, (int(sc[rank]),) + tuple(x.shape[1:]), False)

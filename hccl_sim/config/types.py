@@ -1,10 +1,12 @@
 """Reduction operations and data types: HCCL's names, nccl-tests' names, and numpy's.
 
 HcclReduceOp is SUM, PROD, MAX, MIN (no AVG; docs/references.md §9.3). Data types follow
-HcclDataType; bfloat16 and the three fp8 types come from ml_dtypes, imported only when one of them
-is asked for by name (importing it costs ~0.7 s, paid by every spawned rank process otherwise).
-HCCL's INT128 and HIF8 have no numpy or ml_dtypes type to hold them: naming one is refused with a
-message saying so. HCCL reduces no fp8 type on A2 or A3 (§9.3): they move, they do not reduce.
+HcclDataType, all 17 of them; bfloat16 and the three fp8 types come from ml_dtypes, imported only
+when one of them is asked for by name (importing it costs ~0.7 s, paid by every spawned rank process
+otherwise). HIF8 (HiFloat8) and INT128 have no numpy or ml_dtypes type: they are byte containers of
+their size (1 and 16 bytes, HCCL's DATATYPE_SIZE_TABLE), structured numpy types named by their fields,
+which every op moves bit for bit and none reduces. Which types a device takes for which op is
+`type_rules` (`check_type`).
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import enum
 import numpy as np
 
 from topologies.errors import HcclError
+
+from . import type_rules
 
 
 class ReduceOp(str, enum.Enum):
@@ -72,6 +76,10 @@ DTYPES = {
     "float8_e4m3fn": (None, "f8e4m3", "fp8e4m3"),
     "float8_e5m2": (None, "f8e5m2", "fp8e5m2"),
     "float8_e8m0fnu": (None, "f8e8m0", "fp8e8m0"),
+    # HCCL_DATA_TYPE_HIF8 14 and INT128 12 (§9.3): containers of their bytes (INT128 two's
+    # complement, little-endian, as its two 64-bit halves)
+    "hif8": (np.dtype([("hif8", "u1")]), "hif8", "hif8"),
+    "int128": (np.dtype([("int128_lo", "<u8"), ("int128_hi", "<i8")]), "int128", "int128"),
 }
 _ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu")
 """Types numpy lacks, held by ml_dtypes under these names."""
@@ -81,11 +89,8 @@ _ALIASES = {"fp16": "float16", "half": "float16", "fp32": "float32", "float": "f
             "fp8e4m3": "float8_e4m3fn", "float8_e4m3": "float8_e4m3fn", "f8e4m3": "float8_e4m3fn",
             "fp8e5m2": "float8_e5m2", "f8e5m2": "float8_e5m2",
             "fp8e8m0": "float8_e8m0fnu", "float8_e8m0": "float8_e8m0fnu", "f8e8m0": "float8_e8m0fnu"}
-UNHELD = {"int128": "INT128 (HcclDataType 12)", "hif8": "HIF8 (HcclDataType 14, HiFloat8)"}
-"""HCCL types no numpy or ml_dtypes type holds: refused by name."""
-NOT_REDUCED = frozenset({"float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu"})
-"""Types HCCL moves but does not reduce on A2 or A3 (its AllReduce types: int8, int16, int32,
-int64, fp16, fp32, bf16; docs/references.md §9.3)."""
+CONTAINERS = ("hif8", "int128")
+"""Types held as their bytes: no arithmetic on them here (HCCL reduces neither)."""
 
 
 _NAME_CACHE = {}
@@ -110,9 +115,6 @@ def _dtype_name(dtype) -> str:
         name = _ALIASES.get(dtype.lower(), dtype.lower())
         if name in DTYPES:
             return name
-        if name in UNHELD:
-            raise HcclError("E_NOT_SUPPORT", f"data type {dtype!r}: HCCL's {UNHELD[name]} has no numpy or ml_dtypes "
-                            "type to hold it")
     elif dtype is not None:        # np.dtype(None) is float64: never a silent default
         try:
             dt = np.dtype(dtype)
@@ -142,12 +144,27 @@ def hccl_type_name(name: str) -> str:
     return DTYPES[dtype_name(name)][2]
 
 
-def check_reduction(dtype: str, where: str = "") -> None:
-    """E_NOT_SUPPORT for a reduction of a type HCCL only moves (NOT_REDUCED)."""
+def check_type(dtype, rules_name: str, where: str, redop=None) -> str:
+    """The canonical name of `dtype` when the device whose rules are `rules_name`
+    (DeviceModel.data_types) takes it for the op at `where` (a reduction when `redop` is given);
+    else E_NOT_SUPPORT with HCCL's message for it (type_rules)."""
     name = dtype_name(dtype)
-    if name in NOT_REDUCED:
-        raise HcclError("E_NOT_SUPPORT", f"{where + ': ' if where else ''}HCCL reduces no {DTYPES[name][2]} data "
-                        "(fp8 types move only; its reductions take int8, int16, int32, int64, fp16, fp32, bf16)")
+    refusal = type_rules.rules(rules_name).refusal(name, where, redop)
+    if refusal is not None:
+        raise HcclError("E_NOT_SUPPORT", refusal)
+    return name
+
+
+def integers_as(values: np.ndarray, name: str) -> np.ndarray:
+    """Integer `values` in the type `name`: converted, or a container's two's-complement bytes."""
+    npdt = numpy_dtype(name)
+    if name not in CONTAINERS:
+        return values.astype(npdt)
+    low = np.asarray(values, dtype=np.int64)
+    if name == "hif8":
+        return low.astype(np.uint8).view(npdt)
+    halves = np.stack([low.view(np.uint64), (low >> 63).view(np.uint64)], axis=-1)   # the high half: the sign
+    return np.ascontiguousarray(halves).view(npdt).reshape(low.shape)
 
 
 def nccl_name(name: str) -> str:

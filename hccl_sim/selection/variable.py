@@ -9,6 +9,10 @@ libochao-huawei/hcomm@8958adbf; docs/references.md §6.9).
 - A3: AllGatherVRingFor91093 / ReduceScatterVRingFor91093: a ring inside each server, level1
   ring, NB or NHR (NHR for any other token). Modelled with one ring where HCCL runs its aligned
   double ring, and with level1 over every server where HCCL adds a level2 among superpods.
+  Servers of unequal die counts: HCCL's SelectAlgfor91093 refuses the op (E_NOT_SUPPORT, "not
+  support mode, multiModuleDiffDeviceNumMode_[1]"). Superpods of unequal server counts run: with
+  equal servers HCCL first cuts them into logical superpods of the gcd of their server counts
+  (SetSuperPodInfo, hccl_communicator_attrs_host.cc), which clears multiSuperPodDiffServerNumMode_.
 - Synthetic presets: the flat algorithm chosen for the collective (every one takes uneven blocks).
 """
 from __future__ import annotations
@@ -50,9 +54,12 @@ def a3(ctx, token):
     """The A3 choice of a V op: a ring inside each server, level1 among the servers."""
     from . import Choice
     srv, pods = ctx.servers, ctx.pods
-    if not srv.equal:
-        raise HcclError("E_NOT_SUPPORT", f"{colls.of(ctx.signature.name).method} on servers with unequal die counts: "
-                        "HCCL's A3 V executors do not run it")
+    if not srv.equal:       # all_gather_v_operator.cc / reduce_scatter_v_operator.cc, SelectAlgfor91093
+        pod_of_server = ctx.topo.params["superpod_of_server"]
+        pods_differ = int(len({pod_of_server.count(k) for k in set(pod_of_server)}) > 1)
+        raise HcclError("E_NOT_SUPPORT", f"{colls.of(ctx.signature.name).method} on A3 servers of unequal die counts "
+                        f"{sorted(set(srv.k.tolist()))}: HCCL's SelectAlgfor91093 refuses it (\"not support mode, "
+                        f"multiModuleDiffDeviceNumMode_[1], multiSuperPodDiffServerNumMode_[{pods_differ}]\")")
     level0 = "ring" if srv.K > 1 else None
     level1, notes = None, []
     if srv.m > 1:
@@ -61,6 +68,8 @@ def a3(ctx, token):
             notes.append(f"HCCL's A3 V executor runs level1 {token} as NHR")
         if pods.shape[0] > 1:
             notes.append("level1 over every server (HCCL's level2 among superpods is not modelled for V ops)")
+        if pods.unequal:
+            notes.append(f"unequal superpods: HCCL's {pods.shape[0]} logical superpods of {pods.shape[1]} servers")
     elif token is not None:
         notes.append(f"one server: no level1, {token} not used")
     return Choice(False, level0, level1, _join(*notes))

@@ -25,8 +25,8 @@ import numpy as np
 
 from ..config.types import numpy_dtype
 
-BYTE_TYPES = ("int8", "uint8", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu")
-"""Types hccl_test fills with `host_buf_init_int8`: the byte val % 128 (hif8 too, not held here)."""
+BYTE_TYPES = ("int8", "uint8", "hif8", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu")
+"""Types hccl_test fills with `host_buf_init_int8`: the byte val % 128."""
 REDUCING = ("allreduce", "reduce", "reducescatter", "reducescatterv")
 BYTE_OVERFLOW_OPS = ("allgather", "allgatherv", "alltoall", "alltoallv", "alltoallvc", "scatter")
 """Ops calling `is_initdata_overflow` (Broadcast calls no overflow check at all)."""
