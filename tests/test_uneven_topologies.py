@@ -1,6 +1,6 @@
 """Every op on the shapes HCCL accepts beyond full servers: servers of unequal size at every level,
 one NPU per server, gaps in device ids (910B servers of 8, 3 and 1; A3 superpods of unequal servers
-of unequal die counts, one-die servers; 910A's two groups), each result against the reference;
+of unequal die counts, one-die servers; the 950's ids to 64; 910A's two groups), each result against the reference;
 what HCCL refuses on them (the V ops on A3 servers of unequal die counts, on 910A) refused. And the
 rank table's device ids as each preset's HCCL parser takes them (docs/references.md §8.1)."""
 import numpy as np
@@ -32,6 +32,10 @@ SHAPES = {
     "A3 unequal superpods of equal servers": (("atlas900-a3",), dict(superpods=2, servers=[2, 1]), ()),
     "A3 one-die servers": (("atlas900-a3",), dict(devices_per_server=[1, 1, 1], device_ids=[[0], [3], [6]],
                                                   pod_of_server=[0, 0, 1]), ()),
+    "950 superpods of unequal servers, gapped ids to 64": (("atlas950",), dict(
+        devices_per_server=[8, 3, 1], device_ids=[list(range(8)), [0, 17, 64], [40]], pod_of_server=[0, 0, 1]), ()),
+    "950 servers of 2 in two superpods": (("atlas950",), dict(devices_per_server=[2, 2, 2, 2],
+                                                              pod_of_server=[0, 0, 1, 1]), ()),
     "910A servers of 8 and 3": (("atlas800-910a",), dict(devices_per_server=[8, 3],
                                                          device_ids=[list(range(8)), [0, 5, 6]]),
                                 ("allgatherv", "reducescatterv")),

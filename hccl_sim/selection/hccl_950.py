@@ -27,6 +27,7 @@ from ..algorithms import registry
 
 MiB, GiB = 1 << 20, 1 << 30
 SPECIAL_TYPES = ("int64", "uint64", "float64")      # "special": reduced on the AI CPU (AicpuReduce)
+FLAT_ALWAYS = ("alltoall", "alltoallv", "alltoallvc")     # the mesh over every rank, whatever the levels
 UNLIKE = {"Parallel": "the parallel split of the data over the mesh and the Clos at once is not modelled",
           "Concur": "the detour of mesh traffic over the Clos ports (Z axis) is not modelled",
           "Chunk": "the chunking is not modelled",
@@ -75,8 +76,9 @@ def _flat(ctx, algo: str, hccl_name: str, notes=()):
     """`algo` over every rank (ring where hccl-sim does not build the op with it: NHR's Reduce)."""
     from . import Choice
     if not registry.supports(algo, ctx.name, "flat") and not registry.supports(algo, ctx.name, "level0"):
-        notes = list(notes) + [f"hccl-sim's {algo} builds no {ctx.name}: ring"]
-        algo = "ring"
+        instead = next(a for a in ("ring", "fullmesh") if registry.supports(a, ctx.name, "flat"))
+        notes = list(notes) + [f"hccl-sim's {algo} builds no {ctx.name}: {instead}"]
+        algo = instead
     return Choice(True, None, algo, _note(hccl_name, notes), executor=hccl_name)
 
 
@@ -122,7 +124,7 @@ def choose(ctx):
         return Choice(True, None, "dissemination")
     if s.n == 1:
         return _flat(ctx, "fullmesh", _name(ctx, "Sole", "Mesh"), ["one rank: a local copy"])
-    if not s.equal:
+    if not s.equal and ctx.name not in FLAT_ALWAYS:
         # servers of unequal size: HCCL's Level1Nhr (gcd of the level0 sizes 1) runs one NHR over
         # every rank; hccl-sim runs it for any unequal servers
         return _flat(ctx, "NHR", _name(ctx, "Sole", "NHR"), ["servers of unequal size: one NHR over every rank"])
