@@ -8,7 +8,9 @@ each follows the code that checks types on that device (docs/references.md §9.3
   (`src/legacy/ascend910/framework/common/src/param_check.cc`: HCCL_SUPPORT_DATA_TYPE, the twelve
   numeric types and int128, no hif8 and no fp8); a reduction then passes
   `HcclCommunicator::CheckDataType(dataType, true)` (`impl/hccl_communicator_host.cc`: no uint8,
-  uint16, uint32, uint64, fp64) and `CheckReduceDataType` (no prod of int16 or bf16).
+  uint16, uint32, uint64, fp64; hccl-sim reduces uint64 and fp64 all the same, a stated deviation:
+  its trainer and torch backend reduce float64 as gloo does) and `CheckReduceDataType` (no prod of
+  int16 or bf16).
 - `hcomm_910`, Atlas training (910A): the same path; `CheckReduceDataType` refuses every reduction
   of int16 there.
 - `hccl_ops`, Ascend 950 (and 960): the open-source HCCL's own ops, read at hicann/hccl@09300b70,
@@ -69,6 +71,10 @@ def _names(types) -> str:
 
 
 _HCOMM_REDUCED = ("int8", "int16", "int32", "float16", "float32", "bfloat16", "int64")
+# Reduced on A2 / A3 / 910A although hcomm's CheckDataType refuses them there (a stated deviation,
+# docs/references.md §9.3): hccl-sim's numpy trainer and its torch backend reduce float64 (and
+# uint64) tensors, as gloo does, on these presets.
+_HCOMM_REDUCED_TOO = ("uint64", "float64")
 _HCCL_OPS_MOVED = ("int8", "int16", "int32", "int64", "float16", "float32", "uint8", "uint16", "uint32", "uint64",
                    "float64") + _EIGHT_BIT_FLOATS + ("bfloat16",)
 _HCCL_OPS_REDUCED = ("int8", "int16", "int32", "int64", "float16", "float32", "bfloat16", "uint64", "float64")
@@ -81,11 +87,12 @@ _HCCL_OPS_CHECKS = ("HCCL's CheckDataType, op_common.cc",) * 2 + ("HCCL's CheckR
 
 RULES = {
     "hcomm_910b": TypeRules(tuple(_HCOMM.format("910B and 910_93") + c for c in _HCOMM_CHECKS),
-                            _NUMERIC + ("int128",), _HCOMM_REDUCED,
-                            {"prod": tuple(t for t in _HCOMM_REDUCED if t not in ("int16", "bfloat16"))}, False),
+                            _NUMERIC + ("int128",), _HCOMM_REDUCED + _HCOMM_REDUCED_TOO,
+                            {"prod": tuple(t for t in _HCOMM_REDUCED + _HCOMM_REDUCED_TOO
+                                           if t not in ("int16", "bfloat16"))}, False),
     "hcomm_910": TypeRules(tuple(_HCOMM.format("910") + c for c in _HCOMM_CHECKS),
-                           _NUMERIC + ("int128",), _HCOMM_REDUCED,
-                           {"*": tuple(t for t in _HCOMM_REDUCED if t != "int16")}, False),
+                           _NUMERIC + ("int128",), _HCOMM_REDUCED + _HCOMM_REDUCED_TOO,
+                           {"*": tuple(t for t in _HCOMM_REDUCED + _HCOMM_REDUCED_TOO if t != "int16")}, False),
     "hccl_ops": TypeRules(_HCCL_OPS_CHECKS, _HCCL_OPS_MOVED, _HCCL_OPS_REDUCED, {"prod": _HCCL_OPS_MULTIPLIED}, True),
     "synthetic": TypeRules(("a synthetic preset takes what some HCCL device takes",) * 3,
                            _HCCL_OPS_MOVED + ("int128",), _HCCL_OPS_REDUCED, {"prod": _HCCL_OPS_MULTIPLIED}, True),
