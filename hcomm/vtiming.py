@@ -83,14 +83,71 @@ def _step(pr: Prep, clock):
     return new
 
 
-def _grouped_step(priced: Grouped, clock):
-    """Clocks after a step priced by groups: each class's base step on its groups' clocks, on
-    one row of them where the groups' clocks are equal."""
-    new = clock.copy()
-    for ranks, pr in priced.classes:
-        at = clock[ranks]
-        new[ranks] = _step(pr, at[0]) if (at == at[:1]).all() else _step(pr, at)
-    return new
+class _Clocks:
+    """Every rank's clock, one flat array (steps priced whole move it)."""
+    __slots__ = ("clock",)
+
+    def __init__(self, clock):
+        self.clock = clock
+
+    def advanced(self, pr) -> "_Clocks":
+        return _Clocks(_step(pr, self.clock))
+
+    def delta(self, old: "_Clocks"):
+        """The amount every clock moved by since `old`, or None where they moved unequally."""
+        delta = self.clock - old.clock
+        return delta[0] if delta.size and delta.min() == delta.max() else None
+
+    def shifted(self, amount) -> "_Clocks":
+        return _Clocks(self.clock + amount)
+
+
+class _GroupClocks:
+    """The clocks of consecutive steps priced on the same groups (hcomm.vgroups), gathered from
+    the flat clocks once for all of them: per class, one row of n clocks where its groups' clocks
+    are equal (and stay equal: the groups move alike), else a (G, n) array. Ranks in no group
+    keep their flat clocks: these steps do not move them."""
+    __slots__ = ("ranks", "rows", "whole")
+
+    def __init__(self, ranks, rows, whole):
+        self.ranks, self.rows, self.whole = ranks, rows, whole
+
+    @classmethod
+    def gathered(cls, clock, priced: Grouped) -> "_GroupClocks":
+        ranks = tuple(r for r, _ in priced.classes)
+        rows = []
+        for r in ranks:
+            at = clock[r]
+            rows.append(at[0].copy() if (at == at[:1]).all() else at)
+        return cls(ranks, rows, sum(r.size for r in ranks) == len(clock))
+
+    def fits(self, priced: Grouped) -> bool:
+        return len(priced.classes) == len(self.ranks) and all(r is mine for (r, _), mine in zip(priced.classes,
+                                                                                                 self.ranks))
+
+    def advanced(self, priced: Grouped) -> "_GroupClocks":
+        return _GroupClocks(self.ranks, [_step(pr, rows) for (_, pr), rows in zip(priced.classes, self.rows)],
+                            self.whole)
+
+    def delta(self, old: "_GroupClocks"):
+        """As _Clocks.delta over every rank: the ranks in no group did not move."""
+        amount = None
+        for new, before in zip(self.rows, old.rows):
+            delta = new - before
+            if delta.min() != delta.max() or (amount is not None and delta.flat[0] != amount):
+                return None
+            amount = delta.flat[0]
+        return amount if self.whole or amount == 0 else None
+
+    def shifted(self, amount) -> "_GroupClocks":
+        return _GroupClocks(self.ranks, [rows + amount for rows in self.rows], self.whole)
+
+    def scattered(self, clock):
+        """The flat clocks with the groups' put back."""
+        clock = clock.copy()
+        for r, rows in zip(self.ranks, self.rows):
+            clock[r] = rows
+        return clock
 
 
 def _priced(st, cost, dtype, redop, p, cache):
@@ -112,6 +169,7 @@ def program_times(program, entry, cost, dtype="float32", redop="sum"):
     n = len(program)
     t = 0
     ahead = None                              # (index, prep) of a step priced while scanning a run
+    groups = None                             # _GroupClocks of the steps on the current groups
     while t < n:
         st = program[t]
         pr = ahead[1] if ahead is not None and ahead[0] == t else _priced(st, cost, dtype, redop, p, cache)
@@ -127,16 +185,30 @@ def program_times(program, entry, cost, dtype="float32", redop="sum"):
                 if ahead[1].key != pr.key:
                     break
                 run += 1
-        done = 0
-        while done < run:
-            new = _grouped_step(pr, clock) if isinstance(pr, Grouped) else _step(pr, clock)
-            done += 1
-            if run - done >= 2 and (done == 1 or done % 4 == 0):
-                delta = new - clock
-                if delta.size and delta.min() == delta.max():
-                    clock = new + delta[0] * (run - done)
-                    done = run
-                    break
-            clock = new
+        if isinstance(pr, Grouped):
+            if groups is None or not groups.fits(pr):
+                if groups is not None:
+                    clock = groups.scattered(clock)
+                groups = _GroupClocks.gathered(clock, pr)
+            groups = _run(pr, groups, run)
+        else:
+            if groups is not None:
+                clock, groups = groups.scattered(clock), None
+            clock = _run(pr, _Clocks(clock), run).clock
         t += run
-    return clock
+    return clock if groups is None else groups.scattered(clock)
+
+
+def _run(pr, clocks, run: int):
+    """The clocks after `run` steps priced alike: once a step moves every clock by the same
+    amount, so does each further one (timing is shift-invariant), and the rest is one addition."""
+    done = 0
+    while done < run:
+        new = clocks.advanced(pr)
+        done += 1
+        if run - done >= 2 and (done == 1 or done % 4 == 0):
+            delta = new.delta(clocks)
+            if delta is not None:
+                return new.shifted(delta * (run - done))
+        clocks = new
+    return clocks
