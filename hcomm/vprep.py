@@ -167,6 +167,35 @@ def _content_key(st):
     return key
 
 
+def _structure_key(st):
+    """A key from an eager step's timing arrays without its byte counts (remembered on the step)."""
+    key = st.cache.get("structure_key")
+    if key is None:
+        parts = [np.ascontiguousarray(st.t_src).tobytes(), np.ascontiguousarray(st.t_dst).tobytes(),
+                 (np.asarray(st.t_rbuf) >= 0).tobytes()]
+        key = st.cache["structure_key"] = ("eager", hash(tuple(parts)), len(st.t_src))
+    return key
+
+
+def _by_structure(st, cost, dtype, redop, p, cache):
+    """An eager step's prep, re-priced from a step of the same structure where one was priced
+    (an op's loops of two lengths differ in their bytes only), else made, and kept for the
+    next one where it can be shared (as for steps with an `skey`)."""
+    view = st.timing()
+    if not isinstance(st, GlobalStep) or counts(view) is not None or len(st.c_rank) or len(st.g_rank):
+        return _prep(view, cost, dtype, redop, p)
+    ck = ("structure", _structure_key(st), dtype, redop)
+    base = cache.get(ck)
+    if base is not None:
+        pr = _reprice(base, view, cost, dtype, redop)
+        if pr is not None:
+            return pr
+    pr = _prep(view, cost, dtype, redop, p)
+    if pr.n == pr.pieces and not len(pr.l_rank):   # no pair aggregation: safe to share
+        cache[ck] = pr
+    return pr
+
+
 def step_key(st):
     if st.tkey is not None:
         return st.tkey
@@ -254,7 +283,7 @@ def prep_for(st, cost, dtype, redop, p, cache):
         if pr is None:
             if len(cache) >= _CACHE_LIMIT:
                 cache.clear()
-            pr = cache[ck] = _prep(st.timing(), cost, dtype, redop, p)
+            pr = cache[ck] = _by_structure(st, cost, dtype, redop, p, cache)
         return pr
     local = st.cache.get((cost.key, dtype, redop))
     if local is None:

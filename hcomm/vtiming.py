@@ -104,22 +104,29 @@ class _Clocks:
 
 class _GroupClocks:
     """The clocks of consecutive steps priced on the same groups (hcomm.vgroups), gathered from
-    the flat clocks once for all of them: per class, one row of n clocks where its groups' clocks
-    are equal (and stay equal: the groups move alike), else a (G, n) array. Ranks in no group
-    keep their flat clocks: these steps do not move them."""
-    __slots__ = ("ranks", "rows", "whole")
+    the flat clocks once for all of them: per class, the distinct rows of its groups' clocks
+    (groups with equal clocks stay equal: they move alike), one row of n clocks where the groups
+    entered together, else (U, n) and which row each group has. Ranks in no group keep their
+    flat clocks: these steps do not move them."""
+    __slots__ = ("ranks", "rows", "which", "whole")
 
-    def __init__(self, ranks, rows, whole):
-        self.ranks, self.rows, self.whole = ranks, rows, whole
+    def __init__(self, ranks, rows, which, whole):
+        self.ranks, self.rows, self.which, self.whole = ranks, rows, which, whole
 
     @classmethod
     def gathered(cls, clock, priced: Grouped) -> "_GroupClocks":
         ranks = tuple(r for r, _ in priced.classes)
-        rows = []
+        rows, which = [], []
         for r in ranks:
             at = clock[r]
-            rows.append(at[0].copy() if (at == at[:1]).all() else at)
-        return cls(ranks, rows, sum(r.size for r in ranks) == len(clock))
+            if (at == at[:1]).all():
+                rows.append(at[0].copy())
+                which.append(None)
+            else:
+                distinct, index = np.unique(at, axis=0, return_inverse=True)
+                rows.append(distinct)
+                which.append(index.reshape(-1))
+        return cls(ranks, rows, which, sum(r.size for r in ranks) == len(clock))
 
     def fits(self, priced: Grouped) -> bool:
         return len(priced.classes) == len(self.ranks) and all(r is mine for (r, _), mine in zip(priced.classes,
@@ -127,7 +134,7 @@ class _GroupClocks:
 
     def advanced(self, priced: Grouped) -> "_GroupClocks":
         return _GroupClocks(self.ranks, [_step(pr, rows) for (_, pr), rows in zip(priced.classes, self.rows)],
-                            self.whole)
+                            self.which, self.whole)
 
     def delta(self, old: "_GroupClocks"):
         """As _Clocks.delta over every rank: the ranks in no group did not move."""
@@ -140,13 +147,13 @@ class _GroupClocks:
         return amount if self.whole or amount == 0 else None
 
     def shifted(self, amount) -> "_GroupClocks":
-        return _GroupClocks(self.ranks, [rows + amount for rows in self.rows], self.whole)
+        return _GroupClocks(self.ranks, [rows + amount for rows in self.rows], self.which, self.whole)
 
     def scattered(self, clock):
         """The flat clocks with the groups' put back."""
         clock = clock.copy()
-        for r, rows in zip(self.ranks, self.rows):
-            clock[r] = rows
+        for r, rows, which in zip(self.ranks, self.rows, self.which):
+            clock[r] = rows if which is None else rows[which]
         return clock
 
 
