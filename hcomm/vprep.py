@@ -40,6 +40,26 @@ def _distinct(values) -> bool:
     return int(np.bincount(values).max()) <= 1
 
 
+def _back_to_back(pr, inv, counts) -> bool:
+    """Whether every pair's transfers, though other pairs' lie between them in issue order, are
+    still served one after another: no transfer between a pair's first and last holds its egress
+    or ingress port (ports serve in issue order), or goes to its receiver (whose reductions run in
+    the order of their batches' last transfers). Then, as for a pair issued in one run, each of its
+    transfers starts as the one before ends on the wire, and the pair prices as one (A3's double
+    ring: both halves' runs to the same peer, one half's listed after the other's)."""
+    places = np.arange(pr.n)
+    for resource in (pr.eport, pr.iport, pr.dst):
+        place = np.empty(pr.n, dtype=_I64)
+        place[np.argsort(resource, kind="stable")] = places      # issue order within each resource
+        lo = np.full(len(counts), pr.n, dtype=_I64)
+        hi = np.zeros(len(counts), dtype=_I64)
+        np.minimum.at(lo, inv, place)
+        np.maximum.at(hi, inv, place)
+        if (hi - lo + 1 != counts).any():
+            return False
+    return True
+
+
 def _aggregate_pairs(pr) -> bool:
     """Price several transfers of one sender to one receiver as one.
 
@@ -66,8 +86,8 @@ def _aggregate_pairs(pr) -> bool:
     first[inv[::-1]] = np.arange(n)[::-1]
     last = np.zeros(len(uniq), dtype=_I64)
     last[inv] = np.arange(n)
-    if (last - first + 1 != counts).any():
-        return False                       # interleaved with other pairs in issue order: keep them apart
+    if (last - first + 1 != counts).any() and not _back_to_back(pr, inv, counts):
+        return False                       # interleaved with other pairs on their ports: keep them apart
     wire = np.zeros(len(uniq), dtype=_I64)
     np.add.at(wire, inv, pr.wire)
     red = np.zeros(len(uniq), dtype=_I64)
