@@ -44,10 +44,11 @@ class Servers:
         self.m = int(so.max()) + 1 if len(so) else 0
         # one stable sort, not a scan of every rank per server (16,384 servers: 2 * 10^9 compares)
         self.k = np.bincount(so, minlength=self.m).astype(np.int64)
-        self.ranks = np.split(np.argsort(so, kind="stable"), np.cumsum(self.k)[:-1]) if self.m else []
+        self._order = np.argsort(so, kind="stable")
+        self.ranks = np.split(self._order, np.cumsum(self.k)[:-1]) if self.m else []
         self.K = int(self.k.max()) if self.m else 0
         self.equal = bool((self.k == self.K).all())
-        self.start = np.array([r[0] for r in self.ranks] + [len(so)], dtype=np.int64)
+        self.start = np.append(self._order[np.cumsum(self.k) - self.k], len(so)).astype(np.int64)
         self.p = len(so)
 
     def group(self, i) -> np.ndarray:
@@ -60,7 +61,7 @@ class Servers:
         """(m, K) ranks of equal servers (built once; callers do not write to it)."""
         got = getattr(self, "_matrix", None)
         if got is None:
-            got = self._matrix = np.stack(self.ranks)
+            got = self._matrix = self._order.reshape(self.m, self.K)
         return got
 
 
@@ -68,7 +69,7 @@ def _per_server(srv, build):
     """Build a level0 program per distinct card count and tile it onto those servers."""
     progs = []
     for k in np.unique(srv.k):
-        ranks = np.stack([srv.ranks[s] for s in range(srv.m) if srv.k[s] == k])
+        ranks = srv.matrix() if srv.equal else np.stack([srv.ranks[s] for s in range(srv.m) if srv.k[s] == k])
         progs.append(tile(build(int(k)), ranks))
     return side_by_side(*progs)
 
