@@ -13,15 +13,11 @@ transfers share a port or an engine, which is most steps of most algorithms, cos
 array operations (rotations, when rank r sends to r + k); otherwise the step's transfers are
 levelled along their resource chains and each level is one vectorised update (hcomm.vcontention).
 
-A step's transfers of one sender to one receiver issued one after another are priced as one
-(their wire times summed, one latency), and a run of equal ones is routed and priced once with its
-multiplicity (hcomm.program.compact_timing): a step of millions of block transfers (NHR, NB on
-thousands of servers) costs what its pairs cost.
-
-A step is priced once per structure: steps with one timing key share a precomputation, steps of
-one structure only re-price their bytes, and the steps of a ring phase (rotations of one chunk
-pattern) rotate the pattern's prices; steps priced alike form runs that the uniform-shift rule
-finishes in one addition.
+Each step's prices come from hcomm.vprep (a step is routed and priced once per structure, its
+pairs and runs of block transfers priced as one), or, for a step that repeats over groups of
+ranks, from hcomm.vgroups: its base step priced once and moving the distinct rows of the
+groups' clocks, which a run of steps on the same groups keeps gathered. Steps priced alike form
+runs that the uniform-shift rule finishes in one addition.
 """
 from __future__ import annotations
 

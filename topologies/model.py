@@ -332,11 +332,10 @@ class Topology:
                 np.array([pid(("in",) + r.ingress) for r in routes], dtype=np.int64))
 
     def routes_alike(self, ranks) -> bool:
-        """Whether every row of `ranks` (G, n: G groups of n distinct ranks, no rank in two
-        groups) routes as the first: transfer ranks[g, i] -> ranks[g, j] has the latency, rates
-        and notify cost of ranks[0, i] -> ranks[0, j] for every g, i, j, and two transfers of a
-        row share a port exactly when the first row's two do. Ports belong to ranks, so rows
-        never share one. False where the topology cannot tell (no analytic router)."""
+        """Whether every row of `ranks` (G groups of n ranks, none in two) routes as the first:
+        ranks[g, i] -> ranks[g, j] has the latency, rates and notify cost of ranks[0, i] ->
+        ranks[0, j], and two transfers of a row share a port exactly when the first row's do
+        (ports belong to ranks: rows share none). False without an analytic router."""
         router = self.params.get("router")
         return router is not None and bool(router.routes_alike(np.asarray(ranks, dtype=np.int64)))
 
