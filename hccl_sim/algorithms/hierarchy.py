@@ -119,13 +119,16 @@ def allgather(srv: Servers, unit: int, l0: str, l1: str) -> list:
     """Rows: rank r's block is output row r (servers hold contiguous runs of ranks)."""
     r = np.arange(srv.p)
     phases = [[StepBuilder().copies(r, unit, INPUT, 0, 1, OUTPUT, r).build()]]
-    if srv.K > 1:
+    if srv.K > 1 and srv.equal:
+        # one server's program, its output rows moved to each server's region
+        phases.append(tile(LEVEL0[l0].allgather(srv.K, np.arange(srv.K + 1), unit, OUTPUT), srv.matrix(),
+                           _regions(srv, OUTPUT)))
+    elif srv.K > 1:
         progs = []
         for s in range(srv.m):
             k = int(srv.k[s])
             offs = srv.start[s] + np.arange(k + 1)
-            progs.append(tile(LEVEL0[l0 if srv.equal else "fullmesh"].allgather(k, offs, unit, OUTPUT),
-                              srv.ranks[s][None, :]))
+            progs.append(tile(LEVEL0["fullmesh"].allgather(k, offs, unit, OUTPUT), srv.ranks[s][None, :]))
         phases.append(side_by_side(*progs))
     if srv.m > 1:
         mod = _level1(l1, "allgather")
@@ -144,14 +147,20 @@ def reducescatter(srv: Servers, unit: int, l0: str, l1: str) -> list:
         out, out_lo = (SCRATCH, srv.start[:-1]) if K > 1 else (OUTPUT, np.zeros(m, dtype=np.int64))
         phases.append(tile(mod.reducescatter(m, srv.start, unit, INPUT, SCRATCH, out, out_lo), ranks))
     if K > 1:
+        # one server's program, its input and scratch rows moved to each server's region
         src = SCRATCH if m > 1 else INPUT
-        progs = []
-        for s in range(m):
-            offs = srv.start[s] + np.arange(K + 1)
-            progs.append(tile(LEVEL0[l0].reducescatter(K, offs, unit, src, SCRATCH, OUTPUT, np.zeros(K, dtype=np.int64)),
-                              srv.ranks[s][None, :]))
-        phases.append(side_by_side(*progs))
+        phases.append(tile(LEVEL0[l0].reducescatter(K, np.arange(K + 1), unit, src, SCRATCH, OUTPUT,
+                                                    np.zeros(K, dtype=np.int64)),
+                           srv.matrix(), _regions(srv, INPUT, SCRATCH)))
     return sequence(*phases)
+
+
+def _regions(srv: Servers, *buffers) -> np.ndarray:
+    """`tile`'s shifts that move `buffers`' rows of a one-server program to each server's
+    region (rows start[s]..), the other buffers' rows left where they are."""
+    shifts = np.zeros((srv.m, 3), dtype=np.int64)
+    shifts[:, list(buffers)] = srv.start[:-1, None]
+    return shifts
 
 
 def scatter(srv: Servers, unit: int, root: int, l0: str, l1: str) -> list:
