@@ -357,5 +357,6 @@ def simulate(op: str, nbytes: int | None = None, topology=None, algo: str | None
             survivor = next(r for r in range(p) if r != crash[0]) if p > 1 else crash[0]
             raise config.faults.lost_error(crash, plan, config, survivor, name)[1]
     est = Estimate(name, plan.nbytes, plan.nbytes // itemsize, dname, plan.algo, p,
-                   tuple((e - s) / 1e9 for s, e in zip(plan.entry, plan.exits)), plan.retries, plan.notes)
+                   tuple(((np.asarray(plan.exits, dtype=np.int64) - np.asarray(plan.entry, dtype=np.int64)) / 1e9)
+                         .tolist()), plan.retries, plan.notes)
     return (est, plan) if trace else est

@@ -102,6 +102,21 @@ class CostModel:
     def notify_arrays(self, src, dst):
         return self.topology.notify_arrays(src, dst)
 
+    def routes_alike(self, ranks) -> bool:
+        """Whether every row of `ranks` (G, n) routes as its first (topologies' Topology.routes_alike)."""
+        return self.topology.routes_alike(ranks)
+
+    def group(self, members) -> "GroupCost":
+        """The cost model of one group of ranks, `members` (n distinct ranks) numbered 0..n-1
+        (one per group, kept in this model's caches)."""
+        members = np.asarray(members, dtype=np.int64)
+        key = hash((members.tobytes(), len(members)))
+        groups = self.cache("groups")
+        got = groups.get(key)
+        if got is None or not np.array_equal(got.members, members):
+            got = groups[key] = GroupCost(self, members, key)
+        return got
+
     def p2p_ns(self, src: int, dst: int, nbytes: int, send_clock: int, recv_clock: int, crc: str | None = None,
                call_ns: int | None = None) -> tuple:
         """(receiver's exit, sender's exit) clocks of one send/recv pair, priced as a one-transfer
@@ -130,6 +145,31 @@ class CostModel:
                 raise
         arrive = end + route.latency_ns
         return arrive + stage, arrive + self.notify_ns(dst, src)
+
+
+class GroupCost:
+    """What the vectorised engine prices a group's step with (hcomm.vgroups): a CostModel's
+    prices of the group's ranks in the group's own numbering, rank i being members[i]. Made and
+    kept by the CostModel (`CostModel.group`), so its caches live and die with the model's."""
+
+    def __init__(self, parent: CostModel, members: np.ndarray, key):
+        self.parent, self.members = parent, members
+        self.device_model = parent.device_model
+        self.num_ranks = len(members)
+        self.key = (parent.key, "group", key)
+        self._caches = {}
+
+    def cache(self, name: str) -> dict:
+        c = self._caches.get(name)
+        if c is None or len(c) > _CACHE_LIMIT:
+            c = self._caches[name] = {}
+        return c
+
+    def route_arrays(self, src, dst):
+        return self.parent.route_arrays(self.members[src], self.members[dst])
+
+    def notify_arrays(self, src, dst):
+        return self.parent.notify_arrays(self.members[src], self.members[dst])
 
 
 def as_cost(cost_or_topology) -> CostModel:

@@ -42,8 +42,8 @@ class GlobalStep:
 
     `tkey`, when set, names the step's timing-relevant structure (who sends how many bytes to
     whom, which receives reduce, local copies): steps with equal keys are priced from one
-    precomputation."""
-    __slots__ = ARRAYS + ("tkey", "skey", "cache", "tview")
+    precomputation. `groups`, when set, says how the step repeats (hcomm.vgroups.Part)."""
+    __slots__ = ARRAYS + ("tkey", "skey", "cache", "tview", "groups")
     # a full step is also its own timing view (`timing()`): one transfer per entry, never compacted
     t_count = None
     expand = None
@@ -55,6 +55,7 @@ class GlobalStep:
         self.skey = None            # names the structure without the bytes (see LazyStep)
         self.cache = {}
         self.tview = None           # a compacted timing view of this step (see `compacted`)
+        self.groups = None
 
     def full(self) -> "GlobalStep":
         return self
@@ -158,13 +159,14 @@ class RolledView(TimingView):
 class LazyStep:
     """A step materialised on demand: programs with thousands of steps over thousands of ranks
     (a flat ring) would not fit in memory as arrays. `timing()` gives the cheap timing view."""
-    __slots__ = ("_full", "_timing", "tkey", "skey", "cache")
+    __slots__ = ("_full", "_timing", "tkey", "skey", "cache", "groups")
 
-    def __init__(self, full, timing=None, tkey=None, skey=None):
+    def __init__(self, full, timing=None, tkey=None, skey=None, groups=None):
         """`skey`, when set, names everything the timing model needs except the transfers' byte
         counts (who sends to whom, which receives reduce, local ops): such steps share their
-        routes, ports and service order and only re-price their bytes."""
+        routes, ports and service order and only re-price their bytes. `groups`: hcomm.vgroups.Part."""
         self._full, self._timing, self.tkey, self.skey, self.cache = full, timing, tkey, skey, {}
+        self.groups = groups
 
     def full(self) -> GlobalStep:
         return self._full()
@@ -253,15 +255,17 @@ def concat_steps(steps: list):
     """Several groups' steps that run at the same time, as one global step."""
     if len(steps) == 1:
         return steps[0]
+    groups = sum((s.groups for s in steps), ()) if all(s.groups is not None for s in steps) else None
     if all(isinstance(s, GlobalStep) for s in steps):
         out = _concat(steps, ARRAYS, GlobalStep)
         if any(s.tview is not None for s in steps):      # keep the parts' compacted timing views
             out.tview = _concat([s.timing() for s in steps], TIMING_ARRAYS, TimingView)
+        out.groups = groups
         return out
     keys = tuple(s.tkey for s in steps)
     return LazyStep(lambda: _concat([s.full() for s in steps], ARRAYS, GlobalStep),
                     lambda: _concat([s.timing() for s in steps], TIMING_ARRAYS, TimingView),
-                    ("cat",) + keys if all(k is not None for k in keys) else None)
+                    ("cat",) + keys if all(k is not None for k in keys) else None, groups=groups)
 
 
 def merge_parallel(programs: list) -> list:

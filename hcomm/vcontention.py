@@ -124,35 +124,42 @@ def _order_for(pr, ready):
     return od
 
 
+def maximum_at(out, index, values):
+    """np.maximum.at on the last axis of `out` (one row of clocks, or one per group)."""
+    np.maximum.at(out, index if out.ndim == 1 else (Ellipsis, index), values)
+
+
 def contended(pr, ready, engine, clock):
     """Transfers sharing ports, served in issue order, then each receiver's
-    reductions: one batch per sender, in the order the batches' last transfers were served."""
+    reductions: one batch per sender, in the order the batches' last transfers were served.
+    Every array is indexed on its last axis: `ready` and `clock` may hold one row per group
+    (hcomm.vgroups)."""
     od = _order_for(pr, ready)
-    wire_end = np.zeros(pr.n, dtype=_I64)
-    held_end = np.zeros(pr.n, dtype=_I64) if pr.outrun else wire_end    # when each transfer frees its ports
+    wire_end = np.zeros(ready.shape, dtype=_I64)
+    held_end = np.zeros(ready.shape, dtype=_I64) if pr.outrun else wire_end    # when each transfer frees its ports
     for e, preds, pair in od.levels:
-        start = ready[e]                   # a copy (fancy indexing)
+        start = ready[..., e]              # a copy (fancy indexing)
         for pe, has in preds:
             if len(pe):
-                start[has] = np.maximum(start[has], held_end[pe])
+                start[..., has] = np.maximum(start[..., has], held_end[..., pe])
         if pair is not None:
             pe, has = pair
-            start[has] = np.maximum(start[has], wire_end[pe])
-        wire_end[e] = start + pr.wire[e]
+            start[..., has] = np.maximum(start[..., has], wire_end[..., pe])
+        wire_end[..., e] = start + pr.wire[e]
         if pr.outrun:
-            held_end[e] = start + pr.occ[e]
+            held_end[..., e] = start + pr.occ[e]
     done = wire_end + pr.lat
     if od.unit is None:
         return done
     reducing, unit = od.unit
     u, cost = od.units
-    last = np.full(u, np.iinfo(_I64).min, dtype=_I64)
-    np.maximum.at(last, unit, done[reducing])
+    last = np.full(ready.shape[:-1] + (u,), np.iinfo(_I64).min, dtype=_I64)
+    maximum_at(last, unit, done[..., reducing])
     end = last.copy()
     if od.chains:
         eng = clock if engine is None else engine
         for units, before in od.chains:
-            prev = eng[od.udst[units]] if before is None else end[before]
-            end[units] = np.maximum(last[units], prev) + cost[units]
-    done[reducing] = end[unit]
+            prev = eng[..., od.udst[units]] if before is None else end[..., before]
+            end[..., units] = np.maximum(last[..., units], prev) + cost[units]
+    done[..., reducing] = end[..., unit]
     return done

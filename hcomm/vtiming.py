@@ -13,320 +13,149 @@ transfers share a port or an engine, which is most steps of most algorithms, cos
 array operations (rotations, when rank r sends to r + k); otherwise the step's transfers are
 levelled along their resource chains and each level is one vectorised update (hcomm.vcontention).
 
-A step's transfers of one sender to one receiver issued one after another are priced as one
-(their wire times summed, one latency), and a run of equal ones is routed and priced once with its
-multiplicity (hcomm.program.compact_timing): a step of millions of block transfers (NHR, NB on
-thousands of servers) costs what its pairs cost.
-
-A step is priced once per structure: steps with one timing key share a precomputation, steps of
-one structure only re-price their bytes, and the steps of a ring phase (rotations of one chunk
-pattern) rotate the pattern's prices; steps priced alike form runs that the uniform-shift rule
-finishes in one addition.
+Each step's prices come from hcomm.vprep (a step is routed and priced once per structure, its
+pairs and runs of block transfers priced as one), or, for a step that repeats over groups of
+ranks, from hcomm.vgroups: its base step priced once and moving the distinct rows of the
+groups' clocks, which a run of steps on the same groups keeps gathered. Steps priced alike form
+runs that the uniform-shift rule finishes in one addition.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .cost import as_cost
-from .program import GlobalStep, RolledView, compact_timing, counts, expand_timing
-from .vcontention import contended
+from .vcontention import contended, maximum_at
+from .vgroups import Grouped, grouped
+from .vprep import Prep, prep_for, step_key
 
 _I64 = np.int64
-_CACHE_LIMIT = 20000
 
 
-class _Prep:
-    """Per-step arrays that depend only on the step's structure and the topology."""
-    __slots__ = ("src", "dst", "nf", "nb", "wire", "occ", "outrun", "_pbw", "lat", "red", "rflag", "eport", "iport", "l_rank", "l_cost", "fast",
-                 "perm", "inv", "src_unique", "dst_unique", "cost_fwd", "n", "_struct", "_order", "listing", "_bw",
-                 "shift", "nb_zero", "ports_free", "rollable", "key", "pieces")
-
-
-def _distinct(values) -> bool:
-    """No value repeats (non-negative integer ids)."""
-    if len(values) < 2:
-        return True
-    if int(values.max()) > 8 * len(values) + 4096:
-        # sparse ids (a synthetic full mesh numbers its ports up to 2 p^2): sort, not a p^2 table
-        ordered = np.sort(values)
-        return not bool((ordered[1:] == ordered[:-1]).any())
-    return int(np.bincount(values).max()) <= 1
-
-
-def _aggregate_pairs(pr) -> bool:
-    """Price several transfers of one sender to one receiver as one.
-
-    When they are issued one after another, they have the same ready time and issue-order
-    neighbours, so they are served back to back on the same two ports: the last arrives after the sum of their wire times plus one latency, which
-    is when the step's ends depend on; their reductions form one batch. Exact, and a step of a
-    million block transfers (NB's ReduceScatter on hundreds of servers) becomes thousands.
-    False when some pair's transfers cannot be priced as one (they are then kept apart)."""
-    n = pr.n
-    if n < 2:
-        return True
-    key = pr.src * (int(pr.dst.max()) + 1) + pr.dst
-    if bool((key[1:] > key[:-1]).all()):
-        return True                        # pairs listed in increasing order, each once: no unique() sort
-    uniq, inv = np.unique(key, return_inverse=True)
-    if len(uniq) == n:
-        return True
-    flags = np.zeros(len(uniq), dtype=_I64)
-    np.add.at(flags, inv, pr.rflag.astype(_I64))
-    counts = np.bincount(inv)
-    if ((flags != 0) & (flags != counts)).any():
-        return False                       # a pair mixing reducing and plain receives: keep them apart
-    first = np.zeros(len(uniq), dtype=_I64)
-    first[inv[::-1]] = np.arange(n)[::-1]
-    last = np.zeros(len(uniq), dtype=_I64)
-    last[inv] = np.arange(n)
-    if (last - first + 1 != counts).any():
-        return False                       # interleaved with other pairs in issue order: keep them apart
-    wire = np.zeros(len(uniq), dtype=_I64)
-    np.add.at(wire, inv, pr.wire)
-    red = np.zeros(len(uniq), dtype=_I64)
-    np.add.at(red, inv, pr.red)
-    # the pair's ports are free once its last transfer has held them (its wire before that ran back to back)
-    occ = wire - (pr.wire[last] - pr.occ[last]) if pr.outrun else wire
-    for name in ("src", "dst", "nf", "nb", "lat", "eport", "iport", "rflag", "listing"):
-        setattr(pr, name, getattr(pr, name)[first])
-    pr.wire, pr.occ, pr.red, pr.n = wire, occ, red, len(uniq)
-    return True
-
-
-def _prep(view, cost, dtype, redop, p, compact=True) -> _Prep:
-    """Route and price a step's timing view.
-
-    Runs of consecutive transfers of one pair, equal bytes and one kind are routed and priced
-    once, with their multiplicity (hcomm.program.compact_timing): their sum of wire times and of
-    reduction times is the multiplicity times one's, so the pair aggregation below gets exactly
-    the sums it gets from the transfers one by one, and a step of millions of block transfers
-    routes only its pairs. Where the pairs cannot be aggregated, the transfers are priced one by
-    one from the expanded view, as before."""
-    if compact:
-        view = compact_timing(view)
-    count = counts(view)
-    pr = _Prep()
-    pr._struct = pr._order = pr._bw = pr.shift = pr.key = None
-    pr.nb_zero = pr.ports_free = pr.rollable = pr.outrun = False
-    pr.occ = pr._pbw = None
-    src = np.asarray(view.t_src, dtype=_I64)
-    dst = np.asarray(view.t_dst, dtype=_I64)
-    pr.src, pr.dst, pr.n = src, dst, len(src)
-    pr.pieces = len(src) if count is None else int(count.sum())      # transfers the view stands for
-    pr.listing = np.arange(len(src), dtype=_I64)
-    dm = cost.device_model
-    if len(src):
-        lat, bw, pbw, eport, iport = cost.route_arrays(src, dst)
-        from topologies.model import transfer_ns_array
-        pr.rflag = np.asarray(view.t_rbuf) >= 0
-        pr.outrun = bool((pbw != bw).any())       # some port carries more than its pair's rate
-        bw = dm.wire_bandwidth(bw, pr.rflag, dtype, redop or "sum")
-        pr._bw = bw
-        pr.wire = transfer_ns_array(view.t_bytes, bw)
-        pr._pbw = dm.wire_bandwidth(pbw, pr.rflag, dtype, redop or "sum") if pr.outrun else bw
-        pr.occ = transfer_ns_array(view.t_bytes, pr._pbw) if pr.outrun else pr.wire
-        pr.lat = lat
-        pr.eport, pr.iport = eport, iport
-        pr.nf = cost.notify_arrays(src, dst) + dm.dispatch_ns      # ready: notify and the step's dispatch
-        pr.nb = cost.notify_arrays(dst, src)
-        pr.red = np.where(pr.rflag, dm.reduce_ns_array(view.t_bytes, dtype, redop or "sum"), 0)
-        if count is not None:
-            # a run's transfers back to back: the sum of their wire times; its ports are free once
-            # the last has held them
-            one = pr.wire
-            pr.wire = one * count
-            pr.occ = pr.wire - (one - pr.occ) if pr.outrun else pr.wire
-            pr.red = pr.red * count
-        if not _aggregate_pairs(pr) and count is not None:
-            return _prep(expand_timing(view), cost, dtype, redop, p, compact=False)
-        src, dst, eport, iport = pr.src, pr.dst, pr.eport, pr.iport
-        pr.cost_fwd = pr.nf + pr.wire + pr.lat + pr.red
-    l_rank = np.concatenate([np.asarray(view.c_rank, dtype=_I64), np.asarray(view.g_rank, dtype=_I64)])
-    c_cost = np.where(np.asarray(view.c_rbuf) >= 0, dm.local_reduce_ns_array(view.c_bytes, dtype, redop or "sum"),
-                      dm.copy_ns_array(view.c_bytes))
-    l_cost = np.concatenate([c_cost, dm.copy_ns_array(view.g_bytes)]) if len(l_rank) else l_rank
-    keep = l_cost > 0
-    pr.l_rank, pr.l_cost = l_rank[keep], l_cost[keep]
-    if len(src):
-        pr.src_unique = _distinct(src)
-        pr.dst_unique = _distinct(dst)
-        costly = pr.red > 0
-        pr.ports_free = _distinct(eport) and _distinct(iport)
-        pr.fast = not len(pr.l_rank) and pr.ports_free and (pr.dst_unique or _distinct(dst[costly]))
-        pr.nb_zero = not pr.nb.any()
-        # the byte-dependent costs are functions of the bytes alone: a rotated pattern's are rotated
-        pr.rollable = (pr.n == pr.pieces and not len(pr.l_rank) and bool((pr._bw == pr._bw[0]).all())
-                       and bool((pr._pbw == pr._pbw[0]).all()) and bool((pr.rflag == pr.rflag[0]).all()))
-        # every rank sends once and receives once: the cheapest update
-        pr.perm = pr.src_unique and pr.dst_unique and len(src) == p
-        if pr.perm:
-            pr.inv = np.empty(p, dtype=_I64)
-            pr.inv[dst] = np.arange(p)
-            ar = np.arange(p)
-            if np.array_equal(src, ar) and np.array_equal(dst, (ar + int(dst[0])) % p):
-                pr.shift = int(dst[0])         # rank r sends to r + shift: gathers become rotations
-    else:
-        pr.fast = not len(pr.l_rank)
-        pr.perm = False
-    return pr
-
-
-def _content_key(st):
-    """A key from an eager step's timing arrays (computed once and remembered on the step)."""
-    key = st.cache.get("content_key")
-    if key is None:
-        parts = [np.ascontiguousarray(st.t_src).tobytes(), np.ascontiguousarray(st.t_dst).tobytes(),
-                 np.ascontiguousarray(st.t_bytes).tobytes(), (np.asarray(st.t_rbuf) >= 0).tobytes(),
-                 np.ascontiguousarray(st.c_rank).tobytes(), np.ascontiguousarray(st.c_bytes).tobytes(),
-                 (np.asarray(st.c_rbuf) >= 0).tobytes(),
-                 np.ascontiguousarray(st.g_rank).tobytes(), np.ascontiguousarray(st.g_bytes).tobytes()]
-        key = st.cache["content_key"] = ("content", hash(tuple(parts)), len(st.t_src))
-    return key
-
-
-def step_key(st):
-    if st.tkey is not None:
-        return st.tkey
-    if isinstance(st, GlobalStep):
-        return _content_key(st)
-    return None
-
-
-def _reprice(base, view, cost, dtype, redop):
-    """A step's prep from a cached one of the same structure: only the byte-dependent costs change."""
-    pr = _Prep()
-    for name in _Prep.__slots__:
-        setattr(pr, name, getattr(base, name, None))
-    dm = cost.device_model
-    from topologies.model import transfer_ns_array
-    nbytes = np.asarray(view.t_bytes, dtype=_I64)
-    pr.wire = transfer_ns_array(nbytes, base._bw)
-    pr.occ = transfer_ns_array(nbytes, base._pbw) if base.outrun else pr.wire
-    pr.red = np.where(pr.rflag, dm.reduce_ns_array(nbytes, dtype, redop or "sum"), 0)
-    pr.cost_fwd = pr.nf + pr.wire + pr.lat + pr.red
-    if len(pr.l_rank) or len(np.asarray(view.c_rank)) or len(np.asarray(view.g_rank)):
-        return None                          # local ops' costs depend on bytes too: price afresh
-    costly = pr.red > 0
-    pr.fast = pr.ports_free and (pr.dst_unique or _distinct(pr.dst[costly]))
-    pr._order = None                          # costly receives depend on bytes: order afresh if contended
-    pr.key = None
-    return pr
-
-
-def _rolled(base, view, cost, dtype, redop, cache, ck):
-    """A rotated step's prep from its structure's: the pattern's prices, computed once and kept
-    twice over so that every rotation is a slice. Steps whose pattern prices alike (a ring over
-    chunks of 9,832 and 9,836 bytes both taking 394 ns) get a common key: they are one map, so
-    runs of them are finished by the uniform-shift rule like the steps of an even ring."""
-    pattern = view.pattern
-    pk = ("pattern", ck, id(pattern))
-    got = cache.get(pk)
-    if got is None or got[0] is not pattern:
-        dm = cost.device_model
-        from topologies.model import transfer_ns_array
-        nbytes = np.asarray(pattern, dtype=_I64)
-        wire = transfer_ns_array(nbytes, base._bw[:1])
-        occ = transfer_ns_array(nbytes, base._pbw[:1]) if base.outrun else wire
-        red = np.where(base.rflag[0], dm.reduce_ns_array(nbytes, dtype, redop or "sum"), 0).astype(_I64)
-        alike = bool(wire.min() == wire.max() and occ.min() == occ.max() and red.min() == red.max())
-        key = ("priced", ck, int(wire[0]), int(occ[0]), int(red[0])) if alike else None
-        got = cache[pk] = (pattern, np.concatenate([wire, wire]), np.concatenate([red, red]), key,
-                           np.concatenate([occ, occ]))
-    n = len(pattern)
-    k = view.shift % n
-    pr = _Prep()
-    for name in _Prep.__slots__:
-        setattr(pr, name, getattr(base, name, None))
-    pr.wire, pr.red = got[1][n - k:2 * n - k], got[2][n - k:2 * n - k]     # np.roll(prices, shift)
-    pr.occ = got[4][n - k:2 * n - k] if base.outrun else pr.wire
-    pr.cost_fwd = pr.nf + pr.wire + pr.lat + pr.red
-    pr.fast = pr.ports_free and (pr.dst_unique or _distinct(pr.dst[pr.red > 0]))
-    pr._order = None
-    pr.key = got[3]
-    return pr
-
-
-def _prep_for(st, cost, dtype, redop, p, cache):
-    key = step_key(st)
-    skey = st.skey
-    if key is None and skey is not None:
-        ck = ("structure", skey, dtype, redop)
-        base = cache.get(ck)
-        view = st.timing()
-        if base is not None and base.rollable and isinstance(view, RolledView):
-            return _rolled(base, view, cost, dtype, redop, cache, ck)
-        if base is not None:
-            pr = _reprice(base, view, cost, dtype, redop)
-            if pr is not None:
-                return pr
-        pr = _prep(view, cost, dtype, redop, p)
-        if pr.n == pr.pieces and not len(pr.l_rank):   # no pair aggregation: safe to share
-            if len(cache) >= _CACHE_LIMIT:
-                cache.clear()
-            cache[ck] = pr
-            if pr.rollable and isinstance(view, RolledView):
-                return _rolled(pr, view, cost, dtype, redop, cache, ck)
-        return pr
-    if key is not None:
-        ck = (key, dtype, redop)
-        pr = cache.get(ck)
-        if pr is None:
-            if len(cache) >= _CACHE_LIMIT:
-                cache.clear()
-            pr = cache[ck] = _prep(st.timing(), cost, dtype, redop, p)
-        return pr
-    local = st.cache.get((cost.key, dtype, redop))
-    if local is None:
-        local = _prep(st.timing(), cost, dtype, redop, p)
-        if isinstance(st, GlobalStep):   # eager steps keep their prep; lazy ones are rebuilt each time
-            st.cache[(cost.key, dtype, redop)] = local
-    return local
-
-
-def _step(pr: _Prep, clock):
+def _step(pr: Prep, clock):
+    """Clocks after one step: `clock` holds one clock per rank of the step, or (G, n) clocks of G
+    groups that the step moves alike (hcomm.vgroups), every index on the last axis."""
     if pr.n == 0 and not len(pr.l_rank):
         return clock
     if pr.fast and pr.shift is not None:
         # rank r sends to r + k: the perm update below with its gathers as rotations
-        p, k = len(clock), pr.shift
-        done = np.maximum(clock, np.concatenate((clock[k:], clock[:k])))
+        p, k = clock.shape[-1], pr.shift
+        done = np.maximum(clock, np.concatenate((clock[..., k:], clock[..., :k]), axis=-1))
         done += pr.cost_fwd
-        new = np.concatenate((done[p - k:], done[:p - k]))
+        new = np.concatenate((done[..., p - k:], done[..., :p - k]), axis=-1)
         return np.maximum(new, done if pr.nb_zero else done + pr.nb, out=new)
     if pr.fast and pr.perm and pr.src is not None:
-        done = np.maximum(clock[pr.src], clock[pr.dst])
+        done = np.maximum(clock[..., pr.src], clock[..., pr.dst])
         done += pr.cost_fwd
-        new = done[pr.inv]                 # receive completion, by receiver
+        new = done[..., pr.inv]            # receive completion, by receiver
         ack = done + pr.nb                 # send completion, by sender
         if pr.src_unique:
             sent = np.empty_like(new)
-            sent[pr.src] = ack
+            sent[..., pr.src] = ack
             np.maximum(new, sent, out=new)
         return new
     new = clock.copy()
     engine = None
     if len(pr.l_rank):
         # local copies and staging run first, serially on each rank's engine
-        busy = np.bincount(pr.l_rank, weights=pr.l_cost, minlength=len(clock)).astype(_I64)
+        busy = np.bincount(pr.l_rank, weights=pr.l_cost, minlength=clock.shape[-1]).astype(_I64)
         engine = clock + busy
         np.maximum(new, engine, out=new)
     if pr.n == 0:
         return new
-    ready = np.maximum(clock[pr.src], clock[pr.dst]) + pr.nf
+    ready = np.maximum(clock[..., pr.src], clock[..., pr.dst]) + pr.nf
     if pr.fast:
         done = ready + pr.wire + pr.lat + pr.red
     else:
         done = contended(pr, ready, engine, clock)
     if pr.dst_unique:
-        new[pr.dst] = np.maximum(new[pr.dst], done)
+        new[..., pr.dst] = np.maximum(new[..., pr.dst], done)
     else:
-        np.maximum.at(new, pr.dst, done)
+        maximum_at(new, pr.dst, done)
     ack = done + pr.nb
     if pr.src_unique:
-        new[pr.src] = np.maximum(new[pr.src], ack)
+        new[..., pr.src] = np.maximum(new[..., pr.src], ack)
     else:
-        np.maximum.at(new, pr.src, ack)
+        maximum_at(new, pr.src, ack)
     return new
+
+
+class _Clocks:
+    """Every rank's clock, one flat array (steps priced whole move it)."""
+    __slots__ = ("clock",)
+
+    def __init__(self, clock):
+        self.clock = clock
+
+    def advanced(self, pr) -> "_Clocks":
+        return _Clocks(_step(pr, self.clock))
+
+    def delta(self, old: "_Clocks"):
+        """The amount every clock moved by since `old`, or None where they moved unequally."""
+        delta = self.clock - old.clock
+        return delta[0] if delta.size and delta.min() == delta.max() else None
+
+    def shifted(self, amount) -> "_Clocks":
+        return _Clocks(self.clock + amount)
+
+
+class _GroupClocks:
+    """The clocks of consecutive steps priced on the same groups (hcomm.vgroups), gathered from
+    the flat clocks once for all of them: per class, the distinct rows of its groups' clocks
+    (groups with equal clocks stay equal: they move alike), one row of n clocks where the groups
+    entered together, else (U, n) and which row each group has. Ranks in no group keep their
+    flat clocks: these steps do not move them."""
+    __slots__ = ("ranks", "rows", "which", "whole")
+
+    def __init__(self, ranks, rows, which, whole):
+        self.ranks, self.rows, self.which, self.whole = ranks, rows, which, whole
+
+    @classmethod
+    def gathered(cls, clock, priced: Grouped) -> "_GroupClocks":
+        ranks = tuple(r for r, _ in priced.classes)
+        rows, which = [], []
+        for r in ranks:
+            at = clock[r]
+            if (at == at[:1]).all():
+                rows.append(at[0].copy())
+                which.append(None)
+            else:
+                distinct, index = np.unique(at, axis=0, return_inverse=True)
+                rows.append(distinct)
+                which.append(index.reshape(-1))
+        return cls(ranks, rows, which, sum(r.size for r in ranks) == len(clock))
+
+    def fits(self, priced: Grouped) -> bool:
+        return len(priced.classes) == len(self.ranks) and all(r is mine for (r, _), mine in zip(priced.classes,
+                                                                                                 self.ranks))
+
+    def advanced(self, priced: Grouped) -> "_GroupClocks":
+        return _GroupClocks(self.ranks, [_step(pr, rows) for (_, pr), rows in zip(priced.classes, self.rows)],
+                            self.which, self.whole)
+
+    def delta(self, old: "_GroupClocks"):
+        """As _Clocks.delta over every rank: the ranks in no group did not move."""
+        amount = None
+        for new, before in zip(self.rows, old.rows):
+            delta = new - before
+            if delta.min() != delta.max() or (amount is not None and delta.flat[0] != amount):
+                return None
+            amount = delta.flat[0]
+        return amount if self.whole or amount == 0 else None
+
+    def shifted(self, amount) -> "_GroupClocks":
+        return _GroupClocks(self.ranks, [rows + amount for rows in self.rows], self.which, self.whole)
+
+    def scattered(self, clock):
+        """The flat clocks with the groups' put back."""
+        clock = clock.copy()
+        for r, rows, which in zip(self.ranks, self.rows, self.which):
+            clock[r] = rows if which is None else rows[which]
+        return clock
+
+
+def _priced(st, cost, dtype, redop, p, cache):
+    """The step's prices: by groups where it repeats (hcomm.vgroups), else whole."""
+    return grouped(st, cost, dtype, redop) or prep_for(st, cost, dtype, redop, p, cache)
 
 
 def program_times(program, entry, cost, dtype="float32", redop="sum"):
@@ -343,9 +172,10 @@ def program_times(program, entry, cost, dtype="float32", redop="sum"):
     n = len(program)
     t = 0
     ahead = None                              # (index, prep) of a step priced while scanning a run
+    groups = None                             # _GroupClocks of the steps on the current groups
     while t < n:
         st = program[t]
-        pr = ahead[1] if ahead is not None and ahead[0] == t else _prep_for(st, cost, dtype, redop, p, cache)
+        pr = ahead[1] if ahead is not None and ahead[0] == t else _priced(st, cost, dtype, redop, p, cache)
         key = step_key(st)
         run = 1
         if key is not None:
@@ -354,20 +184,34 @@ def program_times(program, entry, cost, dtype="float32", redop="sum"):
         elif pr.key is not None:
             # steps priced alike (same structure, same prices): only their prep tells
             while t + run < n and step_key(program[t + run]) is None:
-                ahead = (t + run, _prep_for(program[t + run], cost, dtype, redop, p, cache))
+                ahead = (t + run, _priced(program[t + run], cost, dtype, redop, p, cache))
                 if ahead[1].key != pr.key:
                     break
                 run += 1
-        done = 0
-        while done < run:
-            new = _step(pr, clock)
-            done += 1
-            if run - done >= 2 and (done == 1 or done % 4 == 0):
-                delta = new - clock
-                if delta.size and delta.min() == delta.max():
-                    clock = new + delta[0] * (run - done)
-                    done = run
-                    break
-            clock = new
+        if isinstance(pr, Grouped):
+            if groups is None or not groups.fits(pr):
+                if groups is not None:
+                    clock = groups.scattered(clock)
+                groups = _GroupClocks.gathered(clock, pr)
+            groups = _run(pr, groups, run)
+        else:
+            if groups is not None:
+                clock, groups = groups.scattered(clock), None
+            clock = _run(pr, _Clocks(clock), run).clock
         t += run
-    return clock
+    return clock if groups is None else groups.scattered(clock)
+
+
+def _run(pr, clocks, run: int):
+    """The clocks after `run` steps priced alike: once a step moves every clock by the same
+    amount, so does each further one (timing is shift-invariant), and the rest is one addition."""
+    done = 0
+    while done < run:
+        new = clocks.advanced(pr)
+        done += 1
+        if run - done >= 2 and (done == 1 or done % 4 == 0):
+            delta = new.delta(clocks)
+            if delta is not None:
+                return new.shifted(delta * (run - done))
+        clocks = new
+    return clocks

@@ -353,6 +353,14 @@ class Topology:
                 np.array([pid(r.egress) for r in routes], dtype=np.int64),
                 np.array([pid(("in",) + r.ingress) for r in routes], dtype=np.int64))
 
+    def routes_alike(self, ranks) -> bool:
+        """Whether every row of `ranks` (G groups of n ranks, none in two) routes as the first:
+        ranks[g, i] -> ranks[g, j] has the latency, rates and notify cost of ranks[0, i] ->
+        ranks[0, j], and two transfers of a row share a port exactly when the first row's do
+        (ports belong to ranks: rows share none). False without an analytic router."""
+        router = self.params.get("router")
+        return router is not None and bool(router.routes_alike(np.asarray(ranks, dtype=np.int64)))
+
     def notify_arrays(self, src, dst):
         dm = self.device_model
         if dm.notify_intra_ns == dm.notify_inter_ns:

@@ -125,6 +125,21 @@ class HardwareRouter:
             iport = np.where(hccs, dst * PORTS + PER_LINK + self.device_of[src], iport)
         return lat, bw, pbw, eport, iport
 
+    def routes_alike(self, ranks) -> bool:
+        """Whether every row of `ranks` (G, n) routes as its first: a route's class (HCCS, PCIe,
+        SIO, UB, RoCE) follows from whether its ends share a superpod, a server, and in a server
+        an HCCS group (910A) or a package (A3), and two transfers share a per-link HCCS port
+        where they share a sender and the peer's (server, device); so rows whose columns share
+        all of these alike route alike. Not with backup NICs (dies borrowing a partner's)."""
+        if self.backup:
+            return False
+        servers, devices = self.server_of[ranks], self.device_of[ranks]
+        width = int(self.device_of.max()) + 1
+        within = 2 if self.superpod_of is not None else min(self.group_size, width)    # package, HCCS group
+        return (same_pattern(servers) and same_pattern(servers * width + devices)
+                and same_pattern(servers * width + devices // within)
+                and (self.superpod_of is None or same_pattern(self.superpod_of[ranks])))
+
     def _backup_routes(self, roce, src, dst, lat, bw):
         """Latency and bandwidth of RoCE routes with backup NICs in use: one SIO hop more per
         borrowing end; NIC_SHARE of the bandwidth where either end's NIC is shared (and no more
@@ -168,6 +183,26 @@ def _spec(latency_ns: int, bandwidth, kind: str) -> tuple:
     return latency_ns, float(bandwidth), kind, float(bandwidth)
 
 
+def same_pattern(labels) -> bool:
+    """Whether every row of `labels` (G, n) groups its columns as the first row does:
+    labels[g, i] == labels[g, j] exactly when labels[0, i] == labels[0, j]."""
+    labels = np.asarray(labels)
+    if labels.shape[0] < 2 or labels.shape[1] < 2 or (labels == labels[:, :1]).all():
+        return True                                    # one value per row (ranks of one server)
+    if (np.diff(labels, axis=1) > 0).all():
+        return True                                    # increasing rows: every label distinct
+    # each label replaced by the first column holding it in its row, by a stable sort of each row
+    order = np.argsort(labels, axis=1, kind="stable")
+    ordered = np.take_along_axis(labels, order, axis=1)
+    position = np.broadcast_to(np.arange(labels.shape[1]), labels.shape)
+    starts = np.ones(labels.shape, dtype=bool)
+    starts[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    run_start = np.maximum.accumulate(np.where(starts, position, 0), axis=1)
+    first = np.empty_like(order)
+    np.put_along_axis(first, order, np.take_along_axis(order, run_start, axis=1), axis=1)
+    return bool((first == first[:1]).all())
+
+
 def hccs_port(peer_device: int) -> str:
     """The name of a per-link HCCS port: the one towards (or from) the peer with this device index."""
     return f"hccs:{peer_device}"
@@ -187,6 +222,10 @@ class FullMeshRouter:
     def one(self, src, dst):
         return self.lat, self.bw, self.bw, f"link:{dst}", f"link:{src}", (src, dst), ("link",)
 
+    def routes_alike(self, ranks) -> bool:
+        """Every pair's route is alike, with ports of its own."""
+        return True
+
 
 class RingRouter:
     """Neighbours linked; farther ranks reached the shorter way round (clockwise on a tie),
@@ -205,6 +244,12 @@ class RingRouter:
         n = len(src)
         return (hops * self.lat, np.full(n, self.bw), np.full(n, self.bw), src * PORTS + np.where(clockwise, RIGHT, LEFT),
                 dst * PORTS + np.where(clockwise, LEFT, RIGHT))
+
+    def routes_alike(self, ranks) -> bool:
+        """Routes follow the distance round the ring: rows that are turns of the first route alike."""
+        ranks = np.asarray(ranks)
+        turned = (ranks - ranks[:, :1]) % self.p
+        return bool((turned == turned[:1]).all())
 
     def one(self, src, dst):
         hops, clockwise = self._hops(np.array([src]), np.array([dst]))

@@ -33,6 +33,9 @@ class SubsetRouter:
         idx = self._index
         return self.parent.route_arrays(idx[np.asarray(src, dtype=np.int64)], idx[np.asarray(dst, dtype=np.int64)])
 
+    def routes_alike(self, ranks) -> bool:
+        return self.parent.routes_alike(self._index[np.asarray(ranks, dtype=np.int64)])
+
     def one(self, src, dst):
         r = self.parent.route(self.members[src], self.members[dst])
         return r.latency_ns, r.bandwidth, r.port_bandwidth, r.egress[1], r.ingress[1], r.hops, r.kinds

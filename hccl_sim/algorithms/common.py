@@ -12,6 +12,7 @@ import numpy as np
 
 from hcomm.program import (INPUT, NONE, OUTPUT, SCRATCH, GlobalStep, LazyStep, StepBuilder, TimingView, compacted,
                            counts, merge_parallel)
+from hcomm.vgroups import Part
 
 __all__ = ["INPUT", "OUTPUT", "SCRATCH", "NONE", "Step", "StepBuilder", "compacted", "bounds", "fold", "tile",
            "relay_scatter", "held_rounds",
@@ -186,7 +187,9 @@ def tile(program: list, ranks, shifts=None) -> list:
         shifts: optional (G, 3) array of first-axis offsets added to slices of input, output,
             scratch in group g.
     Small steps are tiled at once; large ones lazily (hcomm.program.LazyStep), keeping the
-    sub-step's timing key so that identical steps are priced once.
+    sub-step's timing key so that identical steps are priced once. Every tiled step keeps its
+    sub-step and groups (hcomm.vgroups.Part): the timing engine prices the sub-step once for
+    all groups.
     """
     ranks = np.atleast_2d(np.asarray(ranks, dtype=np.int64))
     G = ranks.shape[0]
@@ -195,15 +198,17 @@ def tile(program: list, ranks, shifts=None) -> list:
     out = []
     for st in program:
         skey = None if st.skey is None else ("tile", st.skey, key)
+        groups = (Part(st, ranks, key),)
         if isinstance(st, GlobalStep) and G * (len(st.t_src) + len(st.c_rank) + len(st.g_rank)) <= _EAGER_OPS:
             new = _tile_full(st, ranks, shift)
             new.tkey = None if st.tkey is None else ("tile", st.tkey, key)
             new.skey = skey
+            new.groups = groups
             out.append(new)
         else:
             out.append(LazyStep(lambda st=st: _tile_full(st.full(), ranks, shift),
                                 lambda st=st: _tile_timing(st.timing(), ranks),
-                                None if st.tkey is None else ("tile", st.tkey, key), skey))
+                                None if st.tkey is None else ("tile", st.tkey, key), skey, groups))
     return out
 
 
@@ -238,7 +243,8 @@ def rebuffered(program: list, frm: int, to: int, shift: int) -> list:
             new.tview = st.tview
             out.append(new)
         else:
-            out.append(LazyStep(lambda st=st: _rebuffer_full(st.full(), frm, to, shift), st.timing, st.tkey, st.skey))
+            out.append(LazyStep(lambda st=st: _rebuffer_full(st.full(), frm, to, shift), st.timing, st.tkey, st.skey,
+                                st.groups))
     return out
 
 

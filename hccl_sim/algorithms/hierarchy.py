@@ -44,10 +44,11 @@ class Servers:
         self.m = int(so.max()) + 1 if len(so) else 0
         # one stable sort, not a scan of every rank per server (16,384 servers: 2 * 10^9 compares)
         self.k = np.bincount(so, minlength=self.m).astype(np.int64)
-        self.ranks = np.split(np.argsort(so, kind="stable"), np.cumsum(self.k)[:-1]) if self.m else []
+        self._order = np.argsort(so, kind="stable")
+        self.ranks = np.split(self._order, np.cumsum(self.k)[:-1]) if self.m else []
         self.K = int(self.k.max()) if self.m else 0
         self.equal = bool((self.k == self.K).all())
-        self.start = np.array([r[0] for r in self.ranks] + [len(so)], dtype=np.int64)
+        self.start = np.append(self._order[np.cumsum(self.k) - self.k], len(so)).astype(np.int64)
         self.p = len(so)
 
     def group(self, i) -> np.ndarray:
@@ -60,7 +61,7 @@ class Servers:
         """(m, K) ranks of equal servers (built once; callers do not write to it)."""
         got = getattr(self, "_matrix", None)
         if got is None:
-            got = self._matrix = np.stack(self.ranks)
+            got = self._matrix = self._order.reshape(self.m, self.K)
         return got
 
 
@@ -68,7 +69,7 @@ def _per_server(srv, build):
     """Build a level0 program per distinct card count and tile it onto those servers."""
     progs = []
     for k in np.unique(srv.k):
-        ranks = np.stack([srv.ranks[s] for s in range(srv.m) if srv.k[s] == k])
+        ranks = srv.matrix() if srv.equal else np.stack([srv.ranks[s] for s in range(srv.m) if srv.k[s] == k])
         progs.append(tile(build(int(k)), ranks))
     return side_by_side(*progs)
 
@@ -118,13 +119,16 @@ def allgather(srv: Servers, unit: int, l0: str, l1: str) -> list:
     """Rows: rank r's block is output row r (servers hold contiguous runs of ranks)."""
     r = np.arange(srv.p)
     phases = [[StepBuilder().copies(r, unit, INPUT, 0, 1, OUTPUT, r).build()]]
-    if srv.K > 1:
+    if srv.K > 1 and srv.equal:
+        # one server's program, its output rows moved to each server's region
+        phases.append(tile(LEVEL0[l0].allgather(srv.K, np.arange(srv.K + 1), unit, OUTPUT), srv.matrix(),
+                           _regions(srv, OUTPUT)))
+    elif srv.K > 1:
         progs = []
         for s in range(srv.m):
             k = int(srv.k[s])
             offs = srv.start[s] + np.arange(k + 1)
-            progs.append(tile(LEVEL0[l0 if srv.equal else "fullmesh"].allgather(k, offs, unit, OUTPUT),
-                              srv.ranks[s][None, :]))
+            progs.append(tile(LEVEL0["fullmesh"].allgather(k, offs, unit, OUTPUT), srv.ranks[s][None, :]))
         phases.append(side_by_side(*progs))
     if srv.m > 1:
         mod = _level1(l1, "allgather")
@@ -143,14 +147,20 @@ def reducescatter(srv: Servers, unit: int, l0: str, l1: str) -> list:
         out, out_lo = (SCRATCH, srv.start[:-1]) if K > 1 else (OUTPUT, np.zeros(m, dtype=np.int64))
         phases.append(tile(mod.reducescatter(m, srv.start, unit, INPUT, SCRATCH, out, out_lo), ranks))
     if K > 1:
+        # one server's program, its input and scratch rows moved to each server's region
         src = SCRATCH if m > 1 else INPUT
-        progs = []
-        for s in range(m):
-            offs = srv.start[s] + np.arange(K + 1)
-            progs.append(tile(LEVEL0[l0].reducescatter(K, offs, unit, src, SCRATCH, OUTPUT, np.zeros(K, dtype=np.int64)),
-                              srv.ranks[s][None, :]))
-        phases.append(side_by_side(*progs))
+        phases.append(tile(LEVEL0[l0].reducescatter(K, np.arange(K + 1), unit, src, SCRATCH, OUTPUT,
+                                                    np.zeros(K, dtype=np.int64)),
+                           srv.matrix(), _regions(srv, INPUT, SCRATCH)))
     return sequence(*phases)
+
+
+def _regions(srv: Servers, *buffers) -> np.ndarray:
+    """`tile`'s shifts that move `buffers`' rows of a one-server program to each server's
+    region (rows start[s]..), the other buffers' rows left where they are."""
+    shifts = np.zeros((srv.m, 3), dtype=np.int64)
+    shifts[:, list(buffers)] = srv.start[:-1, None]
+    return shifts
 
 
 def scatter(srv: Servers, unit: int, root: int, l0: str, l1: str) -> list:

@@ -282,17 +282,18 @@ def plan_times(sig, cost, config, itemsize, choice, entry, faults: bool = True, 
     cost = with_expansion(cost, choice.expansion)
     loops, programs, parts = op_programs(sig, cost, config, itemsize, choice)
     cache = cost.cache("timings")
-    base = min(entry) if len(entry) else 0
-    rel = tuple(int(t) - base for t in entry)
-    key = (sig.name, sig.shape, sig.dtype, sig.redop, sig.root, choice.structure, config.buffsize_bytes, itemsize, rel,
-           sig.v)
+    at = np.asarray(entry, dtype=np.int64)
+    base = int(at.min()) if len(at) else 0
+    rel = at - base
+    key = (sig.name, sig.shape, sig.dtype, sig.redop, sig.root, choice.structure, config.buffsize_bytes, itemsize,
+           rel.tobytes(), sig.v)
     rel_exits = cache.get(key)
     if rel_exits is None:
         # the op's fixed host-side cost (expansion and launch) delays every rank before its first step
-        start = np.asarray(rel, dtype=np.int64) + op_overhead_ns(cost.device_model, sig.name)
-        clock = _time_loops(loops, programs, start, cost, sig.dtype, sig.redop or "sum")
-        rel_exits = cache[key] = tuple(int(t) for t in clock)
-    exits = [base + t for t in rel_exits]
+        start = rel + op_overhead_ns(cost.device_model, sig.name)
+        rel_exits = cache[key] = _time_loops(loops, programs, start, cost, sig.dtype, sig.redop or "sum")
+        rel_exits.setflags(write=False)
+    exits = (rel_exits + base).tolist()
     links = cost.link_state
     if faults and (corrupt or (links and links.affects(base, max(exits, default=base)))):
         exits = replayed_exits(sig, loops, programs, entry, cost, corrupt=corrupt)
