@@ -76,7 +76,12 @@ class LoopBody:
         """Every rank's step list (tuples of hcomm.steps ops)."""
         got = self._rank_steps
         if got is None or len(got) != p:
-            got = self._rank_steps = prog.rank_steps(self.program, p) if self.program else [()] * p
+            # Every rank of an op asks at once: one derives them while the others wait, instead of
+            # each deriving every rank's (O(ranks^2) work, all of it contending for the GIL).
+            with _LOCK:
+                got = self._rank_steps
+                if got is None or len(got) != p:
+                    got = self._rank_steps = prog.rank_steps(self.program, p) if self.program else [()] * p
         return got
 
     def step_indices(self, rank: int) -> list:
