@@ -95,9 +95,12 @@ class LoopBody:
         """What an executor derives from this body once per `key` (`make(self)`), kept with it."""
         got = self._derived.get(key)
         if got is None:
-            if len(self._derived) >= 64:
-                self._derived.clear()
-            got = self._derived[key] = make(self)
+            with _LOCK:                 # every rank of an op may ask at once: one makes it
+                got = self._derived.get(key)
+                if got is None:
+                    if len(self._derived) >= 64:
+                        self._derived.clear()
+                    got = self._derived[key] = make(self)
         return got
 
     def moves_for(self, rank: int) -> list:

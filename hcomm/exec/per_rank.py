@@ -9,6 +9,12 @@ Per step:
    acknowledge it;
 4. wait until this rank's own sends have been consumed: only then may the next step write.
 
+An op's steps are derived once for all its ranks (`rank_schedules`) as plain tuples of names and
+ints, not hcomm.steps' named tuples: a large op's schedules hold hundreds of thousands of ops for
+as long as its program is cached, and plain tuples of atoms are the one kind of object Python's
+cycle collector stops tracking, so they cost no full collection anything (named tuples made every
+one scan them all: a quarter of a 256-rank AlltoAll's time).
+
 `run_rank_in(memory, ...)` runs it with the rank's buffers in shared memory (staged there unless
 they lie there already), so that the peers on the same host read its slices in place: by step words
 where the transport has them (hcomm.exec.hosted), else by a message carrying the slice's place
@@ -18,11 +24,41 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..program import BUFFERS
 from ..steps import Copy, Recv, Send
 from .data_program import COLLECTIVE_TAG, DataProgram, with_scratch
 from .hosted import run_hosted
 
 _EMPTY = np.empty(0, dtype=np.uint8)
+_TRANSFER_ARRAYS = ("t_src", "t_dst", "t_sbuf", "t_slo", "t_shi", "t_dbuf", "t_dlo", "t_dhi", "t_rbuf", "t_rlo", "t_rhi")
+_COPY_ARRAYS = ("c_rank", "c_sbuf", "c_slo", "c_shi", "c_dbuf", "c_dlo", "c_dhi")
+
+
+def rank_schedules(program: list, p: int) -> list:
+    """Every rank's steps of `program`, as `hcomm.program.rank_steps` lists them (a step wherever
+    the rank has an op, a staging copy included: a crash's step count counts it), each step as
+    (sends, copies, recvs) in issue order: sends (peer, buf, start, stop), copies (src buf, start,
+    stop, dst buf, start, stop), recvs (peer, dst buf, start, stop, operand buf or None, start,
+    stop)."""
+    out = [[] for _ in range(p)]
+    for st in program:
+        st = st.full()
+        parts = {}
+        for s, d, sb, slo, shi, db, dlo, dhi, rb, rlo, rhi in zip(*(getattr(st, a).tolist() for a in _TRANSFER_ARRAYS)):
+            parts.setdefault(s, ([], [], []))[0].append((d, BUFFERS[sb], slo, shi))
+            operand = None if rb < 0 else BUFFERS[rb]
+            parts.setdefault(d, ([], [], []))[2].append((s, BUFFERS[db], dlo, dhi, operand, rlo, rhi))
+        for r, sb, slo, shi, db, dlo, dhi in zip(*(getattr(st, a).tolist() for a in _COPY_ARRAYS)):
+            parts.setdefault(r, ([], [], []))[1].append((BUFFERS[sb], slo, shi, BUFFERS[db], dlo, dhi))
+        for r in st.g_rank.tolist():
+            parts.setdefault(r, ([], [], []))
+        for r, (sends, copies, recvs) in parts.items():
+            out[r].append((tuple(sends), tuple(copies), tuple(recvs)))
+    return [tuple(steps) for steps in out]
+
+
+def _schedules_of(p: int):
+    return lambda body: rank_schedules(body.program, p) if body.program else [()] * p
 
 
 def run_rank(data: DataProgram, rank: int, buffers, transport, steps: int | None = None) -> None:
@@ -40,13 +76,13 @@ def run_rank(data: DataProgram, rank: int, buffers, transport, steps: int | None
     for a, b, body in data.loops:
         if left is not None and left <= 0:
             return
-        schedule = body.rank_steps(data.size)[rank]
+        schedule = body.derived(("rank_schedules", data.size), _schedules_of(data.size))[rank]
         if left is not None:
             schedule, left = schedule[:left], left - len(schedule)
         if data.carries_data:
             for name, view in data.named_views(buffers.input, buffers.output, buffers.scratch, a, b).items():
                 transport.register(rank, name, view)
-        run_schedule(schedule, rank, transport, COLLECTIVE_TAG, reduce_fn, deadline, data.name)
+        _run_steps(schedule, rank, transport, COLLECTIVE_TAG, reduce_fn, deadline, data.name)
 
 
 def run_rank_in(memory, data: DataProgram, rank: int, buffers, transport, seq: int | None = None,
@@ -87,29 +123,45 @@ def run_rank_in(memory, data: DataProgram, rank: int, buffers, transport, seq: i
 
 
 def run_schedule(schedule, rank: int, transport, tag, reduce_fn, deadline=None, op: str | None = None) -> None:
-    """Execute one schedule (a rank's step list) for `rank`; its buffers are registered on the
-    transport beforehand."""
-    region = transport.region
+    """Execute one schedule (a rank's step list of hcomm.steps ops) for `rank`; its buffers are
+    registered on the transport beforehand."""
+    steps = []
     for step in schedule:
-        posted = []
-        for item in step:
-            if type(item) is Send:
-                s = item.src
-                posted.append(transport.post(rank, item.peer, tag, s.buf, s.start, s.stop))
-        for item in step:
-            if type(item) is Copy:
-                s, d = item.src, item.dst
-                np.copyto(region(rank, d.buf)[d.start:d.stop], region(rank, s.buf)[s.start:s.stop])
-        for item in step:
-            if type(item) is Recv:
-                msg = transport.take(item.peer, rank, tag, deadline, op)
-                d = item.dst
-                out = region(rank, d.buf)[d.start:d.stop]
-                if item.reduce_with is None:
-                    np.copyto(out, msg.data)
-                else:
-                    w = item.reduce_with
-                    reduce_fn(msg.data, region(rank, w.buf)[w.start:w.stop], out)
-                msg.consumed()
+        sends = tuple((i.peer, i.src.buf, i.src.start, i.src.stop) for i in step if type(i) is Send)
+        copies = tuple((i.src.buf, i.src.start, i.src.stop, i.dst.buf, i.dst.start, i.dst.stop)
+                       for i in step if type(i) is Copy)
+        recvs = tuple((i.peer, i.dst.buf, i.dst.start, i.dst.stop) + ((None, 0, 0) if i.reduce_with is None else i.reduce_with)
+                      for i in step if type(i) is Recv)
+        steps.append((sends, copies, recvs))
+    _run_steps(steps, rank, transport, tag, reduce_fn, deadline, op)
+
+
+class _OwnBuffers(dict):
+    """A rank's registered buffers by name, each looked up on the transport once per schedule."""
+
+    def __init__(self, transport, rank: int):
+        super().__init__()
+        self.transport, self.rank = transport, rank
+
+    def __missing__(self, name):
+        got = self[name] = self.transport.region(self.rank, name)
+        return got
+
+
+def _run_steps(steps, rank: int, transport, tag, reduce_fn, deadline, op) -> None:
+    """Execute `rank`'s steps in rank_schedules' form (see the module docstring)."""
+    own = _OwnBuffers(transport, rank)
+    post, take, wait_consumed = transport.post, transport.take, transport.wait_consumed
+    for sends, copies, recvs in steps:
+        posted = [post(rank, peer, tag, buf, start, stop) for peer, buf, start, stop in sends]
+        for sbuf, slo, shi, dbuf, dlo, dhi in copies:
+            np.copyto(own[dbuf][dlo:dhi], own[sbuf][slo:shi])
+        for peer, dbuf, dlo, dhi, operand, olo, ohi in recvs:
+            msg = take(peer, rank, tag, deadline, op)
+            if operand is None:
+                np.copyto(own[dbuf][dlo:dhi], msg.data)
+            else:
+                reduce_fn(msg.data, own[operand][olo:ohi], own[dbuf][dlo:dhi])
+            msg.consumed()
         for msg in posted:
-            transport.wait_consumed(msg, deadline, op)
+            wait_consumed(msg, deadline, op)

@@ -105,7 +105,8 @@ class Message(_MessageBase):
     __slots__ = ("reply", "done", "bell", "_watch")
 
     def __init__(self, src, dst, tag, data, meta, watch=None):
-        super().__init__(src, dst, tag, data, meta)
+        # the base's fields set here, not by its __init__: a large op posts tens of thousands
+        self.src, self.dst, self.tag, self.data, self.meta = src, dst, tag, data, meta
         self.reply = None
         self.done = False
         self.bell = None            # the sender's doorbell while it waits for this consume
@@ -200,8 +201,7 @@ class InProcessTransport(Transport):
     # data plane --------------------------------------------------------------------------------
     def post(self, src: int, dst: int, tag, region: str, start: int, stop: int, meta=None) -> Message:
         """Expose region[start:stop] of `src`'s registered memory to `dst`."""
-        view = self.region(src, region)[start:stop]
-        return self.post_view(src, dst, tag, view, meta)
+        return self.post_view(src, dst, tag, self._registry.region(src, region)[start:stop], meta)
 
     def post_view(self, src: int, dst: int, tag, view, meta=None) -> Message:
         msg = Message(src, dst, tag, view, meta, self.watch)
