@@ -123,15 +123,6 @@ class Message(_MessageBase):
             self._watch.done(self.src)      # the sender's wait is satisfied
 
 
-class _Channel:
-    """The messages of one (src, dst, tag) in posting order, and the bells of its sleeping takers."""
-    __slots__ = ("queue", "bells")
-
-    def __init__(self):
-        self.queue = deque()
-        self.bells = []
-
-
 class InProcessTransport(Transport):
     """Zero-copy channels among `size` ranks living in one process."""
 
@@ -140,8 +131,13 @@ class InProcessTransport(Transport):
     def __init__(self, size: int, timeout_s: float | None = None):
         self.size = size
         self.timeout_s = timeout_s
-        self._channels = {}
-        self._channels_lock = threading.Lock()
+        # A channel is its (src, dst, tag): its messages in posting order, and the bells of the
+        # threads waiting to take from it while there are any. One deque per channel, nothing
+        # more: a 256-rank AlltoAll opens 65,280 of them, each one more object for every full
+        # collection of Python's cycle collector to scan.
+        self._queues = {}
+        self._takers = {}
+        self._channels_lock = threading.Lock()      # creates queues, changes takers
         self._sleeping = set()            # the bell of every thread inside a wait, for abort and exit
         self._registry = Registry()
         self._abort = AbortState()
@@ -190,13 +186,12 @@ class InProcessTransport(Transport):
     def deadline(self):
         return None if not self.timeout_s else time.monotonic() + self.timeout_s
 
-    def _channel(self, src, dst, tag):
-        key = (src, dst, tag)
-        ch = self._channels.get(key)
-        if ch is None:
+    def _queue(self, key) -> deque:
+        queue = self._queues.get(key)
+        if queue is None:
             with self._channels_lock:
-                ch = self._channels.setdefault(key, _Channel())
-        return ch
+                queue = self._queues.setdefault(key, deque())
+        return queue
 
     # data plane --------------------------------------------------------------------------------
     def post(self, src: int, dst: int, tag, region: str, start: int, stop: int, meta=None) -> Message:
@@ -205,46 +200,51 @@ class InProcessTransport(Transport):
 
     def post_view(self, src: int, dst: int, tag, view, meta=None) -> Message:
         msg = Message(src, dst, tag, view, meta, self.watch)
-        ch = self._channel(src, dst, tag)
-        ch.queue.append(msg)                # appended before the bells are read: see take
-        for bell in tuple(ch.bells):
+        key = (src, dst, tag)
+        self._queue(key).append(msg)        # appended before the takers are read: see take
+        for bell in self._takers.get(key, ()):
             _ring(bell)
         self.watch.done(dst)                # whatever dst waits for may now be here: not stuck
         return msg
 
     def take(self, src: int, dst: int, tag, deadline=None, op: str | None = None) -> Message:
         """Wait for the next message from `src` to `dst` on `tag`."""
-        ch = self._channel(src, dst, tag)
+        key = (src, dst, tag)
+        queue = self._queue(key)
         try:
-            return ch.queue.popleft()
+            return queue.popleft()
         except IndexError:
             pass
         bell = _new_bell()
-        ch.bells.append(bell)               # before the queue is looked at again: no post is missed
         self._sleeping.add(bell)
+        with self._channels_lock:           # before the queue is looked at again: no post is missed
+            self._takers[key] = self._takers.get(key, ()) + (bell,)
         what = waiting_for_data(src, op)
         try:
             while True:
                 try:
-                    return ch.queue.popleft()
+                    return queue.popleft()
                 except IndexError:
                     pass
                 self._abort.check(dst, op, tag)
                 self.watch.waiting(dst, what)
                 self.watch.check(dst, op)
-                if src in self._exited and not ch.queue:
+                if src in self._exited and not queue:
                     raise take_exited(src, dst, tag, op)
                 left = remaining(deadline)
                 if left is not None and left <= 0:
                     raise take_timeout(src, dst, self.timeout_s, op)
                 bell.acquire(True, _POLL_S if left is None else min(_POLL_S, left))
         finally:
-            ch.bells.remove(bell)
+            with self._channels_lock:
+                others = tuple(b for b in self._takers.pop(key) if b is not bell)
+                if others:
+                    self._takers[key] = others
             self._sleeping.discard(bell)
             self.watch.done(dst)
 
     def ready(self, src: int, dst: int, tag) -> bool:
-        return bool(self._channel(src, dst, tag).queue)
+        return bool(self._queues.get((src, dst, tag)))
 
     def is_consumed(self, msg: Message) -> bool:
         return msg.done
