@@ -1,19 +1,17 @@
 """The per-rank executor: one rank runs its own schedule on real buffers over a transport.
 
 For ranks that share no memory: each rank posts its own slices to the peers its schedule names.
-Per step:
+Per step (hcomm.exec.schedules gives a rank's steps):
 1. post every Send (a view of this rank's registered memory);
-2. run the step's local copies (copies run at the start of their step on every executor:
+2. wait until the sends of earlier steps that this step may overwrite have been consumed (the
+   step's fence);
+3. run the step's local copies (copies run at the start of their step on every executor:
    hcomm.program.data_moves);
-3. take every Recv in order, copying or reducing straight from the sender's memory, and
-   acknowledge it;
-4. wait until this rank's own sends have been consumed: only then may the next step write.
+4. take every Recv in order, copying or reducing straight from the sender's memory, and
+   acknowledge it.
+At the end, wait until every send has been consumed: only then may the op's buffers change.
 
-An op's steps are derived once for all its ranks (`rank_schedules`) as plain tuples of names and
-ints, not hcomm.steps' named tuples: a large op's schedules hold hundreds of thousands of ops for
-as long as its program is cached, and plain tuples of atoms are the one kind of object Python's
-cycle collector stops tracking, so they cost no full collection anything (named tuples made every
-one scan them all: a quarter of a 256-rank AlltoAll's time).
+An op's steps are derived once for all its ranks, by the first to ask (`schedules.rank_schedules`).
 
 `run_rank_in(memory, ...)` runs it with the rank's buffers in shared memory (staged there unless
 they lie there already), so that the peers on the same host read its slices in place: by step words
@@ -22,39 +20,15 @@ where the transport has them (hcomm.exec.hosted), else by a message carrying the
 """
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
-from ..program import BUFFERS
-from ..steps import Copy, Recv, Send
 from .data_program import COLLECTIVE_TAG, DataProgram, with_scratch
 from .hosted import run_hosted
+from .schedules import from_steps, rank_schedules
 
 _EMPTY = np.empty(0, dtype=np.uint8)
-_TRANSFER_ARRAYS = ("t_src", "t_dst", "t_sbuf", "t_slo", "t_shi", "t_dbuf", "t_dlo", "t_dhi", "t_rbuf", "t_rlo", "t_rhi")
-_COPY_ARRAYS = ("c_rank", "c_sbuf", "c_slo", "c_shi", "c_dbuf", "c_dlo", "c_dhi")
-
-
-def rank_schedules(program: list, p: int) -> list:
-    """Every rank's steps of `program`, as `hcomm.program.rank_steps` lists them (a step wherever
-    the rank has an op, a staging copy included: a crash's step count counts it), each step as
-    (sends, copies, recvs) in issue order: sends (peer, buf, start, stop), copies (src buf, start,
-    stop, dst buf, start, stop), recvs (peer, dst buf, start, stop, operand buf or None, start,
-    stop)."""
-    out = [[] for _ in range(p)]
-    for st in program:
-        st = st.full()
-        parts = {}
-        for s, d, sb, slo, shi, db, dlo, dhi, rb, rlo, rhi in zip(*(getattr(st, a).tolist() for a in _TRANSFER_ARRAYS)):
-            parts.setdefault(s, ([], [], []))[0].append((d, BUFFERS[sb], slo, shi))
-            operand = None if rb < 0 else BUFFERS[rb]
-            parts.setdefault(d, ([], [], []))[2].append((s, BUFFERS[db], dlo, dhi, operand, rlo, rhi))
-        for r, sb, slo, shi, db, dlo, dhi in zip(*(getattr(st, a).tolist() for a in _COPY_ARRAYS)):
-            parts.setdefault(r, ([], [], []))[1].append((BUFFERS[sb], slo, shi, BUFFERS[db], dlo, dhi))
-        for r in st.g_rank.tolist():
-            parts.setdefault(r, ([], [], []))
-        for r, (sends, copies, recvs) in parts.items():
-            out[r].append((tuple(sends), tuple(copies), tuple(recvs)))
-    return [tuple(steps) for steps in out]
 
 
 def _schedules_of(p: int):
@@ -125,15 +99,7 @@ def run_rank_in(memory, data: DataProgram, rank: int, buffers, transport, seq: i
 def run_schedule(schedule, rank: int, transport, tag, reduce_fn, deadline=None, op: str | None = None) -> None:
     """Execute one schedule (a rank's step list of hcomm.steps ops) for `rank`; its buffers are
     registered on the transport beforehand."""
-    steps = []
-    for step in schedule:
-        sends = tuple((i.peer, i.src.buf, i.src.start, i.src.stop) for i in step if type(i) is Send)
-        copies = tuple((i.src.buf, i.src.start, i.src.stop, i.dst.buf, i.dst.start, i.dst.stop)
-                       for i in step if type(i) is Copy)
-        recvs = tuple((i.peer, i.dst.buf, i.dst.start, i.dst.stop) + ((None, 0, 0) if i.reduce_with is None else i.reduce_with)
-                      for i in step if type(i) is Recv)
-        steps.append((sends, copies, recvs))
-    _run_steps(steps, rank, transport, tag, reduce_fn, deadline, op)
+    _run_steps(from_steps(schedule), rank, transport, tag, reduce_fn, deadline, op)
 
 
 class _OwnBuffers(dict):
@@ -149,11 +115,15 @@ class _OwnBuffers(dict):
 
 
 def _run_steps(steps, rank: int, transport, tag, reduce_fn, deadline, op) -> None:
-    """Execute `rank`'s steps in rank_schedules' form (see the module docstring)."""
+    """Execute `rank`'s steps (hcomm.exec.schedules' form; see the module docstring)."""
     own = _OwnBuffers(transport, rank)
     post, take, wait_consumed = transport.post, transport.take, transport.wait_consumed
-    for sends, copies, recvs in steps:
-        posted = [post(rank, peer, tag, buf, start, stop) for peer, buf, start, stop in sends]
+    unconsumed = deque()                    # (step, handle) of the sends not yet seen consumed
+    for k, (sends, copies, recvs, fence) in enumerate(steps):
+        for peer, buf, start, stop in sends:
+            unconsumed.append((k, post(rank, peer, tag, buf, start, stop)))
+        while unconsumed and unconsumed[0][0] < fence:
+            wait_consumed(unconsumed.popleft()[1], deadline, op)
         for sbuf, slo, shi, dbuf, dlo, dhi in copies:
             np.copyto(own[dbuf][dlo:dhi], own[sbuf][slo:shi])
         for peer, dbuf, dlo, dhi, operand, olo, ohi in recvs:
@@ -163,5 +133,5 @@ def _run_steps(steps, rank: int, transport, tag, reduce_fn, deadline, op) -> Non
             else:
                 reduce_fn(msg.data, own[operand][olo:ohi], own[dbuf][dlo:dhi])
             msg.consumed()
-        for msg in posted:
-            wait_consumed(msg, deadline, op)
+    for _, handle in unconsumed:
+        wait_consumed(handle, deadline, op)

@@ -138,7 +138,7 @@ class InProcessTransport(Transport):
         self._queues = {}
         self._takers = {}
         self._channels_lock = threading.Lock()      # creates queues, changes takers
-        self._sleeping = set()            # the bell of every thread inside a wait, for abort and exit
+        self._sleeping = {}               # the bell of every thread inside a wait -> the rank it waits for
         self._registry = Registry()
         self._abort = AbortState()
         self._exited = set()
@@ -169,7 +169,10 @@ class InProcessTransport(Transport):
         """`rank` will post and consume nothing more: waits on it fail at once."""
         self._exited.add(rank)
         self.watch.exited(rank)
-        self.abort_wake()
+        # only the waits on `rank`: every rank's exit waking every waiter was ranks^2 wake-ups a job
+        for bell, peer in tuple(self._sleeping.items()):
+            if peer == rank:
+                _ring(bell)
 
     def abort_wake(self):
         for bell in tuple(self._sleeping):
@@ -216,7 +219,7 @@ class InProcessTransport(Transport):
         except IndexError:
             pass
         bell = _new_bell()
-        self._sleeping.add(bell)
+        self._sleeping[bell] = src
         with self._channels_lock:           # before the queue is looked at again: no post is missed
             self._takers[key] = self._takers.get(key, ()) + (bell,)
         what = waiting_for_data(src, op)
@@ -240,7 +243,7 @@ class InProcessTransport(Transport):
                 others = tuple(b for b in self._takers.pop(key) if b is not bell)
                 if others:
                     self._takers[key] = others
-            self._sleeping.discard(bell)
+            self._sleeping.pop(bell, None)
             self.watch.done(dst)
 
     def ready(self, src: int, dst: int, tag) -> bool:
@@ -254,11 +257,11 @@ class InProcessTransport(Transport):
         if msg.done:
             return msg.reply
         bell = msg.bell = _new_bell()       # set before `done` is looked at again: see Message
-        self._sleeping.add(bell)
+        self._sleeping[bell] = msg.dst
         try:
             self._wait_consumed(msg, bell, deadline, op)
         finally:
-            self._sleeping.discard(bell)
+            self._sleeping.pop(bell, None)
             self.watch.done(msg.src)
         return msg.reply
 
