@@ -26,7 +26,7 @@ from .. import program as prog
 BUFFERS = prog.BUFFERS
 COLLECTIVE_TAG = "coll"
 """The tag of a collective's messages between the ranks of the world communicator (executors')."""
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()       # re-entered: what `derived` makes may ask for rank_steps
 
 
 class LoopBody:
