@@ -73,10 +73,11 @@ class Watch:
             return
         with self._lock:
             now, progress = time.monotonic(), self._progress
-            if self._stalled is None or self._stalled[0] != progress:
+            stalled = self._stalled             # read once: a report may reset it meanwhile
+            if stalled is None or stalled[0] != progress:
                 self._stalled = (progress, now)
                 return
-            if now - self._stalled[1] < STALL_S:
+            if now - stalled[1] < STALL_S:
                 return
             who = "; ".join(f"rank {r} waits for {w}" for r, w in sorted(self.waiting_ranks().items())[:8])
         raise HcclError("E_TIMEOUT", f"deadlock: every rank is waiting and none can proceed ({who})", rank=rank, op=op,
