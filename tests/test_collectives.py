@@ -144,6 +144,16 @@ def test_every_algorithm_flat_and_hierarchical_correct_on_data_plane(data_plane)
 
 
 @pytest.mark.local
+def test_threads_data_plane_at_128_ranks():
+    """128 ranks of HCCL's hierarchy (16 Atlas 800T A2 servers) on the per-rank executor, one
+    thread each: every collective gives its exact integer result (issue 37: such jobs gave no
+    answer in 300 s). A few seconds; their time is experiments/per_rank_scale.py's."""
+    topo = hccl_sim.topology("atlas800t-a2", servers=16)
+    results = run_local(all_collectives, topo, Config(), args=(2, np.int32, "sum", None, 5), data_plane="threads")
+    check(results, 128, 2, np.int32, "sum", 5)
+
+
+@pytest.mark.local
 def test_large_op_split_across_cores():
     """Ops above the parallel threshold move data on several threads; results stay exact."""
     p = 4

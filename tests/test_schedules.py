@@ -14,6 +14,7 @@ from hccl_sim.plan.planner import Signature, choose
 from hccl_sim.plan.loop_programs import build_program
 from hccl_sim.selection import Choice
 from hcomm import program as prog
+from hcomm.exec.schedules import rank_schedules
 from hcomm.timing import replay
 from hcomm.vtiming import program_times
 from topologies.errors import HcclError
@@ -91,6 +92,35 @@ def test_flat_program_edge_sizes(algo, coll):
             root = p - 1
             verify(algorithms.flat_program(coll, algo, p, n, unit_for(coll), root), coll, p, n, root,
                    f"{algo} {coll} p={p} n={n}")
+
+
+def overwritten_sends(steps):
+    """(k, j) for every step k of a rank's schedules-form steps that writes a slice its step j < k
+    sent, by exact slices."""
+    def overlap(a, b):
+        return a[0] == b[0] and max(a[1], b[1]) < min(a[2], b[2])
+    for k, (_, copies, recvs, _) in enumerate(steps):
+        writes = [c[3:6] for c in copies] + [r[1:4] for r in recvs]
+        for j in range(k):
+            if any(overlap(s[1:4], w) for s in steps[j][0] for w in writes):
+                yield k, j
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("algo,coll", FLAT_CASES)
+def test_per_rank_fences_guard_every_overwrite(algo, coll):
+    """The per-rank executor waits for a send's consumer only at a later step's fence: every step
+    that writes a slice an earlier step sent has its fence past that step, and the schedules have
+    the steps rank_steps gives."""
+    for p in (2, 5, 8, 13):
+        n = 3 * p + 1
+        program = algorithms.flat_program(coll, algo, p, n, unit_for(coll), p // 2)
+        per_rank, reference = rank_schedules(program, p), prog.rank_steps(program, p)
+        for rank in range(p):
+            steps = per_rank[rank]
+            assert len(steps) == len(reference[rank]), f"{algo} {coll} p={p} rank {rank}"
+            for k, j in overwritten_sends(steps):
+                assert steps[k][3] > j, f"{algo} {coll} p={p} rank {rank}: step {k} overwrites step {j}'s send"
 
 
 @pytest.mark.unit

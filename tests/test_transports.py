@@ -43,6 +43,35 @@ def test_inprocess_runs_programs(p):
     check_outputs(ranks_as_threads(p, lambda rank: run_cases(tr, rank, p)), p)
 
 
+@pytest.mark.local
+def test_a_rank_that_never_posts_its_part_fails_every_wait_at_its_deadline():
+    """64 ranks run a ring AllReduce on the per-rank executor and rank 5 never starts: every
+    other rank's wait ends at its deadline (HCCL_EXEC_TIMEOUT's, 0.5 s here) with E_TIMEOUT
+    naming the rank it waited for, rank 6 first of all rank 5. Never a hang, and no deadlock
+    verdict: rank 5 is not waiting, it is late."""
+    p, late, n = 64, 5, 3 * 64
+    tr = InProcessTransport(p, timeout_s=0.5)
+    steps = case_steps("allreduce", "ring", p)
+
+    def rank(r):
+        if r == late:
+            return None
+        tr.register(r, "input", np.arange(n, dtype=np.int64))
+        tr.register(r, "output", np.zeros(n, dtype=np.int64))
+        try:
+            execute(steps[r], r, tr, "t", np.add, tr.deadline(), "all_reduce")
+        except HcclError as exc:
+            return exc
+    t0 = time.monotonic()
+    errors = ranks_as_threads(p, rank, timeout=60)
+    assert time.monotonic() - t0 < 10
+    for r, err in enumerate(errors):
+        if r != late:
+            assert isinstance(err, HcclError) and err.code == "E_TIMEOUT" and err.rank == r, (r, err)
+            assert "within 0.5 s (HCCL_EXEC_TIMEOUT)" in str(err) and len(err.peers) == 1, (r, err)
+    assert errors[late + 1].peers == (late,) and f"no data from rank {late}" in str(errors[late + 1])
+
+
 # ---- socket: ranks are spawned processes -----------------------------------------------------------------
 
 class SocketGroup:
@@ -498,7 +527,7 @@ def test_a_receiver_that_consumes_and_returns_while_its_sender_looks_is_no_failu
     look = tr.watch.check
 
     def receiver_acts_in_the_window(rank, op):
-        if not msg._done.is_set():
+        if not tr.is_consumed(msg):
             tr.take(0, 1, "t").consumed("read")
             tr.mark_exited(1)
         return look(rank, op)

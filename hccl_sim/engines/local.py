@@ -31,7 +31,7 @@ from .registry import ENGINES
 PLANES = ENGINES["local"].data_planes     # the registry's: "central" (the central data program), "threads" (per-rank executors)
 
 _POLL_S = 0.05
-_SWITCH_INTERVAL_S = 50e-6
+_SWITCH_INTERVAL_PER_RANK_S = 50e-6
 _PARALLEL_MIN_BYTES = 4 << 20   # below this an op's data moves on one thread
 
 
@@ -275,9 +275,12 @@ def _start_ranks(body, p):
         body(0)
     else:
         # Ranks hand work to each other at every step; with CPython's default 5 ms GIL switch
-        # interval a woken rank can wait that long for the interpreter, so shorten it while ranks run.
+        # interval a woken rank can wait that long for the interpreter, so shorten it while ranks
+        # run. Not below 50 us per rank: every thread waiting for the GIL wakes once per interval,
+        # so with hundreds of runnable ranks a 50 us interval was millions of futile wake-ups a
+        # second (the run's time mostly system time); per rank, they stay near 20,000 a second.
         interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(interval, _SWITCH_INTERVAL_S))
+        sys.setswitchinterval(min(interval, _SWITCH_INTERVAL_PER_RANK_S * p))
         try:
             threads = [threading.Thread(target=body, args=(r,), name=f"hccl-rank-{r}", daemon=True) for r in range(p)]
             for t in threads:

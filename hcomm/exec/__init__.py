@@ -5,7 +5,8 @@
 - `central`: a share of the serial data program over every rank's buffers (ranks that share memory);
 - `shared_plane`: the central share for ranks that are processes, over shared memory (hcomm.memory);
 - `per_rank`: one rank's own schedule over a Transport (ranks that share no memory; or some of
-  them, on one host, its buffers in shared memory: `run_rank_in`);
+  them, on one host, its buffers in shared memory: `run_rank_in`); `schedules`: its steps in the
+  form it runs, each with the fence that says which earlier sends must be consumed first;
 - `own_result`: one rank's output from every rank's input (the small-op eager path);
 - `planes`: the DataPlane a group holds (shared, hosted or per-rank), over the executors above;
 - `p2p`: one rank's sends, receives and pending-receive matching over a Transport (send / recv,

@@ -26,7 +26,7 @@ from .. import program as prog
 BUFFERS = prog.BUFFERS
 COLLECTIVE_TAG = "coll"
 """The tag of a collective's messages between the ranks of the world communicator (executors')."""
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()       # re-entered: what `derived` makes may ask for rank_steps
 
 
 class LoopBody:
@@ -76,7 +76,12 @@ class LoopBody:
         """Every rank's step list (tuples of hcomm.steps ops)."""
         got = self._rank_steps
         if got is None or len(got) != p:
-            got = self._rank_steps = prog.rank_steps(self.program, p) if self.program else [()] * p
+            # Every rank of an op asks at once: one derives them while the others wait, instead of
+            # each deriving every rank's (O(ranks^2) work, all of it contending for the GIL).
+            with _LOCK:
+                got = self._rank_steps
+                if got is None or len(got) != p:
+                    got = self._rank_steps = prog.rank_steps(self.program, p) if self.program else [()] * p
         return got
 
     def step_indices(self, rank: int) -> list:
@@ -90,9 +95,12 @@ class LoopBody:
         """What an executor derives from this body once per `key` (`make(self)`), kept with it."""
         got = self._derived.get(key)
         if got is None:
-            if len(self._derived) >= 64:
-                self._derived.clear()
-            got = self._derived[key] = make(self)
+            with _LOCK:                 # every rank of an op may ask at once: one makes it
+                got = self._derived.get(key)
+                if got is None:
+                    if len(self._derived) >= 64:
+                        self._derived.clear()
+                    got = self._derived[key] = make(self)
         return got
 
     def moves_for(self, rank: int) -> list:

@@ -1,13 +1,17 @@
 """The per-rank executor: one rank runs its own schedule on real buffers over a transport.
 
 For ranks that share no memory: each rank posts its own slices to the peers its schedule names.
-Per step:
+Per step (hcomm.exec.schedules gives a rank's steps):
 1. post every Send (a view of this rank's registered memory);
-2. run the step's local copies (copies run at the start of their step on every executor:
+2. wait until the sends of earlier steps that this step may overwrite have been consumed (the
+   step's fence);
+3. run the step's local copies (copies run at the start of their step on every executor:
    hcomm.program.data_moves);
-3. take every Recv in order, copying or reducing straight from the sender's memory, and
-   acknowledge it;
-4. wait until this rank's own sends have been consumed: only then may the next step write.
+4. take every Recv in order, copying or reducing straight from the sender's memory, and
+   acknowledge it.
+At the end, wait until every send has been consumed: only then may the op's buffers change.
+
+An op's steps are derived once for all its ranks, by the first to ask (`schedules.rank_schedules`).
 
 `run_rank_in(memory, ...)` runs it with the rank's buffers in shared memory (staged there unless
 they lie there already), so that the peers on the same host read its slices in place: by step words
@@ -16,13 +20,19 @@ where the transport has them (hcomm.exec.hosted), else by a message carrying the
 """
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
-from ..steps import Copy, Recv, Send
-from .data_program import COLLECTIVE_TAG, DataProgram, run_copy, with_scratch
+from .data_program import COLLECTIVE_TAG, DataProgram, with_scratch
 from .hosted import run_hosted
+from .schedules import from_steps, rank_schedules
 
 _EMPTY = np.empty(0, dtype=np.uint8)
+
+
+def _schedules_of(p: int):
+    return lambda body: rank_schedules(body.program, p) if body.program else [()] * p
 
 
 def run_rank(data: DataProgram, rank: int, buffers, transport, steps: int | None = None) -> None:
@@ -40,13 +50,13 @@ def run_rank(data: DataProgram, rank: int, buffers, transport, steps: int | None
     for a, b, body in data.loops:
         if left is not None and left <= 0:
             return
-        schedule = body.rank_steps(data.size)[rank]
+        schedule = body.derived(("rank_schedules", data.size), _schedules_of(data.size))[rank]
         if left is not None:
             schedule, left = schedule[:left], left - len(schedule)
         if data.carries_data:
             for name, view in data.named_views(buffers.input, buffers.output, buffers.scratch, a, b).items():
                 transport.register(rank, name, view)
-        run_schedule(schedule, rank, transport, COLLECTIVE_TAG, reduce_fn, deadline, data.name)
+        _run_steps(schedule, rank, transport, COLLECTIVE_TAG, reduce_fn, deadline, data.name)
 
 
 def run_rank_in(memory, data: DataProgram, rank: int, buffers, transport, seq: int | None = None,
@@ -87,28 +97,44 @@ def run_rank_in(memory, data: DataProgram, rank: int, buffers, transport, seq: i
 
 
 def run_schedule(schedule, rank: int, transport, tag, reduce_fn, deadline=None, op: str | None = None) -> None:
-    """Execute one schedule (a rank's step list) for `rank`; its buffers are registered on the
-    transport beforehand."""
-    region = transport.region
-    for step in schedule:
-        posted = []
-        for item in step:
-            if type(item) is Send:
-                s = item.src
-                posted.append(transport.post(rank, item.peer, tag, s.buf, s.start, s.stop))
-        for item in step:
-            if type(item) is Copy:
-                run_copy(region, rank, item, reduce_fn)
-        for item in step:
-            if type(item) is Recv:
-                msg = transport.take(item.peer, rank, tag, deadline, op)
-                d = item.dst
-                out = region(rank, d.buf)[d.start:d.stop]
-                if item.reduce_with is None:
-                    np.copyto(out, msg.data)
-                else:
-                    w = item.reduce_with
-                    reduce_fn(msg.data, region(rank, w.buf)[w.start:w.stop], out)
-                msg.consumed()
-        for msg in posted:
-            transport.wait_consumed(msg, deadline, op)
+    """Execute one schedule (a rank's step list of hcomm.steps ops) for `rank`; its buffers are
+    registered on the transport beforehand."""
+    _run_steps(from_steps(schedule), rank, transport, tag, reduce_fn, deadline, op)
+
+
+class _OwnBuffers(dict):
+    """A rank's registered buffers by name, each looked up on the transport once per schedule."""
+
+    def __init__(self, transport, rank: int):
+        super().__init__()
+        self.transport, self.rank = transport, rank
+
+    def __missing__(self, name):
+        got = self[name] = self.transport.region(self.rank, name)
+        return got
+
+
+def _run_steps(steps, rank: int, transport, tag, reduce_fn, deadline, op) -> None:
+    """Execute `rank`'s steps (hcomm.exec.schedules' form; see the module docstring)."""
+    own = _OwnBuffers(transport, rank)
+    post, take, wait_consumed = transport.post, transport.take, transport.wait_consumed
+    unconsumed = deque()                    # (step, handle) of the sends not yet seen consumed
+    for k, (sends, copies, recvs, fence) in enumerate(steps):
+        for peer, buf, start, stop in sends:
+            unconsumed.append((k, post(rank, peer, tag, buf, start, stop)))
+        while unconsumed and unconsumed[0][0] < fence:
+            wait_consumed(unconsumed.popleft()[1], deadline, op)
+        for sbuf, slo, shi, dbuf, dlo, dhi, operand, olo, ohi in copies:
+            if operand is None:
+                np.copyto(own[dbuf][dlo:dhi], own[sbuf][slo:shi])
+            else:                               # a local reduce: dst = src (op) the operand
+                reduce_fn(own[sbuf][slo:shi], own[operand][olo:ohi], own[dbuf][dlo:dhi])
+        for peer, dbuf, dlo, dhi, operand, olo, ohi in recvs:
+            msg = take(peer, rank, tag, deadline, op)
+            if operand is None:
+                np.copyto(own[dbuf][dlo:dhi], msg.data)
+            else:
+                reduce_fn(msg.data, own[operand][olo:ohi], own[dbuf][dlo:dhi])
+            msg.consumed()
+    for _, handle in unconsumed:
+        wait_consumed(handle, deadline, op)
