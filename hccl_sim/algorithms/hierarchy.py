@@ -44,11 +44,11 @@ class Servers:
         self.m = int(so.max()) + 1 if len(so) else 0
         # one stable sort, not a scan of every rank per server (16,384 servers: 2 * 10^9 compares)
         self.k = np.bincount(so, minlength=self.m).astype(np.int64)
-        self._order = np.argsort(so, kind="stable")
-        self.ranks = np.split(self._order, np.cumsum(self.k)[:-1]) if self.m else []
+        self._rank_order = np.argsort(so, kind="stable")
+        self.ranks = np.split(self._rank_order, np.cumsum(self.k)[:-1]) if self.m else []
         self.K = int(self.k.max()) if self.m else 0
         self.equal = bool((self.k == self.K).all())
-        self.start = np.append(self._order[np.cumsum(self.k) - self.k], len(so)).astype(np.int64)
+        self.start = np.append(self._rank_order[np.cumsum(self.k) - self.k], len(so)).astype(np.int64)
         self.p = len(so)
 
     def group(self, i) -> np.ndarray:
@@ -61,7 +61,7 @@ class Servers:
         """(m, K) ranks of equal servers (built once; callers do not write to it)."""
         got = getattr(self, "_matrix", None)
         if got is None:
-            got = self._matrix = self._order.reshape(self.m, self.K)
+            got = self._matrix = self._rank_order.reshape(self.m, self.K)
         return got
 
 
