@@ -146,3 +146,10 @@ def test_vectorised_timing_equals_the_event_driven_reference_on_the_950():
             entry = np.arange(p, dtype=np.int64) * 977
             assert list(program_times(program, entry, topo, "float32", "sum")) == \
                 list(des_times(program, entry, topo, "float32", "sum")), f"{coll} {choice.label}"
+
+
+@pytest.mark.unit
+def test_a_supercluster_allgather_is_refused_naming_the_limit_not_an_allocation():
+    with pytest.raises(HcclError) as info:
+        hccl_sim.simulate("allgather", 64 << 20, topology=hccl_sim.topology("atlas950-supercluster"))
+    assert info.value.code == "E_NOT_SUPPORT" and "MAX_BLOCK_PAIRS" in str(info.value)

@@ -35,6 +35,8 @@ import math
 
 import numpy as np
 
+from topologies.errors import HcclError
+
 from . import double_ring, mesh, nhr, registry, ring
 from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, sequence, side_by_side, spread, tile
 
@@ -209,8 +211,22 @@ def allreduce(pods: Pods, N: int, unit: int, l1: str, l2: str, ring_index: int =
     return _done(phases, N, unit)
 
 
+MAX_BLOCK_PAIRS = 1 << 26
+"""The most (sender, receiver) blocks a block collective's levels may move one row at a time: its
+last level moves every block to every rank as separate rows (p(p-1) of them; 8,192 ranks take
+~3 minutes and 10 GB to price). Above it, E_NOT_SUPPORT, not an allocation the machine cannot make."""
+
+
+def _check_block_pairs(pods: Pods, name: str) -> None:
+    if pods.p * (pods.p - 1) > MAX_BLOCK_PAIRS:
+        raise HcclError("E_NOT_SUPPORT", f"{name} on {pods.p} ranks of a SuperPoD preset: its levels move "
+                        f"p(p-1) = {pods.p * (pods.p - 1):,} blocks one row at a time, over hccl-sim's limit of "
+                        f"{MAX_BLOCK_PAIRS:,} (algorithms.superpod.MAX_BLOCK_PAIRS: 8,192 ranks)")
+
+
 def allgather(pods: Pods, unit: int, l1: str, l2: str, ring_index: int = 0, l0: str = "ring") -> list:
     """Rows: rank r's block is output row r (pods.canonical)."""
+    _check_block_pairs(pods, "AllGather")
     N2, N1, N0 = pods.shape
     M = pods.M
     r = np.arange(pods.p)
@@ -236,6 +252,7 @@ def allgather(pods: Pods, unit: int, l1: str, l2: str, ring_index: int = 0, l0: 
 
 def reducescatter(pods: Pods, unit: int, l1: str, l2: str, ring_index: int = 0, l0: str = "ring") -> list:
     """Rows: input and scratch hold p rank blocks (pods.canonical); output one."""
+    _check_block_pairs(pods, "ReduceScatter")
     N2, N1, N0 = pods.shape
     M = pods.M
     phases, src = [], INPUT
