@@ -79,6 +79,35 @@ def test_the_group_is_the_backend_for_its_device_and_serves_every_path_that_asks
         assert out["ops"] == ["all_reduce", "all_gather", "reduce_scatter", "broadcast"]
 
 
+def _functional_wait_after_the_op(comm):
+    """The functional op's Work waited only after the op has completed (the group's ops run in
+    issue order, so once the barrier behind it returns it has): its Python part must still be
+    there for C++'s wait. The wait runs on a thread of its own, so that a hang is an answer."""
+    import threading
+    import torch
+    import torch.distributed as dist
+    import hccl_sim.torch as ht
+    ht.init_process_group(comm)
+    pg = dist.group.WORLD
+    got = torch.empty(comm.size, dtype=torch.int64)
+    torch.ops._c10d_functional.all_gather_into_tensor_out(torch.tensor([comm.rank]), comm.size, pg.group_name, out=got)
+    dist.barrier()
+    import gc
+    gc.collect()
+    waiter = threading.Thread(target=torch.ops._c10d_functional.wait_tensor, args=(got,), daemon=True)
+    waiter.start()
+    waiter.join(60)
+    hung = waiter.is_alive()
+    ht.destroy_process_group()
+    return hung, got.tolist()
+
+
+def test_a_functional_ops_work_waited_after_the_op_completed_returns(torch_cluster):
+    for hung, got in torch_cluster.run(_functional_wait_after_the_op):
+        assert not hung
+        assert got == list(range(P))
+
+
 def _integer_avg(comm):
     import torch
     import torch.distributed as dist

@@ -28,7 +28,9 @@ _LIB = None
 def _allgather_base(output, input_, process_group, async_op=True, timeout=-1):
     group = ProcessGroup.unbox(process_group)
     if isinstance(group, ProcessGroupHcclSim):
-        work = group._allgather_base(output, input_)
+        # the caller (the functional op) keeps only the boxed C++ Work: the group holds the
+        # Python one until it is waited
+        work = group.keep_until_waited(group._allgather_base(output, input_))
     else:                       # torch's own kernel: the group's CPU backend, the same options
         opts = AllgatherOptions()
         opts.asyncOp = async_op

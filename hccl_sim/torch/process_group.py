@@ -80,6 +80,11 @@ class ProcessGroupHcclSim(PointToPoint, NpuOps, Grouping, dist.ProcessGroup):
         HCCL_EXEC_TIMEOUT."""
         return self._worker.timeout_s if self._worker.timeout_s is not None else self.comm.wait_timeout
 
+    def keep_until_waited(self, work):
+        """Hold a Work of this group that is handed to C++ bare until it is waited (see
+        Worker.keep_until_waited)."""
+        return self._worker.keep_until_waited(work)
+
     @property
     def last_op(self):
         return self.records[-1] if self.records else None

@@ -35,6 +35,7 @@ class FutureWork(dist.Work):
         self._chained = None             # get_future's
         self._request = request          # a receive's Request: the source rank it took from
         self._timeout_s = timeout_s      # the group's timeout: what a wait() without one waits at most
+        self._kept_in = None             # the Worker's `kept` while C++ alone holds this Work
         self._done = threading.Event()
         fut.add_done_callback(lambda _: self._done.set())
 
@@ -49,6 +50,10 @@ class FutureWork(dist.Work):
             self._fut.wait()             # raises what the op raised
         except _Stopped as stopped:
             raise stopped.stop from None
+        finally:
+            if self._kept_in is not None:
+                self._kept_in.pop(id(self), None)
+                self._kept_in = None
         if self.sim is not None:         # the compute stream waits for it, as on an NPU
             tl = self._world.timeline
             if tl is not None:
@@ -137,6 +142,7 @@ class Worker:
         self._pending = []               # (Deferred, Future or None), in issue order
         self.issued = 0                  # jobs submitted so far (the group's sequence number)
         self._collecting = None          # the Works submitted since collect(), while coalescing
+        self.kept = {}                   # id -> Work held for a C++ caller's wait (keep_until_waited)
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name=f"hccl-torch-{name}", daemon=True)
         self._thread.start()
@@ -178,6 +184,15 @@ class Worker:
             self.world.note_failure(error)
             _fail(fut, error)
 
+    def keep_until_waited(self, work: FutureWork) -> FutureWork:
+        """Hold `work` until it is waited: a Work handed to C++ without torch's holder (a
+        dispatcher kernel's result) keeps its Python part only while Python refers to it, and once
+        that part is gone C++'s wait() runs the base Work's, which nothing ever completes (it
+        hung whenever the op finished before the caller waited)."""
+        work._kept_in = self.kept
+        self.kept[id(work)] = work
+        return work
+
     def collect(self) -> None:
         """Keep the Works submitted from now on, for `collected` (torch's start of coalescing)."""
         self._collecting = []
@@ -188,10 +203,16 @@ class Worker:
         futs, self._collecting = self._collecting or [], None
         fut = torch.futures.Future()
         pending = [len(futs)]
+        # a future already complete runs its callback here, on the issuing thread, while the
+        # worker completes the others on its own: the count is one lock's (an unguarded `-= 1`
+        # from both threads lost a decrement and left the Work waiting forever)
+        counting = threading.Lock()
 
         def one_done(_):
-            pending[0] -= 1
-            if pending[0] == 0:
+            with counting:
+                pending[0] -= 1
+                last = pending[0] == 0
+            if last:
                 failed = next((f for f in futs if _error_of(f) is not None), None)
                 if failed is None:
                     fut.set_result([])
