@@ -76,9 +76,10 @@ def test_an_fsdp2_script_restarted_after_a_crash_ends_as_the_fault_free_one():
 
 def test_a_fault_suite_of_a_script_finds_a_checkpoint_without_the_optimiser(tmp_path):
     """explore() over a launch: scenarios aimed at the script's calls recover (restart from the
-    checkpoint) or end cleanly; the same crash replayed on the script that checkpoints only its
-    model is WRONG: its resumed last step has lost the momentum, and its parameters differ from the
-    twin's."""
+    checkpoint) or end cleanly; a crash after the first checkpoint replayed on the script that
+    checkpoints only its model is WRONG: its resumed last step has lost the momentum, and its
+    parameters differ from the twin's (the whole checkpoint recovers from such a crash bit for bit:
+    test_a_crash_is_a_clean_error_and_an_elastic_restart_from_a_checkpoint_recovers)."""
     def body(*extra):
         return lambda: ht.launch(SCRIPT, 2, ["--steps", "3", "--checkpoint-dir", str(tmp_path), *extra],
                                  env=ENV, max_restarts=1)
@@ -89,8 +90,6 @@ def test_a_fault_suite_of_a_script_finds_a_checkpoint_without_the_optimiser(tmp_
     plan.rank_crash(0, at_op=12)              # in step 2, after step 1's checkpoint
     wrong = replay(body("--model-only"), token.encode("ddp-model-only", plan), "ddp-model-only")
     assert wrong.outcome == "WRONG" and "result['params']" in wrong.verdict.detail, wrong.verdict.detail
-    right = replay(body(), token.encode("ddp", plan), "ddp")
-    assert right.outcome == "recovered", right.verdict.detail
 
 
 def test_a_rank_stalled_in_ddps_backward_is_the_plans_stall(torch_cluster):

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from hcomm.program import (INPUT, NONE, OUTPUT, SCRATCH, GlobalStep, LazyStep, StepBuilder, TimingView, compacted,
+from hcomm.program import (ARRAYS, INPUT, NONE, OUTPUT, SCRATCH, GlobalStep, LazyStep, StepBuilder, TimingView, compacted,
                            counts, merge_parallel)
 from hcomm.vgroups import Part
 
 __all__ = ["INPUT", "OUTPUT", "SCRATCH", "NONE", "Step", "StepBuilder", "compacted", "bounds", "fold", "tile",
            "relay_scatter", "held_rounds",
-           "merge_runs", "local_copy", "ceil_log2", "blocks", "spread", "single_rank_reducescatter"]
+           "merge_runs", "local_copy", "ceil_log2", "blocks", "spread", "repeat_rows", "single_rank_reducescatter"]
 
 
 def bounds(n: int, parts: int) -> np.ndarray:
@@ -306,4 +306,53 @@ def spread(program: list, strides) -> list:
             new.c_rlo, new.c_rhi = np.where(has_r, rlo, 0), np.where(has_r, rhi, 0)
         new.g_rank, new.g_bytes, new.g_dir = st.g_rank, st.g_bytes, st.g_dir
         out.append(new)
+    return out
+
+
+def _repeat_full(st, q: int, strides) -> GlobalStep:
+    new = GlobalStep()
+    for prefix, slices in (("t_", ("s", "d", "r")), ("c_", ("s", "d", "r"))):
+        src = getattr(st, f"{prefix}src" if prefix == "t_" else "c_rank")
+        n = len(src)
+        if not n:
+            continue
+        for name in ARRAYS:
+            if name.startswith(prefix):
+                setattr(new, name, np.repeat(np.asarray(getattr(st, name)), q))
+        copy_i = np.tile(np.arange(q, dtype=np.int64), n)
+        for s in slices:
+            buf = getattr(new, f"{prefix}{s}buf")
+            off = copy_i * strides[np.maximum(buf, 0)] * (buf >= 0)
+            setattr(new, f"{prefix}{s}lo", getattr(new, f"{prefix}{s}lo") + off)
+            setattr(new, f"{prefix}{s}hi", getattr(new, f"{prefix}{s}hi") + off)
+    if len(st.g_rank):
+        new.g_rank, new.g_bytes, new.g_dir = (np.repeat(np.asarray(a), q) for a in (st.g_rank, st.g_bytes, st.g_dir))
+    return compacted(new)
+
+
+def _repeat_timing(view, q: int) -> TimingView:
+    c = counts(view)
+    rep = lambda a: np.repeat(np.asarray(a), q)          # noqa: E731
+    grouped = view.expand
+    return TimingView(view.t_src, view.t_dst, view.t_bytes, view.t_rbuf, rep(view.c_rank), rep(view.c_bytes),
+                      rep(view.g_rank), rep(view.g_bytes),
+                      np.full(len(view.t_src), q, dtype=np.int64) if c is None else c * q,
+                      None if grouped is None else (lambda: _repeat_timing(grouped(), q)), rep(view.c_rbuf))
+
+
+def repeat_rows(program: list, q: int, strides) -> list:
+    """The program run on q row sets at once: every slice repeated q times, copy i at offset
+    i * strides[b] of its buffer b, the q copies of a transfer one after another (a level of a
+    block collective whose ranks each hold q rows apart: the 950's and A3's level0 moves rows
+    i * N0 + d of every i). The steps are built on demand; their timing view is the base step's,
+    each transfer q times over between the same two ranks, so that q x n transfers cost what n
+    do to price (`tile` of the base program once per row set listed the same transfers as q
+    overlapping groups: p(p-1) rows, 256 GiB at a SuperCluster's scale)."""
+    strides = np.asarray(strides, dtype=np.int64)
+    out = []
+    for st in program:
+        out.append(LazyStep(lambda st=st: _repeat_full(st.full(), q, strides),
+                            lambda st=st: _repeat_timing(st.timing(), q),
+                            None if st.tkey is None else ("rows", st.tkey, q),
+                            None if st.skey is None else ("rows", st.skey, q)))
     return out

@@ -17,9 +17,11 @@ links between logical superpods stay what they are.
 
 Vector ops: die d owns chunk d of the N0 chunks; level1 splits it in N1 sub-chunks, level2 works
 on one. Block ops (rows = ranks, pod-major, then server, then die): a level's peers hold rows N0
-(level1) or N1 * N0 (level2) apart, so its sub-collective is `spread` over those rows and tiled
-once per row set; level0's ring moves every N0-th row. Each builder takes the double ring's
-`ring` (0 or 1) and is run by the planner on that ring's half of the data.
+(level1) or N1 * N0 (level2) apart, so its sub-collective is `spread` over those rows; level0's
+ring moves every N0-th row. A level's ranks move all the row sets they hold in each step, one set
+after another (common.repeat_rows), so that the p(p-1) blocks of a SuperCluster are priced as its
+levels' peer pairs. Each builder takes the double ring's `ring` (0 or 1) and is run by the
+planner on that ring's half of the data.
 
 The Ascend 950 runs the same levels with a full mesh at level0 (`l0="fullmesh"`: HCCL's Sequence
 executors, level by level: mesh, NHR, NHR): the server's mesh ReduceScatter / AllGather (and
@@ -35,10 +37,8 @@ import math
 
 import numpy as np
 
-from topologies.errors import HcclError
-
 from . import double_ring, mesh, nhr, registry, ring
-from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, sequence, side_by_side, spread, tile
+from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, repeat_rows, sequence, side_by_side, spread, tile
 
 
 class Pods:
@@ -101,6 +101,11 @@ def _kw(mod, oneshot):
 
 def _shifts(starts):
     return np.repeat(np.asarray(starts, dtype=np.int64)[:, None], 3, axis=1)
+
+
+def _rows(program: list, q: int, strides) -> list:
+    """A level's sub-collective on the q row sets each of its ranks holds (common.repeat_rows)."""
+    return program if q == 1 else repeat_rows(program, q, strides)
 
 
 def _by_length(ranks, lengths, starts, build) -> list:
@@ -211,22 +216,8 @@ def allreduce(pods: Pods, N: int, unit: int, l1: str, l2: str, ring_index: int =
     return _done(phases, N, unit)
 
 
-MAX_BLOCK_PAIRS = 1 << 26
-"""The most (sender, receiver) blocks a block collective's levels may move one row at a time: its
-last level moves every block to every rank as separate rows (p(p-1) of them; 8,192 ranks take
-~3 minutes and 10 GB to price). Above it, E_NOT_SUPPORT, not an allocation the machine cannot make."""
-
-
-def _check_block_pairs(pods: Pods, name: str) -> None:
-    if pods.p * (pods.p - 1) > MAX_BLOCK_PAIRS:
-        raise HcclError("E_NOT_SUPPORT", f"{name} on {pods.p} ranks of a SuperPoD preset: its levels move "
-                        f"p(p-1) = {pods.p * (pods.p - 1):,} blocks one row at a time, over hccl-sim's limit of "
-                        f"{MAX_BLOCK_PAIRS:,} (algorithms.superpod.MAX_BLOCK_PAIRS: 8,192 ranks)")
-
-
 def allgather(pods: Pods, unit: int, l1: str, l2: str, ring_index: int = 0, l0: str = "ring") -> list:
     """Rows: rank r's block is output row r (pods.canonical)."""
-    _check_block_pairs(pods, "AllGather")
     N2, N1, N0 = pods.shape
     M = pods.M
     r = np.arange(pods.p)
@@ -237,22 +228,19 @@ def allgather(pods: Pods, unit: int, l1: str, l2: str, ring_index: int = 0, l0: 
         phases.append(tile(prog, groups, _shifts(M[0].reshape(-1))))
     if N1 > 1:
         prog = spread(_module(l1, "allgather").allgather(N1, np.arange(N1 + 1), unit, OUTPUT), (1, N0, 1))
-        # group (pod i, die d, rows of pod j): the N1 servers' rows j * N1 * N0 + s * N0 + d
-        groups = np.repeat(M.transpose(0, 2, 1).reshape(-1, N1), N2, axis=0)
-        starts = (np.tile(np.arange(N2) * N1 * N0, N2 * N0) + np.repeat(np.tile(np.arange(N0), N2), N2))
-        phases.append(tile(prog, groups, _shifts(starts)))
+        # group (pod i, die d) moves the N1 servers' rows j * N1 * N0 + s * N0 + d of every pod j
+        prog = _rows(prog, N2, [N1 * N0] * 3)
+        phases.append(tile(prog, M.transpose(0, 2, 1).reshape(-1, N1), _shifts(np.tile(np.arange(N0), N2))))
     if N0 > 1:
         mod, o = _level0(l0, N0, ring_index)
-        q = N1 * N2
-        groups = np.repeat(M.reshape(-1, N0)[:, o], q, axis=0)
-        starts = np.tile(np.arange(q) * N0, N2 * N1)
-        phases.append(tile(mod.allgather(N0, (o, o + 1), unit, OUTPUT), groups, _shifts(starts)))
+        # a server's dies move rows i * N0 + d of every server i
+        prog = _rows(mod.allgather(N0, (o, o + 1), unit, OUTPUT), N1 * N2, [N0] * 3)
+        phases.append(tile(prog, M.reshape(-1, N0)[:, o]))
     return sequence(*phases)
 
 
 def reducescatter(pods: Pods, unit: int, l1: str, l2: str, ring_index: int = 0, l0: str = "ring") -> list:
     """Rows: input and scratch hold p rank blocks (pods.canonical); output one."""
-    _check_block_pairs(pods, "ReduceScatter")
     N2, N1, N0 = pods.shape
     M = pods.M
     phases, src = [], INPUT
@@ -267,17 +255,15 @@ def reducescatter(pods: Pods, unit: int, l1: str, l2: str, ring_index: int = 0, 
         q = N1 * N2
         prog = mod.reducescatter(N0, (o, o + 1), unit, src, SCRATCH, OUTPUT if last else SCRATCH,
                                  np.zeros(N0, dtype=np.int64) if last else o)
-        groups = np.repeat(M.reshape(-1, N0)[:, o], q, axis=0)
-        phases.append(tile(prog, groups, shifts(np.tile(np.arange(q) * N0, N2 * N1))))
+        phases.append(tile(_rows(prog, q, [N0, 0, N0]), M.reshape(-1, N0)[:, o]))
         src = SCRATCH
     if N1 > 1:
         last = N2 == 1
         mod = _module(l1, "reducescatter")
         prog = spread(mod.reducescatter(N1, np.arange(N1 + 1), unit, src, SCRATCH, OUTPUT if last else SCRATCH,
                                         np.zeros(N1, dtype=np.int64) if last else np.arange(N1)), (N0, 1, N0))
-        groups = np.repeat(M.transpose(0, 2, 1).reshape(-1, N1), N2, axis=0)
-        starts = np.tile(np.arange(N2) * N1 * N0, N2 * N0) + np.repeat(np.tile(np.arange(N0), N2), N2)
-        phases.append(tile(prog, groups, shifts(starts)))
+        prog = _rows(prog, N2, [N1 * N0, 0, N1 * N0])
+        phases.append(tile(prog, M.transpose(0, 2, 1).reshape(-1, N1), shifts(np.tile(np.arange(N0), N2))))
         src = SCRATCH
     if N2 > 1:
         mod = _module(l2, "reducescatter")
