@@ -192,3 +192,64 @@ def test_block_collectives_of_a_supercluster_are_priced():
         est = hccl_sim.simulate(op, 1 << 30, cluster)
         assert est.ranks == 524288 and est.algo.startswith(f"Aicpu{'AllGather' if op == 'allgather' else 'ReduceScatter'}PipeLine")
         assert est.time > hccl_sim.simulate(op, 1 << 30, pod).time
+
+
+def _hccl_round_peers(rank, p):
+    """InsTempAlltoAllVMesh1D's peers of `rank`, round by round, as CalcCommRankSetForOneLoop and
+    RunALLtoALL's loop compute them (ins_temp_all_to_all_v_mesh_1D.cc:71-99, 193)."""
+    concurrent = min(16, p - 1)
+    pair_num = (concurrent + 1) // 2
+    remain, out, round_idx = p - 1, [], 0
+    while remain > 0:
+        pair_size = (remain + 1) // 2 if remain < concurrent else pair_num
+        peers = []
+        for i in range(round_idx * pair_num + 1, round_idx * pair_num + pair_size + 1):
+            left, right = (rank + p - i) % p, (rank + i) % p
+            if left == right:
+                peers.append(left)
+                break
+            peers += [left, right]
+        out.append(peers)
+        remain -= len(peers)
+        round_idx += 1
+    return out
+
+
+@pytest.mark.unit
+def test_the_950s_alltoall_visits_hccls_peers_round_by_round_and_moves_every_block():
+    """The 950's AlltoAll (algorithms.mesh_rounds): each round's peers are HCCL's, in HCCL's order
+    (rank - 1, rank + 1, ..., 16 a round), and the program moves every block to its place, its own
+    block a local copy and the rest through the receiver's scratch slot (symbolic data), on every
+    rank count to 40."""
+    from hccl_sim import algorithms
+    from hccl_sim.algorithms import mesh_rounds
+    from test_schedules import unit_for
+    for p in list(range(1, 41)) + [8192]:
+        for rank in {0, p // 3, p - 1}:
+            want = _hccl_round_peers(rank, p)
+            assert [[(rank + d) % p for d in ds] for ds in mesh_rounds.rounds(p)] == want, (p, rank)
+        if p <= 40:
+            program = algorithms.flat_program("alltoall", "mesh_rounds", p, 3 * p, unit_for("alltoall"))
+            assert len(program) == (len(mesh_rounds.rounds(p)) + 1 if p > 1 else 1)
+            verify(program, "alltoall", p, 3 * p, 0, f"mesh_rounds p={p}")
+    assert len(mesh_rounds.rounds(8192)) == 512
+
+
+@pytest.mark.unit
+def test_the_950s_alltoall_cuts_each_block_into_loops_of_one_ccl_slot():
+    """A loop moves at most HCCL_BUFFSIZE / 16 of each peer's block (a slot per concurrent peer),
+    not HCCL_BUFFSIZE / p as the staged AlltoAll does: 1 GiB on 8 ranks is 128 MiB blocks, 11
+    loops of the default 200 MB buffer's 12.5 MB slots; the 910B's staged AlltoAll on 8 NPUs, 6 of
+    25 MB."""
+    from hccl_sim.plan.planner import Signature, op_programs
+    from hccl_sim.algorithms import mesh_rounds
+    from hcomm.cost import as_cost
+    for name, want in (("atlas950", 11), ("atlas800t-a2", 6)):
+        topo = hccl_sim.topology(name, servers=1)
+        p = topo.num_ranks
+        s = Signature("alltoall", ((1 << 30) // 4,), "float32", None, None, None)
+        cfg = Config()
+        choice = choose(s, topo, cfg, 4)
+        loops, _, _ = op_programs(s, as_cost(topo), cfg, 4, choice)
+        assert len(loops) == want, (name, p, choice.label)
+    assert mesh_rounds.loop_block_bytes(200 * 10 ** 6) == 12499968

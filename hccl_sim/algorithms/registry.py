@@ -2,7 +2,9 @@
 
 One entry per algorithm module: each module declares NAME, DESCRIPTION, COLLECTIVES and LEVELS
 next to its builders, NOT_AT where HCCL does not run a collective it builds at some level, and
-STAGED = False when its program reads and writes the user's buffers itself (no CCL-buffer staging).
+STAGED = False when its program reads and writes the user's buffers itself (no CCL-buffer staging),
+and loop_block_bytes(buffsize) where it cuts a block collective's data into CCL-buffer loops its
+own way (the bytes of each block one loop moves).
 Levels: "flat" (over all ranks of a synthetic topology), "level0" (inside a server), "level1"
 (among the same-index cards of all servers; pipeline spans both levels); on an A3 SuperPoD,
 level1 is inside a superpod and level2 among superpods, and what runs there is A3's selection
@@ -17,11 +19,11 @@ from types import ModuleType
 
 from topologies.errors import HcclError
 
-from . import (birs, dissemination, double_ring, grouped_mesh, halving_doubling, mesh, mesh_oneshot, nb, nhr,
-               pairwise, pipeline, ring, star)
+from . import (birs, dissemination, double_ring, grouped_mesh, halving_doubling, mesh, mesh_oneshot, mesh_rounds, nb,
+               nhr, pairwise, pipeline, ring, star)
 
 MODULES = (ring, halving_doubling, nhr, nb, mesh, pairwise, pipeline, star, dissemination, double_ring, grouped_mesh,
-           mesh_oneshot, birs)
+           mesh_oneshot, birs, mesh_rounds)
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class Algorithm:
     levels: tuple
     not_at: dict              # level -> collectives the module builds but HCCL does not run there
     staged: bool = True       # False: it reads the user's input and writes the output itself (STAGED)
+    loop_block_bytes: object = None   # buffsize -> bytes of each block per CCL-buffer loop, or None
 
     def supports(self, collective: str, level: str = "flat") -> bool:
         return (collective in self.collectives and level in self.levels
@@ -40,7 +43,8 @@ class Algorithm:
 
 
 ALGORITHMS = {m.NAME: Algorithm(m.NAME, m, m.DESCRIPTION, tuple(m.COLLECTIVES), tuple(m.LEVELS),
-                                dict(getattr(m, "NOT_AT", {})), getattr(m, "STAGED", True)) for m in MODULES}
+                                dict(getattr(m, "NOT_AT", {})), getattr(m, "STAGED", True),
+                                getattr(m, "loop_block_bytes", None)) for m in MODULES}
 
 
 def get(name: str) -> Algorithm:

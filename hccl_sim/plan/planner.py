@@ -34,6 +34,7 @@ from hcomm.vtiming import program_times
 from topologies.errors import HcclError
 
 from .. import collectives as colls
+from ..algorithms import registry
 from ..faults.progress import NO_FAULTS, OpFaults, link_setup_starved
 from ..faults.retry import priced_with_retry
 from .costs import effective_cost, with_expansion
@@ -262,6 +263,9 @@ def op_programs(sig, cost, config, itemsize, choice):
     """(loops, programs by loop length, data parts or None) of the op (programs cached in the cost model)."""
     # servers the CCL buffer is shared across (AllGatherV's loops; a synthetic topology is one server)
     loops = op_loops(sig, cost.num_ranks, itemsize, config, servers_of(cost).m)
+    own = registry.get(choice.level1).loop_block_bytes if choice.flat and choice.level1 else None
+    if own is not None and loops.per:         # the algorithm cuts the blocks into loops its own way
+        loops = colls.Loops(loops.per, max(1, own(config.buffsize_bytes) // itemsize))
     if not loops.closed_form and len(loops) > LOOPS_REPLAYED:
         raise HcclError("E_NOT_SUPPORT", f"{sig.describe()}: {len(loops)} buffer loops, over the "
                         f"{LOOPS_REPLAYED} a variable-size op is priced loop by loop; use a larger HCCL_BUFFSIZE")

@@ -1,0 +1,83 @@
+"""The Ascend 950's AlltoAll: HCCL's flat mesh over every rank, 16 peers at a time
+(hicann/hccl InsTempAlltoAllVMesh1D, run by InsV2AlltoAllVSoleExecutor for AicpuAllToAllSoleMesh,
+...SoleMeshSingleChannel and AicpuAllToAllVSoleMesh; docs/references.md §6.13).
+
+Every rank is one flat group, whatever the servers and SuperPoDs (TopoMatch1D). A rank exchanges
+with ALLTOALLV_DIRECT_FULLMESH_CONCURRENT_SIZE = 16 peers at a time, nearest first on the rank
+ring, left then right: rank - 1, rank + 1, rank - 2, rank + 2, ... (CalcCommRankSetForOneLoop;
+a peer at both distances once). Round k takes distances 8k + 1 .. 8k + 8, so there are
+ceil((p - 1) / 16) rounds. With each peer the rank writes its block for it into the peer's CCL
+buffer slot (SendRecvWrite), and copies what the peer wrote into its own slot to its output
+(PostCopy); its own block is a local copy in round 0.
+
+Here a round is a step: a rank's transfers of round k, then (in step k + 1, beside round k + 1's
+transfers) its copies of what they brought. Deviation, stated: HCCL's rounds only assign peers to
+its 16 threads, each thread going on to its next peer when its own exchange is done; here a rank
+starts round k + 1 when all of round k's exchanges are (the same on links of one speed). Rows:
+input row j goes to rank j, output row j comes from rank j; the CCL slots are scratch row j.
+AlltoAllV runs the same template in HCCL; here it is still the one-step mesh (algorithms.mesh).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .common import INPUT, OUTPUT, SCRATCH, StepBuilder
+
+NAME = "mesh_rounds"
+COLLECTIVES = ("alltoall",)
+LEVELS = ()                           # no token asks for it: the 950's selection runs it
+DESCRIPTION = "950 AlltoAll: the flat mesh, 16 peers at a time, nearest first (InsTempAlltoAllVMesh1D)"
+STAGED = False                        # writes from the user's input, copies into the user's output
+CONCURRENT = 16                       # ALLTOALLV_DIRECT_FULLMESH_CONCURRENT_SIZE (ins_temp_all_to_all_v_mesh_1D.h)
+SLOT_MAX = 256 << 20                  # UB_MAX_DATA_SIZE (alg_param.h): the most one transfer moves
+SLOT_ALIGN = 128                      # HCCL_MIN_SLICE_ALIGN (alg_template_base.h)
+
+
+def loop_block_bytes(buffsize: int) -> int:
+    """Bytes of each peer's block one loop moves: the CCL buffer cut into a slot per concurrent
+    peer, at most 256 MiB, 128-byte aligned (InsV2AlltoAllVSoleExecutor::OrchestrateLoop); every
+    loop runs the rounds again."""
+    return max(SLOT_ALIGN, min(SLOT_MAX, buffsize // CONCURRENT // SLOT_ALIGN * SLOT_ALIGN))
+
+
+def rounds(p: int) -> list:
+    """The signed distances of each round, in HCCL's order: -1, +1, -2, +2, ... (16 a round)."""
+    out, seen = [], set()
+    for g in range(1, p):
+        for d in (-g, g):
+            peer = d % p
+            if peer not in seen:
+                seen.add(peer)
+                out.append(d)
+    return [out[k:k + CONCURRENT] for k in range(0, len(out), CONCURRENT)]
+
+
+def _steps(p: int, add_transfers, add_copies, own_copy) -> list:
+    r = np.arange(p)
+    steps = []
+    previous = []
+    for k, ds in enumerate(rounds(p) or [[]]):
+        b = StepBuilder()
+        if k == 0:
+            own_copy(b, r)
+        for d in previous:                     # what the last round brought, slot to output
+            add_copies(b, r, (r - d) % p)
+        for d in ds:
+            add_transfers(b, r, (r + d) % p)
+        steps.append(b.build())
+        previous = ds
+    if previous:
+        b = StepBuilder()
+        for d in previous:
+            add_copies(b, r, (r - d) % p)
+        steps.append(b.build())
+    return steps
+
+
+def alltoall(p: int, unit: int, src=INPUT, dst=OUTPUT) -> list:
+    """Block j of every rank's src to rank j's dst, by rounds of 16 peers."""
+    return _steps(
+        p,
+        lambda b, i, to: b.transfers(i, to, unit, src, to, to + 1, SCRATCH, i),
+        lambda b, at, frm: b.copies(at, unit, SCRATCH, frm, frm + 1, dst, frm),
+        lambda b, r: b.copies(r, unit, src, r, r + 1, dst, r))
