@@ -1,4 +1,4 @@
-"""The Ascend 950's AlltoAll: HCCL's flat mesh over every rank, 16 peers at a time
+"""The Ascend 950's AlltoAll and AlltoAllV: HCCL's flat mesh over every rank, 16 peers at a time
 (hicann/hccl InsTempAlltoAllVMesh1D, run by InsV2AlltoAllVSoleExecutor for AicpuAllToAllSoleMesh,
 ...SoleMeshSingleChannel and AicpuAllToAllVSoleMesh; docs/references.md §6.13).
 
@@ -14,8 +14,8 @@ Here a round is a step: a rank's transfers of round k, then (in step k + 1, besi
 transfers) its copies of what they brought. Deviation, stated: HCCL's rounds only assign peers to
 its 16 threads, each thread going on to its next peer when its own exchange is done; here a rank
 starts round k + 1 when all of round k's exchanges are (the same on links of one speed). Rows:
-input row j goes to rank j, output row j comes from rank j; the CCL slots are scratch row j.
-AlltoAllV runs the same template in HCCL; here it is still the one-step mesh (algorithms.mesh).
+input row j goes to rank j, output row j comes from rank j; the CCL slots are scratch row j
+(AlltoAllV: each block lands in scratch where it will sit in the output).
 """
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ import numpy as np
 from .common import INPUT, OUTPUT, SCRATCH, StepBuilder
 
 NAME = "mesh_rounds"
-COLLECTIVES = ("alltoall",)
+COLLECTIVES = ("alltoall", "alltoallv")
 LEVELS = ()                           # no token asks for it: the 950's selection runs it
-DESCRIPTION = "950 AlltoAll: the flat mesh, 16 peers at a time, nearest first (InsTempAlltoAllVMesh1D)"
+DESCRIPTION = "950 AlltoAll(V): the flat mesh, 16 peers at a time, nearest first (InsTempAlltoAllVMesh1D)"
 STAGED = False                        # writes from the user's input, copies into the user's output
 CONCURRENT = 16                       # ALLTOALLV_DIRECT_FULLMESH_CONCURRENT_SIZE (ins_temp_all_to_all_v_mesh_1D.h)
 SLOT_MAX = 256 << 20                  # UB_MAX_DATA_SIZE (alg_param.h): the most one transfer moves
@@ -81,3 +81,27 @@ def alltoall(p: int, unit: int, src=INPUT, dst=OUTPUT) -> list:
         lambda b, i, to: b.transfers(i, to, unit, src, to, to + 1, SCRATCH, i),
         lambda b, at, frm: b.copies(at, unit, SCRATCH, frm, frm + 1, dst, frm),
         lambda b, r: b.copies(r, unit, src, r, r + 1, dst, r))
+
+
+def alltoallv(blocks, itemsize: int, src=INPUT, dst=OUTPUT) -> list:
+    """AlltoAllV by the same rounds, each pair moving its own count (empty blocks move nothing).
+    `blocks`: (lengths, send offsets, receive offsets), each [sender, receiver], in elements."""
+    lengths, soff, doff = blocks
+    p = len(lengths)
+
+    def transfers(b, i, to):
+        keep = lengths[i, to] > 0
+        i, to = i[keep], to[keep]
+        b.transfers(i, to, itemsize, src, soff[i, to], soff[i, to] + lengths[i, to], SCRATCH, doff[i, to])
+
+    def copies(b, at, frm):
+        keep = lengths[frm, at] > 0
+        at, frm = at[keep], frm[keep]
+        lo = doff[frm, at]
+        b.copies(at, itemsize, SCRATCH, lo, lo + lengths[frm, at], dst, lo)
+
+    def own(b, r):
+        keep = lengths[r, r] > 0
+        r = r[keep]
+        b.copies(r, itemsize, src, soff[r, r], soff[r, r] + lengths[r, r], dst, doff[r, r])
+    return _steps(p, transfers, copies, own)

@@ -33,6 +33,10 @@ class Loops:
     per: int
     cap: int
 
+    def with_cap(self, cap: int) -> "Loops":
+        """The same elements `cap` at a time (an algorithm that cuts its loops its own way)."""
+        return Loops(self.per, cap)
+
     def __len__(self) -> int:
         return -(-self.per // self.cap) if self.per else 0
 

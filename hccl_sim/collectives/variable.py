@@ -23,7 +23,7 @@ from hcomm.program import SCRATCH
 from topologies.errors import Cause, HcclError
 
 from .base import Collective, Loops
-from ..algorithms import grouped_mesh, hierarchy, mesh, pairwise
+from ..algorithms import grouped_mesh, hierarchy, mesh, mesh_rounds, pairwise
 from .fixed import MAX_ALLTOALL_RANKS, AllToAll
 from . import verifiable as vf
 
@@ -190,6 +190,10 @@ class PerLoop:
 
     def __getitem__(self, i: int):
         return self.loops[i]
+
+    def with_cap(self, cap: int) -> "PerLoop":
+        """The same op's loops `cap` elements of every block at a time."""
+        return PerLoop(self.loops.with_cap(cap), self.v)
 
     def __eq__(self, other):
         return isinstance(other, PerLoop) and other.loops == self.loops
@@ -366,6 +370,8 @@ class AllToAllV(Collective):
                 return grouped_mesh.alltoallv(view.sdma_groups, blocks, itemsize)
             if choice.level1 == "fullmesh":
                 return mesh.alltoallv(blocks, itemsize)
+            if choice.level1 == mesh_rounds.NAME:
+                return mesh_rounds.alltoallv(blocks, itemsize)
             return pairwise.alltoallv(blocks, itemsize)
         return hierarchy.alltoallv(view.servers, blocks, itemsize)
 

@@ -153,7 +153,7 @@ def variable_loop_parts(cost, name, choice, v, a: int, b: int, itemsize, root) -
     got = cache.get(key)
     if got is None:
         program = build_variable(name, choice, cost, v, a, b, itemsize)
-        staged = colls.of(name).v_staging(v, a, b, itemsize) if cost.device_model.staging else None
+        staged = colls.of(name).v_staging(v, a, b, itemsize) if cost.device_model.staging and _staged(choice) else None
         if staged is not None:
             ins, outs = staged
             r = np.arange(cost.num_ranks)

@@ -265,7 +265,7 @@ def op_programs(sig, cost, config, itemsize, choice):
     loops = op_loops(sig, cost.num_ranks, itemsize, config, servers_of(cost).m)
     own = registry.get(choice.level1).loop_block_bytes if choice.flat and choice.level1 else None
     if own is not None and loops.per:         # the algorithm cuts the blocks into loops its own way
-        loops = colls.Loops(loops.per, max(1, own(config.buffsize_bytes) // itemsize))
+        loops = loops.with_cap(max(1, own(config.buffsize_bytes) // itemsize))
     if not loops.closed_form and len(loops) > LOOPS_REPLAYED:
         raise HcclError("E_NOT_SUPPORT", f"{sig.describe()}: {len(loops)} buffer loops, over the "
                         f"{LOOPS_REPLAYED} a variable-size op is priced loop by loop; use a larger HCCL_BUFFSIZE")

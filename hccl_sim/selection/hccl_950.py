@@ -12,8 +12,8 @@ hccl-sim runs for it:
   unequal size, 64-bit and PROD reductions as `...SoleNHRAicpuReduce`): algorithms.nhr.
 - `...Sequence...` / `...Parallel...` / `...PipeLine` across servers: the levels one after another
   (algorithms.superpod with the mesh at level0, NHR at level1 and level2).
-- AicpuAllToAllSoleMesh(SingleChannel): HCCL's template over every rank, 16 peers a round
-  (algorithms.mesh_rounds); the V forms the one-step mesh.
+- AicpuAllToAll(V)SoleMesh(SingleChannel): HCCL's template over every rank, 16 peers a round
+  (algorithms.mesh_rounds).
 Where HCCL's executor does more than its levels in order, hccl-sim runs the levels in order and
 the label says what is not modelled: Parallel's split of the data over the mesh and the Clos at
 once, Concur's detour of mesh traffic over the Clos ports (the Z axis), chunking (MeshChunk),
@@ -217,13 +217,14 @@ def _reducescatter(ctx, s):
 
 
 def _alltoall(ctx, s):
-    # every AlltoAll (and its V forms) is the flat mesh, whatever the levels; more than 150 MiB over
-    # all peers drops the single channel (alltoall_auto_selector.cc). AlltoAll runs HCCL's template,
-    # 16 peers at a time (algorithms.mesh_rounds); the V forms the one-step mesh.
+    # every AlltoAll (and its V forms) is HCCL's flat mesh template, whatever the levels, 16 peers
+    # at a time (algorithms.mesh_rounds); more than 150 MiB over all peers drops the single
+    # channel (alltoall_auto_selector.cc); the V forms take one name
     from . import Choice
     if name_v(ctx):
-        return _flat(ctx, "fullmesh", _name(ctx, "Sole", "Mesh"))
-    hccl_name = _name(ctx, "Sole", "Mesh") if s.d * s.n > 150 * MiB else _name(ctx, "Sole", "MeshSingleChannel")
+        hccl_name = _name(ctx, "Sole", "Mesh")
+    else:
+        hccl_name = _name(ctx, "Sole", "Mesh") if s.d * s.n > 150 * MiB else _name(ctx, "Sole", "MeshSingleChannel")
     return Choice(True, None, "mesh_rounds", _note(hccl_name, ()), executor=hccl_name)
 
 
