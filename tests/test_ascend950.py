@@ -253,3 +253,21 @@ def test_the_950s_alltoall_cuts_each_block_into_loops_of_one_ccl_slot():
         loops, _, _ = op_programs(s, as_cost(topo), cfg, 4, choice)
         assert len(loops) == want, (name, p, choice.label)
     assert mesh_rounds.loop_block_bytes(200 * 10 ** 6) == 12499968
+
+
+@pytest.mark.unit
+def test_the_950s_alltoallv_runs_the_same_template_under_its_own_name():
+    """AlltoAllV and AlltoAllVC select as AlltoAll, with their counts: HCCL's name for them is
+    AicpuAllToAllVSoleMesh (alltoallv_auto_selector.cc), the template the same rounds; a pair's
+    block larger than a CCL slot takes a loop per slot, as the fixed op's."""
+    topo = hccl_sim.topology("atlas950", servers=2)
+    p = topo.num_ranks
+    counts = np.full((p, p), 1000, dtype=np.int64)
+    for op in ("alltoallv", "alltoallvc"):
+        est = hccl_sim.simulate(op, counts=counts, topology=topo)
+        assert est.algo == "AicpuAllToAllVSoleMesh: mesh_rounds"
+    # 4 MiB slots (HCCL_BUFFSIZE=64 MB): one loop for 1000 elements a pair, three for 2.5 M
+    small = hccl_sim.simulate("alltoallv", counts=counts, topology=topo, env={"HCCL_BUFFSIZE": "64"})
+    big = hccl_sim.simulate("alltoallv", counts=counts * 2500, topology=topo, env={"HCCL_BUFFSIZE": "64"})
+    same = hccl_sim.simulate("alltoall", int(counts.sum(axis=1)[0]) * 2500 * 4, topo, env={"HCCL_BUFFSIZE": "64"})
+    assert small.time < big.time and big.time == same.time

@@ -219,17 +219,19 @@ def _reducescatter(ctx, s):
 def _alltoall(ctx, s):
     # every AlltoAll (and its V forms) is HCCL's flat mesh template, whatever the levels, 16 peers
     # at a time (algorithms.mesh_rounds); more than 150 MiB over all peers drops the single
-    # channel (alltoall_auto_selector.cc); the V forms take one name
+    # channel (alltoall_auto_selector.cc); the V forms (which select as AlltoAll, with their
+    # counts) take one name, AicpuAllToAllVSoleMesh (alltoallv_auto_selector.cc)
     from . import Choice
     if name_v(ctx):
-        hccl_name = _name(ctx, "Sole", "Mesh")
+        hccl_name = "AicpuAllToAllVSoleMesh"
     else:
         hccl_name = _name(ctx, "Sole", "Mesh") if s.d * s.n > 150 * MiB else _name(ctx, "Sole", "MeshSingleChannel")
     return Choice(True, None, "mesh_rounds", _note(hccl_name, ()), executor=hccl_name)
 
 
 def name_v(ctx) -> bool:
-    return colls.of(ctx.name).variable
+    """Whether the call is a variable-size op (AlltoAllV selects as AlltoAll, with its counts)."""
+    return colls.of(ctx.name).variable or ctx.signature.v is not None
 
 
 def _broadcast(ctx, s):
