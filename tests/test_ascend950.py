@@ -271,3 +271,26 @@ def test_the_950s_alltoallv_runs_the_same_template_under_its_own_name():
     big = hccl_sim.simulate("alltoallv", counts=counts * 2500, topology=topo, env={"HCCL_BUFFSIZE": "64"})
     same = hccl_sim.simulate("alltoall", int(counts.sum(axis=1)[0]) * 2500 * 4, topo, env={"HCCL_BUFFSIZE": "64"})
     assert small.time < big.time and big.time == same.time
+
+
+@pytest.mark.unit
+def test_the_parallel_split_ratio_variable_as_hccl_reads_it():
+    """HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO: set, it is the AllReduce Parallel executor's share
+    mesh first in place of HCCL's formula (0.375 on 4 servers of 8); 0 and 1 run the whole data in
+    one order; above 1 is 0.5 with a warning; anything but digits with an optional fraction
+    (an empty value included: HCCL reads it raw) fails as HCCL's init does."""
+    topo = hccl_sim.topology("atlas950", servers=4)
+
+    def run(ratio):
+        env = {} if ratio is None else {"HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO": ratio}
+        return hccl_sim.simulate("allreduce", 64 << 20, topo, env=env)
+    default = run(None)
+    assert "(0.375 of the data mesh first" in default.algo
+    assert run("0.375").time == default.time and "(0.25 of the data" in run("0.25").algo
+    times = {r: run(r).time for r in ("0", "0.5", "1")}
+    assert len(set(times.values())) == 3 and min(times.values()) > default.time
+    with pytest.warns(UserWarning, match="out of range"):
+        assert run("1.5").time == times["0.5"]
+    for bad in ("", "-0.5", ".5", "5.", "1e-1", " 0.5", "abc"):
+        with pytest.raises(HcclError, match="expected a non-negative number"):
+            run(bad)

@@ -71,10 +71,11 @@ EXPANSION_MODES = ("AI_CPU", "AICPU_TS", "AICPU_CacheDisable", "AIV", "HOST", "H
 defaults: A2 HOST, A3 AI_CPU, 950 AICPU_TS)."""
 MODELLED = ("HCCL_ALGO", "HCCL_BUFFSIZE", "HCCL_EXEC_TIMEOUT", "HCCL_CONNECT_TIMEOUT", "HCCL_OP_RETRY_ENABLE",
             "HCCL_OP_RETRY_PARAMS", "HCCL_DETERMINISTIC", "HCCL_INTER_HCCS_DISABLE",
-            "HCCL_RDMA_TIMEOUT", "HCCL_RDMA_RETRY_CNT", "HCCL_OP_EXPANSION_MODE", "HCCL_BIRS_ENABLE")
+            "HCCL_RDMA_TIMEOUT", "HCCL_RDMA_RETRY_CNT", "HCCL_OP_EXPANSION_MODE", "HCCL_BIRS_ENABLE",
+            "HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO")
 """The HCCL variables hccl-sim reads."""
 NOT_MODELLED = (
-    "HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO", "HCCL_ASYNC_ERROR_HANDLING", "HCCL_BLOCKING_WAIT",
+    "HCCL_ASYNC_ERROR_HANDLING", "HCCL_BLOCKING_WAIT",
     "HCCL_DEBUG_CONFIG", "HCCL_DESYNC_DEBUG", "HCCL_DFS_CONFIG", "HCCL_DIAGNOSE_ENABLE", "HCCL_ENTRY_LOG_ENABLE",
     "HCCL_EVENT_TIMEOUT", "HCCL_FFTS_CAPACITY", "HCCL_HOST_SOCKET_PORT_RANGE", "HCCL_IF_BASE_PORT", "HCCL_IF_IP",
     "HCCL_INDEPENDENT_OP", "HCCL_INTER_SERVER_RING_ALGO_MAX_SUPPORT_SERVER_NUM", "HCCL_INTRA_PCIE_ENABLE",
@@ -85,9 +86,15 @@ NOT_MODELLED = (
 """HCCL variables of the real library (docs/references.md §7.3) that hccl-sim accepts and ignores."""
 
 
+RAW_ENV = ("HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO",)
+"""Variables HCCL reads with std::getenv rather than GetEnv: set to "", they are set (and invalid)."""
+_NON_NEGATIVE = re.compile(r"[0-9]+(\.[0-9]+)?")     # alg_env_config.cc IsValidNumberFormat
+
+
 def check_env(env) -> dict:
     """Validate an `env=` mapping: string HCCL_* keys and string values (as in os.environ).
-    An empty value is left out: HCCL reads "" as unset (alg_env_config.cc GetEnv, §7.2).
+    An empty value is left out: HCCL reads "" as unset (alg_env_config.cc GetEnv, §7.2), except
+    where HCCL reads the variable raw (RAW_ENV), for which "" is a value like any other.
 
     A key that is no HCCL variable hccl-sim or HCCL knows is most likely misspelt: it is kept (it
     cannot change anything) but warned about, naming the closest known variable; a real HCCL
@@ -115,7 +122,7 @@ def check_env(env) -> dict:
                 close = difflib.get_close_matches(k, MODELLED + NOT_MODELLED, n=1, cutoff=0.6)
                 hint = f"; did you mean {close[0]}?" if close else f"; hccl-sim reads {', '.join(MODELLED)}"
                 warnings.warn(f"env: unknown HCCL variable {k} is ignored{hint}", UserWarning, stacklevel=4)
-        if v != "":
+        if v != "" or k in RAW_ENV:
             out[k] = v
     return out
 
@@ -141,6 +148,7 @@ class Config:
     inter_hccs_disable: bool = False   # A3: RoCE instead of the UB (HCCS) fabric between a superpod's servers
     expansion: Optional[str] = None    # HCCL_OP_EXPANSION_MODE (EXPANSION_MODES); None: the device's default
     birs: bool = False                 # HCCL_BIRS_ENABLE=TRUE: A3's batch-invariant ReduceScatter (§6.12)
+    split_ratio: Optional[float] = None   # HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO: the 950's Parallel split
     policy: str = "hccl"          # algorithm selection: "hccl" (HCCL's rules) or "model" (fastest modelled)
 
     @property
@@ -154,7 +162,7 @@ class Config:
 
     @classmethod
     def from_env(cls, env: dict | None = None, policy: str | None = None) -> "Config":
-        merged = {k: v for k, v in os.environ.items() if k.startswith("HCCL_") and v != ""}
+        merged = {k: v for k, v in os.environ.items() if k.startswith("HCCL_") and (v != "" or k in RAW_ENV)}
         merged.update(check_env(env))
         return cls(**_settings(cls, merged, policy))
 
@@ -214,6 +222,19 @@ def _settings(base, merged: dict, policy) -> dict:
             warnings.warn(f"HCCL_BIRS_ENABLE={_short(v)} leaves BIRS off: HCCL turns it on for exactly 'TRUE'",
                           UserWarning, stacklevel=4)
         kw["birs"] = v == "TRUE"
+    if "HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO" in merged:
+        # ParseMultipleDimensionSplitRatio (alg_env_config.cc): digits with an optional fraction,
+        # else init fails (EI0001, "a non-negative number"); SetMultipleDimensionSplitRatio
+        # (op_common.cc) takes a value above 1 as 0.5, with a warning (§6.13)
+        v = merged["HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO"]
+        if not _NON_NEGATIVE.fullmatch(v):
+            raise _bad("HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO", v, "a non-negative number")
+        ratio = float(v)
+        if ratio > 1.0:
+            warnings.warn(f"HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO={_short(v)} is out of range [0, 1]: HCCL uses "
+                          "the default ratio 0.5", UserWarning, stacklevel=4)
+            ratio = 0.5
+        kw["split_ratio"] = ratio
     if policy is not None:
         if not isinstance(policy, str) or policy not in ("hccl", "model"):
             raise HcclError("E_PARA", f"policy {policy!r} is invalid; expected hccl or model")

@@ -97,6 +97,13 @@ def parallel_split(shape) -> float:
     return min(max(round(r * 8) / 8, 1 / 8), 7 / 8)
 
 
+def _split_ratio(ctx, shape) -> float:
+    """The Parallel executor's share mesh first: HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO where set
+    (SetMultipleDimensionSplitRatio, op_common.cc: then the formula is not used), else HCCL's formula."""
+    given = ctx.config.split_ratio
+    return parallel_split(shape) if given is None else given
+
+
 def _levels(hccl_name: str, shape: Shape, notes=(), split=None):
     """The levels in order: the server's mesh, NHR among a SuperPoD's servers, NHR among SuperPoDs
     (each where it has more than one member); with `split`, HCCL's Parallel executor (the rest of
@@ -157,7 +164,7 @@ def _allreduce(ctx, s):
     if s.d > 32 * MiB:
         if s.d > 4 * GiB:
             return _levels(_name(ctx, "Sequence", "MeshConcurNHR"), s)
-        return _levels(_name(ctx, "Parallel", "MeshNHR"), s, split=parallel_split(s))
+        return _levels(_name(ctx, "Parallel", "MeshNHR"), s, split=_split_ratio(ctx, s))
     return _flat(ctx, "NHR", _name(ctx, "Sole", "NHR"))
 
 
