@@ -294,3 +294,18 @@ def test_the_parallel_split_ratio_variable_as_hccl_reads_it():
     for bad in ("", "-0.5", ".5", "5.", "1e-1", " 0.5", "abc"):
         with pytest.raises(HcclError, match="expected a non-negative number"):
             run(bad)
+
+
+@pytest.mark.unit
+def test_the_950s_alltoall_is_priced_past_2048_ranks_a_step_at_a_time():
+    """The 950's rounds are built a step at a time, so they price past MAX_ALLTOALL_RANKS (to
+    mesh_rounds.MAX_RANKS, a SuperPoD); any other AlltoAll program there is refused, naming it."""
+    from hccl_sim.algorithms import mesh_rounds
+    topo = hccl_sim.topology("atlas950", servers=257)
+    est = hccl_sim.simulate("alltoall", 1 << 20, topo)
+    assert est.ranks == 2056 > hccl_sim.MAX_ALLTOALL_RANKS and est.algo.startswith("AicpuAllToAllSoleMesh")
+    assert len(mesh_rounds.rounds(2056)) == 129
+    with pytest.raises(HcclError, match="MAX_ALLTOALL_RANKS"):
+        hccl_sim.simulate("alltoall", 1 << 20, hccl_sim.topology("atlas800t-a2", servers=257))
+    with pytest.raises(HcclError, match="mesh_rounds.MAX_RANKS"):
+        hccl_sim.simulate("alltoall", 1 << 20, hccl_sim.topology("atlas950", servers=1025))

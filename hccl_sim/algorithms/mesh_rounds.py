@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hcomm.program import GlobalStep, LazyStep
+
 from .common import INPUT, OUTPUT, SCRATCH, StepBuilder
 
 NAME = "mesh_rounds"
@@ -31,6 +33,10 @@ STAGED = False                        # writes from the user's input, copies int
 CONCURRENT = 16                       # ALLTOALLV_DIRECT_FULLMESH_CONCURRENT_SIZE (ins_temp_all_to_all_v_mesh_1D.h)
 SLOT_MAX = 256 << 20                  # UB_MAX_DATA_SIZE (alg_param.h): the most one transfer moves
 SLOT_ALIGN = 128                      # HCCL_MIN_SLICE_ALIGN (alg_template_base.h)
+MAX_RANKS = 8192
+"""The most ranks hccl-sim prices it on: p(p - 1) transfers in ceil((p - 1) / 16) steps of 16 p,
+a step at a time (a SuperPoD's 8,192 ranks: 512 steps). HCCL sets no AlltoAll limit of its own;
+hcomm's communicator stops at 65,536 ranks (MAX_RANKCOUNT, docs/references.md §6.13)."""
 
 
 def loop_block_bytes(buffsize: int) -> int:
@@ -53,25 +59,23 @@ def rounds(p: int) -> list:
 
 
 def _steps(p: int, add_transfers, add_copies, own_copy) -> list:
+    """One step a round (its transfers, and the copies of what the round before brought), and a
+    last step of copies. Each step is built when asked for (hcomm.program.LazyStep): a SuperPoD's
+    512 steps of 16 p transfers are priced one at a time, never all held at once."""
     r = np.arange(p)
-    steps = []
-    previous = []
-    for k, ds in enumerate(rounds(p) or [[]]):
+    ds_of = rounds(p) or [[]]
+
+    def build(k: int) -> GlobalStep:
         b = StepBuilder()
         if k == 0:
             own_copy(b, r)
-        for d in previous:                     # what the last round brought, slot to output
+        for d in (ds_of[k - 1] if k else ()):         # what the last round brought, slot to output
             add_copies(b, r, (r - d) % p)
-        for d in ds:
+        for d in (ds_of[k] if k < len(ds_of) else ()):
             add_transfers(b, r, (r + d) % p)
-        steps.append(b.build())
-        previous = ds
-    if previous:
-        b = StepBuilder()
-        for d in previous:
-            add_copies(b, r, (r - d) % p)
-        steps.append(b.build())
-    return steps
+        return b.build()
+    last = len(ds_of) + (1 if ds_of[-1] else 0)
+    return [LazyStep(lambda k=k: build(k)) for k in range(last)]
 
 
 def alltoall(p: int, unit: int, src=INPUT, dst=OUTPUT) -> list:

@@ -130,6 +130,11 @@ class Collective:
             return None
         return f"{p} ranks are over the limit of {self.max_ranks_priced} {self.max_ranks_priced_why}"
 
+    def priced_choice_problem(self, p: int, choice) -> Optional[str]:
+        """None if hccl_sim.simulate prices it on p ranks with what selection chose (a
+        selection.Choice), else why not: the limit of an op whose algorithms price differently."""
+        return None
+
     def check_input(self, shape: tuple, p: int) -> Optional[str]:
         """None if an input of `shape` is valid on p ranks, else what is wrong."""
         if len(shape) < self.min_ndim:

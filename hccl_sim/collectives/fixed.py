@@ -9,12 +9,13 @@ import numpy as np
 from . import verifiable as vf
 from .base import Collective, Loops
 from .. import algorithms
-from ..algorithms import birs, grouped_mesh, hierarchy, pipeline, superpod
+from ..algorithms import birs, grouped_mesh, hierarchy, mesh_rounds, pipeline, superpod
 from ..config.types import ReduceOp, reducer
 
 
 # The most ranks hccl_sim.simulate prices an AlltoAll on: its p(p-1) blocks are priced one by one
-# (hccl_sim.MAX_ALLTOALL_RANKS re-exports it).
+# (hccl_sim.MAX_ALLTOALL_RANKS re-exports it); the 950's rounds of 16 peers, built a step at a
+# time, go to mesh_rounds.MAX_RANKS.
 MAX_ALLTOALL_RANKS = 2048
 
 
@@ -201,8 +202,8 @@ class AllToAll(Collective):
     # p(p-1) blocks move one by one on real data (512 ranks: 3 s here; 1,024: 28 s);
     # hccl_sim.simulate prices larger ones without payload
     max_ranks_with_data = 512
-    max_ranks_priced = MAX_ALLTOALL_RANKS
-    max_ranks_priced_why = "(hccl_sim.MAX_ALLTOALL_RANKS): its p(p-1) blocks are priced one by one"
+    max_ranks_priced = mesh_rounds.MAX_RANKS          # the most any of its programs is priced on
+    max_ranks_priced_why = "(algorithms.mesh_rounds.MAX_RANKS): its p(p-1) blocks are priced one by one"
     # HCCL's A3 AlltoAll is the grouped full mesh: no double ring
     double_ring = False
 
@@ -211,6 +212,15 @@ class AllToAll(Collective):
 
     def grouped_program(self, group_of, unit):
         return grouped_mesh.alltoall(group_of, unit)
+
+    def priced_choice_problem(self, p, choice):
+        # the 950's rounds of 16 peers are built a step at a time (mesh_rounds.MAX_RANKS); every
+        # other program holds its p(p-1) blocks at once (a one-step mesh's would not fit in memory)
+        if p <= MAX_ALLTOALL_RANKS or (choice.flat and choice.level1 == mesh_rounds.NAME):
+            return None
+        return (f"{p} ranks are over the limit of {MAX_ALLTOALL_RANKS} (hccl_sim.MAX_ALLTOALL_RANKS) for "
+                f"{choice.label}: its p(p-1) blocks are priced one by one (the 950's rounds of 16 peers go "
+                f"to {mesh_rounds.MAX_RANKS})")
 
     def busbw_factor(self, p):
         return (p - 1) / p

@@ -164,6 +164,7 @@ def _scratch_end(program) -> int:
     """Elements of the scratch area a flat program addresses (0: none)."""
     end = 0
     for step in program:
+        step = step.full()
         for buf, hi in ((step.t_dbuf, step.t_dhi), (step.c_dbuf, step.c_dhi)):
             hit = np.asarray(buf) == SCRATCH
             if hit.any():
