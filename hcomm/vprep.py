@@ -207,15 +207,27 @@ def _by_structure(st, cost, dtype, redop, p, cache):
     view = st.timing()
     if not isinstance(st, GlobalStep) or counts(view) is not None or len(st.c_rank) or len(st.g_rank):
         return _prep(view, cost, dtype, redop, p)
-    ck = ("structure", _structure_key(st), dtype, redop)
+    return _shared_prep(view, ("structure", _structure_key(st), dtype, redop), cost, dtype, redop, p, cache)
+
+
+def _shared_prep(view, ck, cost, dtype, redop, p, cache):
+    """The prep of a step whose structure `ck` names: a step of that structure priced before,
+    re-priced for these bytes (rotated, for a ring phase's RolledView), else made here and kept
+    for the next one where it can be shared."""
     base = cache.get(ck)
+    if base is not None and base.rollable and isinstance(view, RolledView):
+        return _rolled(base, view, cost, dtype, redop, cache, ck)
     if base is not None:
         pr = _reprice(base, view, cost, dtype, redop)
         if pr is not None:
             return pr
     pr = _prep(view, cost, dtype, redop, p)
     if pr.n == pr.pieces and not len(pr.l_rank):   # no pair aggregation: safe to share
+        if len(cache) >= _CACHE_LIMIT:
+            cache.clear()
         cache[ck] = pr
+        if pr.rollable and isinstance(view, RolledView):
+            return _rolled(pr, view, cost, dtype, redop, cache, ck)
     return pr
 
 
@@ -283,23 +295,7 @@ def prep_for(st, cost, dtype, redop, p, cache):
     key = step_key(st)
     skey = st.skey
     if key is None and skey is not None:
-        ck = ("structure", skey, dtype, redop)
-        base = cache.get(ck)
-        view = st.timing()
-        if base is not None and base.rollable and isinstance(view, RolledView):
-            return _rolled(base, view, cost, dtype, redop, cache, ck)
-        if base is not None:
-            pr = _reprice(base, view, cost, dtype, redop)
-            if pr is not None:
-                return pr
-        pr = _prep(view, cost, dtype, redop, p)
-        if pr.n == pr.pieces and not len(pr.l_rank):   # no pair aggregation: safe to share
-            if len(cache) >= _CACHE_LIMIT:
-                cache.clear()
-            cache[ck] = pr
-            if pr.rollable and isinstance(view, RolledView):
-                return _rolled(pr, view, cost, dtype, redop, cache, ck)
-        return pr
+        return _shared_prep(st.timing(), ("structure", skey, dtype, redop), cost, dtype, redop, p, cache)
     if key is not None:
         ck = (key, dtype, redop)
         pr = cache.get(ck)
