@@ -61,7 +61,7 @@ def test_hccl_s_auto_selectors_as_the_open_source_code_has_them():
     assert _algo("reduce", MiB, one) == "AicpuReduceSoleMesh"
     assert _algo("scatter", MiB, pod) == "AicpuScatterParallelMeshNHR"
     assert _algo("allreduce", 64 * MiB, a5(4, per_server=1)) == "AicpuAllReduceSoleNHR"    # one NPU per server
-    label = hccl_sim.simulate("allgather", 64 * MiB * 32, topology=pod).algo
+    label = hccl_sim.simulate("scatter", 64 * MiB * 32, topology=pod).algo
     assert "level0:fullmesh;level1:NHR" in label and "parallel split" in label     # what is not modelled, said
 
 
@@ -74,6 +74,31 @@ def test_the_parallel_executor_splits_the_data_by_port_counts_and_runs_both_leve
     assert est.algo.startswith("AicpuAllReduceParallelMeshNHR") and "0.375 of the data mesh first" in est.algo
     sequence = hccl_sim.simulate("allreduce", 64 << 20, topology=pod, algo="allreduce:sequence{meshconcur,nhr}")
     assert sequence.algo.startswith("AicpuAllReduceSequenceMeshConcurNHR") and sequence.time > 1.1 * est.time
+
+
+@pytest.mark.unit
+def test_allgather_and_reducescatter_parallel_split_as_hccl_computes_it():
+    """AllGather's and ReduceScatter's ParallelMeshNHR run as HCCL's do (CalcParallelDataSplitRatio):
+    an AllGather's share mesh first from its own form, at most 0.5 (1/4 on 4 servers of 8, 1/8 on
+    2, 1/2 on 1,024), a ReduceScatter's from AllReduce's (3/8); HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO
+    is an AllGather's share across servers first. Either beats the levels in turn, and the
+    executor grammar's Parallel is the same split."""
+    from hccl_sim.selection.hccl_950 import Shape, allgather_split  # noqa: F401
+    pod = a5(4)
+    ag = hccl_sim.simulate("allgather", 1 << 30, topology=pod)
+    rs = hccl_sim.simulate("reducescatter", 1 << 30, topology=pod)
+    assert "(0.25 of the data mesh first" in ag.algo and "(0.375 of the data mesh first" in rs.algo
+    assert "(0.125 of the data mesh first" in hccl_sim.simulate("allgather", 1 << 30, topology=a5(2)).algo
+    assert "(0.5 of the data mesh first" in hccl_sim.simulate("allgather", 1 << 30,
+                                                             topology=hccl_sim.topology("atlas950-superpod")).algo
+    env = {"HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO": "0.75"}
+    assert "(0.25 of the data mesh first" in hccl_sim.simulate("allgather", 1 << 30, topology=pod, env=env).algo
+    assert "(0.75 of the data mesh first" in hccl_sim.simulate("reducescatter", 1 << 30, topology=pod, env=env).algo
+    for op, est in (("allgather", ag), ("reducescatter", rs)):
+        seq = hccl_sim.simulate(op, 1 << 30, topology=pod, algo=f"{op}:sequence{{meshconcur,nhr}}")
+        assert seq.algo.startswith("Aicpu") and "Sequence" in seq.algo and seq.time > est.time, (op, seq.time, est.time)
+        forced = hccl_sim.simulate(op, 1 << 30, topology=pod, algo=f"{op}:parallel{{mesh,nhr}}")
+        assert forced.algo == est.algo and forced.time == est.time
 
 
 @pytest.mark.unit
@@ -183,10 +208,10 @@ def test_a_levels_row_sets_moved_together_are_the_same_transfers_priced_alike(l0
 def test_block_collectives_of_a_supercluster_are_priced():
     """AllGather and ReduceScatter on 524,288 ranks (once refused: their p(p-1) blocks were rows of
     one program); on the 8,192 ranks of a SuperPoD, the times of the program that moved every
-    block as its own row (181 s and 10.7 GB to price then; RESULTS.md, issue 37)."""
+    block as its own row, the levels in turn (181 s and 10.7 GB to price then; RESULTS.md, issue 37)."""
     pod = hccl_sim.topology("atlas950-superpod")
-    assert hccl_sim.simulate("allgather", 1 << 30, pod).time == 0.003261371
-    assert hccl_sim.simulate("reducescatter", 1 << 30, pod).time == 0.036496918
+    for op, before in (("allgather", 0.003261371), ("reducescatter", 0.036496918)):      # its levels in turn
+        assert hccl_sim.simulate(op, 1 << 30, pod, algo=f"{op}:sequence{{meshconcur,nhr}}").time == before
     cluster = hccl_sim.topology("atlas950-supercluster")
     for op in ("allgather", "reducescatter"):
         est = hccl_sim.simulate(op, 1 << 30, cluster)

@@ -16,7 +16,8 @@ from hcomm.vgroups import Part
 
 __all__ = ["INPUT", "OUTPUT", "SCRATCH", "NONE", "Step", "StepBuilder", "compacted", "bounds", "fold", "tile",
            "relay_scatter", "held_rounds",
-           "merge_runs", "local_copy", "ceil_log2", "blocks", "spread", "repeat_rows", "single_rank_reducescatter"]
+           "merge_runs", "local_copy", "ceil_log2", "blocks", "spread", "repeat_rows", "relabel_rows",
+           "single_rank_reducescatter"]
 
 
 def bounds(n: int, parts: int) -> np.ndarray:
@@ -356,3 +357,30 @@ def repeat_rows(program: list, q: int, strides) -> list:
                             None if st.tkey is None else ("rows", st.tkey, q),
                             None if st.skey is None else ("rows", st.skey, q)))
     return out
+
+
+def _relabel_full(st, buf: int, rows) -> GlobalStep:
+    new = GlobalStep()
+    for name in ARRAYS:
+        setattr(new, name, np.asarray(getattr(st, name)))
+    for prefix in ("t_", "c_"):
+        for side in ("s", "d", "r"):
+            on = getattr(new, f"{prefix}{side}buf") == buf
+            if on.any():
+                lo, hi = getattr(new, f"{prefix}{side}lo"), getattr(new, f"{prefix}{side}hi")
+                length = hi - lo
+                if (length[on] > 1).any():
+                    raise ValueError("relabel_rows: a slice of more than one row cannot be renamed row by row")
+                moved = np.where(on, rows[np.where(on, lo, 0)], lo)
+                setattr(new, f"{prefix}{side}lo", moved)
+                setattr(new, f"{prefix}{side}hi", np.where(on, moved + length, hi))
+    return new
+
+
+def relabel_rows(program: list, buf: int, rows) -> list:
+    """The program with row q of buffer `buf` renamed rows[q] (slices on it one row long): a block
+    collective built on a view whose positions are not the ranks' rows (the 950's Parallel part
+    that crosses servers first, Pods.transposed) moved to the ranks' rows. Timing is the same."""
+    rows = np.asarray(rows, dtype=np.int64)
+    return [LazyStep(lambda st=st: _relabel_full(st.full(), buf, rows), st.timing, st.tkey, st.skey, st.groups)
+            for st in program]

@@ -137,6 +137,12 @@ def _level0(l0, N0, ring_index, first=0):
     return ring, double_ring.order(N0, ring_index, first=first)
 
 
+def _unit_blocks(mod, o):
+    """A level0 module's view of one row per rank, in `o`'s order: NHR takes bounds, the others
+    (lo, hi)."""
+    return np.arange(len(o) + 1) if mod is nhr else (o, o + 1)
+
+
 def _chunk_offs(mod, ch, o):
     """A level0 module's view of the chunks: NHR takes bounds, the others (lo, hi) in `o`'s order."""
     return np.append(ch.lo, ch.hi[-1]) if mod is nhr else (ch.lo[o], ch.hi[o])
@@ -217,15 +223,18 @@ def allreduce(pods: Pods, N: int, unit: int, l1: str, l2: str, ring_index: int =
 
 
 def allgather(pods: Pods, unit: int, l1: str, l2: str, ring_index: int = 0, l0: str = "ring") -> list:
-    """Rows: rank r's block is output row r (pods.canonical)."""
+    """Rows: the block of the rank at position q of pods.M is output row q (its rank id where
+    pods.canonical)."""
     N2, N1, N0 = pods.shape
     M = pods.M
     r = np.arange(pods.p)
-    phases = [[StepBuilder().copies(r, unit, INPUT, 0, 1, OUTPUT, r).build()]]
+    # row q belongs to the rank at position q of M (its rank id on the canonical layout; a
+    # transposed view's rows are renumbered to ranks after: common.relabel_rows)
+    phases = [[StepBuilder().copies(M.reshape(-1), unit, INPUT, 0, 1, OUTPUT, r).build()]]
     if N2 > 1:
         prog = spread(_module(l2, "allgather").allgather(N2, np.arange(N2 + 1), unit, OUTPUT), (1, N1 * N0, 1))
         groups = M.transpose(1, 2, 0).reshape(-1, N2)
-        phases.append(tile(prog, groups, _shifts(M[0].reshape(-1))))
+        phases.append(tile(prog, groups, _shifts(np.arange(N1 * N0))))
     if N1 > 1:
         prog = spread(_module(l1, "allgather").allgather(N1, np.arange(N1 + 1), unit, OUTPUT), (1, N0, 1))
         # group (pod i, die d) moves the N1 servers' rows j * N1 * N0 + s * N0 + d of every pod j
@@ -234,13 +243,14 @@ def allgather(pods: Pods, unit: int, l1: str, l2: str, ring_index: int = 0, l0: 
     if N0 > 1:
         mod, o = _level0(l0, N0, ring_index)
         # a server's dies move rows i * N0 + d of every server i
-        prog = _rows(mod.allgather(N0, (o, o + 1), unit, OUTPUT), N1 * N2, [N0] * 3)
+        prog = _rows(mod.allgather(N0, _unit_blocks(mod, o), unit, OUTPUT), N1 * N2, [N0] * 3)
         phases.append(tile(prog, M.reshape(-1, N0)[:, o]))
     return sequence(*phases)
 
 
 def reducescatter(pods: Pods, unit: int, l1: str, l2: str, ring_index: int = 0, l0: str = "ring") -> list:
-    """Rows: input and scratch hold p rank blocks (pods.canonical); output one."""
+    """Rows: input and scratch hold p blocks, row q that of the rank at position q of pods.M (its
+    rank id where pods.canonical); output one."""
     N2, N1, N0 = pods.shape
     M = pods.M
     phases, src = [], INPUT
@@ -253,7 +263,7 @@ def reducescatter(pods: Pods, unit: int, l1: str, l2: str, ring_index: int = 0, 
         mod, o = _level0(l0, N0, ring_index)
         last = N1 == 1 and N2 == 1
         q = N1 * N2
-        prog = mod.reducescatter(N0, (o, o + 1), unit, src, SCRATCH, OUTPUT if last else SCRATCH,
+        prog = mod.reducescatter(N0, _unit_blocks(mod, o), unit, src, SCRATCH, OUTPUT if last else SCRATCH,
                                  np.zeros(N0, dtype=np.int64) if last else o)
         phases.append(tile(_rows(prog, q, [N0, 0, N0]), M.reshape(-1, N0)[:, o]))
         src = SCRATCH
@@ -269,7 +279,7 @@ def reducescatter(pods: Pods, unit: int, l1: str, l2: str, ring_index: int = 0, 
         mod = _module(l2, "reducescatter")
         prog = spread(mod.reducescatter(N2, np.arange(N2 + 1), unit, src, SCRATCH, OUTPUT, np.zeros(N2, dtype=np.int64)),
                       (N1 * N0, 1, N1 * N0))
-        phases.append(tile(prog, M.transpose(1, 2, 0).reshape(-1, N2), shifts(M[0].reshape(-1))))
+        phases.append(tile(prog, M.transpose(1, 2, 0).reshape(-1, N2), shifts(np.arange(N1 * N0))))
     return _done(phases, 1, unit)
 
 

@@ -108,6 +108,7 @@ class Collective:
     stages_itself: bool = False     # its programs carry their own CCL-buffer staging (AllGatherV, ReduceScatterV)
     releases_together: bool = False     # every rank leaves when the last has arrived (Barrier)
     double_ring: bool = True        # on A3's double ring a loop runs as two halves side by side
+    rank_rows: Optional[int] = None  # the buffer whose rows are the ranks' blocks (a block op's superpod levels)
     max_ranks_priced = None         # most ranks hccl_sim.simulate prices it on (None: no limit of its own)
     max_ranks_priced_why = ""       # the constant behind that limit and why, as the error says it
     # a small input may travel with its call (MPI's eager protocol): every rank's input has one shape,

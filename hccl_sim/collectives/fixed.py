@@ -10,6 +10,7 @@ from . import verifiable as vf
 from .base import Collective, Loops
 from .. import algorithms
 from ..algorithms import birs, grouped_mesh, hierarchy, mesh_rounds, pipeline, superpod
+from ..algorithms.common import INPUT, OUTPUT
 from ..config.types import ReduceOp, reducer
 
 
@@ -112,6 +113,7 @@ class Reduce(Collective):
 
 class AllGather(Collective):
     name, method, block, min_ndim = "allgather", "all_gather", True, 1
+    rank_rows = OUTPUT               # row r of the output is rank r's block
     input_is_block = True
 
     def server_program(self, srv, length, unit, root, l0, l1):
@@ -153,6 +155,7 @@ class AllGather(Collective):
 
 class ReduceScatter(Collective):
     name, method, block, reducing = "reducescatter", "reduce_scatter", True, True
+    rank_rows = INPUT                # row r of the input is rank r's block
     min_ndim, divisible, has_scratch = 1, True, True
 
     def server_program(self, srv, length, unit, root, l0, l1):

@@ -17,7 +17,7 @@ from hcomm.exec import LoopBody
 
 from .. import collectives as colls
 from ..algorithms import double_ring, hierarchy, registry, superpod
-from ..algorithms.common import side_by_side
+from ..algorithms.common import relabel_rows, side_by_side
 from ..selection import Choice
 
 def servers_of(cost) -> hierarchy.Servers:
@@ -98,9 +98,16 @@ def _parallel_parts(coll, choice: Choice, cost, length: int, itemsize: int, root
     if a in (0, length) and 0 < choice.split < 1:       # too short to split: the levels in order
         return [(0, length, coll.superpod_program(pods, choice, length, coll.program_unit(length, itemsize), root, 0))]
     across_first = choice._replace(level0=choice.level1, level1=choice.level0)
-    parts = [(0, a, pods, choice), (a, length, pods.transposed(), across_first)]
-    return [(lo, hi, coll.superpod_program(view, levels, hi - lo, coll.program_unit(hi - lo, itemsize), root, 0))
-            for lo, hi, view, levels in parts if hi > lo]
+    transposed = pods.transposed()
+    parts = [(0, a, pods, choice), (a, length, transposed, across_first)]
+    out = []
+    for lo, hi, view, levels in parts:
+        if hi > lo:
+            program = coll.superpod_program(view, levels, hi - lo, coll.program_unit(hi - lo, itemsize), root, 0)
+            if view is transposed and coll.rank_rows is not None:   # a block op: rows back to the ranks'
+                program = relabel_rows(program, coll.rank_rows, transposed.M.reshape(-1))
+            out.append((lo, hi, program))
+    return out
 
 
 def build_program(name: str, choice: Choice, topo, length: int, itemsize: int, root) -> list:

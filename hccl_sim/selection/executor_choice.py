@@ -63,7 +63,7 @@ def candidates(name: str, shape) -> dict:
 
 def _choice_of(ctx, full: str, how: str, shape):
     if how == "levels":
-        return hccl_950._levels(full, shape)
+        return hccl_950._levels(full, shape, split=hccl_950.modelled_split(ctx, shape, full))
     return hccl_950._flat(ctx, how.split(":", 1)[1], full)
 
 

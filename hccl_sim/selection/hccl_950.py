@@ -16,7 +16,7 @@ hccl-sim runs for it:
   (algorithms.mesh_rounds).
 Where HCCL's executor does more than its levels in order, hccl-sim runs the levels in order and
 the label says what is not modelled: Parallel's split of the data over the mesh and the Clos at
-once, Concur's detour of mesh traffic over the Clos ports (the Z axis), chunking (MeshChunk),
+once (modelled for AllReduce, AllGather and ReduceScatter: _PARALLEL_SPLITS), Concur's detour of mesh traffic over the Clos ports (the Z axis), chunking (MeshChunk),
 OmniPipe's pipelining (PipeLine), the AlltoAll channel count (SingleChannel). The CCU and AIV
 engines are not modelled (HCCL_OP_EXPANSION_MODE's warning says so; AICPU_TS runs).
 """
@@ -93,8 +93,39 @@ def parallel_split(shape) -> float:
     N2, N1, N0 = shape.pods
     mesh_cost = 21 * (N0 - 1) / (20 * N0 * (N0 - 1))
     clos_cost = (N1 - 1) / (N1 * shape.clos_ports)
-    r = clos_cost / (clos_cost + mesh_cost)
-    return min(max(round(r * 8) / 8, 1 / 8), 7 / 8)
+    return _eighths(clos_cost / (clos_cost + mesh_cost))
+
+
+def _eighths(r: float) -> float:
+    """QuantizeParallelDataSplitRatio: to the nearest eighth, within [1/8, 7/8]."""
+    return min(max(round(r * 8), 1), 7) / 8
+
+
+def allgather_split(shape) -> float:
+    """The share of an AllGather HCCL's Parallel executor runs mesh first (CalcParallelDataSplitRatio,
+    the ALL_GATHER form: mesh = (n0 - 1) / P0, Clos = (n1 - 1) / P1; r = Clos / (Clos + mesh) at
+    most 0.5, then to the nearest eighth; template_utils.cc)."""
+    N2, N1, N0 = shape.pods
+    mesh_cost = (N0 - 1) / (N0 - 1)
+    clos_cost = (N1 - 1) / shape.clos_ports
+    return _eighths(min(clos_cost / (clos_cost + mesh_cost), 0.5))
+
+
+def _gather_split(ctx, shape) -> float:
+    """AllGather's or ReduceScatter's Parallel share mesh first: HCCL's formula for the op, or
+    HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO, which an AllGather takes as its share across servers
+    first (InsV2AllGatherParallelExecutor::GetParallelDataSplit: mesh first = 1 - ratio)."""
+    given = ctx.config.split_ratio
+    if colls.of(ctx.name).reducing:
+        return parallel_split(shape) if given is None else given
+    return allgather_split(shape) if given is None else 1.0 - given
+
+
+def modelled_split(ctx, shape, hccl_name: str):
+    """The mesh-first share of a ParallelMeshNHR that hccl-sim runs as HCCL does (AllReduce,
+    AllGather, ReduceScatter), or None (the others' Parallel runs its levels in turn)."""
+    split = _PARALLEL_SPLITS.get(ctx.name) if hccl_name.endswith("ParallelMeshNHR") else None
+    return None if split is None else split(ctx, shape)
 
 
 def _split_ratio(ctx, shape) -> float:
@@ -190,10 +221,11 @@ def _gather_like(small: int, large_ranks: int):
         if s.L >= 3:
             return _levels(_name(ctx, "Sequence", "MeshConcurNHRNHR"), s)
         if s.d * s.n >= GiB and s.n >= large_ranks:
-            return _levels(_name(ctx, "Parallel", "MeshNHR"), s)
+            return _levels(_name(ctx, "Parallel", "MeshNHR"), s, split=_gather_split(ctx, s))
         if s.d > small:
-            return _levels(_name(ctx, "Sequence", "MeshConcurNHR") if s.d * s.n > 4 * GiB
-                           else _name(ctx, "Parallel", "MeshNHR"), s)
+            if s.d * s.n > 4 * GiB:
+                return _levels(_name(ctx, "Sequence", "MeshConcurNHR"), s)
+            return _levels(_name(ctx, "Parallel", "MeshNHR"), s, split=_gather_split(ctx, s))
         return _flat(ctx, "NHR", _name(ctx, "Sole", "NHR"))
     return across
 
@@ -285,6 +317,8 @@ def _gather_v(ctx, s):
     return _flat(ctx, "NHR", _name(ctx, "Sole", "NHR"), ["HCCL's V selectors across servers are not modelled: NHR"])
 
 
+_PARALLEL_SPLITS = {"allreduce": _split_ratio, "allgather": _gather_split, "reducescatter": _gather_split}
+"""The ops whose ParallelMeshNHR hccl-sim runs as HCCL does, and how each splits its data."""
 _RULES = {"allreduce": _allreduce, "allgather": _allgather, "reducescatter": _reducescatter, "alltoall": _alltoall,
           "alltoallv": _alltoall, "alltoallvc": _alltoall, "broadcast": _broadcast, "reduce": _reduce,
           "scatter": _scatter, "allgatherv": _gather_v, "reducescatterv": _gather_v}
