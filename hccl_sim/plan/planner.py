@@ -261,10 +261,10 @@ def _check_overflow(clock, step: int, remaining: int):
 
 def op_programs(sig, cost, config, itemsize, choice):
     """(loops, programs by loop length, data parts or None) of the op (programs cached in the cost model)."""
-    # servers the CCL buffer is shared across (AllGatherV's loops; a synthetic topology is one server)
     problem = colls.of(sig.name).priced_choice_problem(cost.num_ranks, choice)
     if problem:
         raise HcclError("E_PARA", f"{sig.name}: {problem}")
+    # servers the CCL buffer is shared across (AllGatherV's loops; a synthetic topology is one server)
     loops = op_loops(sig, cost.num_ranks, itemsize, config, servers_of(cost).m)
     own = registry.get(choice.level1).loop_block_bytes if choice.flat and choice.level1 else None
     if own is not None and loops.per:         # the algorithm cuts the blocks into loops its own way

@@ -16,8 +16,8 @@ hccl-sim runs for it:
   (algorithms.mesh_rounds).
 Where HCCL's executor does more than its levels in order, hccl-sim runs the levels in order and
 the label says what is not modelled: Parallel's split of the data over the mesh and the Clos at
-once (modelled for AllReduce, AllGather and ReduceScatter: _PARALLEL_SPLITS), Concur's detour of mesh traffic over the Clos ports (the Z axis), chunking (MeshChunk),
-OmniPipe's pipelining (PipeLine), the AlltoAll channel count (SingleChannel). The CCU and AIV
+once (modelled for AllReduce, AllGather and ReduceScatter: _PARALLEL_SPLITS), Concur's detour of
+mesh traffic over the Clos ports (the Z axis), chunking (MeshChunk), OmniPipe's pipelining (PipeLine), the AlltoAll channel count (SingleChannel). The CCU and AIV
 engines are not modelled (HCCL_OP_EXPANSION_MODE's warning says so; AICPU_TS runs).
 """
 from __future__ import annotations
@@ -106,18 +106,16 @@ def allgather_split(shape) -> float:
     the ALL_GATHER form: mesh = (n0 - 1) / P0, Clos = (n1 - 1) / P1; r = Clos / (Clos + mesh) at
     most 0.5, then to the nearest eighth; template_utils.cc)."""
     N2, N1, N0 = shape.pods
-    mesh_cost = (N0 - 1) / (N0 - 1)
+    mesh_cost = (N0 - 1) / max(N0 - 1, 1)          # P0: one mesh link per peer
     clos_cost = (N1 - 1) / shape.clos_ports
     return _eighths(min(clos_cost / (clos_cost + mesh_cost), 0.5))
 
 
-def _gather_split(ctx, shape) -> float:
-    """AllGather's or ReduceScatter's Parallel share mesh first: HCCL's formula for the op, or
+def _allgather_split(ctx, shape) -> float:
+    """An AllGather's Parallel share mesh first: HCCL's formula, or 1 minus
     HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO, which an AllGather takes as its share across servers
-    first (InsV2AllGatherParallelExecutor::GetParallelDataSplit: mesh first = 1 - ratio)."""
+    first (InsV2AllGatherParallelExecutor::GetParallelDataSplit)."""
     given = ctx.config.split_ratio
-    if colls.of(ctx.name).reducing:
-        return parallel_split(shape) if given is None else given
     return allgather_split(shape) if given is None else 1.0 - given
 
 
@@ -129,7 +127,8 @@ def modelled_split(ctx, shape, hccl_name: str):
 
 
 def _split_ratio(ctx, shape) -> float:
-    """The Parallel executor's share mesh first: HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO where set
+    """An AllReduce's or ReduceScatter's Parallel share mesh first (both executors take the
+    ReduceScatter form): HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO where set
     (SetMultipleDimensionSplitRatio, op_common.cc: then the formula is not used), else HCCL's formula."""
     given = ctx.config.split_ratio
     return parallel_split(shape) if given is None else given
@@ -221,11 +220,11 @@ def _gather_like(small: int, large_ranks: int):
         if s.L >= 3:
             return _levels(_name(ctx, "Sequence", "MeshConcurNHRNHR"), s)
         if s.d * s.n >= GiB and s.n >= large_ranks:
-            return _levels(_name(ctx, "Parallel", "MeshNHR"), s, split=_gather_split(ctx, s))
+            return _levels(_name(ctx, "Parallel", "MeshNHR"), s, split=_PARALLEL_SPLITS[ctx.name](ctx, s))
         if s.d > small:
             if s.d * s.n > 4 * GiB:
                 return _levels(_name(ctx, "Sequence", "MeshConcurNHR"), s)
-            return _levels(_name(ctx, "Parallel", "MeshNHR"), s, split=_gather_split(ctx, s))
+            return _levels(_name(ctx, "Parallel", "MeshNHR"), s, split=_PARALLEL_SPLITS[ctx.name](ctx, s))
         return _flat(ctx, "NHR", _name(ctx, "Sole", "NHR"))
     return across
 
@@ -317,7 +316,7 @@ def _gather_v(ctx, s):
     return _flat(ctx, "NHR", _name(ctx, "Sole", "NHR"), ["HCCL's V selectors across servers are not modelled: NHR"])
 
 
-_PARALLEL_SPLITS = {"allreduce": _split_ratio, "allgather": _gather_split, "reducescatter": _gather_split}
+_PARALLEL_SPLITS = {"allreduce": _split_ratio, "allgather": _allgather_split, "reducescatter": _split_ratio}
 """The ops whose ParallelMeshNHR hccl-sim runs as HCCL does, and how each splits its data."""
 _RULES = {"allreduce": _allreduce, "allgather": _allgather, "reducescatter": _reducescatter, "alltoall": _alltoall,
           "alltoallv": _alltoall, "alltoallvc": _alltoall, "broadcast": _broadcast, "reduce": _reduce,
