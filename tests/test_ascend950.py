@@ -62,7 +62,9 @@ def test_hccl_s_auto_selectors_as_the_open_source_code_has_them():
     assert _algo("scatter", MiB, pod) == "AicpuScatterParallelMeshNHR"
     assert _algo("allreduce", 64 * MiB, a5(4, per_server=1)) == "AicpuAllReduceSoleNHR"    # one NPU per server
     label = hccl_sim.simulate("scatter", 64 * MiB * 32, topology=pod).algo
-    assert "level0:fullmesh;level1:NHR" in label and "parallel split" in label     # what is not modelled, said
+    assert "level0:fullmesh;level1:NHR (0.5 of the data mesh first" in label      # Scatter's fixed half
+    label = hccl_sim.simulate("allreduce", 512 * MiB, topology=one).algo
+    assert "the chunking is not modelled" in label                                   # what is not modelled, said
 
 
 @pytest.mark.unit
@@ -72,8 +74,48 @@ def test_the_parallel_executor_splits_the_data_by_port_counts_and_runs_both_leve
     pod = a5(4)
     est = hccl_sim.simulate("allreduce", 64 << 20, topology=pod)
     assert est.algo.startswith("AicpuAllReduceParallelMeshNHR") and "0.375 of the data mesh first" in est.algo
-    sequence = hccl_sim.simulate("allreduce", 64 << 20, topology=pod, algo="allreduce:sequence{meshconcur,nhr}")
-    assert sequence.algo.startswith("AicpuAllReduceSequenceMeshConcurNHR") and sequence.time > 1.1 * est.time
+    config = Config.from_env({"HCCL_ALGO": "allreduce:sequence{meshconcur,nhr}"})
+    sig = _sized("allreduce", 64 << 20, pod)
+    sequence = choose(sig, pod, config, 4)
+    assert sequence.executor == "AicpuAllReduceSequenceMeshConcurNHR" and sequence.detour == (0.5, 7)
+    # the levels in turn (the Sequence executor without its level0 detour) are slower
+    assert _priced(sig, pod, config, sequence._replace(detour=None)) > 1.1 * est.time * 1e9
+
+
+def _sized(op, nbytes, topo):
+    """The Signature hccl_sim.simulate prices for `nbytes` of float32."""
+    shape, _ = collectives.of(op).simulated_size(nbytes, None, topo.num_ranks, 4)
+    return Signature(op, shape, "float32", "sum" if collectives.of(op).reducing else None, None, None)
+
+
+def _priced(sig, topo, config, choice):
+    """The op's slowest rank (ns) with `choice` as it is."""
+    from hccl_sim.plan.costs import effective_cost
+    from hccl_sim.plan.planner import plan_times
+    return max(plan_times(sig, effective_cost(topo, config), config, 4, choice, [0] * topo.num_ranks, faults=False)[2])
+
+
+@pytest.mark.unit
+def test_the_z_axis_detour_moves_part_of_each_mesh_pair_through_the_clos():
+    """HCCL's MeshConcur executors run their level0 mesh with a share of each pair's bytes through
+    the Clos (Mesh1DZAxisDetour: 0.5, 0.25 for two ranks): a pair then runs at min(56 GB/s / share,
+    448 GB/s / ((1 - share) peers)), after the Clos's 1 us; the same program without it is slower."""
+    from topologies.presets import with_detour
+    from topologies.subset import subset
+    one = a5(1)
+    route = with_detour(one, 0.5, 7).route(0, 1)
+    assert (route.bandwidth, route.latency_ns, route.egress) == (112e9, 1000, (0, "hccs:1"))
+    assert with_detour(one, 0.25, 1).route(0, 1).bandwidth == 224e9
+    assert with_detour(one, 0.5, 7).route(0, 3) != one.route(0, 3)
+    pair = subset(one, [0, 1])
+    config = Config()
+    for coll, nbytes in (("allreduce", 8 << 20), ("allgather", 2 * (4 << 20)), ("reducescatter", 2 * (4 << 20))):
+        sig = _sized(coll, nbytes, pair)
+        choice = choose(sig, pair, config, 4)
+        assert choice.executor.endswith("SoleMeshConcur") and choice.detour == (0.25, 1), choice
+        assert _priced(sig, pair, config, choice) < 0.7 * _priced(sig, pair, config, choice._replace(detour=None))
+    big = hccl_sim.simulate("allgather", 8 * (256 << 20), topology=one)
+    assert big.algo.startswith("AicpuAllGatherSoleMeshConcur") and "0.5 of each pair's bytes" in big.algo
 
 
 @pytest.mark.unit
@@ -95,8 +137,12 @@ def test_allgather_and_reducescatter_parallel_split_as_hccl_computes_it():
     assert "(0.25 of the data mesh first" in hccl_sim.simulate("allgather", 1 << 30, topology=pod, env=env).algo
     assert "(0.75 of the data mesh first" in hccl_sim.simulate("reducescatter", 1 << 30, topology=pod, env=env).algo
     for op, est in (("allgather", ag), ("reducescatter", rs)):
-        seq = hccl_sim.simulate(op, 1 << 30, topology=pod, algo=f"{op}:sequence{{meshconcur,nhr}}")
-        assert seq.algo.startswith("Aicpu") and "Sequence" in seq.algo and seq.time > est.time, (op, seq.time, est.time)
+        config = Config.from_env({"HCCL_ALGO": f"{op}:sequence{{meshconcur,nhr}}"})
+        sig = _sized(op, 1 << 30, pod)
+        seq = choose(sig, pod, config, 4)
+        assert seq.executor.startswith("Aicpu") and "Sequence" in seq.executor
+        in_turn = _priced(sig, pod, config, seq._replace(detour=None))     # the levels in turn, no detour
+        assert in_turn > est.time * 1e9, (op, in_turn, est.time)
         forced = hccl_sim.simulate(op, 1 << 30, topology=pod, algo=f"{op}:parallel{{mesh,nhr}}")
         assert forced.algo == est.algo and forced.time == est.time
 
@@ -211,8 +257,11 @@ def test_block_collectives_of_a_supercluster_are_priced():
     block as its own row, the levels in turn (181 s and 10.7 GB to price then; RESULTS.md, issue 37)."""
     pod = hccl_sim.topology("atlas950-superpod")
     in_turn = {"allgather": 0.003261371, "reducescatter": 0.036496918}
-    for op, before in in_turn.items():                  # its levels in turn
-        assert hccl_sim.simulate(op, 1 << 30, pod, algo=f"{op}:sequence{{meshconcur,nhr}}").time == before
+    for op, before in in_turn.items():                  # its levels in turn (the Sequence without its detour)
+        config = Config.from_env({"HCCL_ALGO": f"{op}:sequence{{meshconcur,nhr}}"})
+        sig = _sized(op, 1 << 30, pod)
+        seq = choose(sig, pod, config, 4)
+        assert _priced(sig, pod, config, seq._replace(detour=None)) == round(before * 1e9)
     cluster = hccl_sim.topology("atlas950-supercluster")
     for op in in_turn:
         est = hccl_sim.simulate(op, 1 << 30, cluster)
@@ -283,15 +332,16 @@ def test_the_950s_alltoall_cuts_each_block_into_loops_of_one_ccl_slot():
 
 @pytest.mark.unit
 def test_the_950s_alltoallv_runs_the_same_template_under_its_own_name():
-    """AlltoAllV and AlltoAllVC select as AlltoAll, with their counts: HCCL's name for them is
-    AicpuAllToAllVSoleMesh (alltoallv_auto_selector.cc), the template the same rounds; a pair's
-    block larger than a CCL slot takes a loop per slot, as the fixed op's."""
+    """AlltoAllV and AlltoAllVC select by their own selectors, with their counts: HCCL's names
+    for them are AicpuAllToAllVSoleMesh and AicpuAllToAllVCSoleMesh (alltoallv_ /
+    alltoallvc_auto_selector.cc), the template the same rounds; a pair's block larger than a CCL
+    slot takes a loop per slot, as the fixed op's."""
     topo = hccl_sim.topology("atlas950", servers=2)
     p = topo.num_ranks
     counts = np.full((p, p), 1000, dtype=np.int64)
-    for op in ("alltoallv", "alltoallvc"):
+    for op, name in (("alltoallv", "AicpuAllToAllVSoleMesh"), ("alltoallvc", "AicpuAllToAllVCSoleMesh")):
         est = hccl_sim.simulate(op, counts=counts, topology=topo)
-        assert est.algo == "AicpuAllToAllVSoleMesh: mesh_rounds"
+        assert est.algo == f"{name}: mesh_rounds"
     # 4 MiB slots (HCCL_BUFFSIZE=64 MB): one loop for 1000 elements a pair, three for 2.5 M
     small = hccl_sim.simulate("alltoallv", counts=counts, topology=topo, env={"HCCL_BUFFSIZE": "64"})
     big = hccl_sim.simulate("alltoallv", counts=counts * 2500, topology=topo, env={"HCCL_BUFFSIZE": "64"})

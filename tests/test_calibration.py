@@ -187,8 +187,8 @@ def test_a3_aiv_call_costs_its_constant_and_no_dispatch():
     topo = hardware("atlas900-a3", devices_per_server=[8])
     dm = topo.device_model
     twin = hardware("atlas900-a3", devices_per_server=[8])
-    twin.device_model = dataclasses.replace(dm, aiv_op_overhead_ns={**dm.aiv_op_overhead_ns, "allgather": 0},
-                                            dispatch_ns=dm.dispatch_ns * 3)
+    aiv = {**dm.kernels["AIV"], "op_overhead_ns": {**dm.aiv_op_overhead_ns, "allgather": 0}}
+    twin.device_model = dataclasses.replace(dm, kernels={**dm.kernels, "AIV": aiv}, dispatch_ns=dm.dispatch_ns * 3)
     with_it = hccl_sim.simulate("allgather", 8 * 4096, topology=topo, env=AIV).times
     without = hccl_sim.simulate("allgather", 8 * 4096, topology=twin, env=AIV).times
     assert np.allclose(np.subtract(with_it, without), dm.aiv_op_overhead_ns["allgather"] / 1e9, atol=1e-12, rtol=0)

@@ -19,7 +19,7 @@ from hcomm.vtiming import program_times
 OPS = ("allgatherv", "reducescatterv")
 PRESETS = [("fullmesh", {"ranks": 7}), ("ring", {"ranks": 4}), ("atlas800t-a2", {"servers": 1}),
            ("atlas800t-a2", {"servers": 2}), ("atlas900-a3", {"servers": 1}), ("atlas900-a3", {"servers": 2}),
-           ("atlas900-a3", {"superpods": 2, "servers": 1})]
+           ("atlas900-a3", {"superpods": 2, "servers": 1}), ("atlas950", {"servers": 2})]
 COLS = 3
 
 

@@ -347,7 +347,7 @@ def test_vectorised_timing_equals_event_driven_reference_on_mesh_steps(case):
     mesh, AlltoAll's and the mesh's transfers between servers of a superpod) price alike in both
     engines, ports held shorter than their transfers."""
     from hccl_sim.algorithms.common import side_by_side
-    from hccl_sim.plan.costs import with_expansion
+    from hccl_sim.plan.costs import priced_as
     from hcomm.cost import CostModel
     topo = a3(*case)
     p = topo.num_ranks
@@ -360,7 +360,7 @@ def test_vectorised_timing_equals_event_driven_reference_on_mesh_steps(case):
                 s = sig(coll, p, p * 40, algo)
                 choice = choose(s, topo, config, 4)
                 labels.add(choice.label.split(" ")[0])
-                cost = with_expansion(CostModel.of(topo), choice.expansion)
+                cost = priced_as(CostModel.of(topo), choice)
                 for length in ((40 * p, 3) if coll not in collectives.BLOCK else (40, 3)):
                     parts = build_parts(coll, choice, cost.topology, length, 4, s.root)
                     program = side_by_side(*[pg for _, _, pg in parts])

@@ -132,10 +132,11 @@ class DeviceModel:
     # the device-side dispatch of an op's step (A3 expands ops on the AI CPU, which launches each
     # step's tasks); zero where expansion happens on the host ahead of the schedule.
     dispatch_ns: int = 0
-    # The call's fixed cost by collective when HCCL runs the op as one AIV kernel (A3 with
-    # HCCL_OP_EXPANSION_MODE=AIV, small ops): the kernel does its own steps, so no dispatch per
-    # step either (topologies.presets.with_aiv). Empty: the preset has no AIV path.
-    aiv_op_overhead_ns: dict = field(default_factory=dict)
+    # HCCL's kernel engines here, by name ("AIV", "CCU"): an op HCCL runs as one such kernel per
+    # CCL-buffer loop does its own steps, so no dispatch per step; each engine's entry holds the
+    # DeviceModel fields it prices differently (op_overhead_ns by collective, loop_overhead_ns, the
+    # CCU's copy_bandwidth and reduce_bandwidth; topologies.presets.with_kernel). Empty: none.
+    kernels: dict = field(default_factory=dict)
     # What HCCL does on this device, read from the preset (each cites docs/references.md there);
     # the defaults are a synthetic preset's, one flat level where every op runs.
     # HCCL plans ops in levels: level0 inside a server, level1 across (§6.4).
@@ -165,6 +166,11 @@ class DeviceModel:
     # Which data types HCCL takes here for which ops, by the code that checks them there
     # (hccl_sim.config.type_rules names each: "hcomm_910b", "hcomm_910", "hccl_ops"; §9.3).
     data_types: str = "synthetic"
+
+    @property
+    def aiv_op_overhead_ns(self) -> dict:
+        """The call's fixed cost by collective as one AIV kernel (empty: no AIV path here)."""
+        return self.kernels.get("AIV", {}).get("op_overhead_ns", {})
 
     def kernel_ns(self, flops: float = 0.0, nbytes: int = 0) -> int:
         """A kernel's duration on the roofline: launch + max(compute time, memory time)."""

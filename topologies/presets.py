@@ -98,7 +98,7 @@ def device_model_from(data: dict) -> DeviceModel:
         p2p_overhead_ns=seconds_to_ns(d["p2p_overhead"]),
         loop_overhead_ns=seconds_to_ns(d["loop_overhead"]),
         dispatch_ns=seconds_to_ns(d.get("dispatch", 0.0)),
-        aiv_op_overhead_ns={k: seconds_to_ns(v) for k, v in d.get("aiv_op_overhead", {}).items()},
+        kernels=_kernels(d),
         hierarchical=bool(d["hierarchical"]),
         server_layout=str(data["intra_server"]["layout"]),
         level1_cost_model=bool(d["level1_cost_model"]),
@@ -111,6 +111,28 @@ def device_model_from(data: dict) -> DeviceModel:
         selector=str(d.get("selector", "hccl")),
         data_types=str(d["data_types"]),
     )
+
+
+_KERNEL_FIELDS = {"op_overhead": ("op_overhead_ns", lambda v: {str(k): seconds_to_ns(t) for k, t in v.items()}),
+                  "loop_overhead": ("loop_overhead_ns", seconds_to_ns),
+                  "copy_bandwidth": ("copy_bandwidth", float),
+                  "reduce_bandwidth": ("reduce_bandwidth", float)}
+
+
+def _kernels(d: dict) -> dict:
+    """A preset's kernel engines (DeviceModel.kernels) from its `kernels:` section, each engine's
+    entry the fields it prices differently; an A3-style `aiv_op_overhead:` is the AIV entry's
+    call costs."""
+    out = {}
+    for engine, entry in (d.get("kernels") or {}).items():
+        unknown = set(entry) - set(_KERNEL_FIELDS)
+        if unknown:
+            raise HcclError("E_PARA", f"kernels.{engine}: unknown field(s) {sorted(unknown)}; "
+                            f"expected {sorted(_KERNEL_FIELDS)}")
+        out[str(engine)] = {_KERNEL_FIELDS[k][0]: _KERNEL_FIELDS[k][1](v) for k, v in entry.items()}
+    if d.get("aiv_op_overhead"):
+        out.setdefault("AIV", {})["op_overhead_ns"] = _KERNEL_FIELDS["op_overhead"][1](d["aiv_op_overhead"])
+    return out
 
 
 MAX_RANKS = 1 << 20
@@ -224,23 +246,32 @@ def without_inter_hccs(topo: Topology) -> Topology:
     return got
 
 
-_AIV_VARIANTS = weakref.WeakKeyDictionary()
+_KERNEL_VARIANTS = weakref.WeakKeyDictionary()
+
+
+def with_kernel(topo: Topology, engine: str) -> Topology:
+    """The topology as an op HCCL runs as one `engine` kernel ("AIV", "CCU") prices on it (one
+    variant per topology and engine): the engine's call and loop costs, local copy and reduce
+    rates where the preset gives them (DeviceModel.kernels), and no dispatch per step (the kernel
+    runs its own). The links are the same."""
+    variants = _KERNEL_VARIANTS.setdefault(topo, {})
+    got = variants.get(engine)
+    if got is None:
+        dm = topo.device_model
+        entry = dm.kernels.get(engine)
+        if not entry:
+            raise HcclError("E_NOT_SUPPORT", f"{topo.name}: no {engine} kernels are modelled on this preset")
+        fields = {**entry, "op_overhead_ns": {**dm.op_overhead_ns, **entry.get("op_overhead_ns", {})}}
+        kernel = dataclasses.replace(dm, dispatch_ns=0, **fields)
+        got = dataclasses.replace(topo, graph=topo.__dict__["graph"], device_model=kernel,
+                                  params={**topo.params, "expansion": engine})
+        variants[engine] = got
+    return got
 
 
 def with_aiv(topo: Topology) -> Topology:
-    """The topology as an op HCCL runs as one AIV kernel prices on it (one variant per topology):
-    the preset's AIV call costs (`aiv_op_overhead`) instead of its expansion's, and no dispatch per
-    step (the kernel runs its own). The links are the same."""
-    got = _AIV_VARIANTS.get(topo)
-    if got is None:
-        dm = topo.device_model
-        if not dm.aiv_op_overhead_ns:
-            raise HcclError("E_NOT_SUPPORT", f"{topo.name}: no AIV kernels are modelled on this preset")
-        aiv = dataclasses.replace(dm, dispatch_ns=0, op_overhead_ns={**dm.op_overhead_ns, **dm.aiv_op_overhead_ns})
-        got = dataclasses.replace(topo, graph=topo.__dict__["graph"], device_model=aiv,
-                                  params={**topo.params, "expansion": "AIV"})
-        _AIV_VARIANTS[topo] = got
-    return got
+    """The topology as an op HCCL runs as one AIV kernel prices on it (with_kernel's "AIV")."""
+    return with_kernel(topo, "AIV")
 
 
 _BACKUP_VARIANTS = weakref.WeakKeyDictionary()
@@ -256,23 +287,52 @@ def with_backup_nics(topo: Topology, dies) -> Topology:
     dies = tuple(sorted({int(d) for d in dies}))
     if not dies:
         return topo
-    variants = _BACKUP_VARIANTS.setdefault(topo, {})
-    got = variants.get(dies)
+
+    def reroute(router):
+        if not isinstance(router, HardwareRouter) or router.superpod_of is None:
+            raise HcclError("E_NOT_SUPPORT", f"{topo.name}: a backup NIC is an A3 SuperPoD (atlas900-a3) feature")
+        try:
+            return router.with_backup(router.backup + dies)
+        except ValueError as e:
+            raise HcclError("E_PARA", f"{topo.name}: {e}") from None
+    return _rerouted(topo, _BACKUP_VARIANTS, dies, reroute, "backup_nics", lambda parent: with_backup_nics(parent, dies))
+
+
+_DETOUR_VARIANTS = weakref.WeakKeyDictionary()
+
+
+def with_detour(topo: Topology, ratio: float, peers: int) -> Topology:
+    """A 950 topology whose server mesh pairs move as HCCL's Z-axis detour templates move them:
+    `ratio` of each pair's bytes over the mesh link, the rest through the Clos, `peers` at once
+    (HardwareRouter.with_detour). A sub-communicator's subset: of its cluster's variant. One
+    variant per (topology, ratio, peers)."""
+    key = (float(ratio), int(peers))
+
+    def reroute(router):
+        if not isinstance(router, HardwareRouter):
+            raise HcclError("E_NOT_SUPPORT", f"{topo.name}: the Z-axis detour is the 950's (atlas950)")
+        try:
+            return router.with_detour(*key)
+        except ValueError as e:
+            raise HcclError("E_NOT_SUPPORT", f"{topo.name}: {e}") from None
+    return _rerouted(topo, _DETOUR_VARIANTS, key, reroute, "detour", lambda parent: with_detour(parent, *key))
+
+
+def _rerouted(topo: Topology, cache, key, reroute, param: str, of_parent) -> Topology:
+    """One variant of `topo` per `key` (remembered in `cache`, `param` set to it): the topology
+    with its router rerouted (`reroute(router)`: the links are as built, their graph too; only
+    routes change), or for a sub-communicator's subset the subset of its cluster's variant
+    (`of_parent(cluster)`), whose route hops it keeps."""
+    variants = cache.setdefault(topo, {})
+    got = variants.get(key)
     if got is None:
         router = topo.params.get("router")
         if isinstance(router, SubsetRouter):
-            got = subset(with_backup_nics(router.parent, dies), router.members)
+            got = subset(of_parent(router.parent), router.members)
         else:
-            if not isinstance(router, HardwareRouter) or router.superpod_of is None:
-                raise HcclError("E_NOT_SUPPORT", f"{topo.name}: a backup NIC is an A3 SuperPoD (atlas900-a3) feature")
-            try:
-                router = router.with_backup(router.backup + dies)
-            except ValueError as e:
-                raise HcclError("E_PARA", f"{topo.name}: {e}") from None
-            # the links are as built (their graph too); only the borrowing dies' routes change
-            got = dataclasses.replace(topo, graph=topo.__dict__["graph"], params={**topo.params, "router": router})
-        got.params["backup_nics"] = dies
-        variants[dies] = got
+            got = dataclasses.replace(topo, graph=topo.__dict__["graph"], params={**topo.params, "router": reroute(router)})
+        got.params[param] = key
+        variants[key] = got
     return got
 
 

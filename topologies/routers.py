@@ -56,6 +56,7 @@ class HardwareRouter:
                                                      cross["kind"])
         self.roce = _spec(2 * seconds_to_ns(inter["latency_per_hop"]), inter["bandwidth"], inter["kind"])
         self.backup = ()                  # dies on their partner's NIC (with_backup)
+        self.detour = None                # (mesh share, peers): the 950's Z-axis detour (with_detour)
         self._borrower = self._shared = self._partner = None
 
     def partners(self) -> np.ndarray:
@@ -88,6 +89,25 @@ class HardwareRouter:
         router._borrower[dies] = True
         router._shared = router._borrower.copy()
         router._shared[partner[dies]] = True
+        return router
+
+    def with_detour(self, ratio: float, peers: int) -> "HardwareRouter":
+        """This router with a server's mesh pairs moved as HCCL's Z-axis detour templates move them
+        (the 950's MeshConcur executors, docs/references.md §6.13): `ratio` of a pair's bytes over
+        its mesh link, the rest over the two NPUs' Clos ports through the switch, while each NPU
+        exchanges with its `peers` level0 peers at once (the templates are meshes). The pair then
+        runs at min(mesh rate / ratio, Clos port rate / ((1 - ratio) peers)) and arrives after the
+        slower path's latency; its ports stay the mesh link's (the Clos share is in its rate)."""
+        if self.packages or self.ub is None or self.superpod_of is None:
+            raise ValueError("the Z-axis detour is the 950's: a server's mesh under a SuperPoD's Clos")
+        if not 0 < ratio <= 1 or peers < 1:
+            raise ValueError(f"a detour needs a mesh share in (0, 1] and peers >= 1, got {ratio}, {peers}")
+        router = copy.copy(self)
+        mesh_lat, mesh_bw, kind, _ = self.hccs
+        clos_lat, _, _, clos_port = self.ub
+        bw = mesh_bw / ratio if ratio == 1 else min(mesh_bw / ratio, clos_port / ((1 - ratio) * peers))
+        router.hccs = (max(mesh_lat, clos_lat), float(bw), kind, float(bw))
+        router.detour = (ratio, peers)
         return router
 
     def _class(self, src, dst):

@@ -18,7 +18,7 @@ import numpy as np
 from .errors import HcclError
 from .model import Topology
 
-_KEPT_PARAMS = ("inter_hccs", "select_bandwidth_gb", "rdma_lite", "inter_spec", "preset")
+_KEPT_PARAMS = ("inter_hccs", "select_bandwidth_gb", "rdma_lite", "inter_spec", "preset", "superpod_ports")
 
 
 class SubsetRouter:

@@ -377,6 +377,33 @@ def _relabel_full(st, buf: int, rows) -> GlobalStep:
     return new
 
 
+def one_row_each(program: list) -> list:
+    """The program with every transfer and copy of more than one row cut into one-row ones, in
+    row order, each its share of the bytes: a block collective's strided rows (relabel_rows
+    renames rows one by one), priced as the rows one after another, as a level's row sets are
+    (repeat_rows)."""
+    out = []
+    for st in program:
+        st, new = st.full(), GlobalStep()
+        for prefix, who, nbytes in (("t_", "t_src", "t_bytes"), ("c_", "c_rank", "c_bytes")):
+            if not len(getattr(st, who)):
+                continue
+            rows = np.maximum(np.asarray(getattr(st, f"{prefix}shi")) - getattr(st, f"{prefix}slo"), 1)
+            piece = np.arange(int(rows.sum()), dtype=np.int64) - np.repeat(np.cumsum(rows) - rows, rows)
+            for name in ARRAYS:
+                if name.startswith(prefix):
+                    setattr(new, name, np.repeat(np.asarray(getattr(st, name)), rows))
+            setattr(new, nbytes, np.repeat(np.asarray(getattr(st, nbytes)) // rows, rows))
+            for side in ("s", "d", "r"):
+                on = getattr(new, f"{prefix}{side}buf") != NONE
+                lo = np.where(on, getattr(new, f"{prefix}{side}lo") + piece, getattr(new, f"{prefix}{side}lo"))
+                setattr(new, f"{prefix}{side}lo", lo)
+                setattr(new, f"{prefix}{side}hi", np.where(on, lo + 1, getattr(new, f"{prefix}{side}hi")))
+        new.g_rank, new.g_bytes, new.g_dir = st.g_rank, st.g_bytes, st.g_dir
+        out.append(compacted(new))
+    return out
+
+
 def relabel_rows(program: list, buf: int, rows) -> list:
     """The program with row q of buffer `buf` renamed rows[q] (slices on it one row long): a block
     collective built on a view whose positions are not the ranks' rows (the 950's Parallel part

@@ -38,7 +38,8 @@ import math
 import numpy as np
 
 from . import double_ring, mesh, nhr, registry, ring
-from .common import INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, repeat_rows, sequence, side_by_side, spread, tile
+from .common import (INPUT, OUTPUT, SCRATCH, StepBuilder, bounds, relay_scatter, repeat_rows, sequence, side_by_side,
+                     spread, tile)
 
 
 class Pods:
@@ -293,6 +294,10 @@ def broadcast(pods: Pods, N: int, unit: int, root: int, l1: str, l2: str, ring_i
     if N0 > 1:
         if l0 == "fullmesh":        # the root writes each rank of its server its chunk
             phases.append(tile(mesh.scatter(N0, bounds(N, N0), unit, d0, INPUT, OUTPUT), M[i0, s0][None, :]))
+        elif l0 == "NHR":           # the 950's Parallel part across servers first: NHR's scatter in the root's column
+            offs = np.append(ch.lo, ch.hi[-1])
+            phases.append(tile(relay_scatter(nhr.scatter_rounds(N0, d0), offs, unit, d0, INPUT, OUTPUT, OUTPUT,
+                                             ch.lo), M[i0, s0][None, :]))
         else:
             o = double_ring.order(N0, ring_index, first=d0)
             phases.append(tile(double_ring.scatter(N0, (ch.lo[o], ch.hi[o]), unit, INPUT, OUTPUT),

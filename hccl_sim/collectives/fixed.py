@@ -10,7 +10,7 @@ from . import verifiable as vf
 from .base import Collective, Loops
 from .. import algorithms
 from ..algorithms import birs, grouped_mesh, hierarchy, mesh_rounds, pipeline, superpod
-from ..algorithms.common import INPUT, OUTPUT
+from ..algorithms.common import INPUT, OUTPUT, SCRATCH, one_row_each, relabel_rows, tile
 from ..config.types import ReduceOp, reducer
 
 
@@ -65,8 +65,9 @@ class Broadcast(Collective):
         return hierarchy.broadcast(srv, length, unit, root, l0, l1)
 
     def superpod_program(self, pods, choice, length, unit, root, ring_index):
+        # the 950's Parallel executor scatters and gathers with NHR whatever the size (no tree)
         return superpod.broadcast(pods, length, unit, root, *self.superpod_levels(choice), ring_index,
-                                  l0=choice.level0)
+                                  oneshot=False if choice.split is not None else None, l0=choice.level0)
 
     def stage_bytes(self, p, length, itemsize, root):
         # traced: the root copies the whole buffer in (3.17 ms of 2 GiB), every other rank copies
@@ -89,6 +90,10 @@ class Reduce(Collective):
         return hierarchy.reduce(srv, length, unit, root, l0, l1)
 
     def superpod_program(self, pods, choice, length, unit, root, ring_index):
+        if choice.split is not None:
+            # the 950's Parallel executor (ReduceParallelExecutor) runs a whole parallel AllReduce,
+            # the root keeping its result (docs/references.md §6.13)
+            return superpod.allreduce(pods, length, unit, *self.superpod_levels(choice), ring_index, l0=choice.level0)
         return superpod.reduce(pods, length, unit, root, *self.superpod_levels(choice), ring_index,
                                l0=choice.level0)
 
@@ -258,6 +263,21 @@ class Scatter(Collective):
             return super().program(choice, view, length, unit, root)
         # level0 and level1 of HCCL's Scatter executors, A3's too (level1 over every server)
         return hierarchy.scatter(view.servers, unit, root, choice.level0 or "fullmesh", choice.level1 or "ring")
+
+    def superpod_program(self, pods, choice, length, unit, root, ring_index):
+        # a part of the 950's Parallel executor (its levels as `pods` arrange the ranks: the
+        # transposed view scatters in the root's server first); built on the ranks in the view's
+        # order, then moved to theirs: ranks, and the rows of the root's input and the relays
+        if pods.N2 > 1:
+            raise self._no("across SuperPoDs in parts")        # HCCL runs it on one SuperPoD's two levels
+        order = pods.M.reshape(-1)
+        view = hierarchy.Servers(np.arange(len(order)) // pods.N0)
+        at = int(np.flatnonzero(order == root)[0])
+        program = tile(hierarchy.scatter(view, unit, at, choice.level0, choice.level1), order[None, :])
+        if pods.canonical:
+            return program
+        # a server's region of the transposed view is one rank of every server: row by row
+        return relabel_rows(relabel_rows(one_row_each(program), INPUT, order), SCRATCH, order)
 
     def output_shape(self, shape, p):
         return (shape[0] // p,) + tuple(shape[1:])

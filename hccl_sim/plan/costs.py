@@ -3,7 +3,7 @@ faults change it (HCCL_INTER_HCCS_DISABLE's routes, a borrowed backup NIC, a fau
 from __future__ import annotations
 
 from hcomm.cost import CostModel, as_cost
-from topologies.presets import with_aiv, with_backup_nics, without_inter_hccs
+from topologies.presets import with_backup_nics, with_detour, with_kernel, without_inter_hccs
 
 
 def effective_cost(topo, config, backup: tuple = ()):
@@ -23,9 +23,15 @@ def effective_cost(topo, config, backup: tuple = ()):
     return cost
 
 
-def with_expansion(cost, expansion):
-    """`cost` as an op HCCL expands this way prices on: "AIV" (one AIV kernel) on the preset's AIV
-    variant (topologies.presets.with_aiv), in the same link state; otherwise `cost` itself."""
-    if expansion != "AIV" or cost.topology.params.get("expansion") == "AIV":
-        return cost
-    return CostModel.of(with_aiv(cost.topology), cost.link_state)
+def priced_as(cost, choice):
+    """`cost` as `choice` runs on it: an op HCCL runs as one "AIV" or "CCU" kernel on the preset's
+    variant for that engine (topologies.presets.with_kernel), the 950's Z-axis detour on the
+    variant whose server mesh pairs detour over the Clos (topologies.presets.with_detour); in the
+    same link state. Otherwise `cost` itself."""
+    topo = cost.topology
+    expansion = choice.expansion
+    if expansion is not None and topo.params.get("expansion") != expansion:
+        topo = with_kernel(topo, expansion)
+    if choice.detour is not None and topo.params.get("detour") != choice.detour:
+        topo = with_detour(topo, *choice.detour)
+    return cost if topo is cost.topology else CostModel.of(topo, cost.link_state)

@@ -10,7 +10,7 @@ from hcomm.link_state import LinkFailure
 from hcomm.steps import Send
 from topologies.errors import HcclError
 
-from .costs import effective_cost, with_expansion
+from .costs import effective_cost, priced_as
 from .loop_programs import op_overhead_ns, program_rank_steps
 
 LOOPS_REPLAYED = 4096
@@ -53,7 +53,7 @@ def replayed_exits(sig, loops, programs, entry, cost, marks=None, events=None, c
     return [int(t) for t in clock]
 
 
-def trace_events(sig, loops, programs, topo, config, history, corrupt, expansion=None) -> list:
+def trace_events(sig, loops, programs, topo, config, history, corrupt, choice) -> list:
     """Chrome-trace events of the op from the event-driven replay, loop by loop with the op's fixed
     costs: every try of `history` (one, without faults): a failed try up to its error CQE, the wait
     before the next try (an event on every rank), then the try that succeeded; each try on the
@@ -61,7 +61,7 @@ def trace_events(sig, loops, programs, topo, config, history, corrupt, expansion
     events = []
     remaining = dict(corrupt or {})
     for k, (at, failure, backup) in enumerate(history):
-        cost = with_expansion(effective_cost(topo, config, backup), expansion)
+        cost = priced_as(effective_cost(topo, config, backup), choice)
         try:
             replayed_exits(sig, loops, programs, at, cost, events=events, corrupt=remaining)
         except LinkFailure:

@@ -37,7 +37,7 @@ from .. import collectives as colls
 from ..algorithms import registry
 from ..faults.progress import NO_FAULTS, OpFaults, link_setup_starved
 from ..faults.retry import priced_with_retry
-from .costs import effective_cost, with_expansion
+from .costs import effective_cost, priced_as
 from .loop_programs import LoopBuilder, op_overhead_ns, pods_of, servers_of
 from .event_replay import LOOPS_REPLAYED, replayed_exits, sends, trace_events
 from .faulted import late_entry_error, link_setup_failed
@@ -286,7 +286,7 @@ def plan_times(sig, cost, config, itemsize, choice, entry, faults: bool = True, 
     corrupted transfer (`corrupt`, {(src, dst, k): label}, consumed as they are transmitted), is
     re-priced by the event-driven replay from its absolute clocks, which retransmits over down
     links and may raise hcomm.link_state.LinkFailure; an op no fault meets is exactly its fault-free self."""
-    cost = with_expansion(cost, choice.expansion)
+    cost = priced_as(cost, choice)
     loops, programs, parts = op_programs(sig, cost, config, itemsize, choice)
     cache = cost.cache("timings")
     at = np.asarray(entry, dtype=np.int64)
@@ -326,7 +326,7 @@ def choose(sig: Signature, topo, config, itemsize: int) -> Choice:
     pods = pods_of(cost) if cost.topology.params.get("superpod_of_server") is not None else None
     coll = colls.of(sig.name)
     return select(Context(coll.selection_name(), coll.selection_signature(sig), cost.topology, config, itemsize,
-                          servers_of(cost), price, cost.cache("selection"), pods))
+                          servers_of(cost), price, cost.cache("selection"), pods, call=sig))
 
 
 def make_plan(sig: Signature, topo, config, entry: list, itemsize: int, trace: bool = False,
@@ -363,7 +363,7 @@ def make_plan(sig: Signature, topo, config, entry: list, itemsize: int, trace: b
         exits = [max(exits)] * p
     events = None
     if trace:
-        events = trace_events(sig, loops, programs, topo, config, history, corrupt, choice.expansion)
+        events = trace_events(sig, loops, programs, topo, config, history, corrupt, choice)
     nbytes = colls.of(sig.name).bytes_of(sig, p, itemsize)
     tries = [(list(at), dies) for at, _, dies in history] if config.faults is not None else None
     return OpPlan(sig, choice, loops, programs, list(entry), exits, nbytes, events, parts, retries, transfers,

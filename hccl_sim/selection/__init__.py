@@ -44,6 +44,10 @@ class Choice(NamedTuple):
     # The 950's Parallel executor: the share of the data that runs the levels in order (the rest
     # runs them across servers first, at the same time); None: one part
     split: Optional[float] = None
+    # The 950's Z-axis detour (its MeshConcur executors): (the share of a level0 pair's bytes over
+    # its mesh link, the level0 peers each rank exchanges with at once); priced on
+    # topologies.presets.with_detour. None: the mesh alone.
+    detour: Optional[tuple] = None
 
     @property
     def structure(self) -> tuple:
@@ -78,10 +82,17 @@ class Context:
     price: Callable                # Choice -> makespan in ns on this emulator's timing model
     cache: dict                    # the cost model's cache for policy decisions
     pods: object = None            # algorithms.superpod.Pods on an A3 SuperPoD, else None
+    call: object = None            # the call's own signature (a variable-size op's counts), if not `signature`
 
     @property
     def flat(self) -> bool:
         return not self.topo.device_model.hierarchical      # a synthetic preset: one flat level
+
+    @property
+    def own_signature(self):
+        """The call as made: a variant's own name and counts (`signature` is sized for the
+        collective it selects as)."""
+        return self.signature if self.call is None else self.call
 
 
 def requested_token(name: str, algo, config, level: str = "level1") -> Optional[str]:

@@ -17,8 +17,8 @@ import warnings
 from topologies.errors import HcclError
 
 from ..config.hccl_algo import parse_hccl_algo
-from ..config.alg_parse import EXECUTOR_TYPES, OP_TYPES, ALGO_TYPES
-from . import hccl_950
+from ..config.alg_parse import ALGO_TYPES, ENGINE_TYPES, EXECUTOR_TYPES, OP_TYPES
+from . import hccl_950, hccl_950_kernels
 from .executor_filter import filter_counts, hits
 
 ENGINE = "Aicpu"
@@ -47,8 +47,8 @@ CANDIDATES = {
     "alltoall": [("Sole", "Mesh", "flat:fullmesh", ONE + MANY), ("Sole", "MeshSingleChannel", "flat:fullmesh", ONE + MANY)],
     "alltoallv": [("Sole", "Mesh", "flat:fullmesh", ONE + MANY)],
     "alltoallvc": [("Sole", "Mesh", "flat:fullmesh", ONE + MANY)],
-    "allgatherv": [("Sole", "Mesh", "flat:fullmesh", ONE), ("Sole", "NHR", "flat:NHR", MANY)],
-    "reducescatterv": [("Sole", "Mesh", "flat:fullmesh", ONE), ("Sole", "NHR", "flat:NHR", MANY)],
+    "allgatherv": [("Sole", "Mesh", "flat:fullmesh", ONE + MANY)],
+    "reducescatterv": [("Sole", "Mesh", "flat:fullmesh", ONE + MANY)],
 }
 
 
@@ -92,18 +92,24 @@ _said = set()
 def choose(ctx):
     """The 950's choice for this call, HCCL_ALGO's executor entries honoured."""
     entries, text = _entries(ctx)
-    rule = hccl_950.choose(ctx)
+    rule = hccl_950_kernels.rule_choice(ctx)
     if not entries or ctx.topo.num_ranks == 1 or rule.executor is None:      # the barrier names none
         return rule
     shape = hccl_950.Shape(ctx)
     if not shape.equal:
         return rule
-    table = candidates(ctx.name, shape)
-    _refuse_unknown(ctx, entries, {name: 1 for name in table})
-    kept = filter_counts(entries, dict.fromkeys(table, 1), [ENGINE])
+    op = hccl_950.op_of(ctx)
+    table = candidates(op, shape)
+    engines = [ENGINE]
+    if rule.expansion is not None:          # a CCU or AIV kernel: its engines come first in HCCL's chain
+        engines = [ENGINE_TYPES[e.lower().replace("_", "")] for e in hccl_950_kernels.CHAINS[ctx.config.expansion]]
+        engines.append(ENGINE)
+        table = {rule.executor: None, **table}
+    _refuse_unknown(ctx, entries, {name: 1 for name in table}, engines)
+    kept = filter_counts(entries, dict.fromkeys(table, 1), engines)
     left = [full for full, count in kept.items() if count]
     if not left:
-        raise HcclError("E_NOT_SUPPORT", f"HCCL_ALGO={text!r} leaves {OP_TYPES[ctx.name]} no algorithm "
+        raise HcclError("E_NOT_SUPPORT", f"HCCL_ALGO={text!r} leaves {OP_TYPES[op]} no algorithm "
                         f"on {ctx.topo.name} with {ctx.topo.num_ranks} ranks (hccl-sim runs {', '.join(table)} here)")
     if rule.executor in left:
         return rule
@@ -112,12 +118,13 @@ def choose(ctx):
     return best._replace(note="; ".join(n for n in (best.note, "HCCL_ALGO's pick: the fastest it leaves") if n))
 
 
-def _refuse_unknown(ctx, entries, table) -> None:
+def _refuse_unknown(ctx, entries, table, engines) -> None:
     """E_NOT_SUPPORT for a wanted entry for this op that names nothing hccl-sim runs here."""
+    op = hccl_950.op_of(ctx)
     for entry in entries:
-        if entry.op != ctx.name or not entry.enabled or hits(entry, OP_TYPES[ctx.name], [ENGINE], table):
+        if entry.op != op or not entry.enabled or hits(entry, OP_TYPES[op], engines, table):
             continue
-        named = _full_name(ctx.name, EXECUTOR_TYPES[entry.executor], "".join(ALGO_TYPES[t.name] for t in entry.templates))
+        named = _full_name(op, EXECUTOR_TYPES[entry.executor], "".join(ALGO_TYPES[t.name] for t in entry.templates))
         raise HcclError("E_NOT_SUPPORT", f"HCCL_ALGO entry {entry.text()} names {named}, which hccl-sim does not run on "
-                        f"{ctx.topo.name} for {ctx.topo.num_ranks} ranks (it runs {', '.join(table)}; the CCU and "
-                        "AIV engines are not modelled)")
+                        f"{ctx.topo.name} for {ctx.topo.num_ranks} ranks (it runs {', '.join(table)}; of the CCU "
+                        "and AIV engines, only the algorithm HCCL_OP_EXPANSION_MODE's selector picks for the call)")

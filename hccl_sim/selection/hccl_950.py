@@ -14,11 +14,14 @@ hccl-sim runs for it:
   (algorithms.superpod with the mesh at level0, NHR at level1 and level2).
 - AicpuAllToAll(V)SoleMesh(SingleChannel): HCCL's template over every rank, 16 peers a round
   (algorithms.mesh_rounds).
+- `...MeshConcur...`: the level0 mesh as HCCL's Z-axis detour templates run it, part of each
+  pair's bytes through the Clos (Choice.detour, priced on topologies.presets.with_detour).
 Where HCCL's executor does more than its levels in order, hccl-sim runs the levels in order and
 the label says what is not modelled: Parallel's split of the data over the mesh and the Clos at
-once (modelled for AllReduce, AllGather and ReduceScatter: _PARALLEL_SPLITS), Concur's detour of
-mesh traffic over the Clos ports (the Z axis), chunking (MeshChunk), OmniPipe's pipelining (PipeLine), the AlltoAll channel count (SingleChannel). The CCU and AIV
-engines are not modelled (HCCL_OP_EXPANSION_MODE's warning says so; AICPU_TS runs).
+once (modelled for AllReduce, AllGather and ReduceScatter: _PARALLEL_SPLITS), chunking
+(MeshChunk), OmniPipe's pipelining (PipeLine), the AlltoAll channel count (SingleChannel).
+HCCL_OP_EXPANSION_MODE=CCU_MS, CCU_SCHED and AIV try HCCL's CCU and AIV selectors first
+(selection.hccl_950_kernels), which fall back here.
 """
 from __future__ import annotations
 
@@ -30,8 +33,8 @@ from ..algorithms import registry
 MiB, GiB = 1 << 20, 1 << 30
 SPECIAL_TYPES = ("int64", "uint64", "float64")      # "special": reduced on the AI CPU (AicpuReduce)
 FLAT_ALWAYS = ("alltoall", "alltoallv", "alltoallvc")     # the mesh over every rank, whatever the levels
+V_FLAT = ("allgatherv", "reducescatterv")                 # their one mesh over every rank, likewise
 UNLIKE = {"Parallel": "the parallel split of the data over the mesh and the Clos at once is not modelled",
-          "Concur": "the detour of mesh traffic over the Clos ports (Z axis) is not modelled",
           "Chunk": "the chunking is not modelled",
           "PipeLine": "OmniPipe's pipelining of the levels is not modelled",
           "SingleChannel": "one channel per peer, as the mesh runs"}
@@ -66,12 +69,26 @@ class Shape:
         sig = ctx.signature
         self.special = sig.dtype in SPECIAL_TYPES or sig.redop == "prod"
         self.clos_ports = int(ctx.topo.params.get("superpod_ports", 1))
-        # IsTwoLevelNetLayer: the NPUs sit behind a Clos too (any topology of more than one server)
-        self.two_level_net = ctx.topo.device_model.hierarchical and len(set(ctx.topo.server_of)) > 1
+        # IsTwoLevelNetLayer (auto_selector_base.cc): the NPUs also sit behind a Clos (net layer 1)
+        # and level0 has more than one rank: HCCL reads the physical layers, so a comm inside one
+        # server of a SuperPoD has it too
+        self.clos = _has_clos(ctx.topo)
+        self.two_level_net = self.clos and (self.per_server > 1 if srv.equal else True)
+
+
+VARIANTS = ("allgatherv", "reducescatterv", "alltoallv", "alltoallvc")
+"""The variants the 950's HCCL selects by their own selectors (each op type registers one)."""
+
+
+def op_of(ctx) -> str:
+    """The op HCCL's 950 selector is registered for: a variant's own (AllGatherV), where hccl-sim
+    selects it as the collective it follows elsewhere."""
+    own = ctx.own_signature.name
+    return own if own in VARIANTS else ctx.name
 
 
 def _name(ctx, executor: str, templates: str) -> str:
-    return f"Aicpu{_op(ctx.name)}{executor}{templates}"
+    return f"Aicpu{_op(op_of(ctx))}{executor}{templates}"
 
 
 def _flat(ctx, algo: str, hccl_name: str, notes=()):
@@ -81,7 +98,30 @@ def _flat(ctx, algo: str, hccl_name: str, notes=()):
         instead = next(a for a in ("ring", "fullmesh") if registry.supports(a, ctx.name, "flat"))
         notes = list(notes) + [f"hccl-sim's {algo} builds no {ctx.name}: {instead}"]
         algo = instead
-    return Choice(True, None, algo, _note(hccl_name, notes), executor=hccl_name)
+    detour = _detour(_has_clos(ctx.topo), hccl_name, ctx.topo.num_ranks)
+    if detour is not None:
+        notes = list(notes) + [_detour_note(detour)]
+    return Choice(True, None, algo, _note(hccl_name, notes), executor=hccl_name, detour=detour)
+
+
+def _has_clos(topo) -> bool:
+    """Whether the NPUs also reach one another through a SuperPoD's Clos (HCCL's level1 channels
+    between level0 peers): a preset with a SuperPoD fabric (its ports' count, a sub-communicator's
+    too)."""
+    return "superpod_ports" in topo.params
+
+
+def _detour(clos: bool, hccl_name: str, level0: int):
+    """(mesh share, peers) of HCCL's Z-axis detour templates, the level0 of every MeshConcur
+    executor (Mesh1DZAxisDetour: level0DataRatio 0.25 for two ranks, else 0.5, where the peers
+    are also reached through the Clos; §6.13), or None."""
+    if "MeshConcur" not in hccl_name or level0 < 2 or not clos:
+        return None
+    return (0.25 if level0 == 2 else 0.5), level0 - 1
+
+
+def _detour_note(detour) -> str:
+    return f"level0: {detour[0]:g} of each pair's bytes over the mesh, the rest through the Clos (the Z axis)"
 
 
 def parallel_split(shape) -> float:
@@ -94,6 +134,28 @@ def parallel_split(shape) -> float:
     mesh_cost = 21 * (N0 - 1) / (20 * N0 * (N0 - 1))
     clos_cost = (N1 - 1) / (N1 * shape.clos_ports)
     return _eighths(clos_cost / (clos_cost + mesh_cost))
+
+
+def scatter_split(shape) -> float:
+    """The share of a Broadcast HCCL's Parallel executor runs mesh first (CalcParallelDataSplitRatio,
+    the SCATTER form: mesh = (n0 - 1) / (n0 P0), Clos = (n1 - 1) / (n1 P1), no cap; to the nearest
+    eighth in [1/8, 7/8]; ins_v2_broadcast_parallel_executor.cc, §6.13)."""
+    N2, N1, N0 = shape.pods
+    mesh_cost = (N0 - 1) / (N0 * (N0 - 1))
+    clos_cost = (N1 - 1) / (N1 * shape.clos_ports)
+    return _eighths(clos_cost / (clos_cost + mesh_cost))
+
+
+def _broadcast_split(ctx, shape) -> float:
+    """A Broadcast's Parallel share mesh first: HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO where set,
+    else the SCATTER form."""
+    given = ctx.config.split_ratio
+    return scatter_split(shape) if given is None else given
+
+
+def _half(ctx, shape) -> float:
+    """A Scatter's Parallel split: half and half, whatever is set (ins_v2_scatter_parallel_executor.cc)."""
+    return 0.5
 
 
 def _eighths(r: float) -> float:
@@ -141,13 +203,19 @@ def _levels(hccl_name: str, shape: Shape, notes=(), split=None):
     from . import Choice
     N2, N1, N0 = shape.pods
     across = "NHR"
-    if not registry.supports("NHR", shape.name, "level1"):     # NHR's Reduce is not built here
+    coll = colls.of(shape.name)
+    # Reduce's Parallel executor runs a whole AllReduce (a rooted reduction's levels are AllReduce's)
+    runs_as = "allreduce" if split is not None and coll.rooted and coll.reducing else shape.name
+    if not registry.supports("NHR", runs_as, "level1"):     # NHR's Reduce is not built here
         across, notes = "ring", list(notes) + [f"hccl-sim's NHR builds no {shape.name}: ring across servers"]
     if split is not None:
         notes = list(notes) + [f"{split:g} of the data mesh first, the rest across servers first, at once"]
+    detour = _detour(shape.clos, hccl_name, N0)
+    if detour is not None:
+        notes = list(notes) + [_detour_note(detour)]
     note = _note(hccl_name.replace("Parallel", "") if split is not None else hccl_name, notes)
     return Choice(False, "fullmesh" if N0 > 1 else None, across if N1 > 1 else None, note,
-                  across if N2 > 1 else None, executor=hccl_name, split=split)
+                  across if N2 > 1 else None, executor=hccl_name, split=split, detour=detour)
 
 
 def _note(hccl_name: str, notes) -> str | None:
@@ -163,11 +231,11 @@ def choose(ctx):
         return Choice(True, None, "dissemination")
     if s.n == 1:
         return _flat(ctx, "fullmesh", _name(ctx, "Sole", "Mesh"), ["one rank: a local copy"])
-    if not s.equal and ctx.name not in FLAT_ALWAYS:
+    if not s.equal and op_of(ctx) not in FLAT_ALWAYS + V_FLAT:
         # servers of unequal size: HCCL's Level1Nhr (gcd of the level0 sizes 1) runs one NHR over
         # every rank; hccl-sim runs it for any unequal servers
         return _flat(ctx, "NHR", _name(ctx, "Sole", "NHR"), ["servers of unequal size: one NHR over every rank"])
-    return _RULES[ctx.name](ctx, s)
+    return _RULES[op_of(ctx)](ctx, s)
 
 
 def _allreduce(ctx, s):
@@ -258,18 +326,14 @@ def _alltoall(ctx, s):
     # every AlltoAll (and its V forms) is HCCL's flat mesh template, whatever the levels, 16 peers
     # at a time (algorithms.mesh_rounds); more than 150 MiB over all peers drops the single
     # channel (alltoall_auto_selector.cc); the V forms (which select as AlltoAll, with their
-    # counts) take one name, AicpuAllToAllVSoleMesh (alltoallv_auto_selector.cc)
+    # counts) take their own names, AicpuAllToAllVSoleMesh and AicpuAllToAllVCSoleMesh
+    # (alltoallv_ / alltoallvc_auto_selector.cc)
     from . import Choice
-    if name_v(ctx):
-        hccl_name = "AicpuAllToAllVSoleMesh"
+    if colls.of(op_of(ctx)).variable:
+        hccl_name = _name(ctx, "Sole", "Mesh")
     else:
         hccl_name = _name(ctx, "Sole", "Mesh") if s.d * s.n > 150 * MiB else _name(ctx, "Sole", "MeshSingleChannel")
     return Choice(True, None, "mesh_rounds", _note(hccl_name, ()), executor=hccl_name)
-
-
-def name_v(ctx) -> bool:
-    """Whether the call is a variable-size op (AlltoAllV selects as AlltoAll, with its counts)."""
-    return colls.of(ctx.name).variable or ctx.signature.v is not None
 
 
 def _broadcast(ctx, s):
@@ -279,7 +343,7 @@ def _broadcast(ctx, s):
         return _flat(ctx, "NHR", _name(ctx, "Sole", "NHR"))
     if s.L == 3:
         return _levels("InsBroadcastParallelNHRNHRUboe" if s.uboe else _name(ctx, "Sequence", "Mesh1dNHRNHR"), s)
-    return _levels(_name(ctx, "Parallel", "MeshNHR"), s)
+    return _levels(_name(ctx, "Parallel", "MeshNHR"), s, split=_PARALLEL_SPLITS[ctx.name](ctx, s))
 
 
 def _reduce(ctx, s):
@@ -295,29 +359,32 @@ def _reduce(ctx, s):
         if s.uboe:
             return _levels("ReduceParallelNHRNHRUboe", s)
         return _levels(_name(ctx, "Sequence", "Mesh1DNHRNHR"), s)
-    return _levels(_name(ctx, "Parallel", "MeshNHR"), s)
+    return _levels(_name(ctx, "Parallel", "MeshNHR"), s, split=_PARALLEL_SPLITS[ctx.name](ctx, s))
 
 
 def _scatter(ctx, s):
-    from . import Choice
     if s.L == 1:
         return _flat(ctx, "fullmesh", _name(ctx, "Sole", "Mesh"))
     if s.per_server == 1 or s.L == 3:
         return _flat(ctx, "NHR", _name(ctx, "Sole", "NHR"))
-    hccl_name = _name(ctx, "Parallel", "MeshNHR")
-    return Choice(False, "fullmesh", "NHR", _note(hccl_name, ()), executor=hccl_name)
+    return _levels(_name(ctx, "Parallel", "MeshNHR"), s, split=_PARALLEL_SPLITS[ctx.name](ctx, s))
 
 
 def _gather_v(ctx, s):
-    # AllGatherV / ReduceScatterV: HCCL's V selectors are not read here; one server runs the mesh,
-    # more the flat NHR (said)
-    if s.L == 1:
-        return _flat(ctx, "fullmesh", _name(ctx, "Sole", "Mesh"))
-    return _flat(ctx, "NHR", _name(ctx, "Sole", "NHR"), ["HCCL's V selectors across servers are not modelled: NHR"])
+    # AllGatherV / ReduceScatterV: one mesh over every rank at any level count (TopoMatch1D;
+    # all_gather_v_ / reduce_scatter_v_auto_selector.cc SelectAicpuAlgo); a ReduceScatterV of
+    # uint64 or fp64 matches nothing there
+    if colls.of(op_of(ctx)).reducing and ctx.signature.dtype in ("uint64", "float64"):
+        from topologies.errors import HcclError
+        raise HcclError("E_NOT_SUPPORT", f"ReduceScatterV of {ctx.signature.dtype} on {ctx.topo.name}: HCCL's "
+                        "AI CPU selector for it takes no UINT64 or FP64 (reduce_scatter_v_auto_selector.cc)")
+    return _flat(ctx, "fullmesh", _name(ctx, "Sole", "Mesh"))
 
 
-_PARALLEL_SPLITS = {"allreduce": _split_ratio, "allgather": _allgather_split, "reducescatter": _split_ratio}
-"""The ops whose ParallelMeshNHR hccl-sim runs as HCCL does, and how each splits its data."""
+_PARALLEL_SPLITS = {"allreduce": _split_ratio, "allgather": _allgather_split, "reducescatter": _split_ratio,
+                    "broadcast": _broadcast_split, "reduce": _split_ratio, "scatter": _half}
+"""The ops whose ParallelMeshNHR hccl-sim runs as HCCL does, and how each splits its data (Reduce
+as AllReduce: its executor runs a parallel AllReduce)."""
 _RULES = {"allreduce": _allreduce, "allgather": _allgather, "reducescatter": _reducescatter, "alltoall": _alltoall,
           "alltoallv": _alltoall, "alltoallvc": _alltoall, "broadcast": _broadcast, "reduce": _reduce,
           "scatter": _scatter, "allgatherv": _gather_v, "reducescatterv": _gather_v}
