@@ -96,6 +96,43 @@ def _priced(sig, topo, config, choice):
 
 
 @pytest.mark.unit
+def test_broadcast_reduce_and_scatter_parallel_split_as_hccl_does():
+    """Broadcast's Parallel splits by CalcParallelDataSplitRatio's SCATTER form (3/8 on 4 servers
+    of 8), Reduce's as AllReduce's (its executor runs a parallel AllReduce), Scatter's half and half
+    whatever HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO says; each beats its levels in turn."""
+    pod = a5(4)
+    env = {"HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO": "0.25"}
+    for op, share, given in (("broadcast", "0.375", "0.25"), ("reduce", "0.375", "0.25"), ("scatter", "0.5", "0.5")):
+        est = hccl_sim.simulate(op, 64 << 20, topology=pod, root=5)
+        assert est.algo.startswith(f"Aicpu{op.capitalize()}ParallelMeshNHR") and f"({share} of the data mesh first" in est.algo
+        assert f"({given} of the data mesh first" in hccl_sim.simulate(op, 64 << 20, topology=pod, env=env).algo
+        config = Config()
+        sig = _sized(op, 64 << 20, pod)._replace(root=5)
+        choice = choose(sig, pod, config, 4)
+        assert _priced(sig, pod, config, choice) < _priced(sig, pod, config, choice._replace(split=1.0)), op
+
+
+@pytest.mark.unit
+def test_three_uboe_levels_run_hccls_parallel_over_a_superpod_and_across():
+    """Across SuperPoDs joined by UBoE HCCL's Parallel executors take a whole SuperPoD as level0
+    (TopoMatchSqueeze2D) and the SuperPoDs as level1: AllReduce and ReduceScatter with a mesh
+    inside, AllGather, Broadcast and Reduce with NHR; PipeLine for 8-NPU servers, whose Broadcast
+    and Reduce are Parallel too."""
+    twos = a5(4, 2, per_server=2)
+    names = {"allreduce": "InsAllReduceParallelRSAGUboe: level0:fullmesh;level1:NHR",
+             "allgather": "AicpuAllGatherParallelNHRNHR: level0:NHR;level1:NHR",
+             "reducescatter": "InsReduceScatterParallelNHRNHRUboe: level0:fullmesh;level1:NHR",
+             "broadcast": "InsBroadcastParallelNHRNHRUboe: level0:NHR;level1:NHR",
+             "reduce": "ReduceParallelNHRNHRUboe: level0:NHR;level1:NHR"}
+    for op, label in names.items():
+        est = hccl_sim.simulate(op, 64 << 20, topology=twos)
+        assert est.algo.startswith(label) and "of the data inside each SuperPoD first" in est.algo, est.algo
+    cluster = a5(2, 2)
+    assert hccl_sim.simulate("broadcast", 64 << 20, topology=cluster).algo.startswith("InsBroadcastParallelNHRNHRUboe")
+    assert hccl_sim.simulate("allgather", 64 << 20, topology=cluster).algo.startswith("AicpuAllGatherPipeLine")
+
+
+@pytest.mark.unit
 def test_the_z_axis_detour_moves_part_of_each_mesh_pair_through_the_clos():
     """HCCL's MeshConcur executors run their level0 mesh with a share of each pair's bytes through
     the Clos (Mesh1DZAxisDetour: 0.5, 0.25 for two ranks): a pair then runs at min(56 GB/s / share,

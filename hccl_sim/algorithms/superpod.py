@@ -83,6 +83,15 @@ class Pods:
         t.canonical = False
         return t
 
+    def squeezed(self) -> "Pods":
+        """The same ranks with every SuperPoD one level0 group (its N1 x N0 ranks) and level1 the
+        same-index ranks of the SuperPoDs: how HCCL's TopoMatchSqueeze2D gives the 950's Parallel
+        executors of three UBoE levels (docs/references.md §6.13) their two levels."""
+        t = copy.copy(self)
+        t.M = self.M.reshape(1, self.N2, self.N1 * self.N0)
+        t.N0, t.N1, t.N2 = self.N1 * self.N0, self.N2, 1
+        return t
+
     def where(self, rank: int):
         """(superpod, server, die) of a rank."""
         i, s, d = np.argwhere(self.M == rank)[0]

@@ -93,7 +93,7 @@ def _parallel_parts(coll, choice: Choice, cost, length: int, itemsize: int, root
     servers first (Pods.transposed: NHR among a server's same-index ranks, then the mesh), the
     two parts side by side, so the mesh links and the Clos ports work at once. A split of 0 or 1
     (HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO) runs the whole data in one of the two orders."""
-    pods = pods_of(cost)
+    pods = pods_of(cost).squeezed() if choice.squeezed else pods_of(cost)
     a = int(length * choice.split)
     if a in (0, length) and 0 < choice.split < 1:       # too short to split: the levels in order
         return [(0, length, coll.superpod_program(pods, choice, length, coll.program_unit(length, itemsize), root, 0))]

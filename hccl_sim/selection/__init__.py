@@ -48,11 +48,14 @@ class Choice(NamedTuple):
     # its mesh link, the level0 peers each rank exchanges with at once); priced on
     # topologies.presets.with_detour. None: the mesh alone.
     detour: Optional[tuple] = None
+    # The 950's Parallel executors of three UBoE levels: level0 a whole SuperPoD, level1 across
+    # SuperPoDs (superpod.Pods.squeezed)
+    squeezed: bool = False
 
     @property
     def structure(self) -> tuple:
         """What the program depends on (the note does not change a single step)."""
-        return (self.flat, self.level0, self.level1, self.level2, self.split)
+        return (self.flat, self.level0, self.level1, self.level2, self.split, self.squeezed)
 
     @property
     def label(self) -> str:

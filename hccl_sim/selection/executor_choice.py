@@ -23,7 +23,8 @@ from .executor_filter import filter_counts, hits
 
 ENGINE = "Aicpu"
 # What hccl-sim runs of HCCL's AICPU algorithms, by op: (executor, templates, levels run as):
-# "flat:<algorithm>" over every rank, or "levels" (the mesh, NHR, NHR one after another); and on
+# "flat:<algorithm>" over every rank, "levels" (the mesh, NHR, NHR one after another), or
+# "squeezed" (HCCL's Parallel over a SuperPoD and across SuperPoDs); and on
 # which level counts HCCL registers it (1: one server; 2: a SuperPoD; 3: several).
 ONE, MANY, TWO, THREE = (1,), (2, 3), (2,), (3,)
 _MESH = [("Sole", "Mesh", "flat:fullmesh", ONE), ("Sole", "MeshConcur", "flat:fullmesh", ONE),
@@ -35,7 +36,7 @@ CANDIDATES = {
     "allreduce": [("Sole", "MeshOneShot", "flat:mesh_oneshot", ONE), ("Sole", "MeshTwoShot", "flat:fullmesh", ONE),
                   ("Sole", "MeshChunkTwoShot", "flat:fullmesh", ONE), ("Sole", "MeshConcur", "flat:fullmesh", ONE),
                   ("Sole", "NHRAicpuReduce", "flat:NHR", MANY)] + _ACROSS,
-    "allgather": _MESH + _ACROSS + [("Parallel", "NHRNHR", "levels", THREE)],
+    "allgather": _MESH + _ACROSS + [("Parallel", "NHRNHR", "squeezed", THREE)],
     "reducescatter": _MESH + _ACROSS + [("Sole", "NHRAicpuReduce", "flat:NHR", MANY)],
     "broadcast": [("Sole", "MeshTwoShot", "flat:fullmesh", ONE), ("Sole", "NHR", "flat:NHR", MANY),
                   ("Parallel", "MeshNHR", "levels", TWO), ("Sequence", "Mesh1dNHRNHR", "levels", THREE)],
@@ -64,6 +65,8 @@ def candidates(name: str, shape) -> dict:
 def _choice_of(ctx, full: str, how: str, shape):
     if how == "levels":
         return hccl_950._levels(full, shape, split=hccl_950.modelled_split(ctx, shape, full))
+    if how == "squeezed":
+        return hccl_950._squeezed(ctx, shape, full)
     return hccl_950._flat(ctx, how.split(":", 1)[1], full)
 
 

@@ -268,12 +268,38 @@ def _allreduce(ctx, s):
 
 def _across_uboe(ctx, s, otherwise: str):
     """Three levels with UBoE between SuperPoDs: OmniPipe for 8-NPU servers, one NHR over every
-    rank for one server per SuperPoD, else `otherwise` (HCCL's Parallel over the levels)."""
+    rank for one server per SuperPoD, else `otherwise` (HCCL's Parallel over two squeezed levels)."""
     if s.per_server == 8:
         return _levels(_name(ctx, "PipeLine", ""), s)
     if s.servers == s.superpods:
         return _flat(ctx, "NHR", _name(ctx, "Sole", "NHR"))
-    return _levels(otherwise, s)
+    return _squeezed(ctx, s, otherwise)
+
+
+class _Squeezed:
+    """A shape as HCCL's TopoMatchSqueeze2D sees it: level0 a SuperPoD's ranks, level1 the
+    SuperPoDs; one channel per peer on either (an assumption: HCCL counts the channels of its
+    links, which no 950 rank table published shows)."""
+
+    def __init__(self, s):
+        N2, N1, N0 = s.pods
+        self.pods, self.clos_ports = (1, N2, N1 * N0), 1
+
+
+# The UBoE Parallel executors: what runs on the squeezed levels (level0 template, level1 NHR) and
+# how each splits (ins_v2_all_reduce_parallel_executor.cc, ins_v2_all_gather_parallel_executor.cc,
+# ins_reduce_scatter_parallel_executor.cc, ins_v2_broadcast_parallel_executor.cc,
+# reduce_parallel_executor.cc; §6.13)
+_SQUEEZED = {"allreduce": "fullmesh", "allgather": "NHR", "reducescatter": "fullmesh", "broadcast": "NHR",
+             "reduce": "NHR"}
+
+
+def _squeezed(ctx, s, hccl_name: str):
+    from . import Choice
+    split = _PARALLEL_SPLITS[ctx.name](ctx, _Squeezed(s))
+    notes = [f"{split:g} of the data inside each SuperPoD first, the rest across SuperPoDs first, at once"]
+    return Choice(False, _SQUEEZED[ctx.name], "NHR", _note(hccl_name.replace("Parallel", ""), notes),
+                  executor=hccl_name, split=split, squeezed=True)
 
 
 def _gather_like(small: int, large_ranks: int):
@@ -282,7 +308,8 @@ def _gather_like(small: int, large_ranks: int):
         if colls.of(ctx.name).reducing and s.special:
             return _flat(ctx, "NHR", _name(ctx, "Sole", "NHRAicpuReduce"))
         if s.L == 3 and s.uboe:
-            return _across_uboe(ctx, s, _name(ctx, "Parallel", "NHRNHR"))
+            return _across_uboe(ctx, s, "InsReduceScatterParallelNHRNHRUboe" if colls.of(ctx.name).reducing
+                                else _name(ctx, "Parallel", "NHRNHR"))
         if s.per_server == 1:
             return _flat(ctx, "NHR", _name(ctx, "Sole", "NHR"))
         if s.L >= 3:
@@ -342,7 +369,9 @@ def _broadcast(ctx, s):
     if s.per_server == 1 or (s.L == 3 and s.servers == s.superpods):
         return _flat(ctx, "NHR", _name(ctx, "Sole", "NHR"))
     if s.L == 3:
-        return _levels("InsBroadcastParallelNHRNHRUboe" if s.uboe else _name(ctx, "Sequence", "Mesh1dNHRNHR"), s)
+        if s.uboe:
+            return _squeezed(ctx, s, "InsBroadcastParallelNHRNHRUboe")
+        return _levels(_name(ctx, "Sequence", "Mesh1dNHRNHR"), s)
     return _levels(_name(ctx, "Parallel", "MeshNHR"), s, split=_PARALLEL_SPLITS[ctx.name](ctx, s))
 
 
@@ -357,7 +386,7 @@ def _reduce(ctx, s):
         return _flat(ctx, "NHR", _name(ctx, "Sole", "NHR"))
     if s.L == 3:
         if s.uboe:
-            return _levels("ReduceParallelNHRNHRUboe", s)
+            return _squeezed(ctx, s, "ReduceParallelNHRNHRUboe")
         return _levels(_name(ctx, "Sequence", "Mesh1DNHRNHR"), s)
     return _levels(_name(ctx, "Parallel", "MeshNHR"), s, split=_PARALLEL_SPLITS[ctx.name](ctx, s))
 
