@@ -113,6 +113,28 @@ def test_broadcast_reduce_and_scatter_parallel_split_as_hccl_does():
 
 
 @pytest.mark.unit
+def test_the_new_selector_takes_the_least_cost_of_hcclS_candidates():
+    """HCCL_USE_NEW_SELECTOR=1 (0 or 1, else E_PARA) hands AllReduce, ReduceScatter and AllGather
+    to HCCL's cost-model engine: the least cost of the candidates, here by hccl-sim's timing (said
+    in the label), HCCL_ALGO's entries still filtering them; other ops, other devices: as without."""
+    pod = a5(4)
+    env = {"HCCL_USE_NEW_SELECTOR": "1"}
+    for op in ("allreduce", "reducescatter", "allgather"):
+        rule = hccl_sim.simulate(op, 64 << 20, topology=pod)
+        least = hccl_sim.simulate(op, 64 << 20, topology=pod, env=env)
+        assert "HCCL_USE_NEW_SELECTOR=1: the least cost of HCCL's candidates" in least.algo
+        assert least.time <= rule.time
+    nhr = hccl_sim.simulate("allreduce", 64 << 20, topology=pod, env={**env, "HCCL_ALGO": "allreduce:sole{nhr}"})
+    assert nhr.algo.startswith("AicpuAllReduceSoleNHR")
+    assert hccl_sim.simulate("broadcast", 1 << 20, topology=pod, env=env).algo == \
+        hccl_sim.simulate("broadcast", 1 << 20, topology=pod).algo
+    with pytest.raises(HcclError, match="HCCL_USE_NEW_SELECTOR='2' is invalid; expected 0 or 1"):
+        hccl_sim.simulate("allreduce", 1 << 20, topology=pod, env={"HCCL_USE_NEW_SELECTOR": "2"})
+    with pytest.warns(UserWarning, match="HCCL_USE_NEW_SELECTOR=1 changes nothing on atlas800t-a2"):
+        hccl_sim.simulate("allreduce", 1 << 20, topology=hccl_sim.topology("atlas800t-a2"), env=env)
+
+
+@pytest.mark.unit
 def test_three_uboe_levels_run_hccls_parallel_over_a_superpod_and_across():
     """Across SuperPoDs joined by UBoE HCCL's Parallel executors take a whole SuperPoD as level0
     (TopoMatchSqueeze2D) and the SuperPoDs as level1: AllReduce and ReduceScatter with a mesh

@@ -72,6 +72,7 @@ defaults: A2 HOST, A3 AI_CPU, 950 AICPU_TS)."""
 MODELLED = ("HCCL_ALGO", "HCCL_BUFFSIZE", "HCCL_EXEC_TIMEOUT", "HCCL_CONNECT_TIMEOUT", "HCCL_OP_RETRY_ENABLE",
             "HCCL_OP_RETRY_PARAMS", "HCCL_DETERMINISTIC", "HCCL_INTER_HCCS_DISABLE",
             "HCCL_RDMA_TIMEOUT", "HCCL_RDMA_RETRY_CNT", "HCCL_OP_EXPANSION_MODE", "HCCL_BIRS_ENABLE",
+            "HCCL_USE_NEW_SELECTOR",
             "HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO")
 """The HCCL variables hccl-sim reads."""
 NOT_MODELLED = (
@@ -149,6 +150,7 @@ class Config:
     expansion: Optional[str] = None    # HCCL_OP_EXPANSION_MODE (EXPANSION_MODES); None: the device's default
     birs: bool = False                 # HCCL_BIRS_ENABLE=TRUE: A3's batch-invariant ReduceScatter (§6.12)
     split_ratio: Optional[float] = None   # HCCL_ALG_MULTIPLE_DIMENSION_SPLIT_RATIO: the 950's Parallel split
+    new_selector: bool = False    # HCCL_USE_NEW_SELECTOR=1: the 950's cost-model selection of AllReduce, RS, AG
     policy: str = "hccl"          # algorithm selection: "hccl" (HCCL's rules) or "model" (fastest modelled)
 
     @property
@@ -235,6 +237,12 @@ def _settings(base, merged: dict, policy) -> dict:
                           "the default ratio 0.5", UserWarning, stacklevel=4)
             ratio = 0.5
         kw["split_ratio"] = ratio
+    if "HCCL_USE_NEW_SELECTOR" in merged:
+        # ParseNewSelector (alg_env_config.cc): exactly "0" or "1", else init fails (§7.2)
+        v = merged["HCCL_USE_NEW_SELECTOR"]
+        if v not in ("0", "1"):
+            raise _bad("HCCL_USE_NEW_SELECTOR", v, "0 or 1")
+        kw["new_selector"] = v == "1"
     if policy is not None:
         if not isinstance(policy, str) or policy not in ("hccl", "model"):
             raise HcclError("E_PARA", f"policy {policy!r} is invalid; expected hccl or model")

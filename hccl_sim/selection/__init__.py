@@ -148,6 +148,16 @@ def _check_expansion(ctx) -> None:
     warnings.warn(text, UserWarning, stacklevel=2)
 
 
+def _check_new_selector(ctx) -> None:
+    """HCCL_USE_NEW_SELECTOR=1 off the 950: HCCL's cost-model selector is the open-source ops'
+    (A5) path; A2's and A3's selection does not read it. Said once."""
+    key = ("new selector", ctx.topo.name)
+    if ctx.config.new_selector and not ctx.flat and key not in _logged:
+        _logged.add(key)
+        warnings.warn(f"HCCL_USE_NEW_SELECTOR=1 changes nothing on {ctx.topo.name} ({ctx.topo.device}): HCCL's "
+                      "cost-model selector runs on the 950", UserWarning, stacklevel=3)
+
+
 def _check_algo_grammar(ctx) -> None:
     """An HCCL_ALGO of the executor grammar on a device whose HCCL reads the legacy one only:
     E_NOT_SUPPORT naming the executors, never a silent fallback to HCCL's own choice."""
@@ -161,6 +171,7 @@ def select(ctx: Context) -> Choice:
         _check_expansion(ctx)
         birs.choose(ctx, None, None)                         # HCCL_BIRS_ENABLE's refusal off A3
         return _noted(ctx.name, None, executor_choice.choose(ctx))
+    _check_new_selector(ctx)
     v_op = ctx.signature.name in variable.V_EXECUTORS      # AllGatherV, ReduceScatterV: their executors' rules
     if v_op:
         variable.check_device(ctx)

@@ -92,33 +92,47 @@ def _entries(ctx):
 _said = set()
 
 
+COST_MODEL_OPS = ("allreduce", "reducescatter", "allgather")
+"""The ops HCCL_USE_NEW_SELECTOR=1 gives to HCCL's cost-model engine (op_common.cc Selector,
+selector_engine.cc; docs/references.md §6.13)."""
+
+
 def choose(ctx):
-    """The 950's choice for this call, HCCL_ALGO's executor entries honoured."""
+    """The 950's choice for this call, HCCL_ALGO's executor entries honoured; with
+    HCCL_USE_NEW_SELECTOR=1, an AllReduce's, ReduceScatter's or AllGather's the least cost of its
+    candidates (HCCL's cost-model engine, SelectMinCost: the first in table order on a tie),
+    costed by hccl-sim's timing model: HCCL's own cost coefficients (cost_model.cc, cost_table.cc)
+    are not reproduced, and the label says so."""
     entries, text = _entries(ctx)
     rule = hccl_950_kernels.rule_choice(ctx)
-    if not entries or ctx.topo.num_ranks == 1 or rule.executor is None:      # the barrier names none
+    op = hccl_950.op_of(ctx)
+    least = ctx.config.new_selector and op in COST_MODEL_OPS
+    if (not entries and not least) or ctx.topo.num_ranks == 1 or rule.executor is None:   # the barrier names none
         return rule
     shape = hccl_950.Shape(ctx)
     if not shape.equal:
         return rule
-    op = hccl_950.op_of(ctx)
     table = candidates(op, shape)
     engines = [ENGINE]
     if rule.expansion is not None:          # a CCU or AIV kernel: its engines come first in HCCL's chain
         engines = [ENGINE_TYPES[e.lower().replace("_", "")] for e in hccl_950_kernels.CHAINS[ctx.config.expansion]]
         engines.append(ENGINE)
         table = {rule.executor: None, **table}
-    _refuse_unknown(ctx, entries, {name: 1 for name in table}, engines)
-    kept = filter_counts(entries, dict.fromkeys(table, 1), engines)
-    left = [full for full, count in kept.items() if count]
-    if not left:
-        raise HcclError("E_NOT_SUPPORT", f"HCCL_ALGO={text!r} leaves {OP_TYPES[op]} no algorithm "
-                        f"on {ctx.topo.name} with {ctx.topo.num_ranks} ranks (hccl-sim runs {', '.join(table)} here)")
-    if rule.executor in left:
+    left = list(table)
+    if entries:
+        _refuse_unknown(ctx, entries, {name: 1 for name in table}, engines)
+        kept = filter_counts(entries, dict.fromkeys(table, 1), engines)
+        left = [full for full, count in kept.items() if count]
+        if not left:
+            raise HcclError("E_NOT_SUPPORT", f"HCCL_ALGO={text!r} leaves {OP_TYPES[op]} no algorithm on "
+                            f"{ctx.topo.name} with {ctx.topo.num_ranks} ranks (hccl-sim runs {', '.join(table)} here)")
+    if rule.executor in left and not least:
         return rule
-    choices = [_choice_of(ctx, full, table[full], shape) for full in left]
+    choices = [rule if full == rule.executor else _choice_of(ctx, full, table[full], shape) for full in left]
     best = min(choices, key=ctx.price)
-    return best._replace(note="; ".join(n for n in (best.note, "HCCL_ALGO's pick: the fastest it leaves") if n))
+    why = ("HCCL_USE_NEW_SELECTOR=1: the least cost of HCCL's candidates, by hccl-sim's timing model (not HCCL's "
+           "cost coefficients)") if least else "HCCL_ALGO's pick: the fastest it leaves"
+    return best._replace(note="; ".join(n for n in (best.note, why) if n))
 
 
 def _refuse_unknown(ctx, entries, table, engines) -> None:
