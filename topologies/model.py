@@ -416,6 +416,15 @@ class Topology:
                      + (f", inline for {sorted(dm.inline_reduce_dtypes)} x {sorted(dm.inline_reduce_ops)}"
                         if dm.inline_reduce_dtypes else ""))
         lines.append("staging    : " + ("via the CCL buffer" if dm.staging else "none (zero-copy)"))
+        if dm.expansion_modes:
+            lines.append(f"expansion  : {dm.expansion_modes[0]} (default); also {', '.join(dm.expansion_modes[1:])}")
+        for engine, entry in sorted(dm.kernels.items()):
+            launch = sorted(set(entry.get("op_overhead_ns", {}).values()))
+            rates = [f"{what} {entry[f'{what}_bandwidth'] / 1e9:g} GB/s" for what in ("copy", "reduce")
+                     if f"{what}_bandwidth" in entry]
+            span = f"{launch[0] / 1e3:g}" + (f"-{launch[-1] / 1e3:g}" if len(launch) > 1 else "")
+            lines.append(f"kernels    : {engine}: one per loop, {span} us a launch, no dispatch per step"
+                         + "".join(f", {r}" for r in rates))
         return "\n".join(lines)
 
 
