@@ -204,3 +204,17 @@ def test_real_data_under_the_kernel_engines(mode, shape):
         results = _run_all(coll, topo, 37, env={"HCCL_OP_EXPANSION_MODE": mode})
         engines.add(results[0][1].algo[:3])
     assert ("Ccu" if mode == "CCU_SCHED" else "Aiv") in engines
+
+
+@pytest.mark.unit
+def test_the_executor_grammar_steers_the_kernel_engines_too():
+    """Under a CCU mode the CCU selector's pick is one of HCCL_ALGO's candidates (its engines first
+    in HCCL's chain): an entry that keeps it runs it, one that removes it leaves the AI CPU's."""
+    one = a5()
+    env = {"HCCL_OP_EXPANSION_MODE": "CCU_MS"}
+    assert name("allgather", 8 * MiB, one, "CCU_MS", env={"HCCL_ALGO": "allgather:sole{mesh2die}"}) == \
+        "CcuMSAllGatherSoleMesh2Die"
+    left = hccl_sim.simulate("allgather", 8 * MiB, topology=one, env={**env, "HCCL_ALGO": "allgather:not(sole{mesh2die})"})
+    assert left.algo.startswith("Aicpu") and "HCCL_ALGO's pick" in left.algo
+    with pytest.raises(hccl_sim.HcclError, match="names AicpuAllGatherSoleNHR"):
+        hccl_sim.simulate("allgather", 8 * MiB, topology=one, env={**env, "HCCL_ALGO": "allgather:sole{nhr}"})
