@@ -13,7 +13,7 @@ from hccl_sim import collectives
 from hccl_sim.config.env import Config
 from hccl_sim.plan.loop_programs import build_parts
 from hccl_sim.plan.planner import Signature, choose
-from hccl_sim.selection.hccl_950_kernels import mesh_type
+from hccl_sim.selection.hccl_950_gates import mesh_type
 from test_schedules import L, verify
 from test_superpod import _run_all
 from topologies.subset import subset

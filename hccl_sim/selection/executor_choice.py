@@ -18,7 +18,7 @@ from topologies.errors import HcclError
 
 from ..config.hccl_algo import parse_hccl_algo
 from ..config.alg_parse import ALGO_TYPES, ENGINE_TYPES, EXECUTOR_TYPES, OP_TYPES
-from . import hccl_950, hccl_950_kernels
+from . import hccl_950, hccl_950_gates, hccl_950_kernels
 from .executor_filter import filter_counts, hits
 
 ENGINE = "Aicpu"
@@ -115,7 +115,7 @@ def choose(ctx):
     table = candidates(op, shape)
     engines = [ENGINE]
     if rule.expansion is not None:          # a CCU or AIV kernel: its engines come first in HCCL's chain
-        engines = [ENGINE_TYPES[e.lower().replace("_", "")] for e in hccl_950_kernels.CHAINS[ctx.config.expansion]]
+        engines = [ENGINE_TYPES[e.lower().replace("_", "")] for e in hccl_950_gates.CHAINS[ctx.config.expansion]]
         engines.append(ENGINE)
         table = {rule.executor: None, **table}
     left = list(table)
