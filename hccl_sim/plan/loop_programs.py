@@ -16,7 +16,7 @@ from hcomm.cost import as_cost
 from hcomm.exec import LoopBody
 
 from .. import collectives as colls
-from ..algorithms import double_ring, hierarchy, registry, superpod
+from ..algorithms import double_ring, hierarchy, omnipipe, registry, superpod
 from ..algorithms.common import relabel_rows, side_by_side
 from ..selection import Choice
 
@@ -80,6 +80,8 @@ def build_parts(name: str, choice: Choice, topo, length: int, itemsize: int, roo
     coll = colls.of(name)
     if choice.split is not None:
         return _parallel_parts(coll, choice, cost, length, itemsize, root or 0)
+    if choice.pipelined:            # OmniPipe's data parts (its timing program: loop_parts)
+        return omnipipe.allgather_parts(pods_of(cost).M, length, itemsize)[1]
     if choice.level0 == "double_ring" and not choice.flat and coll.double_ring:
         pods = pods_of(cost)
         return [(a, b, coll.superpod_program(pods, choice, b - a, coll.program_unit(b - a, itemsize), root or 0, k))
@@ -135,15 +137,19 @@ def loop_parts(cost, name, choice, length, itemsize, root) -> tuple:
     key = (name, choice.structure, length, itemsize, root, None)
     got = cache.get(key)
     if got is None:
-        parts = build_parts(name, choice, cost, length, itemsize, root)
-        program = side_by_side(*[prog for _, _, prog in parts]) if len(parts) > 1 else parts[0][2]
+        if choice.pipelined:            # the 950's OmniPipe: its own timing program beside its data parts
+            program, parts = omnipipe.allgather_parts(pods_of(cost).M, length, itemsize)
+        else:
+            parts = build_parts(name, choice, cost, length, itemsize, root)
+            program = side_by_side(*[prog for _, _, prog in parts]) if len(parts) > 1 else parts[0][2]
         if cost.device_model.staging and colls.of(name).carries_data and _staged(choice):   # a barrier stages nothing
             p = cost.num_ranks
             ins, outs = colls.of(name).stage_bytes(p, length, itemsize, root or 0)
             r = np.arange(p)
             program = ([prog.StepBuilder().stages(r, ins, "in").build()] + list(program)
                        + [prog.StepBuilder().stages(r[outs > 0], outs[outs > 0], "out").build()])
-        got = cache[key] = (program, tuple(parts) if len(parts) > 1 else None)
+        # data runs the parts where they are not the timing program itself (OmniPipe's never are)
+        got = cache[key] = (program, tuple(parts) if len(parts) > 1 or choice.pipelined else None)
     return got
 
 

@@ -51,11 +51,13 @@ class Choice(NamedTuple):
     # The 950's Parallel executors of three UBoE levels: level0 a whole SuperPoD, level1 across
     # SuperPoDs (superpod.Pods.squeezed)
     squeezed: bool = False
+    # The 950's PipeLine AllGather: HCCL's OmniPipe pieces (algorithms.omnipipe)
+    pipelined: bool = False
 
     @property
     def structure(self) -> tuple:
         """What the program depends on (the note does not change a single step)."""
-        return (self.flat, self.level0, self.level1, self.level2, self.split, self.squeezed)
+        return (self.flat, self.level0, self.level1, self.level2, self.split, self.squeezed, self.pipelined)
 
     @property
     def label(self) -> str:

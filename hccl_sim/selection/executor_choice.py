@@ -24,14 +24,14 @@ from .executor_filter import filter_counts, hits
 ENGINE = "Aicpu"
 # What hccl-sim runs of HCCL's AICPU algorithms, by op: (executor, templates, levels run as):
 # "flat:<algorithm>" over every rank, "levels" (the mesh, NHR, NHR one after another), or
-# "squeezed" (HCCL's Parallel over a SuperPoD and across SuperPoDs); and on
+# "squeezed" (HCCL's Parallel over a SuperPoD and across SuperPoDs), "pipeline" (OmniPipe); and on
 # which level counts HCCL registers it (1: one server; 2: a SuperPoD; 3: several).
 ONE, MANY, TWO, THREE = (1,), (2, 3), (2,), (3,)
 _MESH = [("Sole", "Mesh", "flat:fullmesh", ONE), ("Sole", "MeshConcur", "flat:fullmesh", ONE),
          ("Sole", "MeshChunk", "flat:fullmesh", ONE)]
 _ACROSS = [("Sole", "NHR", "flat:NHR", MANY), ("Parallel", "MeshNHR", "levels", TWO),
            ("Sequence", "MeshConcurNHR", "levels", TWO), ("Sequence", "MeshConcurNHRNHR", "levels", THREE),
-           ("PipeLine", "", "levels", THREE)]
+           ("PipeLine", "", "pipeline", THREE)]
 CANDIDATES = {
     "allreduce": [("Sole", "MeshOneShot", "flat:mesh_oneshot", ONE), ("Sole", "MeshTwoShot", "flat:fullmesh", ONE),
                   ("Sole", "MeshChunkTwoShot", "flat:fullmesh", ONE), ("Sole", "MeshConcur", "flat:fullmesh", ONE),
@@ -67,6 +67,8 @@ def _choice_of(ctx, full: str, how: str, shape):
         return hccl_950._levels(full, shape, split=hccl_950.modelled_split(ctx, shape, full))
     if how == "squeezed":
         return hccl_950._squeezed(ctx, shape, full)
+    if how == "pipeline":
+        return hccl_950.pipeline(ctx, shape)
     return hccl_950._flat(ctx, how.split(":", 1)[1], full)
 
 

@@ -11,7 +11,8 @@ hccl-sim runs for it:
 - `...SoleNHR` (flat over every rank: small data across servers, one rank per server, servers of
   unequal size, 64-bit and PROD reductions as `...SoleNHRAicpuReduce`): algorithms.nhr.
 - `...Sequence...` / `...Parallel...` / `...PipeLine` across servers: the levels one after another
-  (algorithms.superpod with the mesh at level0, NHR at level1 and level2).
+  (algorithms.superpod with the mesh at level0, NHR at level1 and level2); AllGather's PipeLine
+  as HCCL's OmniPipe slices it (Choice.pipelined, algorithms.omnipipe).
 - AicpuAllToAll(V)SoleMesh(SingleChannel): HCCL's template over every rank, 16 peers a round
   (algorithms.mesh_rounds).
 - `...MeshConcur...`: the level0 mesh as HCCL's Z-axis detour templates run it, part of each
@@ -19,7 +20,8 @@ hccl-sim runs for it:
 Where HCCL's executor does more than its levels in order, hccl-sim runs the levels in order and
 the label says what is not modelled: Parallel's split of the data over the mesh and the Clos at
 once (modelled for AllReduce, AllGather and ReduceScatter: _PARALLEL_SPLITS), chunking
-(MeshChunk), OmniPipe's pipelining (PipeLine), the AlltoAll channel count (SingleChannel).
+(MeshChunk), OmniPipe's pipelining of AllReduce and ReduceScatter (PipeLine), the AlltoAll channel
+count (SingleChannel).
 HCCL_OP_EXPANSION_MODE=CCU_MS, CCU_SCHED and AIV try HCCL's CCU and AIV selectors first
 (selection.hccl_950_kernels), which fall back here.
 """
@@ -270,10 +272,19 @@ def _across_uboe(ctx, s, otherwise: str):
     """Three levels with UBoE between SuperPoDs: OmniPipe for 8-NPU servers, one NHR over every
     rank for one server per SuperPoD, else `otherwise` (HCCL's Parallel over two squeezed levels)."""
     if s.per_server == 8:
-        return _levels(_name(ctx, "PipeLine", ""), s)
+        return pipeline(ctx, s)
     if s.servers == s.superpods:
         return _flat(ctx, "NHR", _name(ctx, "Sole", "NHR"))
     return _squeezed(ctx, s, otherwise)
+
+
+def pipeline(ctx, s):
+    """HCCL's PipeLine (OmniPipe): an AllGather as HCCL slices it (algorithms.omnipipe); an
+    AllReduce's and a ReduceScatter's levels in turn, said in the label."""
+    name = _name(ctx, "PipeLine", "")
+    if ctx.name == "allgather":
+        return _levels(name, s)._replace(note=None, pipelined=True)
+    return _levels(name, s)
 
 
 class _Squeezed:
