@@ -33,9 +33,12 @@ _EMPTY = None
 
 
 def _empty():
+    """A step with nothing in it, of no groups (so a step it is concatenated into keeps its
+    parts' groups: hcomm.vgroups prices them once per group)."""
     global _EMPTY
     if _EMPTY is None:
         _EMPTY = StepBuilder().build()
+        _EMPTY.groups = ()
     return _EMPTY
 
 
@@ -102,8 +105,9 @@ class _Levels:
         """The level's template with each transfer one of `q` of `nbytes` bytes."""
         groups = self.groups[level]
         n = groups.shape[1]
-        base = tile(self.algo[level].allgather(n, np.arange(n + 1), nbytes, OUTPUT), groups)
-        return repeat_rows(base, q, (0, 0, 0)) if q > 1 else base
+        base = self.algo[level].allgather(n, np.arange(n + 1), nbytes, OUTPUT)
+        # repeated before it is tiled, so the tiled steps keep their groups (hcomm.vgroups)
+        return tile(repeat_rows(base, q, (0, 0, 0)) if q > 1 else base, groups)
 
 
 def _placed(steps: list, at: int, total: int) -> list:

@@ -282,9 +282,13 @@ def pipeline(ctx, s):
     """HCCL's PipeLine (OmniPipe): an AllGather as HCCL slices it (algorithms.omnipipe); an
     AllReduce's and a ReduceScatter's levels in turn, said in the label."""
     name = _name(ctx, "PipeLine", "")
-    if ctx.name == "allgather":
+    if ctx.name in PIPELINED:
         return _levels(name, s)._replace(note=None, pipelined=True)
     return _levels(name, s)
+
+
+PIPELINED = ("allgather",)
+"""The ops whose OmniPipe hccl-sim runs as HCCL slices it (algorithms.omnipipe)."""
 
 
 class _Squeezed:
