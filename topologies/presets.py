@@ -269,11 +269,6 @@ def with_kernel(topo: Topology, engine: str) -> Topology:
     return got
 
 
-def with_aiv(topo: Topology) -> Topology:
-    """The topology as an op HCCL runs as one AIV kernel prices on it (with_kernel's "AIV")."""
-    return with_kernel(topo, "AIV")
-
-
 _BACKUP_VARIANTS = weakref.WeakKeyDictionary()
 
 

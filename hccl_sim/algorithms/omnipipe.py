@@ -26,24 +26,15 @@ import numpy as np
 from . import mesh, nhr
 from hcomm.program import LazyStep
 
-from .common import INPUT, OUTPUT, StepBuilder, one_row_each, repeat_rows, side_by_side, tile
+from .common import INPUT, OUTPUT, StepBuilder, ceil_log2, one_row_each, repeat_rows, side_by_side, tile
 from .omnipipe_plan import allgather_plan
-
-_EMPTY = None
-
 
 def _empty():
     """A step with nothing in it, of no groups (so a step it is concatenated into keeps its
     parts' groups: hcomm.vgroups prices them once per group)."""
-    global _EMPTY
-    if _EMPTY is None:
-        _EMPTY = StepBuilder().build()
-        _EMPTY.groups = ()
-    return _EMPTY
-
-
-def _ceil_log2(n: int) -> int:
-    return max(n - 1, 0).bit_length()
+    step = StepBuilder().build()
+    step.groups = ()
+    return step
 
 
 class _Levels:
@@ -112,7 +103,8 @@ class _Levels:
 
 def _placed(steps: list, at: int, total: int) -> list:
     """`steps` as a program of `total` steps starting at step `at` (empty before and after)."""
-    return [_empty()] * at + list(steps) + [_empty()] * (total - at - len(steps))
+    empty = _empty()
+    return [empty] * at + list(steps) + [empty] * (total - at - len(steps))
 
 
 def _lazy(build, nsteps: int) -> list:
@@ -141,7 +133,7 @@ def allgather_parts(M, length: int, itemsize: int):
     n2, n1, n0 = M.shape
     plan = allgather_plan(n0, n1, n2, length * itemsize)
     lv = _Levels(M)
-    rounds = {"x": 1, "y": _ceil_log2(n1), "z": _ceil_log2(n2)}
+    rounds = {"x": 1, "y": ceil_log2(n1), "z": ceil_log2(n2)}
     width = max(1, rounds["y"], rounds["z"])
     actions = []            # (level, kind, of, lo, hi in elements, global step)
     for p in plan.pieces:
@@ -166,9 +158,10 @@ def allgather_parts(M, length: int, itemsize: int):
         q = _blocks(level, kind, of, n0, n1, n2)
         timing.append(_placed(lv.timing_steps(level, q, (hi - lo) * itemsize), at, total))
     cuts = sorted({0, length} | {a for _, _, _, a, _, _ in actions} | {b for _, _, _, _, b, _ in actions})
-    own = StepBuilder().copies(ranks, 1, INPUT, 0, 1, OUTPUT, ranks).build()
     parts = []
     for lo, hi in zip(cuts[:-1], cuts[1:]):
+        # each part's own steps: a data program's first step holds its LoopBody (hcomm.exec)
+        own = StepBuilder().copies(ranks, 1, INPUT, 0, 1, OUTPUT, ranks).build()
         programs = [_placed([own], 0, total)]
         for level, kind, of, a, b, at in actions:
             if a <= lo and hi <= b:

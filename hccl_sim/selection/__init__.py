@@ -39,7 +39,7 @@ class Choice(NamedTuple):
     level1: Optional[str]
     note: Optional[str] = None
     level2: Optional[str] = None
-    expansion: Optional[str] = None       # "AIV": HCCL runs the op as one AIV kernel (priced on with_aiv)
+    expansion: Optional[str] = None       # "AIV" / "CCU": HCCL runs the op as one such kernel (priced on with_kernel)
     executor: Optional[str] = None        # HCCL's algorithm name where it names one (the 950: AicpuAllReduceSoleNHR)
     # The 950's Parallel executor: the share of the data that runs the levels in order (the rest
     # runs them across servers first, at the same time); None: one part

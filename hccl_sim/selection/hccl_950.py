@@ -10,18 +10,19 @@ hccl-sim runs for it:
   scatter + AG, RS + gather); `...SoleMeshOneShot` / AicpuReduceSoleMesh: algorithms.mesh_oneshot.
 - `...SoleNHR` (flat over every rank: small data across servers, one rank per server, servers of
   unequal size, 64-bit and PROD reductions as `...SoleNHRAicpuReduce`): algorithms.nhr.
-- `...Sequence...` / `...Parallel...` / `...PipeLine` across servers: the levels one after another
+- `...Sequence...` / `...PipeLine` across servers: the levels one after another
   (algorithms.superpod with the mesh at level0, NHR at level1 and level2); AllGather's PipeLine
   as HCCL's OmniPipe slices it (Choice.pipelined, algorithms.omnipipe).
 - AicpuAllToAll(V)SoleMesh(SingleChannel): HCCL's template over every rank, 16 peers a round
   (algorithms.mesh_rounds).
+- `...Parallel...`: the data split in two, one part the levels in order, the other across servers
+  first, side by side (_PARALLEL_SPLITS: each op's split as HCCL computes it); across UBoE
+  SuperPoDs on a SuperPoD and across (_squeezed).
 - `...MeshConcur...`: the level0 mesh as HCCL's Z-axis detour templates run it, part of each
   pair's bytes through the Clos (Choice.detour, priced on topologies.presets.with_detour).
 Where HCCL's executor does more than its levels in order, hccl-sim runs the levels in order and
-the label says what is not modelled: Parallel's split of the data over the mesh and the Clos at
-once (modelled for AllReduce, AllGather and ReduceScatter: _PARALLEL_SPLITS), chunking
-(MeshChunk), OmniPipe's pipelining of AllReduce and ReduceScatter (PipeLine), the AlltoAll channel
-count (SingleChannel).
+the label says what is not modelled: chunking (MeshChunk), OmniPipe's pipelining of AllReduce and
+ReduceScatter (PipeLine), the AlltoAll channel count (SingleChannel).
 HCCL_OP_EXPANSION_MODE=CCU_MS, CCU_SCHED and AIV try HCCL's CCU and AIV selectors first
 (selection.hccl_950_kernels), which fall back here.
 """

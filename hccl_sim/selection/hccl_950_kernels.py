@@ -309,8 +309,6 @@ def choose(ctx, mode: str):
     if op not in RULES or ctx.topo.num_ranks == 1:
         return None
     shape = hccl_950.Shape(ctx)
-    if not shape.equal:
-        shape.per_server = 0                  # servers of unequal size: no rule reads a size per server
     call = Call(ctx, shape)
     for engine in CHAINS[mode]:
         choice = RULES[op](ctx, call, engine)

@@ -25,7 +25,7 @@ the level switches of the *_for_910_93 executors.
   rank, ReduceScatter up to 1 MiB per rank and AllReduce up to 1 MiB per die (sum, max, min) run
   as one AIV mesh kernel (hccl_aiv.h's A3 entry sizes; the AllGather/ReduceScatter/AllReduce
   SelectAlgfor91093 AIV branches): the full mesh over the server's dies, priced with the preset's
-  AIV call costs and no per-step dispatch (topologies.presets.with_aiv). HCCL's other AIV
+  AIV call costs and no per-step dispatch (topologies.presets.with_kernel). HCCL's other AIV
   kernels (Broadcast, AlltoAll, graph mode's larger entries) are not modelled.
 - Without AIV, on one server, no algorithm asked for: AllGather up to 512 KiB per rank
   (AllGatherSmallCount, SmallCountOptimSinglePod) and AllReduce up to 512 KiB x the server's dies
