@@ -81,7 +81,7 @@ def build_parts(name: str, choice: Choice, topo, length: int, itemsize: int, roo
     if choice.split is not None:
         return _parallel_parts(coll, choice, cost, length, itemsize, root or 0)
     if choice.pipelined:            # OmniPipe's data parts (its timing program: loop_parts)
-        return omnipipe.allgather_parts(pods_of(cost).M, length, itemsize)[1]
+        return omnipipe.loop(name, pods_of(cost).M, length, itemsize).parts
     if choice.level0 == "double_ring" and not choice.flat and coll.double_ring:
         pods = pods_of(cost)
         return [(a, b, coll.superpod_program(pods, choice, b - a, coll.program_unit(b - a, itemsize), root or 0, k))
@@ -138,7 +138,7 @@ def loop_parts(cost, name, choice, length, itemsize, root) -> tuple:
     got = cache.get(key)
     if got is None:
         if choice.pipelined:            # the 950's OmniPipe: its own timing program beside its data parts
-            program, parts = omnipipe.allgather_parts(pods_of(cost).M, length, itemsize)
+            program, parts = omnipipe.loop(name, pods_of(cost).M, length, itemsize)
         else:
             parts = build_parts(name, choice, cost, length, itemsize, root)
             program = side_by_side(*[prog for _, _, prog in parts]) if len(parts) > 1 else parts[0][2]

@@ -34,7 +34,7 @@ from hcomm.vtiming import program_times
 from topologies.errors import HcclError
 
 from .. import collectives as colls
-from ..algorithms import registry
+from ..algorithms import omnipipe, registry
 from ..faults.progress import NO_FAULTS, OpFaults, link_setup_starved
 from ..faults.retry import priced_with_retry
 from .costs import effective_cost, priced_as
@@ -269,6 +269,9 @@ def op_programs(sig, cost, config, itemsize, choice):
     own = registry.get(choice.level1).loop_block_bytes if choice.flat and choice.level1 else None
     if own is not None and loops.per:         # the algorithm cuts the blocks into loops its own way
         loops = loops.with_cap(max(1, own(config.buffsize_bytes) // itemsize))
+    if choice.pipelined and loops.per:        # the 950's PipeLine sizes its loops its own way
+        loops = loops.with_cap(omnipipe.loop_elements(sig.name, pods_of(cost).shape, loops.per, itemsize,
+                                                      config.buffsize_bytes))
     if not loops.closed_form and len(loops) > LOOPS_REPLAYED:
         raise HcclError("E_NOT_SUPPORT", f"{sig.describe()}: {len(loops)} buffer loops, over the "
                         f"{LOOPS_REPLAYED} a variable-size op is priced loop by loop; use a larger HCCL_BUFFSIZE")

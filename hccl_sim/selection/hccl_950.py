@@ -10,8 +10,8 @@ hccl-sim runs for it:
   scatter + AG, RS + gather); `...SoleMeshOneShot` / AicpuReduceSoleMesh: algorithms.mesh_oneshot.
 - `...SoleNHR` (flat over every rank: small data across servers, one rank per server, servers of
   unequal size, 64-bit and PROD reductions as `...SoleNHRAicpuReduce`): algorithms.nhr.
-- `...Sequence...` / `...PipeLine` across servers: the levels one after another
-  (algorithms.superpod with the mesh at level0, NHR at level1 and level2); AllGather's PipeLine
+- `...Sequence...` across servers: the levels one after another (algorithms.superpod with the
+  mesh at level0, NHR at level1 and level2); `...PipeLine` (AllGather, ReduceScatter, AllReduce)
   as HCCL's OmniPipe slices it (Choice.pipelined, algorithms.omnipipe).
 - AicpuAllToAll(V)SoleMesh(SingleChannel): HCCL's template over every rank, 16 peers a round
   (algorithms.mesh_rounds).
@@ -21,8 +21,8 @@ hccl-sim runs for it:
 - `...MeshConcur...`: the level0 mesh as HCCL's Z-axis detour templates run it, part of each
   pair's bytes through the Clos (Choice.detour, priced on topologies.presets.with_detour).
 Where HCCL's executor does more than its levels in order, hccl-sim runs the levels in order and
-the label says what is not modelled: chunking (MeshChunk), OmniPipe's pipelining of AllReduce and
-ReduceScatter (PipeLine), the AlltoAll channel count (SingleChannel).
+the label says what is not modelled: chunking (MeshChunk), the AlltoAll channel count
+(SingleChannel).
 HCCL_OP_EXPANSION_MODE=CCU_MS, CCU_SCHED and AIV try HCCL's CCU and AIV selectors first
 (selection.hccl_950_kernels), which fall back here.
 """
@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 
 from .. import collectives as colls
-from ..algorithms import registry
+from ..algorithms import omnipipe, registry
 
 MiB, GiB = 1 << 20, 1 << 30
 SPECIAL_TYPES = ("int64", "uint64", "float64")      # "special": reduced on the AI CPU (AicpuReduce)
@@ -39,7 +39,6 @@ FLAT_ALWAYS = ("alltoall", "alltoallv", "alltoallvc")     # the mesh over every 
 V_FLAT = ("allgatherv", "reducescatterv")                 # their one mesh over every rank, likewise
 UNLIKE = {"Parallel": "the parallel split of the data over the mesh and the Clos at once is not modelled",
           "Chunk": "the chunking is not modelled",
-          "PipeLine": "OmniPipe's pipelining of the levels is not modelled",
           "SingleChannel": "one channel per peer, as the mesh runs"}
 
 
@@ -280,16 +279,10 @@ def _across_uboe(ctx, s, otherwise: str):
 
 
 def pipeline(ctx, s):
-    """HCCL's PipeLine (OmniPipe): an AllGather as HCCL slices it (algorithms.omnipipe); an
-    AllReduce's and a ReduceScatter's levels in turn, said in the label."""
-    name = _name(ctx, "PipeLine", "")
-    if ctx.name in PIPELINED:
-        return _levels(name, s)._replace(note=None, pipelined=True)
-    return _levels(name, s)
-
-
-PIPELINED = ("allgather",)
-"""The ops whose OmniPipe hccl-sim runs as HCCL slices it (algorithms.omnipipe)."""
+    """HCCL's PipeLine (OmniPipe): AllGather, ReduceScatter and AllReduce as HCCL slices them
+    (algorithms.omnipipe)."""
+    choice = _levels(_name(ctx, "PipeLine", ""), s)._replace(note=None, pipelined=True)
+    return choice._replace(level2=omnipipe.OPS[ctx.name].level2) if choice.level2 else choice
 
 
 class _Squeezed:
