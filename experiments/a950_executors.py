@@ -65,13 +65,14 @@ def main():
         sig = sized(op, 64 * MiB, pod)
         a, b = choose(sig, pod, Config(), 4), choose(sig, pod, least, 4)
         print(f"| {op} | {a.executor} | {priced(sig, pod, a):,.1f} | {b.executor} | {priced(sig, pod, b, least):,.1f} |")
-    print("OmniPipe AllGather: | ranks | op | bytes | choice | OmniPipe | levels in turn |")
+    print("OmniPipe: | ranks | op | bytes | choice | OmniPipe | levels in turn |")
     for servers, superpods in ((2, 2), (4, 2), (8, 2), (4, 4)):
         topo = hccl_sim.topology("atlas950", servers=servers, superpods=superpods)
-        for nbytes in (64 * MiB, GiB):
-            sig = sized("allgather", nbytes, topo)
-            c = choose(sig, topo, Config(), 4)
-            row(topo, "allgather", nbytes, c, priced(sig, topo, c), priced(sig, topo, c._replace(pipelined=False)))
+        for op in ("allgather", "reducescatter", "allreduce"):
+            for nbytes in (MiB, 64 * MiB, GiB):
+                sig = sized(op, nbytes, topo)
+                c = choose(sig, topo, Config(), 4)
+                row(topo, op, nbytes, c, priced(sig, topo, c), priced(sig, topo, c._replace(pipelined=False)))
 
 
 if __name__ == "__main__":
