@@ -64,7 +64,7 @@ def test_hccl_s_auto_selectors_as_the_open_source_code_has_them():
     label = hccl_sim.simulate("scatter", 64 * MiB * 32, topology=pod).algo
     assert "level0:fullmesh;level1:NHR (0.5 of the data mesh first" in label      # Scatter's fixed half
     label = hccl_sim.simulate("allreduce", 512 * MiB, topology=one).algo
-    assert "the chunking is not modelled" in label                                   # what is not modelled, said
+    assert label == "AicpuAllReduceSoleMeshChunkTwoShot: mesh_chunk"                 # HCCL's chunked mesh, run
 
 
 @pytest.mark.unit

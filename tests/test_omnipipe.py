@@ -198,7 +198,8 @@ def test_real_data_reduced_with_buffer_loops(op):
     one loop and in several (a 1 MB CCL buffer)."""
     topo = cluster(2, 2)
     p = topo.num_ranks
-    for n, env in ((1, None), (37, None), (5000, None), (40_000 if op == "reducescatter" else 600_000, {"HCCL_BUFFSIZE": "1"})):
+    looped = 40_000 if op == "reducescatter" else 600_000
+    for n, env in ((1, None), (37, None), (5000, None), (looped, {"HCCL_BUFFSIZE": "1"})):
         inputs = [(np.arange(n * (p if op == "reducescatter" else 1), dtype=np.int32) * (r + 3) + r) % 997
                   for r in range(p)]
 

@@ -3,8 +3,10 @@
 One entry per algorithm module: each module declares NAME, DESCRIPTION, COLLECTIVES and LEVELS
 next to its builders, NOT_AT where HCCL does not run a collective it builds at some level, and
 STAGED = False when its program reads and writes the user's buffers itself (no CCL-buffer staging),
-and loop_block_bytes(buffsize) where it cuts a block collective's data into CCL-buffer loops its
-own way (the bytes of each block one loop moves).
+loop_block_bytes(buffsize) where it cuts a block collective's data into CCL-buffer loops its
+own way (the bytes of each block one loop moves), and block_parts(p, length, itemsize) where it
+cuts a block collective's blocks below the row a program addresses (parts side by side, each over
+its range of every block).
 Levels: "flat" (over all ranks of a synthetic topology), "level0" (inside a server), "level1"
 (among the same-index cards of all servers; pipeline spans both levels); on an A3 SuperPoD,
 level1 is inside a superpod and level2 among superpods, and what runs there is A3's selection
@@ -19,11 +21,11 @@ from types import ModuleType
 
 from topologies.errors import HcclError
 
-from . import (birs, dissemination, double_ring, grouped_mesh, halving_doubling, mesh, mesh_oneshot, mesh_rounds, nb,
-               nhr, pairwise, pipeline, ring, star)
+from . import (birs, dissemination, double_ring, grouped_mesh, halving_doubling, mesh, mesh_chunk, mesh_oneshot,
+               mesh_rounds, nb, nhr, pairwise, pipeline, ring, star)
 
 MODULES = (ring, halving_doubling, nhr, nb, mesh, pairwise, pipeline, star, dissemination, double_ring, grouped_mesh,
-           mesh_oneshot, birs, mesh_rounds)
+           mesh_oneshot, birs, mesh_rounds, mesh_chunk)
 
 
 @dataclass(frozen=True)
@@ -36,15 +38,23 @@ class Algorithm:
     not_at: dict              # level -> collectives the module builds but HCCL does not run there
     staged: bool = True       # False: it reads the user's input and writes the output itself (STAGED)
     loop_block_bytes: object = None   # buffsize -> bytes of each block per CCL-buffer loop, or None
+    block_parts: object = None        # (p, length, itemsize) -> a block collective's parts, or None
 
     def supports(self, collective: str, level: str = "flat") -> bool:
         return (collective in self.collectives and level in self.levels
                 and collective not in self.not_at.get(level, ()))
 
+    def runs_flat(self, collective: str) -> bool:
+        """Whether it runs `collective` over every rank: at a level a token asks for, or, for an
+        algorithm only selection runs (no levels), any collective it builds."""
+        return (self.supports(collective, "flat") or self.supports(collective, "level0")
+                or (not self.levels and collective in self.collectives))
+
 
 ALGORITHMS = {m.NAME: Algorithm(m.NAME, m, m.DESCRIPTION, tuple(m.COLLECTIVES), tuple(m.LEVELS),
                                 dict(getattr(m, "NOT_AT", {})), getattr(m, "STAGED", True),
-                                getattr(m, "loop_block_bytes", None)) for m in MODULES}
+                                getattr(m, "loop_block_bytes", None), getattr(m, "block_parts", None))
+              for m in MODULES}
 
 
 def get(name: str) -> Algorithm:

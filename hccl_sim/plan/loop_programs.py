@@ -82,6 +82,9 @@ def build_parts(name: str, choice: Choice, topo, length: int, itemsize: int, roo
         return _parallel_parts(coll, choice, cost, length, itemsize, root or 0)
     if choice.pipelined:            # OmniPipe's data parts (its timing program: loop_parts)
         return omnipipe.loop(name, pods_of(cost).M, length, itemsize).parts
+    chunked = registry.get(choice.level1).block_parts if choice.flat and choice.level1 else None
+    if chunked is not None and coll.block:      # the algorithm cuts each block into parts
+        return chunked(cost.num_ranks, length, itemsize)
     if choice.level0 == "double_ring" and not choice.flat and coll.double_ring:
         pods = pods_of(cost)
         return [(a, b, coll.superpod_program(pods, choice, b - a, coll.program_unit(b - a, itemsize), root or 0, k))

@@ -27,17 +27,17 @@ ENGINE = "Aicpu"
 # "squeezed" (HCCL's Parallel over a SuperPoD and across SuperPoDs), "pipeline" (OmniPipe); and on
 # which level counts HCCL registers it (1: one server; 2: a SuperPoD; 3: several).
 ONE, MANY, TWO, THREE = (1,), (2, 3), (2,), (3,)
-_MESH = [("Sole", "Mesh", "flat:fullmesh", ONE), ("Sole", "MeshConcur", "flat:fullmesh", ONE),
-         ("Sole", "MeshChunk", "flat:fullmesh", ONE)]
+_MESH = [("Sole", "Mesh", "flat:fullmesh", ONE), ("Sole", "MeshConcur", "flat:fullmesh", ONE)]
 _ACROSS = [("Sole", "NHR", "flat:NHR", MANY), ("Parallel", "MeshNHR", "levels", TWO),
            ("Sequence", "MeshConcurNHR", "levels", TWO), ("Sequence", "MeshConcurNHRNHR", "levels", THREE),
            ("PipeLine", "", "pipeline", THREE)]
 CANDIDATES = {
     "allreduce": [("Sole", "MeshOneShot", "flat:mesh_oneshot", ONE), ("Sole", "MeshTwoShot", "flat:fullmesh", ONE),
-                  ("Sole", "MeshChunkTwoShot", "flat:fullmesh", ONE), ("Sole", "MeshConcur", "flat:fullmesh", ONE),
+                  ("Sole", "MeshChunkTwoShot", "flat:mesh_chunk", ONE), ("Sole", "MeshConcur", "flat:fullmesh", ONE),
                   ("Sole", "NHRAicpuReduce", "flat:NHR", MANY)] + _ACROSS,
     "allgather": _MESH + _ACROSS + [("Parallel", "NHRNHR", "squeezed", THREE)],
-    "reducescatter": _MESH + _ACROSS + [("Sole", "NHRAicpuReduce", "flat:NHR", MANY)],
+    "reducescatter": _MESH + [("Sole", "MeshChunk", "flat:mesh_chunk", ONE)] + _ACROSS
+    + [("Sole", "NHRAicpuReduce", "flat:NHR", MANY)],
     "broadcast": [("Sole", "MeshTwoShot", "flat:fullmesh", ONE), ("Sole", "NHR", "flat:NHR", MANY),
                   ("Parallel", "MeshNHR", "levels", TWO), ("Sequence", "Mesh1dNHRNHR", "levels", THREE)],
     "reduce": [("Sole", "Mesh", "flat:mesh_oneshot", ONE), ("Sole", "MeshTwoShot", "flat:fullmesh", ONE),

@@ -20,9 +20,9 @@ hccl-sim runs for it:
   SuperPoDs on a SuperPoD and across (_squeezed).
 - `...MeshConcur...`: the level0 mesh as HCCL's Z-axis detour templates run it, part of each
   pair's bytes through the Clos (Choice.detour, priced on topologies.presets.with_detour).
-Where HCCL's executor does more than its levels in order, hccl-sim runs the levels in order and
-the label says what is not modelled: chunking (MeshChunk), the AlltoAll channel count
-(SingleChannel).
+- `...SoleMeshChunk` (ReduceScatter), `...SoleMeshChunkTwoShot` (AllReduce): algorithms.mesh_chunk.
+Where HCCL's executor does more than hccl-sim runs, the label says what is not modelled: the
+AlltoAll channel count (SingleChannel).
 HCCL_OP_EXPANSION_MODE=CCU_MS, CCU_SCHED and AIV try HCCL's CCU and AIV selectors first
 (selection.hccl_950_kernels), which fall back here.
 """
@@ -31,14 +31,13 @@ from __future__ import annotations
 import math
 
 from .. import collectives as colls
-from ..algorithms import omnipipe, registry
+from ..algorithms import mesh_chunk, omnipipe, registry
 
 MiB, GiB = 1 << 20, 1 << 30
 SPECIAL_TYPES = ("int64", "uint64", "float64")      # "special": reduced on the AI CPU (AicpuReduce)
 FLAT_ALWAYS = ("alltoall", "alltoallv", "alltoallvc")     # the mesh over every rank, whatever the levels
 V_FLAT = ("allgatherv", "reducescatterv")                 # their one mesh over every rank, likewise
 UNLIKE = {"Parallel": "the parallel split of the data over the mesh and the Clos at once is not modelled",
-          "Chunk": "the chunking is not modelled",
           "SingleChannel": "one channel per peer, as the mesh runs"}
 
 
@@ -96,7 +95,7 @@ def _name(ctx, executor: str, templates: str) -> str:
 def _flat(ctx, algo: str, hccl_name: str, notes=()):
     """`algo` over every rank (ring where hccl-sim does not build the op with it: NHR's Reduce)."""
     from . import Choice
-    if not registry.supports(algo, ctx.name, "flat") and not registry.supports(algo, ctx.name, "level0"):
+    if not registry.get(algo).runs_flat(ctx.name):
         instead = next(a for a in ("ring", "fullmesh") if registry.supports(a, ctx.name, "flat"))
         notes = list(notes) + [f"hccl-sim's {algo} builds no {ctx.name}: {instead}"]
         algo = instead
@@ -250,8 +249,9 @@ def _allreduce(ctx, s):
         if s.d <= 8 * MiB:
             return _flat(ctx, "mesh_oneshot", _name(ctx, "Sole", "MeshOneShot"))
         if s.d * 8 / s.n ** 2 > 32 * MiB:
-            return _flat(ctx, "fullmesh", _name(ctx, "Sole", "MeshConcur" if s.two_level_net and s.d > 4 * GiB
-                                           else "MeshChunkTwoShot"))
+            if s.two_level_net and s.d > 4 * GiB:
+                return _flat(ctx, "fullmesh", _name(ctx, "Sole", "MeshConcur"))
+            return _flat(ctx, mesh_chunk.NAME, _name(ctx, "Sole", "MeshChunkTwoShot"))
         return _flat(ctx, "fullmesh", _name(ctx, "Sole", "MeshTwoShot"))
     if s.special:
         return _flat(ctx, "NHR", _name(ctx, "Sole", "NHRAicpuReduce"))
@@ -354,7 +354,7 @@ def _reducescatter(ctx, s):
     if s.two_level_net and s.n == 2 and s.d >= 4 * MiB:
         return _flat(ctx, "fullmesh", _name(ctx, "Sole", "MeshConcur"))
     if (s.two_level_net and s.d * s.n > 1.5 * GiB) or s.d * ratio > 16 * MiB:
-        return _flat(ctx, "fullmesh", _name(ctx, "Sole", "MeshChunk"))
+        return _flat(ctx, mesh_chunk.NAME, _name(ctx, "Sole", "MeshChunk"))
     return _flat(ctx, "fullmesh", _name(ctx, "Sole", "Mesh"))
 
 
