@@ -14,6 +14,11 @@ process, hcomm.exec.central): each move is a numpy copy (reads its bytes, writes
 
     python experiments/local_memory_limit.py                  # 8 ranks, 64 MiB float32, 5 runs
     python experiments/local_memory_limit.py --runs 3 --bytes 16M
+    python experiments/local_memory_limit.py --whole          # also the engine running whole shares
+
+`--whole` times, in each run next to the default, the engine with its central shares run whole
+(hcomm.exec.central.CHUNK_BYTES past the op's size): the executor before it ran shares a piece at a
+time.
 """
 import argparse
 import os
@@ -29,6 +34,7 @@ import hccl_sim
 from hccl_sim.config.env import Config
 from hccl_sim.plan.planner import Signature, make_plan
 from hccl_sim.tools.bench import parse_size
+from hcomm.exec import central
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from local_vs_mpich import busbw, local_walls, mpich_walls   # noqa: E402
@@ -90,6 +96,7 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--topology", default="atlas800t-a2")
+    ap.add_argument("--whole", action="store_true", help="also time the engine running whole shares")
     args = ap.parse_args()
     p, nbytes = args.ranks, parse_size(args.bytes)
     count = nbytes // 4
@@ -99,7 +106,8 @@ def main():
     print(f"# {p} ranks, {nbytes:,} B float32 AllReduce ({algo}); {cores} cores; the engine's moves touch "
           f"{copied / 1e9:.2f} GB in copies and {added / 1e9:.2f} GB in adds a op")
     print(f"# {'run':>3} {'copy GB/s':>9} {'add GB/s':>9} {'moves ms':>14} {'floor ms':>16} "
-          f"{'engine ms':>9} {'MPICH ms':>8} {'moves/engine':>12} {'floor/engine':>12} {'vs MPICH':>8}")
+          f"{'engine ms':>9} {'MPICH ms':>8} {'moves/engine':>12} {'floor/engine':>12} {'vs MPICH':>8}"
+          + (f" {'whole ms':>8} {'whole vs MPICH':>14}" if args.whole else ""))
     for run in range(args.runs):
         span = p * nbytes // cores            # each thread through its share of the ranks' inputs
         copy_rate = rate("copy", piece, cores, span)
@@ -109,10 +117,21 @@ def main():
         walls, ok, _ = local_walls(p, nbytes, args.iters, 2, args.topology, None)
         mw, mok = mpich_walls(p, nbytes, args.iters, 2)
         eng, mpi = statistics.median(walls), statistics.median(mw)
+        whole = ""
+        if args.whole:
+            pieces = central.CHUNK_BYTES
+            central.CHUNK_BYTES = 1 << 62
+            try:
+                ww, wok, _ = local_walls(p, nbytes, args.iters, 2, args.topology, None)
+            finally:
+                central.CHUNK_BYTES = pieces
+            ok = ok and wok
+            w = statistics.median(ww)
+            whole = f" {w * 1e3:8.1f} {busbw(nbytes, p, w) / busbw(nbytes, p, mpi):14.2f}"
         assert ok and mok, "a result was wrong"
         print(f"  {run:3d} {copy_rate / 1e9:9.2f} {add_rate / 1e9:9.2f} {moves_floor * 1e3:14.1f} "
               f"{traffic_floor * 1e3:16.1f} {eng * 1e3:9.1f} {mpi * 1e3:8.1f} {moves_floor / eng:12.2f} "
-              f"{traffic_floor / eng:12.2f} {busbw(nbytes, p, eng) / busbw(nbytes, p, mpi):8.2f}", flush=True)
+              f"{traffic_floor / eng:12.2f} {busbw(nbytes, p, eng) / busbw(nbytes, p, mpi):8.2f}{whole}", flush=True)
 
 
 if __name__ == "__main__":
