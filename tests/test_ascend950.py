@@ -329,7 +329,8 @@ def test_block_collectives_of_a_supercluster_are_priced():
     # of each of 524,288 blocks is more than 200 MB, so no loop fits (CalcOmniPipeScratchInfo)
     with pytest.raises(HcclError, match="HCCL_BUFFSIZE"):
         hccl_sim.simulate("reducescatter", 1 << 30, cluster)
-    est = hccl_sim.simulate("reducescatter", 1 << 30, cluster, env={"HCCL_ALGO": "reducescatter:sequence{meshconcur,nhr,nhr}"})
+    est = hccl_sim.simulate("reducescatter", 1 << 30, cluster,
+                            env={"HCCL_ALGO": "reducescatter:sequence{meshconcur,nhr,nhr}"})
     assert est.algo.startswith("AicpuReduceScatterSequenceMeshConcurNHRNHR") and est.time > in_turn["reducescatter"]
 
 
@@ -449,3 +450,15 @@ def test_the_950s_alltoall_is_priced_past_2048_ranks_a_step_at_a_time():
         hccl_sim.simulate("alltoall", 1 << 20, hccl_sim.topology("atlas800t-a2", servers=257))
     with pytest.raises(HcclError, match="mesh_rounds.MAX_RANKS"):
         hccl_sim.simulate("alltoall", 1 << 20, hccl_sim.topology("atlas950", servers=1025))
+
+
+@pytest.mark.unit
+def test_an_hccl_algo_entry_on_unequal_servers_is_refused_unless_it_names_the_one_nhr():
+    """Servers of unequal size run HCCL's one NHR over every rank: an entry naming it runs; one
+    naming another algorithm is E_NOT_SUPPORT naming what runs there (it was silently replaced)."""
+    uneven = topologies.hardware("atlas950", devices_per_server=[8, 4, 8, 4], pod_of_server=[0, 0, 1, 1])
+    est = hccl_sim.simulate("allreduce", 64 << 20, topology=uneven, env={"HCCL_ALGO": "allreduce:sole{nhr}"})
+    assert est.algo.startswith("AicpuAllReduceSoleNHR: NHR")
+    with pytest.raises(HcclError, match="PipeLine.*it runs AicpuAllReduceSoleNHR"):
+        hccl_sim.simulate("allreduce", 64 << 20, topology=uneven,
+                          env={"HCCL_ALGO": "allreduce:pipeline{mesh,nhr,nhr}"})

@@ -43,7 +43,8 @@ def peers(n: int, k: int):
 
 
 def by_count(count: int, pieces: int) -> np.ndarray:
-    """Bounds of `count` elements cut into `pieces`, the larger first."""
+    """Bounds of `count` elements cut into `pieces`, the larger first, in HCCL's order (the
+    templates' bigDataSliceNum pieces lead; common.bounds spreads them instead)."""
     sizes = np.full(pieces, count // pieces, dtype=np.int64)
     sizes[:count % pieces] += 1
     return np.concatenate(([0], np.cumsum(sizes)))

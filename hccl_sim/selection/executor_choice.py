@@ -112,9 +112,9 @@ def choose(ctx):
     if (not entries and not least) or ctx.topo.num_ranks == 1 or rule.executor is None:   # the barrier names none
         return rule
     shape = hccl_950.Shape(ctx)
-    if not shape.equal:
-        return rule
-    table = candidates(op, shape)
+    # servers of unequal size: hccl-sim runs HCCL's one NHR over every rank there and nothing else,
+    # so an entry naming another algorithm is refused like any other it does not run
+    table = candidates(op, shape) if shape.equal else {rule.executor: None}
     engines = [ENGINE]
     if rule.expansion is not None:          # a CCU or AIV kernel: its engines come first in HCCL's chain
         engines = [ENGINE_TYPES[e.lower().replace("_", "")] for e in hccl_950_gates.CHAINS[ctx.config.expansion]]
