@@ -42,6 +42,8 @@ from ..config.types import check_type, dtype_name, parse_reduce_op
 COLLECTIVE_TAG = "coll"
 _new = tuple.__new__         # a NamedTuple from a tuple of its fields, without keyword handling
 MAX_TAG = 2**31 - 1          # point-to-point tags: non-negative 32-bit ints, as MPI_TAG_UB allows at least
+# every barrier's signature: one object, so a group's caches keyed by it (peer_group's payload heads) hit
+_BARRIER = Signature("barrier", (), "uint8", None, None, None)
 
 
 class Communicator(VariableSizeOps, PointToPointOps, FaultHooks):
@@ -217,18 +219,28 @@ class Communicator(VariableSizeOps, PointToPointOps, FaultHooks):
             return group.hold_collective(self, coll.method, lambda: self._call(name, x, op, root, algo, stream, out),
                                          coll.group_volume(getattr(x, "nbytes", 0), self.size))
         data = x.data if isinstance(x, DeviceArray) else x
-        if type(data) is np.ndarray and out is None:
+        # out=x (in place, torch's every op) repeats as the call without out= does, then copies
+        inplace = out is x and out is not None and type(data) is np.ndarray and data.flags.writeable
+        if type(data) is np.ndarray and (out is None or inplace):
             try:
-                key = (name, data.shape, data.dtype, op, root, algo)
+                key = (name, data.shape, data.dtype, op, root, algo, inplace)
                 checked = self._checked.get(key)
             except TypeError:               # an unhashable argument: the checks below name it
                 key = checked = None
             if checked is not None:
-                coll, redop, root, out_shape, sig, nbytes = checked
-                out = np.empty(out_shape, data.dtype) if nbytes < self._plain_bytes else self._empty(out_shape, data.dtype)
-                if stream is not None:
-                    self._stream(stream, coll.method)
-                return self._collective(sig, data, out, redop, stream, coll.result(out, self.rank, root))
+                coll, redop, root, out_shape, sig, nbytes, eager = checked
+                res = np.empty(out_shape, data.dtype) if nbytes < self._plain_bytes else self._empty(out_shape, data.dtype)
+                result = coll.result(data if inplace else res, self.rank, root)
+                if eager and stream is None and self.config.faults is None and not self._aborted \
+                        and self._lost is None:
+                    done = self._eager(coll.method, sig, data, res, result)
+                else:
+                    if stream is not None:
+                        self._stream(stream, coll.method)
+                    done = self._collective(sig, data, res, redop, stream, result)
+                if inplace and coll.result(res, self.rank, root) is not None:
+                    np.copyto(data, res)
+                return done
         else:
             key = None
         coll = colls.of(name)
@@ -254,7 +266,8 @@ class Communicator(VariableSizeOps, PointToPointOps, FaultHooks):
         if key is not None:
             if len(self._checked) >= 256:
                 self._checked.clear()
-            self._checked[key] = (coll, redop, root, out_shape, sig, math.prod(out_shape) * x.dtype.itemsize)
+            self._checked[key] = (coll, redop, root, out_shape, sig, math.prod(out_shape) * x.dtype.itemsize,
+                                  coll.eager and x.nbytes <= self._group.eager_bytes)
         if target is None:
             return self._collective(sig, x, res, redop, stream, coll.result(res, self.rank, root))
         done = self._collective(sig, x, res, redop, stream, coll.result(target, self.rank, root))
@@ -300,8 +313,7 @@ class Communicator(VariableSizeOps, PointToPointOps, FaultHooks):
         """HcclBarrier; with `stream`, a Work (it enters at the stream's time, as a collective does)."""
         if group.active():
             group.refuse(self, "barrier", "HCCL's group launches no barrier")
-        return self._collective(Signature("barrier", (), "uint8", None, None, None), None, None, None,
-                                self._stream(stream, "barrier"), None)
+        return self._collective(_BARRIER, None, None, None, self._stream(stream, "barrier"), None)
 
     # communicators from communicators -----------------------------------------------------------------
     def split(self, color, key: int = 0, env=None):
@@ -399,15 +411,39 @@ class Communicator(VariableSizeOps, PointToPointOps, FaultHooks):
         if faults is not None and faults.crashes:
             self._meet_crash(faults, plan, seq, opname, buffers, redop)
         group.execute(self.rank, seq, plan.data, buffers)
-        end = plan.exit_of(self.rank)
+        end = self._done(opname, plan, seq, sig, x, queue, entry, plan.exit_of(self.rank))
+        if stream is not None:
+            return Work(result, stream, end, self.last_op)
+        if end > dev.clock:
+            dev.clock = end
+        return result
+
+    def _eager(self, opname, sig, x, out, result):
+        """A repeated call whose input travels with it (_call's checked form says so; no stream,
+        no fault plan): the group's eager_op, which runs both phases in one, on a lean path where
+        the group has one (engines/eager_lane.py)."""
+        seq = self._seq
+        self._seq = seq + 1
+        dev = self.device
+        queue = dev.default_stream
+        entry = queue.tail if queue.tail > dev.clock else dev.clock
+        try:
+            plan, end = self._group.eager_op(self.rank, _new(Call, (seq, sig, entry, x.dtype.itemsize, x, ())), out)
+        except HcclError as exc:
+            if exc.time_ns is not None:     # a late peer's E_TIMEOUT: this rank's clock moves on to it
+                dev.clock = max(dev.clock, entry, exc.time_ns)
+            raise
+        self._done(opname, plan, seq, sig, x, queue, entry, end)
+        if end > dev.clock:
+            dev.clock = end
+        return result
+
+    def _done(self, opname, plan, seq, sig, x, queue, entry, end) -> int:
+        """Record a finished op: its stream's tail and task, last_op, the op log; returns `end`."""
         queue.tail = end
         queue.tasks.append((opname, entry, end))
         self.last_op = _new(OpRecord, (opname, plan.algo, plan.nbytes, 0 if x is None else x.size, sig.dtype, entry,
                                        end, plan.retries, plan.notes))
         if self.op_log is not None:
             self.op_log.append(LoggedOp(self.scope, self.world_ranks, seq, self.last_op))
-        if stream is not None:
-            return Work(result, stream, end, self.last_op)
-        if end > dev.clock:
-            dev.clock = end
-        return result
+        return end

@@ -78,7 +78,8 @@ class RankGroup:
 
     Required of every engine: `rendezvous`, `execute`, `fail`, `exit`, `subgroup`, `abort` (the
     defaults raise E_NOT_SUPPORT naming the engine). Optional, with the default behaviour of ranks
-    that are threads of one process: `result_array` (a plain array), `writes_in_place` (never),
+    that are threads of one process: `eager_op` (the two phases), `result_array` (a plain array),
+    `writes_in_place` (never),
     `die` and `execute_lost` (a crashed rank moves no data: nothing to do), `close` (nothing held).
     """
     engine: str = "?"               # the engine's name, for errors
@@ -107,6 +108,15 @@ class RankGroup:
         """Move this rank's part of the op's data (`data`, a hcomm.exec DataProgram); returns when
         this rank's output is complete."""
         raise self._not_offered("execute")
+
+    def eager_op(self, rank: int, call: Call, out: np.ndarray):
+        """Both phases of a call whose input travels with it (call.eager; no fault plan), its
+        result written into `out`: (the op's plan, this rank's exit clock). Default: the two
+        phases; a group whose ranks compute their own result (engines.peer_group) runs a repeated
+        call on a lean path (engines/eager_lane.py)."""
+        plan = self.rendezvous(rank, call)
+        self.execute(rank, call.seq, plan.data, RankBuffers(call.eager, out, None))
+        return plan, plan.exit_of(rank)
 
     def result_array(self, shape: tuple, dtype) -> np.ndarray:
         """An array for a collective's result (an engine may keep it where peers can write it)."""

@@ -40,6 +40,7 @@ from hcomm.control.transport import TransportControl  # noqa: F401 - a sub-commu
 from hcomm.exec import HostedPlane, OwnResult, PerRankPlane, SharedPlane
 
 from . import rendezvous as rdv
+from .eager_lane import EagerLane
 from ..comm.rank_group import Call, RankBuffers, RankGroup
 from ..plan.planner import Signature
 
@@ -133,6 +134,7 @@ class PeerGroup(RankGroup):
         self._eager = None                 # every rank's eager input of the op being executed
         self._heads = {}                   # id(signature) -> CallPayload.head + (signature, its shape key)
         self._own = {}                     # (id(data program), shape, dtype) -> (it, its compiled OwnResult)
+        self._lanes = {}                   # id(signature) -> its EagerLane (eager_op)
 
     @property
     def data_plane(self) -> str:
@@ -157,36 +159,48 @@ class PeerGroup(RankGroup):
         self.pooled_result_bytes = self.plain_result_bytes = self.inline_bytes + 1
 
     # ---- the control plane -----------------------------------------------------------------------
-    def _allgather(self, payload: bytes, what: str, op: str) -> list:
+    def _allgather(self, payload: bytes, what, op: str) -> list:
         return self.rounds.allgather(payload, what, op)
 
     # ---- the contract ------------------------------------------------------------------------------
     def rendezvous(self, rank, call: Call):
-        sig = call.signature
-        op = rdv.opname(sig)
         eager = None if call.eager is None else call.eager.tobytes()     # C order, whatever the strides
-        sent = call.sent
-        # by the signature object's identity (a loop's Communicator hands the same one again; the
-        # entry holds it, so its id is not reused), checked, then by what else shapes the head
-        shape = (call.itemsize, -1 if eager is None else len(eager), len(sent))
+        head = self._head(call, eager)
+        payload = head[0] + _CLOCK.pack(call.clock)
+        if call.sent:
+            payload += struct.pack(f"<{len(call.sent)}q", *call.sent)
+        if eager is not None:
+            payload += eager
+        return self._agree(rank, call, self._meet(rank, call, payload), head, eager is not None)
+
+    def _head(self, call: Call, eager):
+        """(CallPayload.head of the call, its number of sent counts, the signature, its shape key),
+        kept by the signature object's identity (a loop's Communicator hands the same one again;
+        the entry holds it, so its id is not reused), checked, then by what else shapes the head."""
+        sig = call.signature
+        shape = (call.itemsize, -1 if eager is None else len(eager), len(call.sent))
         head = self._heads.get(id(sig))
         if head is None or head[2] is not sig or head[3] != shape:
             if len(self._heads) > 256:
                 self._heads.clear()
             head = self._heads[id(sig)] = CallPayload.head(CallPayload.signature_bytes(sig), call.itemsize, eager,
-                                                           sent) + (sig, shape)
-        payload = head[0] + _CLOCK.pack(call.clock)
-        if sent:
-            payload += struct.pack(f"<{len(sent)}q", *sent)
-        if eager is not None:
-            payload += eager
+                                                           call.sent) + (sig, shape)
+        return head
+
+    def _meet(self, rank, call: Call, payload: bytes, op=None) -> list:
+        """Every rank's payload of this call's control round (`op`: the call's op name, if known)."""
+        op = op or rdv.opname(call.signature)
         try:
-            raws = self._allgather(payload, f"{op} (collective #{call.seq})", op)
+            return self._allgather(payload, (op, call.seq), op)
         except HcclError as exc:
             # a control plane's "rank N returned without calling it": said as every engine says it
             if exc.cause != Cause.PEER_RETURNED or exc.detail.get("missed") != "call" or exc.peer is None:
                 raise
             raise rdv.returned_early_error(rank, op, call.seq, exc.peer) from None
+
+    def _agree(self, rank, call: Call, raws: list, head, eager: bool):
+        """The plan of every rank's call (`raws`, their payloads), or the error naming how they differ."""
+        sig = call.signature
         try:
             agreed = CallPayload.agreed(raws, head[0], head[1])
             if agreed is not None:
@@ -199,9 +213,39 @@ class PeerGroup(RankGroup):
                 plan = self._plans.plan([Call(call.seq, c.signature_object(Signature), c.clock, c.itemsize,
                                               sent=c.sent) for c in payloads])
         except HcclError as exc:
-            raise exc.replace(rank=rank, op=op) from None
-        self._eager = eagers if eager is not None else None
+            raise exc.replace(rank=rank, op=rdv.opname(sig)) from None
+        self._eager = eagers if eager else None
         return plan
+
+    def eager_op(self, rank, call: Call, out):
+        """Both phases of an eager call (comm/rank_group.py); a repeat of a call whose first run
+        left an EagerLane takes the lane's lean path (engines/eager_lane.py)."""
+        sig, x = call.signature, call.eager
+        lane = self._lanes.get(id(sig))
+        if lane is None or lane.signature is not sig or lane.eager_bytes != x.nbytes:
+            plan = self.rendezvous(rank, call)
+            travelled = self._eager is not None
+            self.execute(rank, call.seq, plan.data, RankBuffers(x, out, None))
+            end = plan.exit_of(rank)
+            if travelled and not call.sent:
+                if len(self._lanes) >= 64:
+                    self._lanes.clear()
+                lane = self._lanes[id(sig)] = EagerLane(sig, rdv.opname(sig), self._heads[id(sig)][0], x.nbytes)
+                lane.keep(plan.entry, plan, end, self._own_for(rank, plan.data, x, out))
+            return plan, end
+        raws = self._meet(rank, call, lane.head + _CLOCK.pack(call.clock) + x.tobytes(), lane.op)
+        got = lane.read(raws)
+        hit = None if got is None else lane.plan_at(got[0])
+        if hit is None:                     # another call somewhere, or clocks not seen yet
+            plan = self._agree(rank, call, raws, self._head(call, x.tobytes()), True)
+            eagers, self._eager = self._eager, None
+            end, own = plan.exit_of(rank), self._own_for(rank, plan.data, x, out)
+            if got is not None:
+                lane.keep(got[0], plan, end, own)
+            own.run(b"".join(eagers), out)
+            return plan, end
+        hit[2].run(got[1], out)
+        return hit[0], hit[1]
 
     def execute(self, rank, seq, data, buffers: RankBuffers) -> None:
         raws = self._eager
@@ -257,16 +301,19 @@ class PeerGroup(RankGroup):
         """`dead` (a rank of this group) dies in this op (the Ray engine tells its driver)."""
 
     def _own_result(self, rank, data, buffers, raws):
-        """This rank's output from every rank's (eager) input: the moves that decide it, compiled
-        once per plan (a loop of small ops repeats the same few)."""
-        x, out = buffers.input, buffers.output
+        """This rank's output from every rank's (eager) input (`raws`, in rank order)."""
+        self._own_for(rank, data, buffers.input, buffers.output).run(b"".join(raws), buffers.output)
+
+    def _own_for(self, rank, data, x, out):
+        """The moves that decide this rank's output of `data` (hcomm.exec.OwnResult), compiled once
+        per plan (a loop of small ops repeats the same few)."""
         key = (id(data), x.shape, x.dtype)
         got = self._own.get(key)
         if got is None or got[0] is not data:
             if len(self._own) >= 64:
                 self._own.clear()
             got = self._own[key] = (data, OwnResult(data, rank, x.shape, out.shape, x.dtype))
-        got[1].run(b"".join(raws), buffers.output)
+        return got[1]
 
     def fail(self, rank, exc) -> None:
         self.control.abort("E_REMOTE", f"rank {rank} failed: {rdv.describe_failure(exc)}")

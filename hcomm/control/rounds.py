@@ -13,7 +13,8 @@ _NO_WATCH = contextlib.nullcontext()      # stateless: one serves every wait
 class GroupRounds:
     """`allgather(payload, what, op)`: every rank's payload of the group's next round, in rank
     order. `control` is the group's control plane (hcomm.control); `wait_timeout_s` bounds each
-    round (0: no deadline); `watch`, if given, records each wait (`with watch.waiting(what)`)."""
+    round (0: no deadline); `watch`, if given, records each wait (`with watch.waiting(what)`).
+    `what` is a string, or (op, seq) for a collective's round (the watch formats it when read)."""
 
     def __init__(self, control, wait_timeout_s: float, watch=None):
         self.control, self.wait_timeout_s, self.watch = control, wait_timeout_s, watch
@@ -22,11 +23,13 @@ class GroupRounds:
     def deadline(self):
         return None if not self.wait_timeout_s else time.monotonic() + self.wait_timeout_s
 
-    def waiting(self, what: str):
+    def waiting(self, what):
         return _NO_WATCH if self.watch is None else self.watch.waiting(what)
 
-    def allgather(self, payload: bytes, what: str, op: str | None) -> list:
+    def allgather(self, payload: bytes, what, op: str | None) -> list:
         seq = self.seq
         self.seq += 1
-        with self.waiting(what):
+        if self.watch is None:
+            return self.control.allgather(seq, payload, self.deadline(), op)
+        with self.watch.waiting(what):
             return self.control.allgather(seq, payload, self.deadline(), op)

@@ -36,7 +36,12 @@ class RankWatch:
         return False
 
     def snapshot(self):
-        return self.what, self.progress
+        """(what the rank waits for, or None; how many waits it finished). A collective's control
+        round says what it waits for as (op, seq): formatted here, not on every round."""
+        what = self.what
+        if isinstance(what, tuple):
+            what = f"{what[0]} (collective #{what[1]})"
+        return what, self.progress
 
 
 class WatchedTransport(Transport):

@@ -1,0 +1,60 @@
+"""The lean path of a repeated eager call on a group whose ranks share no memory (peer_group).
+
+A training step's small collectives (loss scalars, norms, bucket heads, MoE counts) repeat one
+call thousands of times. Where ranks are processes, each such op is one control round, after
+which every rank computes its own result from every rank's input (MPI's eager protocol,
+hcomm.exec.own_result). With 8 ranks on 2 cores each rank runs once per op, after seven other
+processes had the core, so what the op costs is mostly how much Python it runs and how much
+memory it touches then (experiments/small_op_profile.py measures both, per rank).
+
+An `EagerLane` is what the first run of a call leaves for its repeats: the bytes every rank's
+payload starts with (the call itself), where the clock and the input lie after them, and by the
+ranks' relative entry clocks the plans with their compiled own-result moves. A repeat then
+builds one payload, makes one control round, checks that every payload starts with the same
+bytes (the same call everywhere), reads the clocks and inputs with one unpack each, looks its
+plan up by the relative clocks, and runs the own-result moves: no signature decoded, no plan
+object made. Anything else (a rank that made another call, clocks no cached plan has) goes the
+group's general way, which says what differs.
+"""
+from __future__ import annotations
+
+import struct
+from itertools import repeat
+
+_PLANS = 64                         # relative-clock patterns kept per call
+
+
+class EagerLane:
+    """One repeated eager call of one rank: `head` (the payload's bytes before the entry clock),
+    and `plans`: relative entry clocks -> (the plan, this rank's exit clock relative to the
+    earliest entry, the plan's hcomm.exec.OwnResult for this rank)."""
+    __slots__ = ("signature", "op", "head", "at", "unpack", "plans", "eager_bytes")
+
+    def __init__(self, signature, op: str, head: bytes, eager_bytes: int):
+        self.signature, self.op, self.head, self.eager_bytes = signature, op, head, eager_bytes
+        self.at = len(head)
+        self.unpack = struct.Struct(f"<q{eager_bytes}s").unpack_from
+        self.plans = {}
+
+    def read(self, raws: list):
+        """(every rank's entry clock, every rank's input bytes joined in rank order) when every
+        payload is this call's, else None. The head holds the input's length, so payloads that
+        start with it have this one's length."""
+        if not all(map(bytes.startswith, raws, repeat(self.head))):
+            return None
+        got = list(map(self.unpack, raws, repeat(self.at)))
+        return [c for c, _ in got], b"".join([e for _, e in got])
+
+    def plan_at(self, clocks: list):
+        """(plan, exit clock, own result) cached for these entry clocks' pattern, or None."""
+        base = min(clocks)
+        hit = self.plans.get(tuple([c - base for c in clocks]))
+        return None if hit is None else (hit[0], base + hit[1], hit[2])
+
+    def keep(self, clocks: list, plan, exit_clock: int, own) -> None:
+        """Remember `plan` (planned for `clocks`; shift-invariant) and its own-result moves `own`
+        for this pattern of clocks."""
+        if len(self.plans) >= _PLANS:
+            self.plans.clear()
+        base = min(clocks)
+        self.plans[tuple([c - base for c in clocks])] = (plan, exit_clock - base, own)
