@@ -203,11 +203,46 @@ def test_failing_rank_surfaces_and_releases_the_others(cluster8):
     assert cluster8.run(lambda comm: float(comm.all_reduce(np.ones(2))[0]))[0] == 8.0
 
 
+def repeated_small_ops(comm, n=9):
+    """A training loop's small ops, each call repeated, so all but the first run on the lean path
+    (engines/eager_lane.py): in place and not, on float data (the reduction's order decides the
+    bits), with kernels between them that move the ranks' entry clocks apart in a pattern that
+    changes from op to op."""
+    r = comm.rank
+    x = (np.arange(3, dtype=np.float32) + 0.1) * (r + 1) / 7
+    y = x.copy()
+    got = []
+    for k in range(n):
+        comm.device.default_stream.compute(flops=((k * r) % 3) * 1e11)
+        a = comm.all_reduce(x)
+        comm.all_reduce(y, out=y)
+        b = comm.all_gather(x)
+        c = comm.reduce(x, root=2)
+        got.append((a.tobytes(), y.tobytes(), b.tobytes(), None if c is None else c.tobytes(), tuple(comm.last_op)))
+    return got
+
+
+def diverging(comm):
+    """Three repeats of one small call, then rank 5 makes another: the lean path hands it on."""
+    x = np.ones(2, np.float32)
+    for _ in range(3):
+        comm.all_reduce(x)
+    comm.all_reduce(np.ones(3, np.float32) if comm.rank == 5 else x)
+
+
+@pytest.mark.ray
+def test_repeated_small_ops_results_bits_and_records_equal_local(cluster8):
+    topo = cluster8.topology
+    assert cluster8.run(repeated_small_ops) == hccl_sim.run(repeated_small_ops, topology=topo)
+
+
 @pytest.mark.ray
 def test_mismatch_and_early_return(cluster8):
     with pytest.raises(HcclError, match="mismatched collective calls") as info:
         cluster8.run(lambda comm: comm.all_reduce(np.ones(3, dtype=np.float32 if comm.rank else np.float64)))
     assert info.value.code == "E_PARA"
+    with pytest.raises(HcclError, match="mismatched collective calls"):
+        cluster8.run(diverging)
     with pytest.raises(HcclError, match="returned without calling all_reduce"):
         cluster8.run(lambda comm: None if comm.rank == 2 else comm.all_reduce(np.ones(3)))
 

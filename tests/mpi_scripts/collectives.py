@@ -140,6 +140,22 @@ def held(comm):
     return bool(np.array_equal(b, keep)), int(v.sum()), int(d.sum()), int(e.sum())
 
 
+def repeats(comm, n=6):
+    """Small calls repeated (all but the first on the lean path, engines/eager_lane.py), one in
+    place, float data, kernels moving the ranks' entry clocks apart differently each time: results
+    to the bit and every op's record."""
+    r = comm.rank
+    x = (np.arange(4, dtype=np.float32) + 0.3) * (r + 2) / 3
+    y = x.copy()
+    got = []
+    for k in range(n):
+        comm.device.default_stream.compute(flops=((k + r) % 2) * 1e11)
+        a = comm.all_reduce(x)
+        comm.all_reduce(y, out=y, op="max" if k % 2 else "sum")
+        got.append((a.tobytes(), y.tobytes(), tuple(comm.last_op)))
+    return got
+
+
 def main():
     from mpi4py import MPI
     p = MPI.COMM_WORLD.Get_size() * K
@@ -156,6 +172,10 @@ def main():
                 got = hccl_sim.run(fn, topology=topo, engine="mpi", args=(n, True), ranks_per_process=K,
                                    data_plane=plane)
                 assert got == want, f"device arrays n={n}: {got} != {want}"
+    want = hccl_sim.run(repeats, topology=topo)
+    for plane in PLANES:
+        got = hccl_sim.run(repeats, topology=topo, engine="mpi", ranks_per_process=K, data_plane=plane)
+        assert got == want, f"{plane}: repeated small ops differ from local"
     for plane in PLANES:      # on "window" the pooled results live in the shared windows, which grow
         got = hccl_sim.run(held, topology=topo, engine="mpi", ranks_per_process=K, data_plane=plane)
         assert got == hccl_sim.run(held, topology=topo) and all(g[0] for g in got), (plane, got)
