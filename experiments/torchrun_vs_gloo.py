@@ -1,16 +1,20 @@
-"""The hccl_sim torch backend under torchrun across two hosts against torch's gloo, same run.
+"""The hccl_sim torch backend under torchrun against torch's gloo, same run: two hosts, or one.
 
-Two torchrun agents (`--nnodes 2`, 8 processes each) on this machine are two hosts as far as the job
-knows (torchrun's GROUP_RANK differs), so hccl-sim runs its socket plane: a host's ranks read each
-other in place on step words (hcomm.exec.hosted), the hosts meet over TCP. The topology is two 8-card
-910B servers (HCCL_SIM_TOPOLOGY=atlas800t-a2:servers=2). The same script then runs on gloo, the runs
-alternating (hccl_sim, gloo, hccl_sim, ...). Each times an fp32 all_reduce of each size after a
-barrier: slowest rank per iteration, median over the iterations.
+Two torchrun agents (`--hosts 2`, `--ranks` / 2 processes each) on this machine are two hosts as far
+as the job knows (torchrun's GROUP_RANK differs), so hccl-sim runs its socket plane: a host's ranks
+read each other in place on step words (hcomm.exec.hosted), the hosts meet over TCP. With `--hosts
+1` one agent starts every process (the shared-memory plane). The topology is 8-card 910B servers,
+one per 8 ranks (HCCL_SIM_TOPOLOGY=atlas800t-a2:servers=ranks/8). The same script then runs on gloo,
+the runs alternating (hccl_sim, gloo, hccl_sim, ...). Each times an fp32 all_reduce of each size
+after a barrier: slowest rank per iteration, median over the iterations.
 
-    python experiments/torchrun_vs_gloo.py                       # 8 B and 64 MiB, 5 runs
+    python experiments/torchrun_vs_gloo.py                       # 16 ranks on 2 hosts; 8 B and 64 MiB, 5 runs
     python experiments/torchrun_vs_gloo.py --sizes 8 1M 16M --runs 3
+    python experiments/torchrun_vs_gloo.py --hosts 1 --ranks 8 --sizes 8
 
-Writes experiments/out/torchrun_vs_gloo.{md,json}.
+A PYTHONPATH given to it goes first on the ranks' path (another build's tree, to compare two).
+
+Writes experiments/out/torchrun_vs_gloo_<ranks>x<hosts>.{md,json}.
 """
 import argparse
 import json
@@ -63,18 +67,18 @@ def iters_for(nbytes: int) -> int:
     return 5 if nbytes >= 16 << 20 else 20 if nbytes >= 1 << 20 else 50
 
 
-def launch(backend: str, sizes: list, per_node: int, timeout_s: float) -> dict:
+def launch(backend: str, sizes: list, ranks: int, hosts: int, timeout_s: float) -> dict:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)])),
            "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
-           "HCCL_SIM_TOPOLOGY": "atlas800t-a2:servers=2"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", str(per_node),
-           "--master-addr", "127.0.0.1", "--master-port", str(port)]
+           "HCCL_SIM_TOPOLOGY": f"atlas800t-a2:servers={max(1, ranks // 8)}"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(hosts), "--nproc-per-node",
+           str(ranks // hosts), "--master-addr", "127.0.0.1", "--master-port", str(port)]
     agents = [subprocess.Popen(cmd + ["--node-rank", str(k), __file__, "--worker", backend, "--sizes",
                                       *map(str, sizes)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env=env) for k in (0, 1)]
+                               text=True, env=env) for k in range(hosts)]
     outs = []
     for a in agents:
         try:
@@ -93,6 +97,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", nargs="+", default=["8", "64M"])
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--ranks", type=int, default=16, help="processes in all (a multiple of 8 over 8)")
+    ap.add_argument("--hosts", type=int, default=2, choices=(1, 2), help="torchrun agents (hosts)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per launch")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -102,15 +108,15 @@ def main():
         return
     rows = []
     for run in range(args.runs):
-        ours = launch("hccl_sim", sizes, 8, args.timeout)
-        theirs = launch("gloo", sizes, 8, args.timeout)
+        ours = launch("hccl_sim", sizes, args.ranks, args.hosts, args.timeout)
+        theirs = launch("gloo", sizes, args.ranks, args.hosts, args.timeout)
         for n in sizes:
             rows.append({"size": n, "run": run, "hccl_sim_ms": ours[n], "gloo_ms": theirs[n],
                          "ratio": theirs[n] / ours[n]})
             print(f"  run {run} {n:>10} B: hccl_sim {ours[n]:9.3f} ms, gloo {theirs[n]:9.3f} ms, "
                   f"gloo / hccl_sim {theirs[n] / ours[n]:.2f}", flush=True)
-    lines = ["# all_reduce fp32, 16 ranks under torchrun on two hosts (--nnodes 2, 8 processes each) on one "
-             "machine: the hccl_sim backend against gloo, same run", "",
+    lines = [f"# all_reduce fp32, {args.ranks} ranks under torchrun on {args.hosts} host(s) (--nnodes {args.hosts}, "
+             f"{args.ranks // args.hosts} processes each) on one machine: the hccl_sim backend against gloo, same run", "",
              "| size (B) | hccl_sim median (ms) | gloo median (ms) | ratios per run (gloo / hccl_sim) |",
              "|---|---|---|---|"]
     for n in sizes:
@@ -119,8 +125,9 @@ def main():
                      f"{statistics.median(r['gloo_ms'] for r in mine):.3f} | "
                      + ", ".join(f"{r['ratio']:.2f}" for r in mine) + " |")
     OUT.mkdir(exist_ok=True)
-    (OUT / "torchrun_vs_gloo.md").write_text("\n".join(lines) + "\n")
-    (OUT / "torchrun_vs_gloo.json").write_text(json.dumps(rows, indent=1))
+    name = f"torchrun_vs_gloo_{args.ranks}x{args.hosts}"
+    (OUT / f"{name}.md").write_text("\n".join(lines) + "\n")
+    (OUT / f"{name}.json").write_text(json.dumps(rows, indent=1))
     print("\n".join(lines))
 
 

@@ -44,6 +44,7 @@ _new = tuple.__new__         # a NamedTuple from a tuple of its fields, without 
 MAX_TAG = 2**31 - 1          # point-to-point tags: non-negative 32-bit ints, as MPI_TAG_UB allows at least
 # every barrier's signature: one object, so a group's caches keyed by it (peer_group's payload heads) hit
 _BARRIER = Signature("barrier", (), "uint8", None, None, None)
+_BARRIER_OP = colls.of("barrier").method
 
 
 class Communicator(VariableSizeOps, PointToPointOps, FaultHooks):
@@ -313,6 +314,8 @@ class Communicator(VariableSizeOps, PointToPointOps, FaultHooks):
         """HcclBarrier; with `stream`, a Work (it enters at the stream's time, as a collective does)."""
         if group.active():
             group.refuse(self, "barrier", "HCCL's group launches no barrier")
+        if stream is None and self.config.faults is None and not self._aborted and self._lost is None:
+            return self._eager(_BARRIER_OP, _BARRIER, None, None, None)
         return self._collective(_BARRIER, None, None, None, self._stream(stream, "barrier"), None)
 
     # communicators from communicators -----------------------------------------------------------------
@@ -411,35 +414,33 @@ class Communicator(VariableSizeOps, PointToPointOps, FaultHooks):
         if faults is not None and faults.crashes:
             self._meet_crash(faults, plan, seq, opname, buffers, redop)
         group.execute(self.rank, seq, plan.data, buffers)
-        end = self._done(opname, plan, seq, sig, x, queue, entry, plan.exit_of(self.rank))
-        if stream is not None:
-            return Work(result, stream, end, self.last_op)
-        if end > dev.clock:
-            dev.clock = end
-        return result
+        end = self._done(opname, plan, seq, sig, x, queue, entry, plan.exit_of(self.rank), stream is None)
+        return result if stream is None else Work(result, stream, end, self.last_op)
 
     def _eager(self, opname, sig, x, out, result):
-        """A repeated call whose input travels with it (_call's checked form says so; no stream,
-        no fault plan): the group's eager_op, which runs both phases in one, on a lean path where
-        the group has one (engines/eager_lane.py)."""
+        """A repeated call whose input travels with it (_call's checked form says so), or a
+        barrier (`x` None); no stream, no fault plan: the group's eager_op, which runs both phases
+        in one, on a lean path where the group has one (engines/eager_lane.py)."""
         seq = self._seq
         self._seq = seq + 1
         dev = self.device
         queue = dev.default_stream
         entry = queue.tail if queue.tail > dev.clock else dev.clock
         try:
-            plan, end = self._group.eager_op(self.rank, _new(Call, (seq, sig, entry, x.dtype.itemsize, x, ())), out)
+            plan, end = self._group.eager_op(self.rank, _new(Call, (seq, sig, entry, 1 if x is None else x.dtype.itemsize,
+                                                                    x, ())), out)
         except HcclError as exc:
             if exc.time_ns is not None:     # a late peer's E_TIMEOUT: this rank's clock moves on to it
                 dev.clock = max(dev.clock, entry, exc.time_ns)
             raise
-        self._done(opname, plan, seq, sig, x, queue, entry, end)
-        if end > dev.clock:
-            dev.clock = end
+        self._done(opname, plan, seq, sig, x, queue, entry, end, True)
         return result
 
-    def _done(self, opname, plan, seq, sig, x, queue, entry, end) -> int:
-        """Record a finished op: its stream's tail and task, last_op, the op log; returns `end`."""
+    def _done(self, opname, plan, seq, sig, x, queue, entry, end, host: bool) -> int:
+        """Record a finished op: its stream's tail and task, last_op, the op log, and with `host`
+        (no stream given) the host clock; returns `end`."""
+        if host and end > self.device.clock:
+            self.device.clock = end
         queue.tail = end
         queue.tasks.append((opname, entry, end))
         self.last_op = _new(OpRecord, (opname, plan.algo, plan.nbytes, 0 if x is None else x.size, sig.dtype, entry,

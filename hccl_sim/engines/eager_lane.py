@@ -27,7 +27,7 @@ _PLANS = 64                         # relative-clock patterns kept per call
 class EagerLane:
     """One repeated eager call of one rank: `head` (the payload's bytes before the entry clock),
     and `plans`: relative entry clocks -> (the plan, this rank's exit clock relative to the
-    earliest entry, the plan's hcomm.exec.OwnResult for this rank)."""
+    earliest entry, the plan's hcomm.exec.OwnResult for this rank; None for a barrier)."""
     __slots__ = ("signature", "op", "head", "at", "unpack", "plans", "eager_bytes")
 
     def __init__(self, signature, op: str, head: bytes, eager_bytes: int):
@@ -36,20 +36,28 @@ class EagerLane:
         self.unpack = struct.Struct(f"<q{eager_bytes}s").unpack_from
         self.plans = {}
 
-    def read(self, raws: list):
-        """(every rank's entry clock, every rank's input bytes joined in rank order) when every
-        payload is this call's, else None. The head holds the input's length, so payloads that
-        start with it have this one's length."""
+    def take(self, raws: list, out):
+        """When every payload is this call's and a plan for their entry clocks' pattern is kept:
+        this rank's result written into `out` (by the plan's own-result moves, if the call has
+        an input) and (the plan, this rank's exit clock); else None. The head holds the input's
+        length, so payloads that start with it have this one's length."""
         if not all(map(bytes.startswith, raws, repeat(self.head))):
             return None
         got = list(map(self.unpack, raws, repeat(self.at)))
-        return [c for c, _ in got], b"".join([e for _, e in got])
-
-    def plan_at(self, clocks: list):
-        """(plan, exit clock, own result) cached for these entry clocks' pattern, or None."""
+        clocks = [c for c, _ in got]
         base = min(clocks)
         hit = self.plans.get(tuple([c - base for c in clocks]))
-        return None if hit is None else (hit[0], base + hit[1], hit[2])
+        if hit is None:
+            return None
+        if hit[2] is not None:
+            hit[2].run(b"".join([e for _, e in got]), out)
+        return hit[0], base + hit[1]
+
+    def clocks(self, raws: list):
+        """Every rank's entry clock when every payload is this call's, else None."""
+        if not all(map(bytes.startswith, raws, repeat(self.head))):
+            return None
+        return [c for c, _ in map(self.unpack, raws, repeat(self.at))]
 
     def keep(self, clocks: list, plan, exit_clock: int, own) -> None:
         """Remember `plan` (planned for `clocks`; shift-invariant) and its own-result moves `own`

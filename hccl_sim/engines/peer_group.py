@@ -191,7 +191,7 @@ class PeerGroup(RankGroup):
         """Every rank's payload of this call's control round (`op`: the call's op name, if known)."""
         op = op or rdv.opname(call.signature)
         try:
-            return self._allgather(payload, (op, call.seq), op)
+            return self.rounds.allgather(payload, (op, call.seq), op)
         except HcclError as exc:
             # a control plane's "rank N returned without calling it": said as every engine says it
             if exc.cause != Cause.PEER_RETURNED or exc.detail.get("missed") != "call" or exc.peer is None:
@@ -218,34 +218,37 @@ class PeerGroup(RankGroup):
         return plan
 
     def eager_op(self, rank, call: Call, out):
-        """Both phases of an eager call (comm/rank_group.py); a repeat of a call whose first run
-        left an EagerLane takes the lane's lean path (engines/eager_lane.py)."""
+        """Both phases of an eager call or a barrier (comm/rank_group.py); a repeat of a call whose
+        first run left an EagerLane takes the lane's lean path (engines/eager_lane.py)."""
         sig, x = call.signature, call.eager
         lane = self._lanes.get(id(sig))
-        if lane is None or lane.signature is not sig or lane.eager_bytes != x.nbytes:
+        nbytes = 0 if x is None else x.nbytes
+        if lane is None or lane.signature is not sig or lane.eager_bytes != nbytes:
             plan = self.rendezvous(rank, call)
             travelled = self._eager is not None
             self.execute(rank, call.seq, plan.data, RankBuffers(x, out, None))
             end = plan.exit_of(rank)
-            if travelled and not call.sent:
+            if (travelled or x is None) and not call.sent:
                 if len(self._lanes) >= 64:
                     self._lanes.clear()
-                lane = self._lanes[id(sig)] = EagerLane(sig, rdv.opname(sig), self._heads[id(sig)][0], x.nbytes)
-                lane.keep(plan.entry, plan, end, self._own_for(rank, plan.data, x, out))
+                lane = self._lanes[id(sig)] = EagerLane(sig, rdv.opname(sig), self._heads[id(sig)][0], nbytes)
+                lane.keep(plan.entry, plan, end, None if x is None else self._own_for(rank, plan.data, x, out))
             return plan, end
-        raws = self._meet(rank, call, lane.head + _CLOCK.pack(call.clock) + x.tobytes(), lane.op)
-        got = lane.read(raws)
-        hit = None if got is None else lane.plan_at(got[0])
-        if hit is None:                     # another call somewhere, or clocks not seen yet
-            plan = self._agree(rank, call, raws, self._head(call, x.tobytes()), True)
-            eagers, self._eager = self._eager, None
-            end, own = plan.exit_of(rank), self._own_for(rank, plan.data, x, out)
-            if got is not None:
-                lane.keep(got[0], plan, end, own)
+        raws = self._meet(rank, call, lane.head + _CLOCK.pack(call.clock) + (b"" if x is None else x.tobytes()),
+                          lane.op)
+        hit = lane.take(raws, out)
+        if hit is not None:
+            return hit
+        # another call somewhere, or clocks not seen yet: the general way
+        plan = self._agree(rank, call, raws, self._head(call, None if x is None else x.tobytes()), x is not None)
+        eagers, self._eager = self._eager, None
+        end, own = plan.exit_of(rank), None if x is None else self._own_for(rank, plan.data, x, out)
+        clocks = lane.clocks(raws)
+        if clocks is not None:
+            lane.keep(clocks, plan, end, own)
+        if own is not None:
             own.run(b"".join(eagers), out)
-            return plan, end
-        hit[2].run(got[1], out)
-        return hit[0], hit[1]
+        return plan, end
 
     def execute(self, rank, seq, data, buffers: RankBuffers) -> None:
         raws = self._eager
