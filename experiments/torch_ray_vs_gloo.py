@@ -21,25 +21,11 @@ from pathlib import Path
 import numpy as np
 
 import hccl_sim
+import torchrun_vs_gloo
 from topologies import hardware
+from torchrun_vs_gloo import timed_all_reduces
 
 OUT = Path(__file__).resolve().parent / "out"
-
-
-def timed_all_reduces(nbytes, iters, warmup=10):
-    import torch
-    import torch.distributed as dist
-    rank, world = dist.get_rank(), dist.get_world_size()
-    t = torch.full((max(1, nbytes // 4),), float(rank + 1))
-    walls = []
-    for _ in range(warmup + iters):
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_reduce(t)
-        walls.append(time.perf_counter() - t0)
-        ok = float(t[0]) == world * (world + 1) / 2
-        t.fill_(float(rank + 1))
-    return walls[warmup:], ok
 
 
 def both_backends(comm, nbytes, iters):
@@ -48,7 +34,7 @@ def both_backends(comm, nbytes, iters):
     import hccl_sim.torch as ht
     ht.init_process_group(comm)
     try:
-        ours, ok_ours = timed_all_reduces(nbytes, iters)
+        ours, ok_ours = timed_all_reduces(nbytes, iters, 10)
     finally:
         ht.destroy_process_group()
     port = np.zeros(1, np.int64)
@@ -60,7 +46,7 @@ def both_backends(comm, nbytes, iters):
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank, world_size=comm.size)
     try:
-        theirs, ok_theirs = timed_all_reduces(nbytes, iters)
+        theirs, ok_theirs = timed_all_reduces(nbytes, iters, 10)
     finally:
         dist.destroy_process_group()
     return ours, theirs, ok_ours and ok_theirs
@@ -75,6 +61,8 @@ def main():
     args = ap.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
+    import ray.cloudpickle
+    ray.cloudpickle.register_pickle_by_value(torchrun_vs_gloo)    # the actors have no experiments/ to import
     ray.init(address="local", include_dashboard=False, log_to_driver=False)
     report = []
     try:

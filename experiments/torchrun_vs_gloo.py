@@ -45,22 +45,33 @@ def worker(backend: str, sizes: list, iters, warmup: int) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     got = {}
     for nbytes in sizes:
-        x = torch.full((max(1, nbytes // 4),), float(rank + 1))
         n = iters(nbytes)
-        walls = []
-        for _ in range(warmup + n):
-            dist.barrier()
-            t0 = time.perf_counter()
-            dist.all_reduce(x)
-            walls.append(time.perf_counter() - t0)
-            x.fill_(float(rank + 1))
+        walls, _ = timed_all_reduces(nbytes, n, warmup)
         every = [None] * world
-        dist.all_gather_object(every, walls[warmup:])
+        dist.all_gather_object(every, walls)
         slowest = [max(w[i] for w in every) for i in range(n)]
         got[nbytes] = statistics.median(slowest) * 1e3
     if rank == 0:
         print("RESULT " + json.dumps(got), flush=True)
     dist.destroy_process_group()
+
+
+def timed_all_reduces(nbytes: int, iters: int, warmup: int):
+    """This rank's wall times of `iters` fp32 all_reduces of `nbytes` on the default group, each
+    after a barrier (after `warmup` untimed ones), and whether every result was right."""
+    import torch
+    import torch.distributed as dist
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x = torch.full((max(1, nbytes // 4),), float(rank + 1))
+    walls, ok = [], True
+    for _ in range(warmup + iters):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(x)
+        walls.append(time.perf_counter() - t0)
+        ok &= float(x[0]) == world * (world + 1) / 2
+        x.fill_(float(rank + 1))
+    return walls[warmup:], ok
 
 
 def iters_for(nbytes: int) -> int:
