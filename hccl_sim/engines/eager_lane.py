@@ -11,53 +11,32 @@ An `EagerLane` is what the first run of a call leaves for its repeats: the bytes
 payload starts with (the call itself), where the clock and the input lie after them, and by the
 ranks' relative entry clocks the plans with their compiled own-result moves. A repeat then
 builds one payload, makes one control round, checks that every payload starts with the same
-bytes (the same call everywhere), reads the clocks and inputs with one unpack each, looks its
+bytes (the same call everywhere: CallPayload.agreed, as the general way checks it), looks its
 plan up by the relative clocks, and runs the own-result moves: no signature decoded, no plan
 object made. Anything else (a rank that made another call, clocks no cached plan has) goes the
 group's general way, which says what differs.
 """
 from __future__ import annotations
 
-import struct
-from itertools import repeat
-
 _PLANS = 64                         # relative-clock patterns kept per call
 
 
 class EagerLane:
-    """One repeated eager call of one rank: `head` (the payload's bytes before the entry clock),
-    and `plans`: relative entry clocks -> (the plan, this rank's exit clock relative to the
-    earliest entry, the plan's hcomm.exec.OwnResult for this rank; None for a barrier)."""
-    __slots__ = ("signature", "op", "head", "at", "unpack", "plans", "eager_bytes")
+    """One repeated eager call of one rank: `head` (the payload's bytes before the entry clock,
+    peer_group.CallPayload.head), and `plans`: relative entry clocks -> (the plan, this rank's
+    exit clock relative to the earliest entry, the plan's hcomm.exec.OwnResult for this rank;
+    None for a barrier)."""
+    __slots__ = ("signature", "op", "head", "plans", "eager_bytes")
 
     def __init__(self, signature, op: str, head: bytes, eager_bytes: int):
         self.signature, self.op, self.head, self.eager_bytes = signature, op, head, eager_bytes
-        self.at = len(head)
-        self.unpack = struct.Struct(f"<q{eager_bytes}s").unpack_from
         self.plans = {}
 
-    def take(self, raws: list, out):
-        """When every payload is this call's and a plan for their entry clocks' pattern is kept:
-        this rank's result written into `out` (by the plan's own-result moves, if the call has
-        an input) and (the plan, this rank's exit clock); else None. The head holds the input's
-        length, so payloads that start with it have this one's length."""
-        if not all(map(bytes.startswith, raws, repeat(self.head))):
-            return None
-        got = list(map(self.unpack, raws, repeat(self.at)))
-        clocks = [c for c, _ in got]
+    def plan_at(self, clocks: list):
+        """(plan, exit clock, own-result moves) kept for these entry clocks' pattern, or None."""
         base = min(clocks)
         hit = self.plans.get(tuple([c - base for c in clocks]))
-        if hit is None:
-            return None
-        if hit[2] is not None:
-            hit[2].run(b"".join([e for _, e in got]), out)
-        return hit[0], base + hit[1]
-
-    def clocks(self, raws: list):
-        """Every rank's entry clock when every payload is this call's, else None."""
-        if not all(map(bytes.startswith, raws, repeat(self.head))):
-            return None
-        return [c for c, _ in map(self.unpack, raws, repeat(self.at))]
+        return None if hit is None else (hit[0], base + hit[1], hit[2])
 
     def keep(self, clocks: list, plan, exit_clock: int, own) -> None:
         """Remember `plan` (planned for `clocks`; shift-invariant) and its own-result moves `own`

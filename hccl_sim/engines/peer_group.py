@@ -158,10 +158,6 @@ class PeerGroup(RankGroup):
         self.plane = HostedPlane(self.transport, self.rank, memory, self.rounds.waiting)
         self.pooled_result_bytes = self.plain_result_bytes = self.inline_bytes + 1
 
-    # ---- the control plane -----------------------------------------------------------------------
-    def _allgather(self, payload: bytes, what, op: str) -> list:
-        return self.rounds.allgather(payload, what, op)
-
     # ---- the contract ------------------------------------------------------------------------------
     def rendezvous(self, rank, call: Call):
         eager = None if call.eager is None else call.eager.tobytes()     # C order, whatever the strides
@@ -236,16 +232,18 @@ class PeerGroup(RankGroup):
             return plan, end
         raws = self._meet(rank, call, lane.head + _CLOCK.pack(call.clock) + (b"" if x is None else x.tobytes()),
                           lane.op)
-        hit = lane.take(raws, out)
+        agreed = CallPayload.agreed(raws, lane.head, 0)       # (clocks, None, inputs) when every call is this one
+        hit = None if agreed is None else lane.plan_at(agreed[0])
         if hit is not None:
-            return hit
+            if hit[2] is not None:
+                hit[2].run(b"".join(agreed[2]), out)
+            return hit[0], hit[1]
         # another call somewhere, or clocks not seen yet: the general way
         plan = self._agree(rank, call, raws, self._head(call, None if x is None else x.tobytes()), x is not None)
         eagers, self._eager = self._eager, None
         end, own = plan.exit_of(rank), None if x is None else self._own_for(rank, plan.data, x, out)
-        clocks = lane.clocks(raws)
-        if clocks is not None:
-            lane.keep(clocks, plan, end, own)
+        if agreed is not None:
+            lane.keep(agreed[0], plan, end, own)
         if own is not None:
             own.run(b"".join(eagers), out)
         return plan, end

@@ -63,7 +63,8 @@ YIELD_S = 0.001                      # and keeps polling so until a wait is this
                                      # stays off the futex; longer waits sleep. Measured on 2 cores, 8 Ray
                                      # ranks (experiments/small_op_profile.py): 8-byte AllReduce after a
                                      # barrier 367-371 us against 414-428 us at 0.2 ms; a rank's 1 ms of
-                                     # numpy work while 7 peers yield-wait 1.04x its time while they sleep
+                                     # numpy work while 7 peers yield-wait 0.99-1.03x its time while they
+                                     # sleep (five runs)
 BLOCK_SLICE_S = 0.05                 # longest single futex sleep: bounds a (theoretical) lost wake-up
 LIVENESS_S = 0.1                     # how often a blocked waiter checks that missing peers' processes live
 REASON_BYTES = 256
@@ -423,7 +424,6 @@ class ShmControl(ControlPlane):
     def __init__(self, block):
         self.block = block
         self.max_payload = block.slot_bytes
-        self.allgather = block.allgather     # a round is the block's, called without a frame of ours
 
     def allgather(self, seq: int, payload: bytes, deadline, op=None) -> list:
         return self.block.allgather(seq, payload, deadline, op)
