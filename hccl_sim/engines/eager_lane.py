@@ -35,7 +35,7 @@ class EagerLane:
     def plan_at(self, clocks: list):
         """(plan, exit clock, own-result moves) kept for these entry clocks' pattern, or None."""
         base = min(clocks)
-        hit = self.plans.get(tuple([c - base for c in clocks]))
+        hit = self.plans.get(tuple(map(base.__rsub__, clocks)))       # each clock - base
         return None if hit is None else (hit[0], base + hit[1], hit[2])
 
     def keep(self, clocks: list, plan, exit_clock: int, own) -> None:

@@ -57,6 +57,7 @@ class CallPayload:
     _HEAD = struct.Struct("<qIII")          # itemsize, signature bytes, eager bytes (or 2^32-1: none), sent counts
     _CLOCK = struct.Struct("<q")
     _NONE = 0xFFFFFFFF
+    _records = {}                           # (head, sent, payload bytes) -> agreed's layout
     __slots__ = ("signature", "clock", "itemsize", "eager", "sent")
 
     def __init__(self, signature: bytes, clock: int, itemsize: int, eager, sent: tuple = ()):
@@ -90,19 +91,27 @@ class CallPayload:
 
     @classmethod
     def agreed(cls, raws: list, head: bytes, nsent: int):
-        """(every rank's clock, every rank's sent counts, every rank's eager bytes) when every
-        payload in `raws` starts with this rank's `head` (item size, signature, eager size and the
-        number of sent counts equal as bytes: the same call), else None."""
-        for r in raws:
-            if not r.startswith(head):
-                return None
-        at = len(head)
-        unpack = cls._CLOCK.unpack_from
-        clocks = [unpack(r, at)[0] for r in raws]
-        at += 8
-        sent = [struct.unpack_from(f"<{nsent}q", r, at) for r in raws] if nsent else None
-        at += 8 * nsent
-        return clocks, sent, [r[at:] for r in raws]
+        """(every rank's clock, every rank's sent counts, every rank's eager bytes joined in rank
+        order) when every payload in `raws` starts with this rank's `head` (item size, signature,
+        eager size and the number of sent counts equal as bytes: the same call), else None.
+
+        A payload that starts with the head has the head's length (the head holds every length),
+        so where every one does the payloads joined are records of one layout: one join and one
+        unpack read them all (a loop of small ops runs this at every op, with cold caches)."""
+        size = len(raws[0])
+        joined = b"".join(raws)
+        if len(joined) != size * len(raws) or size < len(head) + 8 + 8 * nsent:
+            return None
+        layout = cls._records.get((len(head), nsent, size))
+        if layout is None:
+            if len(cls._records) >= 256:
+                cls._records.clear()
+            layout = cls._records[(len(head), nsent, size)] = struct.Struct(
+                f"<{len(head)}sq{8 * nsent}s{size - len(head) - 8 - 8 * nsent}s")
+        heads, clocks, sent, eagers = zip(*layout.iter_unpack(joined))
+        if heads.count(head) != len(raws):
+            return None
+        return clocks, [struct.unpack(f"<{nsent}q", s) for s in sent] if nsent else None, b"".join(eagers)
 
     def signature_object(self, signature_type):
         return signature_type(*pickle.loads(self.signature))
@@ -205,7 +214,7 @@ class PeerGroup(RankGroup):
                 plan = self._plans.agreed(sig, call.itemsize, clocks, sent, key=head[0])
             else:
                 payloads = [CallPayload.decode(r) for r in raws]
-                eagers = [c.eager for c in payloads]
+                eagers = b"".join([c.eager or b"" for c in payloads])
                 plan = self._plans.plan([Call(call.seq, c.signature_object(Signature), c.clock, c.itemsize,
                                               sent=c.sent) for c in payloads])
         except HcclError as exc:
@@ -236,7 +245,7 @@ class PeerGroup(RankGroup):
         hit = None if agreed is None else lane.plan_at(agreed[0])
         if hit is not None:
             if hit[2] is not None:
-                hit[2].run(b"".join(agreed[2]), out)
+                hit[2].run(agreed[2], out)
             return hit[0], hit[1]
         # another call somewhere, or clocks not seen yet: the general way
         plan = self._agree(rank, call, raws, self._head(call, None if x is None else x.tobytes()), x is not None)
@@ -245,7 +254,7 @@ class PeerGroup(RankGroup):
         if agreed is not None:
             lane.keep(agreed[0], plan, end, own)
         if own is not None:
-            own.run(b"".join(eagers), out)
+            own.run(eagers, out)
         return plan, end
 
     def execute(self, rank, seq, data, buffers: RankBuffers) -> None:
@@ -302,8 +311,8 @@ class PeerGroup(RankGroup):
         """`dead` (a rank of this group) dies in this op (the Ray engine tells its driver)."""
 
     def _own_result(self, rank, data, buffers, raws):
-        """This rank's output from every rank's (eager) input (`raws`, in rank order)."""
-        self._own_for(rank, data, buffers.input, buffers.output).run(b"".join(raws), buffers.output)
+        """This rank's output from every rank's (eager) input (`raws`: their bytes joined in rank order)."""
+        self._own_for(rank, data, buffers.input, buffers.output).run(raws, buffers.output)
 
     def _own_for(self, rank, data, x, out):
         """The moves that decide this rank's output of `data` (hcomm.exec.OwnResult), compiled once

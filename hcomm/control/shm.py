@@ -53,7 +53,6 @@ from ..memory.shared_file import L as _L, Mapping as _Mapping, Timespec as _Time
 from ..memory.shared_file import proc_start_time as _proc_start_time
 from .base import ControlPlane
 
-_string_at = ctypes.string_at
 
 DEFAULT_SLOT_BYTES = 4096
 MAGIC = 0x6863636c63746c31          # "hcclctl1"
@@ -102,6 +101,7 @@ class ControlBlock:
         self._stride = (8 + self.slot_bytes + 63) // 64 * 64
         self._slots = _HEADER + (self.size + 1) * _RECORD
         self._base = self._w.base                 # the mapping's address, for futex calls
+        self._map = seg.map
         self._ts = _Timespec()
         self._seq_at = [self._rec(j) + _R_SEQ for j in range(self.size)]
         # every rank's slot (its length word, then its bytes) of each parity
@@ -288,8 +288,8 @@ class ControlBlock:
         target = seq + 1
         self._w.store(at, target)                  # release: the payload before it
         self._wait(target, deadline, seq, op)
-        base = self._base                          # (string_at: one C call a slot, no view made)
-        out = [_string_at(base + off + 8, q[off >> 3]) for off in slots]
+        m = self._map                              # (an mmap's slice: one bytes copy a slot, no view made)
+        out = [m[off + 8:off + 8 + q[off >> 3]] for off in slots]
         out[rank] = payload
         return out
 

@@ -9,12 +9,15 @@ rank's input, output and scratch, each deciding move bound to its views, so an e
 small op (a training loop's many tiny AllReduces) pays one ufunc call per move and nothing else.
 
 Tiny float32/float64 sums and products (moves of a few elements, where a ufunc call's fixed cost
-of ~1 us is all the work) run element by element on numpy scalars instead: the same operations in
-the same order, each an IEEE-rounded operation of the dtype itself, so the result is
-bit-identical to the ufunc path's.
+of ~1 us is all the work) run element by element on Python floats instead: the same operations in
+the same order, each rounded to the dtype (float64's are the dtype's own; a float32 one is exact
+in float64 and rounded once, which gives the float32 operation's bits: _scalar_function), so the
+result is bit-identical to the ufunc path's. Python floats, not numpy scalars: a rank of a small-op
+loop runs this once per op with cold caches, where numpy's scalar machinery cost twice as much.
 """
 from __future__ import annotations
 
+import array
 import math
 
 import numpy as np
@@ -45,11 +48,15 @@ class OwnResult:
             for (a, b), moves in loops:
                 views = [(xs[j, a:b], outs[j, a:b], None) for j in range(p)]
                 ops += _bound(moves, views, ufunc)
-            if dtype.name in SCALAR_DTYPES and ufunc in (None, np.add, np.multiply):
+            if dtype.name in SCALAR_DTYPES and dtype.isnative and ufunc in (None, np.add, np.multiply) \
+                    and outs.shape[1] == xs.shape[1]:
                 program = _scalar_program(loops, p, xs.shape[1], rank, SCALAR_ELEMENTS_PER_MOVE)
                 if program is not None:
-                    self.scalar = _scalar_function(*program, p * xs.shape[1], dtype.type(0),
-                                                   "*" if ufunc is np.multiply else "+")
+                    self._code = dtype.char
+                    self._cells = array.array(dtype.char, [0.0]) * outs.shape[1]
+                    self._cell_bytes = memoryview(self._cells).cast("B")
+                    self.scalar = _scalar_function(*program, p * xs.shape[1], self._cells,
+                                                   "*" if ufunc is np.multiply else "+", dtype.char == "f")
                     self.run = self._run_scalar         # (no dispatch in run: a loop of tiny ops calls it)
         else:
             outs = [np.zeros(out_shape, dtype=dtype) for _ in range(p)]
@@ -78,12 +85,12 @@ class OwnResult:
         out.reshape(-1)[:] = self.result.reshape(-1)
 
     def _run_scalar(self, inputs, out) -> None:
-        cells = list(inputs.reshape(-1) if isinstance(inputs, np.ndarray)
-                     else np.frombuffer(inputs, dtype=self.inputs.dtype))
-        if out.ndim == 1:
-            out[:] = self.scalar(cells)
+        self.scalar(inputs.reshape(-1).tolist() if isinstance(inputs, np.ndarray)
+                    else memoryview(inputs).cast(self._code).tolist())
+        if out.flags.c_contiguous:
+            out.data.cast("B")[:] = self._cell_bytes
         else:
-            out.reshape(-1)[:] = self.scalar(cells)
+            out[...] = np.frombuffer(self._cells, out.dtype).reshape(out.shape)
 
 
 def own_result(data: DataProgram, inputs, out, rank: int) -> None:
@@ -109,27 +116,32 @@ def _scalar_program(loops, p: int, n: int, rank: int, per_move: int):
     return ops, (p + rank) * n, (p + rank + 1) * n
 
 
-def _scalar_function(ops, lo: int, hi: int, inputs: int, zero, sign: str):
+def _scalar_function(ops, lo: int, hi: int, inputs: int, cells, sign: str, rounds: bool):
     """The element operations of _scalar_program as one compiled function of every rank's input
-    cells, returning `rank`'s output cells.
+    cells (Python floats), writing `rank`'s output cells into `cells` (an array.array of the dtype).
 
-    Straight-line code, a local per operation, so a tiny op pays for its additions and nothing
-    else (no list of cells, no loop). The operations and their operands' order are the program's,
-    each the dtype's own IEEE-rounded numpy-scalar operation: bit-identical to the ufunc path.
-    Output cells no move writes stay `zero`."""
+    Straight-line code on Python floats: a float64 operation is the dtype's own. A float32 one is
+    done in float64 and rounded to float32 by storing it in `cells` (array 'f'): for + and * of
+    two float32 values that double rounding is exact (binary64 has more than 2*24+2 bits: the
+    result is the float32 operation's, bit for bit). Output cells no move writes stay 0."""
     expr = {}                           # cell -> the expression holding its value now
     lines = []
     for d, src, other in ops:
-        a = expr.get(src, f"c[{src}]" if src < inputs else "zero")
+        a = expr.get(src, f"c[{src}]" if src < inputs else "0.0")
         if other < 0:
             expr[d] = a                 # a copy: the same value under another cell
             continue
-        b = expr.get(other, f"c[{other}]" if other < inputs else "zero")
-        lines.append(f"    v{len(lines)} = {a} {sign} {b}")
-        expr[d] = f"v{len(lines) - 1}"
-    result = ", ".join(expr.get(cell, f"c[{cell}]" if cell < inputs else "zero") for cell in range(lo, hi))
-    source = "def own(c):\n" + "\n".join(lines + [f"    return ({result},)"]) + "\n"
-    scope = {"zero": zero}
+        b = expr.get(other, f"c[{other}]" if other < inputs else "0.0")
+        v = f"v{len(lines)}"
+        if rounds:
+            lines.append(f"    r[0] = {a} {sign} {b}; {v} = r[0]")
+        else:
+            lines.append(f"    {v} = {a} {sign} {b}")
+        expr[d] = v
+    outs = [expr.get(cell, f"c[{cell}]" if cell < inputs else "0.0") for cell in range(lo, hi)]
+    lines += [f"    r[{k}] = {e}" for k, e in enumerate(outs)]
+    source = "def own(c):\n" + "\n".join(lines or ["    pass"]) + "\n"
+    scope = {"r": cells}
     exec(compile(source, "<own result>", "exec"), scope)    # noqa: S102 - code generated from the program
     return scope["own"]
 

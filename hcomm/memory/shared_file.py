@@ -109,15 +109,15 @@ class Mapping:
             size = os.fstat(fd).st_size
             if size < header_bytes:         # its creator is still sizing it
                 raise FileNotFoundError(self.path)
-            self._mmap = mmap.mmap(fd, size)
+            self.map = mmap.mmap(fd, size)    # (a slice of it is a bytes copy: the cheapest read)
             self.size = size
         finally:
             os.close(fd)
-        self.buf = memoryview(self._mmap)
+        self.buf = memoryview(self.map)
 
     def close(self):
         self.buf.release()
-        self._mmap.close()
+        self.map.close()
 
     def unlink(self):
         os.unlink(self.path)
