@@ -15,6 +15,7 @@ from topologies import hardware
 pytestmark = pytest.mark.torch
 
 TOPO = hardware("atlas800t-a2", devices_per_server=[4])
+TOPO_ONE = hardware("atlas800t-a2", devices_per_server=[1])     # a lone rank: one process, no Ray
 
 
 def _timeline():
@@ -229,3 +230,42 @@ def test_ddp_buckets_hide_behind_backward_and_train_alike(torch_cluster):
         assert step.time < step.compute + comm
     for _, _, _, params in res[1:]:
         assert all(torch.equal(a, b) for a, b in zip(params, res[0][3]))
+
+
+def _own_follow_ups(comm, timeout_s):
+    """On a lone rank, in a step: FSDP2's gradient ReduceScatter (reduce_scatter_tensor, AVG,
+    synchronous), a synchronous all_reduce of a bool tensor and an async AVG all_reduce waited;
+    their outputs, whether the Work completed, and the step."""
+    from datetime import timedelta
+    import torch
+    import torch.distributed as dist
+    import hccl_sim.torch as ht
+    # the group's timeout bounds the timeline's waits for an op's end: an op that waits for its
+    # own end fails within it (HCCL_E_TIMEOUT) instead of hanging for HCCL_EXEC_TIMEOUT
+    ht.init_process_group(comm, timeout=timeout_s)
+    try:
+        grads = torch.arange(8, dtype=torch.float32)
+        shard = torch.zeros(8)
+        flags = torch.tensor([True, False, True])
+        ones = torch.ones(2)
+        with ht.timeline() as tl:
+            tl.mark()
+            dist.reduce_scatter_tensor(shard, grads, op=dist.ReduceOp.AVG)
+            dist.all_reduce(flags)
+            work = dist.all_reduce(ones, op=dist.ReduceOp.AVG, async_op=True)
+            done = work.wait(timedelta(seconds=timeout_s))
+            step = tl.since()
+        return shard.tolist(), flags.tolist() + ones.tolist(), done, step
+    finally:
+        ht.destroy_process_group()
+
+
+def test_an_ops_own_follow_up_on_its_output_does_not_wait_for_the_op():
+    """AVG's divide and a bool's int32 copy and copy back are the collective's own work on its
+    output: unlike a read of that output by the program, they must not wait for the op's end, which
+    is set only once they are done. Run on the program's thread, under its timeline's dispatch
+    mode (thread-local), they waited for themselves: FSDP2's AVG ReduceScatter in backward hung so
+    when a synchronous op's job ran on the thread that waited for it."""
+    shard, flags, done, step = hccl_sim.run(_own_follow_ups, topology=TOPO_ONE, args=(5,))[0]
+    assert shard == [float(i) for i in range(8)] and flags == [True, False, True, 1.0, 1.0] and done
+    assert step.kernels == 0        # the collectives' own ops are not the program's kernels
