@@ -567,3 +567,25 @@ def test_chaos_campaign_outcomes_retries_lost_time_and_rank_records_equal_on_ray
         assert (got.outcome, got.verdict.retries, got.verdict.lost_s) == (want.outcome, want.verdict.retries,
                                                                           want.verdict.lost_s), sc.index
         assert got.faulty == want.faulty and got.twin == want.twin
+
+
+def _cpus(comm):
+    return sorted(os.sched_getaffinity(0))
+
+
+@pytest.mark.ray
+def test_a_nodes_ranks_are_bound_round_robin_to_its_cpus_when_they_outnumber_them(cluster8, monkeypatch):
+    """8 ranks on one node: where they outnumber the machine's CPUs, rank i's thread runs on CPU
+    i mod n alone (engines/binding.py); with fewer ranks than CPUs, and under HCCL_SIM_BIND=none,
+    on every CPU; another HCCL_SIM_BIND is refused."""
+    cpus = sorted(os.sched_getaffinity(0))
+    got = cluster8.run(_cpus)
+    if len(cpus) < 8:
+        assert got == [[cpus[i % len(cpus)]] for i in range(8)]
+    else:
+        assert got == [cpus] * 8
+    monkeypatch.setenv("HCCL_SIM_BIND", "none")
+    assert cluster8.run(_cpus) == [cpus] * 8          # a run after a bound one unbinds
+    monkeypatch.setenv("HCCL_SIM_BIND", "socket")
+    with pytest.raises(HcclError, match="HCCL_SIM_BIND='socket' is invalid; expected core or none"):
+        cluster8.run(_cpus)

@@ -7,6 +7,11 @@ rank's Communicator). A collective's job runs it and completes its Work. A send 
 only starts it (Communicator.isend / irecv) and leaves its Request pending: the worker tests its
 pending Requests after every job and, with nothing else to do, until they complete, so transfers
 issued in any order complete as gloo's do (a batch of isends and irecvs never deadlocks).
+
+A job never runs on the thread that waits for it, though that would save a hand-off: the
+program's thread has torch modes of its own (a device timeline's took an op's AVG divide for a
+read of its output and waited for the op's own end), and a wait bounded by a timeout must
+return while its op still waits for its peers (docs/design.md, torch contract).
 """
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ from topologies.errors import HcclError
 from hcomm.control.nodes import HostLayout, NodeControl
 from hcomm.control.shm import ShmControl
 from hcomm.control.transport import TransportControl
+from .. import binding
 from ..bootstrap import communicator, start_runtime
 from .group import RayGroup
 from .planes import PLANES
@@ -116,6 +117,8 @@ class RankActorBase(RayMailbox):
             if plane.host_peers_in_place:
                 self._share_host(spec, group)
             comm = communicator(self.rank, group, self.runtime)
+            if spec.nodes:
+                binding.bind_rank_thread(*binding.node_share(spec.nodes, self.rank), spec.bind)
             try:
                 value = fn(comm, *args, **(kwargs or {}))
             finally:

@@ -32,6 +32,7 @@ import time
 from hcomm.memory import segments as shm
 from topologies.errors import Cause, HcclError
 
+from .. import binding
 from .. import rendezvous as rdv
 from hcomm.control.nodes import HostLayout
 from .actors import CONTROL_SLOT_BYTES, node_block, rank_actor_class
@@ -166,7 +167,8 @@ class RayCluster:
         self._runs += 1
         addresses = self._gather([a.prepare.remote(plane.name, self._runs, config) for a in self.actors],
                                  "open its transport", config.connect_timeout_s or 120)
-        spec = RunSpec(self.session, plane.name, {r: a for r, a in enumerate(addresses)}, config, tuple(self.node_of))
+        spec = RunSpec(self.session, plane.name, {r: a for r, a in enumerate(addresses)}, config, tuple(self.node_of),
+                       binding.requested())
         actors = self.actors if plane.object_store else None
         refs = [a.run.remote(fn, args, kwargs, spec, actors) for a in self.actors]
         try:

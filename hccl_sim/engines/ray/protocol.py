@@ -37,6 +37,7 @@ class RunSpec:
     peers: dict = field(default_factory=dict)   # rank -> (host, port) of its socket transport
     config: Any = None                  # this run's hccl_sim.config.env.Config (None: the actor's own)
     nodes: tuple = ()                   # each rank's Ray node id (ranks of one node share memory)
+    bind: bool = True                   # bind a rank's thread to a CPU where a node's ranks outnumber them (engines/binding.py)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,52 @@
+"""Where a node's ranks outnumber its CPUs, each rank's thread is bound to one of them, round-robin
+by the rank's index among the node's ranks (what `mpiexec --bind-to core` does, oversubscribed).
+
+Why: a rank of a loop of small ops waits for its peers' control round by yielding its CPU
+(hcomm.control.shm). Unbound, 8 ranks on 2 CPUs drift between them and one CPU often holds more
+of the ranks that have not arrived yet than the other, while its waiters yield to each other;
+bound four to a CPU, each CPU runs its four in turn. Measured on 8 Ray ranks on 2 CPUs
+(experiments/small_op_profile.py, experiments/RESULTS.md "Issue 38, third step"): sched_yield
+calls per rank and op fell from 6-13 to 1.5-2, context switches from 2-4 to 1.6-2.
+
+Only the rank's own thread (the one that runs the user's function and its collectives) is bound;
+threads it starts later inherit the CPU. HCCL_SIM_BIND=none leaves every thread unbound;
+HCCL_SIM_BIND=core (the default) binds as above.
+"""
+from __future__ import annotations
+
+import os
+
+from topologies.errors import Cause, HcclError
+
+ENV = "HCCL_SIM_BIND"
+_CPUS = sorted(os.sched_getaffinity(0))     # this process's CPUs, before any thread was bound
+_bound = [False]
+
+
+def requested() -> bool:
+    """Whether HCCL_SIM_BIND asks for binding (read where the run starts: its driver)."""
+    value = os.environ.get(ENV, "core")
+    if value not in ("core", "none"):
+        raise HcclError("E_PARA", f"{ENV}={value!r} is invalid; expected core or none", cause=Cause.BAD_INPUT)
+    return value == "core"
+
+
+def node_share(nodes: tuple, rank: int) -> tuple:
+    """(rank's index among the ranks on its node, how many ranks that node has); `nodes`: every
+    rank's node."""
+    mine = nodes[rank]
+    return sum(1 for n in nodes[:rank] if n == mine), sum(1 for n in nodes if n == mine)
+
+
+def bind_rank_thread(index: int, count: int, bind: bool = True):
+    """Bind the calling thread to CPU `index` mod this process's CPUs when `bind` and the node's
+    `count` ranks outnumber them; else leave it (or set it back) unbound. Returns the CPU or None."""
+    if bind and count > len(_CPUS):
+        cpu = _CPUS[index % len(_CPUS)]
+        os.sched_setaffinity(0, {cpu})
+        _bound[0] = True
+        return cpu
+    if _bound[0]:
+        os.sched_setaffinity(0, _CPUS)
+        _bound[0] = False
+    return None
