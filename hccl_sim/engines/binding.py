@@ -4,9 +4,10 @@ by the rank's index among the node's ranks (what `mpiexec --bind-to core` does, 
 Why: a rank of a loop of small ops waits for its peers' control round by yielding its CPU
 (hcomm.control.shm). Unbound, 8 ranks on 2 CPUs drift between them and one CPU often holds more
 of the ranks that have not arrived yet than the other, while its waiters yield to each other;
-bound four to a CPU, each CPU runs its four in turn. Measured on 8 Ray ranks on 2 CPUs
-(experiments/small_op_profile.py, experiments/RESULTS.md "Issue 38, third step"): sched_yield
-calls per rank and op fell from 6-13 to 1.5-2, context switches from 2-4 to 1.6-2.
+bound four to a CPU, each CPU runs its four in turn. Measured on 8 Ray ranks on 2 CPUs, an 8-byte
+AllReduce, unbound against bound in the same runs (experiments/small_op_profile.py; RESULTS.md,
+"Issue 38, third step"): per rank and op, sched_yield calls 3.9-7.6 -> 1.5-1.9, context switches
+3.3-4.6 -> 1.6-2.0, CPU 66-94 -> 52-60 us; the op after a barrier, median of five runs, 340 -> 296 us.
 
 Only the rank's own thread (the one that runs the user's function and its collectives) is bound;
 threads it starts later inherit the CPU. HCCL_SIM_BIND=none leaves every thread unbound;
