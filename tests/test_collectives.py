@@ -305,6 +305,41 @@ def test_own_result_slices_equal_the_whole_program(name, kw):
     assert scalar_paths > 0
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize("dtype,op", [("float32", "sum"), ("float32", "prod"), ("float64", "sum"), ("float64", "prod")])
+def test_own_results_python_floats_keep_the_dtypes_bits_at_its_edges(dtype, op):
+    """A tiny sum or product runs on Python floats (a float32 one rounded through an array('f')):
+    its bits are the whole program's numpy ones for signed zeros, subnormals, the largest finite
+    values and their overflow, infinities and inf - inf's NaN, on 2, 3 and 8 ranks."""
+    from hccl_sim.plan import planner
+    from hcomm.exec import OwnResult, run_share, with_scratch
+    from hccl_sim.comm.rank_group import RankBuffers
+    rng = np.random.default_rng(7)
+    edges = [0.0, -0.0, 1e-45, -1e-45, 1e-40, 1.17e-38, 3.4e38, -3.4e38, 1.0, 1.0000001, 1 / 3, 0.1, 1e30,
+             -1e30, np.inf, -np.inf]
+    if dtype == "float64":
+        edges += [1e308, -1e308, 5e-324, 2.2e-308, 1.0000000000000002]
+    pool = np.array(edges, dtype=dtype)
+    compiled = 0
+    for p in (2, 3, 8):
+        topo = hccl_sim.topology("fullmesh", ranks=p)
+        for count in (1, 2, 3):
+            sig = planner.Signature("allreduce", (count,), dtype, op, None, None)
+            plan = planner.make_plan(sig, topo, Config(), [0] * p, np.dtype(dtype).itemsize)
+            owns = [OwnResult(plan.data, r, (count,), (count,), dtype) for r in range(p)]
+            compiled += sum(c.scalar is not None for c in owns)
+            for _ in range(12):
+                xs = [rng.choice(pool, count) for _ in range(p)]
+                full = [with_scratch(plan.data, RankBuffers(x, np.zeros(count, dtype), None)) for x in xs]
+                with np.errstate(all="ignore"):
+                    run_share(plan.data, full)
+                for r, own in enumerate(owns):
+                    mine = np.full(count, -99, dtype=dtype)
+                    own.run(np.stack(xs), mine)
+                    assert np.array_equal(mine.view(np.uint8), full[r].output.view(np.uint8)), (p, count, r, xs)
+    assert compiled == 3 * (2 + 3 + 8)        # every rank's result took the Python-float path
+
+
 @pytest.mark.local
 @pytest.mark.parametrize("p", [1, 3, 8])
 def test_out_arrays_and_in_place(p):
