@@ -21,7 +21,7 @@ from topologies.errors import Cause, HcclError
 
 ENV = "HCCL_SIM_BIND"
 _CPUS = sorted(os.sched_getaffinity(0))     # this process's CPUs, before any thread was bound
-_bound = [False]
+_bound = False                              # whether this process bound a thread (to set it back)
 
 
 def requested() -> bool:
@@ -32,22 +32,16 @@ def requested() -> bool:
     return value == "core"
 
 
-def node_share(nodes: tuple, rank: int) -> tuple:
-    """(rank's index among the ranks on its node, how many ranks that node has); `nodes`: every
-    rank's node."""
-    mine = nodes[rank]
-    return sum(1 for n in nodes[:rank] if n == mine), sum(1 for n in nodes if n == mine)
-
-
 def bind_rank_thread(index: int, count: int, bind: bool = True):
     """Bind the calling thread to CPU `index` mod this process's CPUs when `bind` and the node's
     `count` ranks outnumber them; else leave it (or set it back) unbound. Returns the CPU or None."""
+    global _bound
     if bind and count > len(_CPUS):
         cpu = _CPUS[index % len(_CPUS)]
         os.sched_setaffinity(0, {cpu})
-        _bound[0] = True
+        _bound = True
         return cpu
-    if _bound[0]:
+    if _bound:
         os.sched_setaffinity(0, _CPUS)
-        _bound[0] = False
+        _bound = False
     return None

@@ -57,7 +57,6 @@ class CallPayload:
     _HEAD = struct.Struct("<qIII")          # itemsize, signature bytes, eager bytes (or 2^32-1: none), sent counts
     _CLOCK = struct.Struct("<q")
     _NONE = 0xFFFFFFFF
-    _records = {}                           # (head, sent, payload bytes) -> agreed's layout
     __slots__ = ("signature", "clock", "itemsize", "eager", "sent")
 
     def __init__(self, signature: bytes, clock: int, itemsize: int, eager, sent: tuple = ()):
@@ -102,13 +101,9 @@ class CallPayload:
         joined = b"".join(raws)
         if len(joined) != size * len(raws) or size < len(head) + 8 + 8 * nsent:
             return None
-        layout = cls._records.get((len(head), nsent, size))
-        if layout is None:
-            if len(cls._records) >= 256:
-                cls._records.clear()
-            layout = cls._records[(len(head), nsent, size)] = struct.Struct(
-                f"<{len(head)}sq{8 * nsent}s{size - len(head) - 8 - 8 * nsent}s")
-        heads, clocks, sent, eagers = zip(*layout.iter_unpack(joined))
+        # (struct keeps the compiled layouts of the formats it has seen)
+        heads, clocks, sent, eagers = zip(*struct.iter_unpack(
+            f"<{len(head)}sq{8 * nsent}s{size - len(head) - 8 - 8 * nsent}s", joined))
         if heads.count(head) != len(raws):
             return None
         return clocks, [struct.unpack(f"<{nsent}q", s) for s in sent] if nsent else None, b"".join(eagers)

@@ -118,7 +118,9 @@ class RankActorBase(RayMailbox):
                 self._share_host(spec, group)
             comm = communicator(self.rank, group, self.runtime)
             if spec.nodes:
-                binding.bind_rank_thread(*binding.node_share(spec.nodes, self.rank), spec.bind)
+                layout = HostLayout(spec.nodes)         # the rank's index among its node's ranks, and their number
+                binding.bind_rank_thread(layout.local_index[self.rank],
+                                         len(layout.hosts[layout.host_index[self.rank]]), spec.bind)
             try:
                 value = fn(comm, *args, **(kwargs or {}))
             finally:
