@@ -230,6 +230,15 @@ def diverging(comm):
     comm.all_reduce(np.ones(3, np.float32) if comm.rank == 5 else x)
 
 
+def diverging_same_length(comm):
+    """As `diverging`, rank 5's other call with a payload of the repeated call's length (op max for
+    sum): every rank reads the round's records, and their heads differ."""
+    x = np.ones(2, np.float32)
+    for _ in range(3):
+        comm.all_reduce(x)
+    comm.all_reduce(x, op="max" if comm.rank == 5 else "sum")
+
+
 @pytest.mark.ray
 def test_repeated_small_ops_results_bits_and_records_equal_local(cluster8):
     topo = cluster8.topology
@@ -241,8 +250,9 @@ def test_mismatch_and_early_return(cluster8):
     with pytest.raises(HcclError, match="mismatched collective calls") as info:
         cluster8.run(lambda comm: comm.all_reduce(np.ones(3, dtype=np.float32 if comm.rank else np.float64)))
     assert info.value.code == "E_PARA"
-    with pytest.raises(HcclError, match="mismatched collective calls"):
-        cluster8.run(diverging)
+    for fn in (diverging, diverging_same_length):
+        with pytest.raises(HcclError, match="mismatched collective calls"):
+            cluster8.run(fn)
     with pytest.raises(HcclError, match="returned without calling all_reduce"):
         cluster8.run(lambda comm: None if comm.rank == 2 else comm.all_reduce(np.ones(3)))
 

@@ -6,6 +6,7 @@ import multiprocessing as mp
 import os
 import random
 import signal
+import struct
 import time
 
 import pytest
@@ -53,6 +54,31 @@ def _many_ops(session, rank, ops, slow_rank):
             want = [payload_for(j, seq) for j in range(p)]
             if got != want:
                 return f"collective #{seq}: wrong payloads from ranks {[j for j in range(p) if got[j] != want[j]]}"
+    return "ok"
+
+
+RECORD = struct.Struct("<4sq5s")
+
+
+def record_for(rank, seq):
+    return RECORD.pack(bytes([65 + (rank + seq) % 26]) * 4, seq * 1000 + rank, bytes((rank + seq + i) % 256 for i in range(5)))
+
+
+def _records_ops(session, rank, ops):
+    """Rounds of RECORD records read as columns, at both parities; every third round rank 0's
+    payload is one byte longer, and every rank gets the plain list."""
+    with ControlBlock.attach(session, rank) as block:
+        p = block.size
+        for seq in range(ops):
+            odd = seq % 3 == 2 and p > 1
+            mine = record_for(rank, seq) + (b"+" if odd and rank == 0 else b"")
+            columns, raws = block.allgather_records(seq, mine, RECORD, time.monotonic() + 20)
+            sent = [record_for(j, seq) + (b"+" if odd and j == 0 else b"") for j in range(p)]
+            if odd:
+                if columns is not None or raws != sent:
+                    return f"round {seq}: {columns}, {raws} for payloads of two lengths"
+            elif raws is not None or list(columns) != list(zip(*map(RECORD.unpack, sent))):
+                return f"round {seq}: {columns}, {raws} for records {sent}"
     return "ok"
 
 
@@ -131,6 +157,14 @@ def session():
 def test_allgather_many_ops_uneven_speeds(session, p):
     with ControlBlock.create(session, p, slot_bytes=SLOT):
         procs, results = start(_many_ops, session, range(p), 150, p - 1)
+        got = collect(procs, results)
+    assert got == {r: ("ok", "ok") for r in range(p)}
+
+
+@pytest.mark.parametrize("p", [1, 3, 8])
+def test_records_are_read_as_columns_at_both_parities_and_other_lengths_as_the_list(session, p):
+    with ControlBlock.create(session, p, slot_bytes=SLOT):
+        procs, results = start(_records_ops, session, range(p), 12)
         got = collect(procs, results)
     assert got == {r: ("ok", "ok") for r in range(p)}
 

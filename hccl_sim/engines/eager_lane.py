@@ -8,15 +8,18 @@ processes had the core, so what the op costs is mostly how much Python it runs a
 memory it touches then (experiments/small_op_profile.py measures both, per rank).
 
 An `EagerLane` is what the first run of a call leaves for its repeats: the bytes every rank's
-payload starts with (the call itself), where the clock and the input lie after them, and by the
-ranks' relative entry clocks the plans with their compiled own-result moves. A repeat then
-builds one payload, makes one control round, checks that every payload starts with the same
-bytes (the same call everywhere: CallPayload.agreed, as the general way checks it), looks its
-plan up by the relative clocks, and runs the own-result moves: no signature decoded, no plan
-object made. Anything else (a rank that made another call, clocks no cached plan has) goes the
+payload starts with (the call itself), the payload's record layout (those bytes, the entry clock,
+the input), and by the ranks' relative entry clocks the plans with their compiled own-result
+moves. A repeat then packs one record, makes one control round whose plane unpacks every rank's
+record in one call where they land (ControlPlane.allgather_records: no bytes object per rank),
+checks that every record starts with the same bytes (the same call everywhere, as the general
+way checks it), looks its plan up by the relative clocks, and runs the own-result moves: no
+signature decoded, no plan object made. Anything else (a rank that made another call, clocks no cached plan has) goes the
 group's general way, which says what differs.
 """
 from __future__ import annotations
+
+import struct
 
 _PLANS = 64                         # relative-clock patterns kept per call
 
@@ -26,11 +29,14 @@ class EagerLane:
     peer_group.CallPayload.head), and `plans`: relative entry clocks -> (the plan, this rank's
     exit clock relative to the earliest entry, the plan's hcomm.exec.OwnResult for this rank;
     None for a barrier)."""
-    __slots__ = ("signature", "op", "head", "plans", "eager_bytes")
+    __slots__ = ("signature", "op", "head", "plans", "eager_bytes", "record")
 
     def __init__(self, signature, op: str, head: bytes, eager_bytes: int):
         self.signature, self.op, self.head, self.eager_bytes = signature, op, head, eager_bytes
         self.plans = {}
+        # a repeat's payload: the head, the entry clock, the input (the control plane unpacks
+        # every rank's at once: ControlPlane.allgather_records)
+        self.record = struct.Struct(f"<{len(head)}sq{eager_bytes}s")
 
     def plan_at(self, clocks: list):
         """(plan, exit clock, own-result moves) kept for these entry clocks' pattern, or None."""

@@ -187,10 +187,14 @@ class PeerGroup(RankGroup):
                                                            call.sent) + (sig, shape)
         return head
 
-    def _meet(self, rank, call: Call, payload: bytes, op=None) -> list:
-        """Every rank's payload of this call's control round (`op`: the call's op name, if known)."""
+    def _meet(self, rank, call: Call, payload: bytes, op=None, layout=None) -> list:
+        """Every rank's payload of this call's control round (`op`: the call's op name, if known);
+        with `layout` (the payload's record struct), as GroupRounds.allgather_records gives them:
+        (columns, None) or (None, list)."""
         op = op or rdv.opname(call.signature)
         try:
+            if layout is not None:
+                return self.rounds.allgather_records(payload, layout, (op, call.seq), op)
             return self.rounds.allgather(payload, (op, call.seq), op)
         except HcclError as exc:
             # a control plane's "rank N returned without calling it": said as every engine says it
@@ -234,15 +238,23 @@ class PeerGroup(RankGroup):
                 lane = self._lanes[id(sig)] = EagerLane(sig, rdv.opname(sig), self._heads[id(sig)][0], nbytes)
                 lane.keep(plan.entry, plan, end, None if x is None else self._own_for(rank, plan.data, x, out))
             return plan, end
-        raws = self._meet(rank, call, lane.head + _CLOCK.pack(call.clock) + (b"" if x is None else x.tobytes()),
-                          lane.op)
-        agreed = CallPayload.agreed(raws, lane.head, 0)       # (clocks, None, inputs) when every call is this one
+        record = lane.record
+        columns, raws = self._meet(rank, call, record.pack(lane.head, call.clock, b"" if x is None else x.tobytes()),
+                                   lane.op, record)
+        if columns is None:
+            agreed = CallPayload.agreed(raws, lane.head, 0)   # (clocks, None, inputs) when every call is this one
+        elif columns[0].count(lane.head) == self.size:       # every rank's call is this one
+            agreed = (columns[1], None, b"".join(columns[2]))
+        else:
+            agreed = None
         hit = None if agreed is None else lane.plan_at(agreed[0])
         if hit is not None:
             if hit[2] is not None:
                 hit[2].run(agreed[2], out)
             return hit[0], hit[1]
         # another call somewhere, or clocks not seen yet: the general way
+        if raws is None:
+            raws = [record.pack(*fields) for fields in zip(*columns)]
         plan = self._agree(rank, call, raws, self._head(call, None if x is None else x.tobytes()), x is not None)
         eagers, self._eager = self._eager, None
         end, own = plan.exit_of(rank), None if x is None else self._own_for(rank, plan.data, x, out)

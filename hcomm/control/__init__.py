@@ -3,9 +3,9 @@ and close. One shape (`base.ControlPlane`, every member declared), four implemen
 
 | module      | ranks                                   | how                                                  |
 |-------------|-----------------------------------------|------------------------------------------------------|
-| `shm`       | processes on one host                   | sequence slots in a shared segment, futex waits      |
+| `shm`, `shm_plane` | processes on one host            | sequence slots in a shared segment, futex waits      |
 | `nodes`     | processes on several hosts              | a block per host, its leader in an allgather across  |
-| `mpi`       | MPI processes (threads of them)         | one MPI Iallgather of fixed slots per process        |
+| `mpi`       | MPI processes (threads of them)         | one MPI allgather of fixed slots per process (persistent) |
 | `transport` | anything with a peer transport          | a dissemination allgather, ceil(log2 p) rounds        |
 
 Every wait takes a deadline and fails with the HcclError the waiting rank should see.

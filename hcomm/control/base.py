@@ -2,7 +2,7 @@
 rendezvous is, with abort, leave and close, each member declared here (optional ones with their
 defaults), so an engine never asks which plane it holds.
 
-Implementations: `shm.ShmControl` (a shared-memory block of one host), `nodes.NodeControl` (a
+Implementations: `shm_plane.ShmControl` (a shared-memory block of one host, `shm`), `nodes.NodeControl` (a
 block per host, one leader per host across), `transport.TransportControl` (a dissemination
 allgather over any peer transport), `mpi`'s per-rank view of one MPI Iallgather per process.
 """
@@ -21,6 +21,19 @@ class ControlPlane(abc.ABC):
     def allgather(self, seq: int, payload: bytes, deadline: Optional[float], op: Optional[str] = None) -> list:
         """Every rank's payload of round `seq`, in rank order. Fails (an HcclError naming the rank
         that failed, returned or was lost, or E_TIMEOUT past `deadline`) on every waiting rank."""
+
+    def allgather_records(self, seq: int, payload: bytes, layout, deadline: Optional[float], op: Optional[str] = None):
+        """Round `seq` as `allgather` makes it, where this rank's payload is a record of `layout`
+        (a struct.Struct in "<" order; payload = layout.pack(...)): (columns, None) when every
+        rank's payload is as long as the record, one tuple per field of `layout` holding that field
+        of every rank in rank order; else (None, the list `allgather` returns; a plane may return
+        the list in the first case too). A loop repeating one call reads its round so, in one
+        unpack; planes that can unpack the records where they land override this."""
+        raws = self.allgather(seq, payload, deadline, op)
+        joined = b"".join(raws)
+        if len(joined) != layout.size * len(raws):
+            return None, raws
+        return tuple(zip(*layout.iter_unpack(joined))), None
 
     @abc.abstractmethod
     def abort(self, code: str, reason: str) -> None:

@@ -3,8 +3,8 @@ world communicator is.
 
 The ranks of one process (ranks_per_process threads) first meet among themselves; the last to
 arrive runs one MPI allgather for the process (the hub's `ctl_allgather`, transports.mpi.hub_allgather: MPI's
-Iallgather of fixed-size slots, polled against the deadline) and hands every rank its share. So
-an eager small op costs one MPI_Iallgather whatever the number of ranks per process.
+persistent allgather of fixed-size slots, polled against the deadline) and hands every rank its
+share. So an eager small op costs one MPI allgather whatever the number of ranks per process.
 
 A rank that returned or failed takes no more calls, but its process still has to answer its
 peers: from then on the process contributes a marker in its place to every allgather (and, once
@@ -113,18 +113,40 @@ class MpiControl:
             raise rnd.error.replace(rank=self.base + local, op=op)
         return self.decide(rnd.result, seq, self.base + local, op)
 
-    def _alone(self, seq, payload, deadline, op=None) -> list:
+    def _take_round(self, seq, op) -> None:
+        """A lone rank's round `seq` is the process's next; it fails if the job was aborted."""
         if seq != self._next:
             raise HcclError("E_INTERNAL", f"control round {seq} out of order (next {self._next})", rank=self.base, op=op)
         self._next = seq + 1
         got = self._stopped() if self._aborted is not None else None
         if got is not None:
             raise HcclError(got[0], f"aborted: {got[1]}", rank=self.base, op=op, cause=Cause.ABORTED)
+
+    def _alone(self, seq, payload, deadline, op=None) -> list:
+        self._take_round(seq, op)
         try:
             blobs = self.hub.ctl_allgather(_LEN.pack(CALL, len(payload)) + payload, deadline,
                                            lambda: f"collective round {seq} ({op})")
         except HcclError as exc:
             raise exc.replace(rank=self.base, op=op) from None
+        return self._bodies(blobs, seq, op)
+
+    def _alone_records(self, seq, payload, layout, deadline, op=None):
+        """ControlPlane.allgather_records of a lone rank: the hub unpacks every process's call
+        from its slot in the round's buffer, behind the (kind, length) head a call has."""
+        self._take_round(seq, op)
+        try:
+            columns, blobs = self.hub.ctl_allgather_records(_LEN.pack(CALL, len(payload)), payload, layout, deadline,
+                                                            lambda: f"collective round {seq} ({op})")
+        except HcclError as exc:
+            raise exc.replace(rank=self.base, op=op) from None
+        if columns is not None:
+            return columns, None
+        return None, self._bodies(blobs, seq, op)
+
+    def _bodies(self, blobs, seq, op) -> list:
+        """Every lone rank's payload from its process's blob (a cut one: empty), or the error a
+        rank's marker says."""
         bodies, at = [], _LEN.size
         for b in blobs:                  # one (kind, length) head and body per process
             if b is None:
@@ -211,7 +233,7 @@ class RankControl(ControlPlane):
         self._c, self.rank, self.local = control, rank, rank - control.base
         self.max_payload = control.max_payload
         if control.k == 1:              # a lone rank: its rounds are the process's (one call less per op)
-            self.allgather = control._alone
+            self.allgather, self.allgather_records = control._alone, control._alone_records
 
     def allgather(self, seq: int, payload: bytes, deadline, op=None) -> list:
         return self._c.allgather(self.local, seq, payload, deadline, op)

@@ -33,3 +33,12 @@ class GroupRounds:
             return self.control.allgather(seq, payload, self.deadline(), op)
         with self.watch.waiting(what):
             return self.control.allgather(seq, payload, self.deadline(), op)
+
+    def allgather_records(self, payload: bytes, layout, what, op: str | None):
+        """The next round as ControlPlane.allgather_records gives it: (columns, None) or (None, list)."""
+        seq = self.seq
+        self.seq += 1
+        if self.watch is None:
+            return self.control.allgather_records(seq, payload, layout, self.deadline(), op)
+        with self.watch.waiting(what):
+            return self.control.allgather_records(seq, payload, layout, self.deadline(), op)

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct as _struct
 import time
 
 from topologies.errors import HCCL_RESULT, Cause, HcclError
@@ -51,7 +52,6 @@ from ..memory.shared_file import FUTEX_WAIT as _FUTEX_WAIT, FUTEX_WAKE as _FUTEX
 from ..memory.shared_file import check_machine as _check_machine
 from ..memory.shared_file import L as _L, Mapping as _Mapping, Timespec as _Timespec, futex_call as _syscall
 from ..memory.shared_file import proc_start_time as _proc_start_time
-from .base import ControlPlane
 
 
 DEFAULT_SLOT_BYTES = 4096
@@ -113,6 +113,7 @@ class ControlBlock:
         self._wait_args = [(_L(_SYS_FUTEX), _L(self._base + (_W_DONE + i) * 8), _L(_FUTEX_WAIT)) for i in (0, 1)]
         self._ts_ref = ctypes.byref(self._ts)
         self._closed = False
+        self._records = {}                         # (record format, parity) -> struct of a round's slots
         self.names, self.rounds_per_call = None, 1     # as_part_of
 
     def as_part_of(self, names, rounds_per_call: int) -> "ControlBlock":
@@ -268,6 +269,37 @@ class ControlBlock:
         a second, each run after seven other processes had the core, so it touches little: the
         slots' places are computed once (`_slot_at`), and the abort word is read plainly (the
         acquire load is abort_error's, when it is set)."""
+        return self._read(self._publish(seq, payload, deadline, op), payload)
+
+    def allgather_records(self, seq: int, payload: bytes, layout, deadline: float | None, op: str | None = None):
+        """ControlPlane.allgather_records: every rank's slot of the round unpacked in place, in
+        one call (a slot's length word, the record, then the rest of the stride up to the rank's
+        next slot of this parity: the other parity's slot lies between)."""
+        slots = self._publish(seq, payload, deadline, op)
+        n, stride = len(payload), self._stride
+        parity = seq & 1
+        key = (layout.format, parity)
+        got = self._records.get(key)
+        if got is None:
+            if 8 + n > stride:
+                return None, self._read(slots, payload)
+            before, after = parity * stride, (1 - parity) * stride + stride - 8 - n
+            got = self._records[key] = _struct.Struct(f"<{before}xq{layout.format.lstrip('<')}{after}x")
+        columns = tuple(zip(*got.iter_unpack(self._seg.buf[self._slots:self._slots + 2 * stride * self.size])))
+        if columns[0].count(n) != self.size:
+            return None, self._read(slots, payload)
+        return columns[1:], None
+
+    def _read(self, slots, payload) -> list:
+        """Every rank's payload of the round just waited for (this rank's own: `payload`)."""
+        q, m = self._q, self._map                  # (an mmap's slice: one bytes copy a slot, no view made)
+        out = [m[off + 8:off + 8 + q[off >> 3]] for off in slots]
+        out[self.rank] = payload
+        return out
+
+    def _publish(self, seq: int, payload: bytes, deadline, op) -> list:
+        """Publish this rank's payload of round `seq` and wait until every rank has: the round's
+        slots (their places)."""
         q, rank = self._q, self.rank
         if rank is None or self._closed:
             raise HcclError("E_IN_STATUS", "allgather needs an attached, open rank handle", rank=self._who(rank), op=op)
@@ -288,10 +320,7 @@ class ControlBlock:
         target = seq + 1
         self._w.store(at, target)                  # release: the payload before it
         self._wait(target, deadline, seq, op)
-        m = self._map                              # (an mmap's slice: one bytes copy a slot, no view made)
-        out = [m[off + 8:off + 8 + q[off >> 3]] for off in slots]
-        out[rank] = payload
-        return out
+        return slots
 
     def barrier(self, seq: int, deadline: float | None, op: str | None = "barrier"):
         self.allgather(seq, b"", deadline, op)
@@ -415,28 +444,3 @@ class ControlBlock:
         names = {_DETACHED: "detached", _ATTACHED: "attached", _CLOSED: "closed", _LEFT: "left"}
         return [(int(self._q[self._rec(j) + _R_SEQ]), int(self._q[self._rec(j) + _R_PID]),
                  names.get(self._q[self._rec(j) + _R_STATE], "?")) for j in range(self.size)]
-
-
-class ShmControl(ControlPlane):
-    """A ControlBlock as a rank's control plane (allgather, abort, leave, close). The block is the
-    world communicator's alone: a communicator's abort fails its rounds there too."""
-
-    def __init__(self, block):
-        self.block = block
-        self.max_payload = block.slot_bytes
-
-    def allgather(self, seq: int, payload: bytes, deadline, op=None) -> list:
-        return self.block.allgather(seq, payload, deadline, op)
-
-    def abort(self, code: str, reason: str) -> None:
-        self.block.abort(code, reason)
-
-    def abort_for_communicator(self, code: str, reason: str) -> None:
-        self.block.abort(code, reason)
-
-    def leave(self) -> None:
-        """This rank's run returned: peers still waiting for it learn so at once."""
-        self.block.leave()
-
-    def close(self) -> None:
-        self.block.close()

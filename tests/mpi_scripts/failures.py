@@ -19,6 +19,15 @@ def mismatched(comm):
     comm.all_reduce(np.ones(4 if comm.rank else 5))
 
 
+def diverging(comm):
+    """Three repeats of one small call (the lean path's records), then the last rank makes another
+    whose payload has the same length (op max for sum): the lean path hands it on, which names it."""
+    x = np.ones(2, np.float32)
+    for _ in range(3):
+        comm.all_reduce(x)
+    comm.all_reduce(x, op="max" if comm.rank == comm.size - 1 else "sum")
+
+
 def raising(comm):
     comm.all_reduce(np.ones(100_000))             # over the eager size: the per-rank executor
     if comm.rank == 1:
@@ -120,6 +129,7 @@ def main():
     topo = hccl_sim.topology("fullmesh", ranks=p)
     env = {"HCCL_EXEC_TIMEOUT": "60"}
     for fn, code, words, cause in ((mismatched, "E_PARA", "mismatched", "MISMATCH"),
+                                   (diverging, "E_PARA", "mismatched", "MISMATCH"),
                                    (raising, "E_INTERNAL", "ValueError: boom on rank 1", None),
                                    (early, "E_PARA", "rank 0 returned without calling", "PEER_RETURNED"),
                                    (own_bug, "E_INTERNAL", "ZeroDivisionError: rank 2's own bug", None)):

@@ -19,7 +19,7 @@ from hcomm.transports.ray_object import RayMailbox
 from topologies.errors import HcclError
 
 from hcomm.control.nodes import HostLayout, NodeControl
-from hcomm.control.shm import ShmControl
+from hcomm.control.shm_plane import ShmControl
 from hcomm.control.transport import TransportControl
 from .. import binding
 from ..bootstrap import communicator, start_runtime

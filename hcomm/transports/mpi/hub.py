@@ -96,7 +96,8 @@ class MpiHub(ControlRounds):
         self.sent_to = [0] * self.nprocs       # frames sent to each process
         self.received_from = [0] * self.nprocs
         self._ctl_posted, self._ctl_pending = 0, []
-        self._slots = self._new_slots()      # a control round's buffers, reused until a round is abandoned
+        self._ring = self._new_ring()          # the control rounds' buffers (hub_allgather._Slots), in turn
+        self._layouts = {}                     # (head, record format) -> struct of a records round's slots
         self._pool = {}
         self._idle_since = time.monotonic()     # when the last poll of a waiting rank moved something
         self.aborted = self.ctl_aborted = None
@@ -278,16 +279,13 @@ class MpiHub(ControlRounds):
         self.wait_closing(req, deadline, "the job's closing exchange")
         every = every.reshape(self.nprocs, -1)
         while self._ctl_posted < every[:, 0].max():     # rounds the others posted and this process did not
-            with self.lock:
-                send, recv = np.zeros(SLOT_BYTES, np.uint8), np.empty(SLOT_BYTES * self.nprocs, np.uint8)
-                self._ctl_pending.append((self.ctl.Iallgather([send, MPI.BYTE], [recv, MPI.BYTE]), send, recv))
-                self._ctl_posted += 1
+            self._post(bytes(8), None, deadline, "the job's closing rounds", closing=True)   # (length 0: unread)
         expect = list(every[:, 1 + self.proc])
         while True:
             self.progress()
+            pending = self.rounds_pending()
             with self.lock:
-                self._ctl_pending = [c for c in self._ctl_pending if not c[0].Test()]
-                done = (not self._ctl_pending and not self._sends and self.received_from == expect
+                done = (not pending and not self._sends and self.received_from == expect
                         and not any(self._incoming))
             if done:
                 break
@@ -298,6 +296,7 @@ class MpiHub(ControlRounds):
             time.sleep(1e-4)
         self.closed = True
         self.endpoints.clear()
+        self._free_ring()
         blobs = self._gather_closing(blob, deadline)
         self.comm.Free()
         self.ctl.Free()
