@@ -112,7 +112,7 @@ def test_mismatch_raising_rank_early_return_and_rank_crash_on_every_process():
     the local engine gives, each survivor woken by the dead rank's loss (failures.crashes)."""
     lines, _ = mpiexec(3, SCRIPTS / "failures.py", 1)
     # aborting: comm.abort() releases the others; own_bug: a rank's own error over a peer's early return
-    for what in ("mismatched", "raising", "early", "own_bug", "aborting"):
+    for what in ("mismatched", "raising", "early", "own_bug", "late", "aborting"):
         assert said(lines, what) == [0, 1, 2], lines
     assert said(lines, "crash") == [0, 1, 2], lines
 
@@ -120,7 +120,7 @@ def test_mismatch_raising_rank_early_return_and_rank_crash_on_every_process():
 @pytest.mark.mpi
 def test_failures_and_rank_crash_with_two_ranks_per_process():
     lines, _ = mpiexec(2, SCRIPTS / "failures.py", 2)
-    for what in ("mismatched", "raising", "early", "own_bug", "aborting", "crash"):
+    for what in ("mismatched", "raising", "early", "own_bug", "late", "aborting", "crash"):
         assert said(lines, what) == [0, 1], lines
 
 

@@ -7,8 +7,10 @@ table whose servers and devices are taken in order) must have exactly (MPI world
 else an HcclError names both numbers.
 
 Each rank's Group is a PeerGroup (engines/peer_group.py): the world communicator's rendezvous is
-one MPI allgather per op (hcomm.control.mpi), every rank plans the op itself, small ops are
-eager (their inputs travel in that allgather), larger ones run the per-rank executor over the
+one MPI allgather per op (hcomm.control.mpi), or, for a job of one node with a rank per process
+and no rank_crash in its fault plan, one round of a shared-memory control block (as Ray's ranks
+of a node meet: waiting ranks sleep on a futex instead of polling MPI); every rank plans the op
+itself, small ops are eager (their inputs travel in that round), larger ones run the per-rank executor over the
 MPI transport (hcomm.transports.mpi: Isend/Irecv on numpy buffers; data plane "p2p") or the
 central data program on MPI-3 shared-memory windows among the ranks of one node
 (hcomm.exec.shared_plane over hcomm.memory.window_provider; data plane "window"); split/shrink sub-communicators run over scoped views
@@ -41,7 +43,7 @@ import time
 import traceback
 
 
-from hcomm.control.mpi import MpiControl
+from hcomm.control.mpi import HostBlockControl, MpiControl, host_block
 from hcomm.transports.mpi import MpiHub, MpiTransport, require_thread_level
 from topologies.errors import HcclError
 
@@ -77,16 +79,20 @@ def check_placement(topo, nprocs: int, k) -> int:
 def default_plane(comm=None) -> str:
     """The MPI engine's data plane when none is named: "window" (MPI-3 shared-memory windows) when
     every process of `comm` (default the world) shares one node, else "p2p" (Isend/Irecv).
-    Collective (a split of `comm` by node, MPI_COMM_TYPE_SHARED), and every process gets the same
-    answer: the node groups partition the job, so one of them is the whole job for all or for none."""
+    Collective (`one_node`)."""
+    return "window" if one_node(world() if comm is None else comm) else "p2p"
+
+
+def one_node(comm) -> bool:
+    """Whether every process of `comm` shares one node. Collective (a split of `comm` by node,
+    MPI_COMM_TYPE_SHARED), and every process gets the same answer: the node groups partition the
+    job, so one of them is the whole job for all or for none."""
     from mpi4py import MPI
-    comm = world() if comm is None else comm
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        one_node = node.Get_size() == comm.Get_size()
+        return node.Get_size() == comm.Get_size()
     finally:
         node.Free()
-    return "window" if one_node else "p2p"
 
 
 RESULT_POOL_BYTES = 1 << 20
@@ -137,10 +143,16 @@ class MpiJob:
             raise HcclError("E_PARA", f"data_plane {data_plane!r}: expected one of {', '.join(PLANES)} (engine mpi)")
         self.k = check_placement(topo, comm.Get_size(), ranks_per_process)
         require_thread_level(self.k)
-        plane = default_plane(comm) if data_plane is None else data_plane
+        here = one_node(comm)
+        plane = data_plane or ("window" if here else "p2p")
         self.topo, self.config, self.data_plane = topo, config, plane
         self.hub = MpiHub(comm, topo.num_ranks, self.k, config.wait_timeout_s)
         self.control = MpiControl(self.hub, config.wait_timeout_s)
+        # one node, a rank per process, no rank the fault plan crashes (its process lives on, and
+        # only MPI's rounds carry its LOST marker): the ranks meet in a shared-memory block
+        crashes = config.faults is not None and config.faults.crashes
+        self.block, self._block_owner = host_block(comm, topo.num_ranks) if here and self.k == 1 and not crashes \
+            else (None, None)
         self.memory = None             # the window plane's WindowProvider
         if plane == "window":
             from hcomm.memory.window_provider import WindowProvider
@@ -148,8 +160,10 @@ class MpiJob:
                 self.memory = WindowProvider(self.hub, topo.device_model.hbm_bytes)
             except HcclError:          # every process fails alike (the windows are collective): end the job's MPI
                 self.hub.close(rdv.deadline(config))
+                self._close_block()
                 raise
-        self.groups = {r: MpiGroup(r, topo, config, self.control.view(r), MpiTransport(self.hub, r), self)
+        view = self.control.view if self.block is None else (lambda r: HostBlockControl(self.block, self.hub))
+        self.groups = {r: MpiGroup(r, topo, config, view(r), MpiTransport(self.hub, r), self)
                        for r in self.hub.local_ranks()}
         self.runtimes = {}
         self._finished = set()
@@ -172,13 +186,15 @@ class MpiJob:
         group = self.groups[rank]
         if exc is None:
             group.exit(rank)
-            self.control.finish(rank - self.control.base, None)
         else:
             try:
                 group.fail(rank, exc)
             except HcclError:
                 pass            # the job is closing or already aborted: peers know
-            self.control.finish(rank - self.control.base, rdv.describe_failure(exc))
+        if self.block is not None:
+            self.block.leave()       # ranks still waiting for this one learn it has returned
+        else:
+            self.control.finish(rank - self.control.base, None if exc is None else rdv.describe_failure(exc))
 
     def crash(self, rank: int, reason: str) -> None:
         """Rank `rank` of this process dies (a fault plan's rank_crash) but its process goes on:
@@ -196,11 +212,19 @@ class MpiJob:
         process's `blob`, in process order."""
         for r in self.groups:
             self.finish(r)
-        if self.memory is not None:
-            held = storage_in_use(self.memory.hbm_arrays(), list(self.runtimes.values()))
-            self.memory.close(rdv.deadline(self.config), held)
-        self.closed = True
-        return self.hub.close(rdv.deadline(self.config), blob)
+        try:
+            if self.memory is not None:
+                held = storage_in_use(self.memory.hbm_arrays(), list(self.runtimes.values()))
+                self.memory.close(rdv.deadline(self.config), held)
+            self.closed = True
+            return self.hub.close(rdv.deadline(self.config), blob)
+        finally:     # after the hub's closing exchange: every process has attached and left
+            self._close_block()
+
+    def _close_block(self) -> None:
+        for handle in (self.block, self._block_owner):
+            if handle is not None:
+                handle.close()
 
 
 # ---- hccl_sim.run(engine="mpi") --------------------------------------------------------------------

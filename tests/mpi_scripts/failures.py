@@ -28,6 +28,13 @@ def diverging(comm):
     comm.all_reduce(x, op="max" if comm.rank == comm.size - 1 else "sum")
 
 
+def late(comm):
+    """Rank 1 calls past the others' deadline (HCCL_EXEC_TIMEOUT=2)."""
+    if comm.rank == 1:
+        time.sleep(3)
+    comm.all_reduce(np.ones(4))
+
+
 def raising(comm):
     comm.all_reduce(np.ones(100_000))             # over the eager size: the per-rank executor
     if comm.rank == 1:
@@ -144,6 +151,16 @@ def main():
         took = time.monotonic() - t0
         assert took < 20, f"{fn.__name__} took {took:.1f} s"
         print(f"{fn.__name__} {me} {code} {took:.2f}", flush=True)
+    # a late rank: with a rank per process on one node the ranks meet in a shared-memory block
+    # (hcomm.control.mpi.host_block), whose waits name the ranks that have not arrived
+    try:
+        hccl_sim.run(late, topology=topo, engine="mpi", ranks_per_process=K, env={"HCCL_EXEC_TIMEOUT": "2"})
+    except hccl_sim.HcclError as exc:
+        words = "ranks [1] have not arrived by the deadline" if K == 1 else "within 2 s (HCCL_EXEC_TIMEOUT)"
+        assert exc.code == "E_TIMEOUT" and words in exc.reason and exc.cause == "TIMEOUT", (str(exc), exc.fields())
+    else:
+        raise AssertionError("late: no error")
+    print(f"late {me} named", flush=True)
     got = hccl_sim.run(aborting, topology=topo, engine="mpi", ranks_per_process=K, env=env)
     assert got[0] is None and all(g[:2] == ("E_REMOTE", True) and g[2] < 2.0 for g in got[1:]), got
     print(f"aborting {me} released", flush=True)
