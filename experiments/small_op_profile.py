@@ -5,7 +5,8 @@ op is eager: every input travels in it). Each run measures, on every rank:
 - back to back: the mean wall time per op of `--ops` ops issued in a row;
 - barrier-separated: 180 ops, each timed after a barrier, the slowest rank's time per op (median);
 - CPU per op: the rank's thread CPU time over the back-to-back ops, split into the control round
-  (GroupRounds.allgather: the payload written, the wait for the peers, every payload read) and
+  (GroupRounds.allgather and allgather_records, which a repeated op's lean path makes: the
+  payload written, the wait for the peers, every payload read) and
   the rest (the call's checks, the plan, the rank's own result, the record);
 - with `perf` on the machine: per op and rank, the actors' CPU time (task-clock, every thread),
   context switches, sched_yield and futex calls, over two seconds of back-to-back ops.
@@ -48,26 +49,30 @@ def rank_profile(comm, ops, seconds):
     then `seconds` more of back-to-back ops (perf watches those), then 180 barrier-separated ops."""
     from hcomm.control.rounds import GroupRounds
     inside = [0.0]
-    plain = GroupRounds.allgather
+    plain = {name: getattr(GroupRounds, name) for name in ("allgather", "allgather_records")}
 
-    def timed(self, *a):
-        t = time.thread_time()
-        try:
-            return plain(self, *a)
-        finally:
-            inside[0] += time.thread_time() - t
+    def timer(fn):
+        def timed(self, *a):
+            t = time.thread_time()
+            try:
+                return fn(self, *a)
+            finally:
+                inside[0] += time.thread_time() - t
+        return timed
     x = np.full(2, comm.rank + 1, np.float32)
     for _ in range(50):
         comm.all_reduce(x)
     comm.barrier()
-    GroupRounds.allgather = timed
+    for name, fn in plain.items():
+        setattr(GroupRounds, name, timer(fn))
     try:
         c0, t0 = time.thread_time(), time.perf_counter()
         for _ in range(ops):
             y = comm.all_reduce(x)
         wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
     finally:
-        GroupRounds.allgather = plain
+        for name, fn in plain.items():
+            setattr(GroupRounds, name, fn)
     ok = bool(np.all(y == comm.size * (comm.size + 1) / 2))
     # a stretch of back-to-back ops for perf: rank 0 says when to stop (every rank calls the same ops)
     end = time.perf_counter() + seconds
