@@ -4,8 +4,8 @@ waits poll.
 The world communicator's control allgather (`ctl_allgather`) is MPI's own allgather of fixed-size
 slots (SLOT_BYTES per process) on a duplicate of the job's communicator of its own: MPI-4's
 persistent one (MPI_Allgather_init once, a Start per round: no schedule is built per round, which
-cut a small op's round by a quarter on 8 processes), MPI_Iallgather where the library has none or
-once a round was abandoned. Longer payloads take extra slot rounds, which every process computes
+cut a bare loop's round by a quarter on 8 processes), MPI_Iallgather where the library has none.
+Longer payloads take extra slot rounds, which every process computes
 from the first round alike. `ctl_allgather_records` unpacks a round of records of one layout (a
 loop's repeated small op) straight from the round's buffer, every slot in one call. Each round is
 polled against its deadline (HCCL_EXEC_TIMEOUT) in a tight Test loop: on a node running more of
@@ -215,7 +215,7 @@ class ControlRounds:
         return None, self._gathered(bytes(recv), blob, deadline, what)
 
     def ctl_allgather(self, blob: bytes, deadline, what="the control allgather") -> list:
-        """Every process's `blob`, in process order (fixed-size rounds of MPI_Iallgather). A
+        """Every process's `blob`, in process order (fixed-size rounds of the allgather). A
         process that posted a `ctl_post` round in the same place (it has no ranks left to call)
         ends the exchange after the first round: its blob is whole, longer ones are cut (None).
         `what`: the round's description for errors (or a function making it)."""
