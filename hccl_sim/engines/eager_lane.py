@@ -14,8 +14,8 @@ moves. A repeat then packs one record, makes one control round whose plane unpac
 record in one call where they land (ControlPlane.allgather_records: no bytes object per rank),
 checks that every record starts with the same bytes (the same call everywhere, as the general
 way checks it), looks its plan up by the relative clocks, and runs the own-result moves: no
-signature decoded, no plan object made. Anything else (a rank that made another call, clocks no cached plan has) goes the
-group's general way, which says what differs.
+signature decoded, no plan object made. Anything else (a rank that made another call, clocks no
+cached plan has) goes the group's general way, which says what differs.
 """
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ Each rank's Group is a PeerGroup (engines/peer_group.py): the world communicator
 one MPI allgather per op (hcomm.control.mpi), or, for a job of one node with a rank per process
 and no rank_crash in its fault plan, one round of a shared-memory control block (as Ray's ranks
 of a node meet: waiting ranks sleep on a futex instead of polling MPI); every rank plans the op
-itself, small ops are eager (their inputs travel in that round), larger ones run the per-rank executor over the
-MPI transport (hcomm.transports.mpi: Isend/Irecv on numpy buffers; data plane "p2p") or the
+itself, small ops are eager (their inputs travel in that round), larger ones run the per-rank
+executor over the MPI transport (hcomm.transports.mpi: Isend/Irecv on numpy buffers; data plane "p2p") or the
 central data program on MPI-3 shared-memory windows among the ranks of one node
 (hcomm.exec.shared_plane over hcomm.memory.window_provider; data plane "window"); split/shrink sub-communicators run over scoped views
 of the transport ("p2p"). With no `data_plane` given the job picks, as the Ray engine does from

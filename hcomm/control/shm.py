@@ -280,9 +280,7 @@ class ControlBlock:
         parity = seq & 1
         key = (layout.format, parity)
         got = self._records.get(key)
-        if got is None:
-            if 8 + n > stride:
-                return None, self._read(slots, payload)
+        if got is None:                            # (a payload fits its slot: _publish checked)
             before, after = parity * stride, (1 - parity) * stride + stride - 8 - n
             got = self._records[key] = _struct.Struct(f"<{before}xq{layout.format.lstrip('<')}{after}x")
         columns = tuple(zip(*got.iter_unpack(self._seg.buf[self._slots:self._slots + 2 * stride * self.size])))
